@@ -1,0 +1,132 @@
+//! Admin HTTP: `/metrics` (Prometheus text), `/healthz`, `/readyz`, `/hotkeys` (JSON).
+//!
+//! It reads only what it is handed: the metric registry, the detector's snapshot and a
+//! readiness probe. Bound to localhost unless configured otherwise.
+
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use http_body_util::Full;
+use hyper::body::Incoming;
+use hyper::{Request, Response, StatusCode};
+use hyper_util::rt::TokioIo;
+use prometheus_client::registry::Registry;
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+
+use crate::hotkey::{Detector, HotSnapshot};
+use crate::metrics::{HotKeyLabel, HotKindLabel, Metrics};
+
+/// Per-key series are capped to this many keys.
+const MAX_KEY_SERIES: usize = 64;
+
+pub struct AdminState {
+    pub registry: Registry,
+    pub metrics: Metrics,
+    pub detector: Detector,
+    pub ready: Box<dyn Fn() -> bool + Send + Sync>,
+}
+
+/// Serves admin requests until shutdown.
+pub async fn serve(listener: TcpListener, state: Arc<AdminState>, mut shutdown: watch::Receiver<bool>) {
+    loop {
+        let (stream, _) = tokio::select! {
+            _ = shutdown.wait_for(|v| *v) => return,
+            r = listener.accept() => match r {
+                Ok(x) => x,
+                Err(_) => continue,
+            },
+        };
+        let state = state.clone();
+        tokio::spawn(async move {
+            let svc = hyper::service::service_fn(move |req| {
+                let state = state.clone();
+                async move { Ok::<_, Infallible>(route(&state, req)) }
+            });
+            let _ = hyper::server::conn::http1::Builder::new().serve_connection(TokioIo::new(stream), svc).await;
+        });
+    }
+}
+
+pub async fn bind(addr: SocketAddr) -> std::io::Result<TcpListener> {
+    TcpListener::bind(addr).await
+}
+
+fn route(state: &AdminState, req: Request<Incoming>) -> Response<Full<Bytes>> {
+    match req.uri().path() {
+        "/metrics" => {
+            refresh_hot_series(state, &state.detector.snapshot());
+            let mut out = String::new();
+            match prometheus_client::encoding::text::encode(&mut out, &state.registry) {
+                Ok(()) => text(StatusCode::OK, "application/openmetrics-text; version=1.0.0; charset=utf-8", out),
+                Err(_) => text(StatusCode::INTERNAL_SERVER_ERROR, "text/plain", "encoding failed\n".into()),
+            }
+        }
+        "/healthz" => text(StatusCode::OK, "text/plain", "ok\n".into()),
+        "/readyz" => {
+            if (state.ready)() {
+                text(StatusCode::OK, "text/plain", "ready\n".into())
+            } else {
+                text(StatusCode::SERVICE_UNAVAILABLE, "text/plain", "no backend node is reachable\n".into())
+            }
+        }
+        "/hotkeys" => text(StatusCode::OK, "application/json", hotkeys_json(&state.detector.snapshot())),
+        _ => text(StatusCode::NOT_FOUND, "text/plain", "not found: try /metrics /hotkeys /healthz /readyz\n".into()),
+    }
+}
+
+fn text(status: StatusCode, ctype: &str, body: String) -> Response<Full<Bytes>> {
+    Response::builder()
+        .status(status)
+        .header("content-type", ctype)
+        .body(Full::new(Bytes::from(body)))
+        .unwrap_or_else(|_| Response::new(Full::new(Bytes::new())))
+}
+
+/// Rebuilds the per-key series from the snapshot: only keys hot now, at most 64.
+fn refresh_hot_series(state: &AdminState, snap: &HotSnapshot) {
+    let m = &state.metrics;
+    m.hot_key_rate.clear();
+    let (mut reads, mut writes) = (0i64, 0i64);
+    for k in snap.keys.iter() {
+        if k.reads_per_sec > 0.0 {
+            reads += 1;
+        }
+        if k.writes_per_sec > 0.0 {
+            writes += 1;
+        }
+    }
+    m.hot_keys.get_or_create(&HotKindLabel { kind: "read" }).set(reads);
+    m.hot_keys.get_or_create(&HotKindLabel { kind: "write" }).set(writes);
+    for k in snap.keys.iter().take(MAX_KEY_SERIES) {
+        let key = String::from_utf8_lossy(&k.key).into_owned();
+        if k.reads_per_sec > 0.0 {
+            m.hot_key_rate.get_or_create(&HotKeyLabel { key: key.clone(), kind: "read" }).set(k.reads_per_sec);
+        }
+        if k.writes_per_sec > 0.0 {
+            m.hot_key_rate.get_or_create(&HotKeyLabel { key, kind: "write" }).set(k.writes_per_sec);
+        }
+    }
+}
+
+fn hotkeys_json(snap: &HotSnapshot) -> String {
+    let keys: Vec<serde_json::Value> = snap
+        .keys
+        .iter()
+        .map(|k| {
+            serde_json::json!({
+                "key": String::from_utf8_lossy(&k.key),
+                "reads_per_sec": k.reads_per_sec,
+                "writes_per_sec": k.writes_per_sec,
+                "share": k.share,
+                "state": format!("{:?}", k.state).to_lowercase(),
+                "since": k.since_unix_ms,
+            })
+        })
+        .collect();
+    let mut s = serde_json::json!({ "window_ms": snap.window_ms, "keys": keys }).to_string();
+    s.push('\n');
+    s
+}

@@ -1,0 +1,331 @@
+//! One shared, pipelined connection to a backend node, and its supervisor.
+//!
+//! Sessions hand the connection *jobs*: the wire bytes of one or more commands and a
+//! oneshot for their replies. A writer drains every queued job into one vectored write
+//! (many client commands in one syscall); a reader frames replies with `resp::ReplyFramer`
+//! and completes jobs strictly in order. When the connection breaks, every job in flight
+//! fails (its oneshot is dropped), and while the node is down the supervisor answers new
+//! jobs at once with an error instead of letting clients wait: the other nodes keep serving.
+//! Reconnects back off exponentially between `reconnect_min_ms` and `reconnect_max_ms`.
+
+use std::io::IoSlice;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::{Bytes, BytesMut};
+use smallvec::SmallVec;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
+use tokio::net::TcpStream;
+use tokio::sync::{mpsc, oneshot};
+
+use super::{BackendError, Handshake, NodeMetrics};
+use crate::resp::ReplyFramer;
+
+/// Replies to one job: `ends[i]` is where reply `i` ends in `buf`.
+#[derive(Debug, Clone)]
+pub struct Replies {
+    pub buf: Bytes,
+    pub ends: SmallVec<[u32; 16]>,
+}
+
+impl Replies {
+    pub fn len(&self) -> usize {
+        self.ends.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.ends.is_empty()
+    }
+
+    /// Reply `i` as raw RESP bytes (zero-copy).
+    pub fn get(&self, i: usize) -> Bytes {
+        let start = if i == 0 { 0 } else { self.ends[i - 1] as usize };
+        self.buf.slice(start..self.ends[i] as usize)
+    }
+}
+
+pub type ReplyTx = oneshot::Sender<Result<Replies, BackendError>>;
+pub type ReplyRx = oneshot::Receiver<Result<Replies, BackendError>>;
+
+/// Commands for one node, sent as one unit: their bytes are written contiguously, so a
+/// `MULTI ... EXEC` job cannot interleave with other sessions' commands.
+pub struct Job {
+    pub data: SmallVec<[Bytes; 4]>,
+    pub count: u32,
+    pub tx: ReplyTx,
+}
+
+impl Job {
+    pub fn fail(self, e: BackendError) {
+        let _ = self.tx.send(Err(e));
+    }
+}
+
+/// Handle to a shared connection; cheap to clone.
+#[derive(Clone)]
+pub struct ConnHandle {
+    tx: mpsc::Sender<Job>,
+    up: Arc<AtomicBool>,
+}
+
+impl ConnHandle {
+    /// Starts the supervisor task for one shared connection.
+    pub fn spawn(hs: Arc<Handshake>, metrics: NodeMetrics) -> ConnHandle {
+        let (tx, rx) = mpsc::channel(4096);
+        let up = Arc::new(AtomicBool::new(false));
+        tokio::spawn(supervise(hs, rx, up.clone(), metrics));
+        ConnHandle { tx, up }
+    }
+
+    pub fn is_up(&self) -> bool {
+        self.up.load(Ordering::Relaxed)
+    }
+
+    /// Queues a job. Fails at once if the connection task is gone.
+    pub async fn send(&self, job: Job) {
+        if let Err(mpsc::error::SendError(job)) = self.tx.send(job).await {
+            job.fail(BackendError::Closed);
+        }
+    }
+}
+
+async fn supervise(hs: Arc<Handshake>, mut rx: mpsc::Receiver<Job>, up: Arc<AtomicBool>, m: NodeMetrics) {
+    let min = Duration::from_millis(hs.reconnect_min_ms);
+    let max = Duration::from_millis(hs.reconnect_max_ms);
+    let mut backoff = min;
+    let mut was_down_logged = false;
+    loop {
+        let reason = match hs.connect().await {
+            Ok(stream) => {
+                backoff = min;
+                up.store(true, Ordering::Relaxed);
+                m.up.set(1);
+                m.connections.inc();
+                if was_down_logged {
+                    tracing::info!(node = %hs.addr, "backend node is back");
+                    was_down_logged = false;
+                }
+                let reason = serve(stream, &mut rx, &hs, &m).await;
+                up.store(false, Ordering::Relaxed);
+                m.up.set(0);
+                m.connections.dec();
+                match reason {
+                    None => return, // every handle dropped: shutting down
+                    Some(r) => {
+                        m.errors("io").inc();
+                        r
+                    }
+                }
+            }
+            Err(e) => {
+                m.errors("connect").inc();
+                e
+            }
+        };
+        if !was_down_logged {
+            tracing::warn!(node = %hs.addr, error = %reason, "backend node is down; failing its requests until it reconnects");
+            was_down_logged = true;
+        }
+        // While down, answer every job at once: clients must not wait on a dead node.
+        let until = tokio::time::Instant::now() + backoff;
+        backoff = (backoff * 2).min(max);
+        loop {
+            tokio::select! {
+                _ = tokio::time::sleep_until(until) => break,
+                job = rx.recv() => match job {
+                    Some(job) => {
+                        m.errors("down").inc();
+                        job.fail(BackendError::Down { node: hs.addr.clone(), reason: reason.to_string() });
+                    }
+                    None => return,
+                },
+            }
+        }
+    }
+}
+
+/// Runs one established connection until it breaks (Some(reason)) or every handle is
+/// dropped (None).
+async fn serve(
+    stream: TcpStream,
+    rx: &mut mpsc::Receiver<Job>,
+    hs: &Handshake,
+    m: &NodeMetrics,
+) -> Option<BackendError> {
+    let (r, mut w) = stream.into_split();
+    let (inflight_tx, inflight_rx) = mpsc::unbounded_channel::<(u32, ReplyTx)>();
+    let mut reader = tokio::spawn(read_loop(r, inflight_rx, hs.max_reply_bulk));
+    let mut jobs: Vec<Job> = Vec::with_capacity(64);
+    let reason = loop {
+        tokio::select! {
+            res = &mut reader => {
+                break match res {
+                    Ok(e) => e,
+                    Err(_) => BackendError::Io("reader task failed".into()),
+                };
+            }
+            n = rx.recv_many(&mut jobs, 256) => {
+                if n == 0 {
+                    reader.abort();
+                    return None;
+                }
+                let mut cmds = 0u64;
+                for job in jobs.iter() {
+                    cmds += job.count as u64;
+                }
+                m.requests.inc_by(cmds);
+                if let Err(e) = write_jobs(&mut w, &mut jobs, &inflight_tx).await {
+                    reader.abort();
+                    break e;
+                }
+            }
+        }
+    };
+    // Jobs still queued in `inflight` are dropped with the reader: their clients get an error.
+    Some(reason)
+}
+
+/// Registers each job as in flight (before its bytes leave, so the reader always finds
+/// it) and writes all of them with as few syscalls as the kernel allows.
+async fn write_jobs(
+    w: &mut OwnedWriteHalf,
+    jobs: &mut Vec<Job>,
+    inflight: &mpsc::UnboundedSender<(u32, ReplyTx)>,
+) -> Result<(), BackendError> {
+    let mut bufs: Vec<Bytes> = Vec::with_capacity(jobs.len() * 2);
+    for job in jobs.drain(..) {
+        bufs.extend(job.data);
+        if job.count > 0 && inflight.send((job.count, job.tx)).is_err() {
+            return Err(BackendError::Io("connection reader stopped".into()));
+        }
+    }
+    write_all_vectored(w, &mut bufs).await.map_err(|e| BackendError::Io(e.to_string()))
+}
+
+async fn write_all_vectored(w: &mut OwnedWriteHalf, bufs: &mut [Bytes]) -> std::io::Result<()> {
+    let mut first = 0;
+    while first < bufs.len() {
+        let mut n = {
+            let slices: SmallVec<[IoSlice<'_>; 64]> =
+                bufs[first..].iter().take(64).map(|b| IoSlice::new(b)).collect();
+            w.write_vectored(&slices).await?
+        };
+        if n == 0 {
+            return Err(std::io::ErrorKind::WriteZero.into());
+        }
+        while first < bufs.len() && n >= bufs[first].len() {
+            n -= bufs[first].len();
+            first += 1;
+        }
+        if n > 0 {
+            let rest = bufs[first].slice(n..);
+            bufs[first] = rest;
+        }
+    }
+    Ok(())
+}
+
+/// Frames replies and completes jobs in order. Returns why it stopped.
+async fn read_loop(
+    mut r: OwnedReadHalf,
+    mut inflight: mpsc::UnboundedReceiver<(u32, ReplyTx)>,
+    max_bulk: usize,
+) -> BackendError {
+    let mut buf = BytesMut::with_capacity(64 * 1024);
+    let mut framer = ReplyFramer::new(max_bulk);
+    let mut cur: Option<(u32, ReplyTx)> = None;
+    let mut ends: SmallVec<[u32; 16]> = SmallVec::new();
+    let mut pos = 0usize; // end of the last complete reply of the current job
+    loop {
+        // Frame every complete reply in the buffer.
+        loop {
+            if pos >= buf.len() {
+                break;
+            }
+            let len = match framer.next_len(&buf[pos..]) {
+                Ok(Some(len)) => len,
+                Ok(None) => break,
+                Err(e) => return BackendError::Protocol(e.to_string()),
+            };
+            if buf[pos] == b'>' {
+                // Shared connections never subscribe or track, so a push means the
+                // stream is not what we think it is: reconnect rather than misattribute.
+                return BackendError::Protocol("unexpected push message on a shared connection".into());
+            }
+            if cur.is_none() {
+                match inflight.try_recv() {
+                    Ok(p) => cur = Some(p),
+                    Err(_) => return BackendError::Protocol("reply without a request".into()),
+                }
+            }
+            pos += len;
+            ends.push(pos as u32);
+            let (count, _) = cur.as_ref().expect("set above");
+            if ends.len() == *count as usize {
+                let (_, tx) = cur.take().expect("set above");
+                let data = buf.split_to(pos).freeze();
+                let _ = tx.send(Ok(Replies { buf: data, ends: std::mem::take(&mut ends) }));
+                pos = 0;
+            }
+        }
+        if buf.capacity() - buf.len() < 16 * 1024 {
+            buf.reserve(64 * 1024);
+        }
+        match r.read_buf(&mut buf).await {
+            Ok(0) => return BackendError::Io("connection closed by the node".into()),
+            Ok(_) => {}
+            Err(e) => return BackendError::Io(e.to_string()),
+        }
+    }
+}
+
+/// A connection owned by one session: blocking commands, WATCH, pub/sub. Not shared, so a
+/// command that blocks holds up nobody else.
+pub struct Dedicated {
+    stream: TcpStream,
+    buf: BytesMut,
+    framer: ReplyFramer,
+}
+
+impl Dedicated {
+    pub async fn open(hs: &Handshake) -> Result<Dedicated, BackendError> {
+        let stream = hs.connect().await?;
+        Ok(Dedicated { stream, buf: BytesMut::with_capacity(16 * 1024), framer: ReplyFramer::new(hs.max_reply_bulk) })
+    }
+
+    /// Sends `data` (holding `count` commands) and returns their replies.
+    pub async fn call(&mut self, data: &[Bytes], count: usize) -> Result<Replies, BackendError> {
+        for d in data {
+            self.stream.write_all(d).await.map_err(|e| BackendError::Io(e.to_string()))?;
+        }
+        let mut ends: SmallVec<[u32; 16]> = SmallVec::new();
+        let mut pos = 0usize;
+        while ends.len() < count {
+            if pos < self.buf.len() {
+                match self.framer.next_len(&self.buf[pos..]) {
+                    Ok(Some(len)) => {
+                        pos += len;
+                        ends.push(pos as u32);
+                        continue;
+                    }
+                    Ok(None) => {}
+                    Err(e) => return Err(BackendError::Protocol(e.to_string())),
+                }
+            }
+            self.buf.reserve(16 * 1024);
+            match self.stream.read_buf(&mut self.buf).await {
+                Ok(0) => return Err(BackendError::Io("connection closed by the node".into())),
+                Ok(_) => {}
+                Err(e) => return Err(BackendError::Io(e.to_string())),
+            }
+        }
+        Ok(Replies { buf: self.buf.split_to(pos).freeze(), ends })
+    }
+
+    /// The stream and any bytes already read past the last reply, for a pub/sub tunnel.
+    pub fn into_parts(self) -> (TcpStream, BytesMut) {
+        (self.stream, self.buf)
+    }
+}

@@ -1,0 +1,289 @@
+//! Backend nodes: where a key lives, and the connections that reach it.
+//!
+//! `Backend` is the one interface the session talks to: `node_for(key)` places a key,
+//! `node(i)` gives the node's shared pipelined connections (per protocol and database,
+//! created on first use) and its handshake for dedicated connections. Two topologies sit
+//! behind it today: a single node, and a twemproxy-compatible pool (`placement`). Redis
+//! Cluster fits the same shape: `node_for` becomes a slot lookup and a MOVED/ASK reply is
+//! handled by the node's connection before the session sees it.
+
+mod conn;
+pub mod placement;
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bytes::{Bytes, BytesMut};
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::gauge::Gauge;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+pub use conn::{ConnHandle, Dedicated, Job, Replies, ReplyRx, ReplyTx};
+
+use crate::config::BackendConfig;
+use crate::metrics::{Metrics, NodeErrorLabel, NodeLabel};
+use crate::resp::{encode_command, Proto, ReplyFramer};
+use placement::{Distribution, HashFn, Placement};
+
+/// Why a backend request failed. Display is the text a client sees after "ERR saltshaker: ".
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum BackendError {
+    #[error("backend {node} is down ({reason})")]
+    Down { node: String, reason: String },
+    #[error("backend connection error: {0}")]
+    Io(String),
+    #[error("backend protocol error: {0}")]
+    Protocol(String),
+    #[error("cannot connect to backend {node}: {reason}")]
+    Connect { node: String, reason: String },
+    #[error("backend handshake failed: {0}")]
+    Handshake(String),
+    #[error("backend connection closed")]
+    Closed,
+    #[error("backend {0} did not answer in time")]
+    Timeout(String),
+}
+
+/// Everything needed to open a connection to one node in a given protocol and database.
+#[derive(Debug, Clone)]
+pub struct Handshake {
+    pub addr: String,
+    pub proto: Proto,
+    pub db: u32,
+    pub username: Option<String>,
+    pub password: Option<String>,
+    pub connect_timeout: Duration,
+    pub reconnect_min_ms: u64,
+    pub reconnect_max_ms: u64,
+    pub max_reply_bulk: usize,
+}
+
+impl Handshake {
+    /// Connects, authenticates, and switches protocol and database. One round trip.
+    pub async fn connect(&self) -> Result<TcpStream, BackendError> {
+        let connect = TcpStream::connect(&self.addr);
+        let mut s = match tokio::time::timeout(self.connect_timeout, connect).await {
+            Ok(Ok(s)) => s,
+            Ok(Err(e)) => return Err(BackendError::Connect { node: self.addr.clone(), reason: e.to_string() }),
+            Err(_) => {
+                return Err(BackendError::Connect { node: self.addr.clone(), reason: "connect timed out".into() })
+            }
+        };
+        let _ = s.set_nodelay(true);
+        let mut out = BytesMut::new();
+        let mut n = 0;
+        match (&self.username, &self.password) {
+            (Some(u), Some(p)) => {
+                encode_command(&[b"AUTH".as_slice(), u.as_bytes(), p.as_bytes()], &mut out);
+                n += 1;
+            }
+            (None, Some(p)) => {
+                encode_command(&[b"AUTH".as_slice(), p.as_bytes()], &mut out);
+                n += 1;
+            }
+            _ => {}
+        }
+        if self.proto == Proto::Resp3 {
+            encode_command(&[b"HELLO".as_slice(), b"3"], &mut out);
+            n += 1;
+        }
+        if self.db != 0 {
+            encode_command(&[b"SELECT".as_slice(), self.db.to_string().as_bytes()], &mut out);
+            n += 1;
+        }
+        if n == 0 {
+            return Ok(s);
+        }
+        let work = async {
+            s.write_all(&out).await.map_err(|e| BackendError::Handshake(e.to_string()))?;
+            let mut buf = BytesMut::with_capacity(1024);
+            let mut framer = ReplyFramer::new(1 << 20);
+            let mut seen = 0;
+            let mut pos = 0;
+            while seen < n {
+                match framer.next_len(&buf[pos..]) {
+                    Ok(Some(len)) => {
+                        if buf[pos] == b'-' {
+                            let msg = String::from_utf8_lossy(&buf[pos + 1..pos + len]).trim_end().to_string();
+                            return Err(BackendError::Handshake(format!("{}: {msg}", self.addr)));
+                        }
+                        pos += len;
+                        seen += 1;
+                        continue;
+                    }
+                    Ok(None) => {}
+                    Err(e) => return Err(BackendError::Protocol(e.to_string())),
+                }
+                if s.read_buf(&mut buf).await.map_err(|e| BackendError::Handshake(e.to_string()))? == 0 {
+                    return Err(BackendError::Handshake("connection closed during handshake".into()));
+                }
+            }
+            Ok(())
+        };
+        match tokio::time::timeout(self.connect_timeout * 2, work).await {
+            Ok(Ok(())) => Ok(s),
+            Ok(Err(e)) => Err(e),
+            Err(_) => Err(BackendError::Handshake(format!("{}: no answer to the handshake", self.addr))),
+        }
+    }
+}
+
+/// Pre-resolved metric handles of one node.
+#[derive(Clone)]
+pub struct NodeMetrics {
+    pub requests: Counter,
+    pub connections: Gauge,
+    pub up: Gauge,
+    node: String,
+    errors: prometheus_client::metrics::family::Family<NodeErrorLabel, Counter>,
+}
+
+impl NodeMetrics {
+    fn new(m: &Metrics, node: &str) -> Self {
+        let l = NodeLabel { node: node.to_string() };
+        NodeMetrics {
+            requests: m.backend_requests.get_or_create(&l).clone(),
+            connections: m.backend_connections.get_or_create(&l).clone(),
+            up: m.backend_up.get_or_create(&l).clone(),
+            node: node.to_string(),
+            errors: m.backend_errors.clone(),
+        }
+    }
+
+    /// Error counter by kind (connect, io, timeout, down, protocol). Errors are rare, so the
+    /// label lookup is not on the fast path.
+    pub fn errors(&self, kind: &'static str) -> Counter {
+        self.errors.get_or_create(&NodeErrorLabel { node: self.node.clone(), kind }).clone()
+    }
+}
+
+/// One backend node and its shared connections.
+pub struct Node {
+    pub addr: String,
+    pub index: usize,
+    base: Handshake,
+    per_node: usize,
+    pub metrics: NodeMetrics,
+    conns: Mutex<HashMap<(bool, u32), Arc<[ConnHandle]>>>,
+}
+
+impl Node {
+    /// The shared connections for a protocol and database, started on first use.
+    pub fn conns(&self, proto: Proto, db: u32) -> Arc<[ConnHandle]> {
+        let mut map = self.conns.lock().unwrap_or_else(|p| p.into_inner());
+        map.entry((proto == Proto::Resp3, db))
+            .or_insert_with(|| {
+                let hs = Arc::new(self.handshake(proto, db));
+                (0..self.per_node).map(|_| ConnHandle::spawn(hs.clone(), self.metrics.clone())).collect()
+            })
+            .clone()
+    }
+
+    pub fn handshake(&self, proto: Proto, db: u32) -> Handshake {
+        Handshake { proto, db, ..self.base.clone() }
+    }
+
+    /// True when the node's default shared connection is established.
+    pub fn is_up(&self) -> bool {
+        self.conns(Proto::Resp2, 0).iter().any(|c| c.is_up())
+    }
+}
+
+/// The set of nodes and the rule that places keys on them.
+pub struct Backend {
+    nodes: Vec<Arc<Node>>,
+    placement: Option<Placement>,
+    pub request_timeout: Option<Duration>,
+}
+
+impl Backend {
+    /// Builds nodes from validated config and starts their default connections. Must run
+    /// inside a tokio runtime.
+    pub fn new(cfg: &BackendConfig, max_reply_bulk: usize, metrics: &Metrics) -> Result<Backend, String> {
+        let mut specs = Vec::new();
+        let mut nodes = Vec::new();
+        for (i, line) in cfg.nodes.iter().enumerate() {
+            let (addr, spec) = placement::parse_server(line)?;
+            let base = Handshake {
+                addr: addr.clone(),
+                proto: Proto::Resp2,
+                db: 0,
+                username: cfg.username.clone(),
+                password: cfg.password.clone(),
+                connect_timeout: Duration::from_millis(cfg.connect_timeout_ms),
+                reconnect_min_ms: cfg.reconnect_min_ms,
+                reconnect_max_ms: cfg.reconnect_max_ms,
+                max_reply_bulk,
+            };
+            let node = Node {
+                metrics: NodeMetrics::new(metrics, &addr),
+                addr,
+                index: i,
+                base,
+                per_node: cfg.connections_per_node,
+                conns: Mutex::new(HashMap::new()),
+            };
+            node.conns(Proto::Resp2, 0);
+            nodes.push(Arc::new(node));
+            specs.push(spec);
+        }
+        let placement = if nodes.len() > 1 {
+            let hash: HashFn = cfg.hash.parse().map_err(|_| format!("unknown hash {:?}", cfg.hash))?;
+            let dist: Distribution =
+                cfg.distribution.parse().map_err(|_| format!("unknown distribution {:?}", cfg.distribution))?;
+            let tag = cfg.hash_tag.as_ref().map(|t| {
+                let b = t.as_bytes();
+                [b[0], b[1]]
+            });
+            Some(Placement::new(dist, hash, tag, &specs))
+        } else {
+            None
+        };
+        let request_timeout = (cfg.request_timeout_ms > 0).then(|| Duration::from_millis(cfg.request_timeout_ms));
+        Ok(Backend { nodes, placement, request_timeout })
+    }
+
+    /// The index of the node that owns `key`.
+    #[inline]
+    pub fn node_for(&self, key: &[u8]) -> usize {
+        match &self.placement {
+            Some(p) => p.node_for(key),
+            None => 0,
+        }
+    }
+
+    pub fn node(&self, i: usize) -> &Arc<Node> {
+        &self.nodes[i]
+    }
+
+    pub fn nodes(&self) -> &[Arc<Node>] {
+        &self.nodes
+    }
+
+    pub fn len(&self) -> usize {
+        self.nodes.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.nodes.is_empty()
+    }
+
+    /// One node is the whole keyspace: SELECT and every database work.
+    pub fn is_single(&self) -> bool {
+        self.nodes.len() == 1
+    }
+
+    /// The first node whose connection is up, for keyless commands.
+    pub fn any_node(&self) -> usize {
+        self.nodes.iter().position(|n| n.is_up()).unwrap_or(0)
+    }
+}
+
+/// Encodes a command into a standalone wire buffer.
+pub fn wire<A: AsRef<[u8]>>(args: &[A]) -> Bytes {
+    let mut out = BytesMut::new();
+    encode_command(args, &mut out);
+    out.freeze()
+}

@@ -1,0 +1,284 @@
+#!/usr/bin/env python3
+"""Generates table.rs, the command table, from a live redis-server's COMMAND INFO.
+
+Usage: python3 src/command/gen_table.py [--port P] > src/command/table.rs
+Without --port it starts its own redis-server on a free loopback port and stops it.
+The table is `#[rustfmt::skip]`, one command a line, so rustfmt leaves it as generated.
+
+Redis is the reference for arity, flags and key positions; this script adds what Redis
+cannot say: how the proxy routes each command (ROUTES below) and the commands newer
+than the installed server (EXTRAS). A keyless command without an explicit route is an
+error, so a new backend version cannot slip a command into the table unrouted.
+"""
+import socket
+import subprocess
+import sys
+import time
+
+FLAG_NAMES = {
+    "write": "WRITE", "readonly": "READ", "denyoom": "DENYOOM", "admin": "ADMIN",
+    "pubsub": "PUBSUB", "noscript": "NOSCRIPT", "blocking": "BLOCKING",
+    "loading": "LOADING", "stale": "STALE", "skip_monitor": "SKIP_MONITOR",
+    "skip_slowlog": "SKIP_SLOWLOG", "asking": "ASKING", "fast": "FAST",
+    "no_auth": "NO_AUTH", "may_replicate": "MAY_REPLICATE",
+    "no_mandatory_keys": "NO_MANDATORY_KEYS", "no_async_loading": "NO_ASYNC_LOADING",
+    "no_multi": "NO_MULTI", "movablekeys": "MOVABLE_KEYS", "allow_busy": "ALLOW_BUSY",
+}
+COUNTERS = {"INCR", "INCRBY", "DECR", "DECRBY", "INCRBYFLOAT", "HINCRBY", "HINCRBYFLOAT"}
+
+# Movable-key commands whose keys need code (see keys.rs): keyword searches, option parsing,
+# or a destination key before a numkeys block.
+CUSTOM = {"XREAD", "XREADGROUP", "SORT", "MIGRATE", "GEORADIUS", "GEORADIUSBYMEMBER",
+          "ZUNIONSTORE", "ZINTERSTORE", "ZDIFFSTORE"}
+
+
+def unsupported(why):
+    return 'Route::Unsupported("%s")' % why
+
+
+def not_through(name):
+    return unsupported("%s is not supported through the proxy" % name)
+
+
+ROUTES = {}
+
+
+def route(names, r):
+    for n in names.split(","):
+        ROUTES[n.strip()] = r
+
+
+route("MGET", "Route::Split(Split::Mget)")
+route("MSET", "Route::Split(Split::Mset)")
+route("DEL, UNLINK, EXISTS, TOUCH", "Route::Split(Split::SumInt)")
+route("DBSIZE, SLOWLOG LEN, LATENCY RESET", "Route::AllNodes(Agg::SumInt)")
+route("FLUSHALL, FLUSHDB, SCRIPT FLUSH, SCRIPT LOAD, FUNCTION LOAD, FUNCTION FLUSH, "
+      "FUNCTION DELETE, FUNCTION RESTORE, CONFIG SET, CONFIG RESETSTAT, CONFIG REWRITE, "
+      "MEMORY PURGE, SLOWLOG RESET", "Route::AllNodes(Agg::AllOk)")
+route("KEYS, SLOWLOG GET", "Route::AllNodes(Agg::ConcatArrays)")
+route("SCRIPT EXISTS", "Route::AllNodes(Agg::AndArrays)")
+route("WAIT, WAITAOF", "Route::AllNodes(Agg::MinInt)")
+route("CONFIG GET, FUNCTION LIST, FUNCTION DUMP, FUNCTION STATS, LASTSAVE",
+      "Route::AllNodes(Agg::First)")
+route("TIME, LOLWUT, ROLE, PUBLISH, SPUBLISH, PFSELFTEST, MEMORY STATS, MEMORY DOCTOR, "
+      "MEMORY MALLOC-STATS, LATENCY DOCTOR, LATENCY GRAPH, LATENCY HISTORY, LATENCY LATEST, "
+      "LATENCY HISTOGRAM", "Route::AnyNode")
+route("PING, ECHO, QUIT, HELLO, AUTH, SELECT, RESET, READONLY, READWRITE, INFO, "
+      "CLIENT SETNAME, CLIENT GETNAME, CLIENT ID, CLIENT INFO, CLIENT LIST, CLIENT NO-EVICT, "
+      "CLIENT NO-TOUCH, CLIENT SETINFO, CLIENT REPLY", "Route::Local")
+route("SCAN", "Route::Scan")
+route("RANDOMKEY", "Route::RandomKey")
+route("MULTI, EXEC, DISCARD, WATCH, UNWATCH", "Route::Transaction")
+route("SUBSCRIBE, PSUBSCRIBE, SSUBSCRIBE, UNSUBSCRIBE, PUNSUBSCRIBE, SUNSUBSCRIBE",
+      "Route::Subscribe")
+for n in ["MONITOR", "SHUTDOWN", "DEBUG", "MOVE", "SWAPDB", "FAILOVER", "PFDEBUG",
+          "SAVE", "BGSAVE", "BGREWRITEAOF", "SCRIPT KILL", "SCRIPT DEBUG", "FUNCTION KILL",
+          "CLIENT KILL", "CLIENT PAUSE", "CLIENT UNPAUSE", "CLIENT UNBLOCK"]:
+    route(n, not_through(n))
+route("SYNC, PSYNC, REPLCONF, REPLICAOF, SLAVEOF",
+      unsupported("replication commands are not supported through the proxy"))
+route("ASKING, RESTORE-ASKING",
+      unsupported("cluster commands are not supported through the proxy"))
+route("CLIENT TRACKING, CLIENT CACHING, CLIENT GETREDIR, CLIENT TRACKINGINFO",
+      unsupported("client-side caching (CLIENT TRACKING) is not supported through the proxy"))
+# Whole families, by container name.
+FAMILY_ROUTES = {
+    "ACL": not_through("ACL"),
+    "CLUSTER": unsupported("cluster commands are not supported through the proxy"),
+    "MODULE": not_through("MODULE"),
+    "COMMAND": "Route::AnyNode",
+    "PUBSUB": "Route::AnyNode",
+}
+
+# Commands newer than Redis 7.0: (name, arity, flags, (first, last, step) or None, since).
+EXTRAS = [
+    ("CLIENT NO-TOUCH", 3, "noscript loading stale", None, "7.2"),
+    ("CLIENT SETINFO", 4, "noscript loading stale", None, "7.2"),
+    ("WAITAOF", 4, "noscript", None, "7.2"),
+    ("CLUSTER MYSHARDID", 2, "stale", None, "7.2"),
+    ("HEXPIRE", -6, "write denyoom fast", (1, 1, 1), "7.4"),
+    ("HPEXPIRE", -6, "write denyoom fast", (1, 1, 1), "7.4"),
+    ("HEXPIREAT", -6, "write denyoom fast", (1, 1, 1), "7.4"),
+    ("HPEXPIREAT", -6, "write denyoom fast", (1, 1, 1), "7.4"),
+    ("HTTL", -5, "readonly fast", (1, 1, 1), "7.4"),
+    ("HPTTL", -5, "readonly fast", (1, 1, 1), "7.4"),
+    ("HEXPIRETIME", -5, "readonly fast", (1, 1, 1), "7.4"),
+    ("HPEXPIRETIME", -5, "readonly fast", (1, 1, 1), "7.4"),
+    ("HPERSIST", -5, "write fast", (1, 1, 1), "7.4"),
+    ("HGETDEL", -5, "write fast", (1, 1, 1), "8.0"),
+    ("HGETEX", -5, "write fast", (1, 1, 1), "8.0"),
+    ("HSETEX", -6, "write denyoom fast", (1, 1, 1), "8.0"),
+]
+
+
+class Resp:
+    def __init__(self, port):
+        self.sock = socket.create_connection(("127.0.0.1", port))
+        self.f = self.sock.makefile("rb")
+
+    def cmd(self, *args):
+        out = b"*%d\r\n" % len(args)
+        for a in args:
+            a = a.encode()
+            out += b"$%d\r\n%s\r\n" % (len(a), a)
+        self.sock.sendall(out)
+        return self.read()
+
+    def read(self):
+        line = self.f.readline()
+        t, rest = line[:1], line[1:-2]
+        if t == b"+":
+            return rest.decode()
+        if t == b"-":
+            raise RuntimeError(rest.decode())
+        if t == b":":
+            return int(rest)
+        if t == b"$":
+            n = int(rest)
+            return None if n < 0 else self.f.read(n + 2)[:-2].decode()
+        if t == b"*":
+            n = int(rest)
+            return None if n < 0 else [self.read() for _ in range(n)]
+        raise ValueError(line)
+
+
+def pairs(flat):
+    return dict(zip(flat[::2], flat[1::2]))
+
+
+def keyspec(name, info):
+    """KeySpec expression from COMMAND INFO (legacy range unless keys move)."""
+    flags, first, last, step, specs = info[2], info[3], info[4], info[5], info[8]
+    real = [pairs(s) for s in specs if "not_key" not in pairs(s)["flags"]]
+    if not real:
+        return "KeySpec::None"
+    if name in CUSTOM:
+        return "KeySpec::Custom"
+    if "movablekeys" not in flags or name == "SORT_RO":
+        assert first > 0, name
+        return "KeySpec::Range { first: %d, last: %d, step: %d }" % (first, last, step)
+    assert len(real) == 1, name
+    bs, fk = pairs(real[0]["begin_search"]), pairs(real[0]["find_keys"])
+    assert bs["type"] == "index" and fk["type"] == "keynum", name
+    at = pairs(bs["spec"])["index"]
+    kn = pairs(fk["spec"])
+    assert kn["keynumidx"] == 0, name
+    return "KeySpec::NumKeys { at: %d, first: %d, step: %d }" % (at, kn["firstkey"], kn["keystep"])
+
+
+def route_of(name, flags, keys):
+    family = name.split(" ")[0]
+    if name in ROUTES:
+        return ROUTES[name]
+    if family in FAMILY_ROUTES:
+        return FAMILY_ROUTES[family]
+    if name.endswith(" HELP"):
+        return "Route::AnyNode"
+    if keys != "KeySpec::None":
+        if "blocking" in flags and family not in ("XREAD", "XREADGROUP"):
+            return "Route::Blocking"
+        return "Route::Keyed"
+    raise SystemExit("no route for keyless command %s: add it to ROUTES" % name)
+
+
+def flag_expr(name, flags, extra=()):
+    names = [FLAG_NAMES[f] for f in flags] + list(extra)
+    if name in COUNTERS:
+        names.append("COUNTER")
+    return " | ".join(names) if names else "0"
+
+
+def row(name, arity, flags, keys, route, extra=()):
+    return '    s("%s", %d, %s, %s, %s),' % (
+        name, arity, flag_expr(name, flags, extra), keys, route)
+
+
+def rows_from_server(port):
+    infos = Resp(port).cmd("COMMAND", "INFO")
+    out = []
+    for info in sorted(infos, key=lambda i: i[0]):
+        name = info[0].upper()
+        subs = sorted(info[9], key=lambda i: i[0])
+        keys = keyspec(name, info)
+        sub_rows = []
+        sub_routes = set()
+        for sub in subs:
+            sname = sub[0].upper().replace("|", " ")
+            skeys = keyspec(sname, sub)
+            r = route_of(sname, sub[2], skeys)
+            sub_routes.add(r)
+            sub_rows.append((sname, sub[1], sub[2], skeys, r))
+        if subs:
+            # A container alone runs only if its arity allows it (COMMAND does).
+            r = ROUTES.get(name) or FAMILY_ROUTES.get(name) or (
+                sub_routes.pop() if len(sub_routes) == 1 else "Route::AnyNode")
+            out.append((name, info[1], info[2], keys, r, ["CONTAINER"]))
+            out.extend((n, a, f, k, rr, []) for (n, a, f, k, rr) in sub_rows)
+        else:
+            out.append((name, info[1], info[2], keys, route_of(name, info[2], keys), []))
+    known = {r[0] for r in out}
+    for name, arity, flags, rng, since in EXTRAS:
+        if name in known:
+            continue
+        keys = "KeySpec::None" if rng is None else (
+            "KeySpec::Range { first: %d, last: %d, step: %d }" % rng)
+        out.append((name, arity, flags.split(), keys, route_of(name, flags.split(), keys), []))
+    return sorted(out, key=lambda r: r[0])
+
+
+def free_port():
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    return port
+
+
+def main():
+    proc = None
+    if "--port" in sys.argv:
+        port = int(sys.argv[sys.argv.index("--port") + 1])
+    else:
+        port = free_port()
+        proc = subprocess.Popen(["redis-server", "--port", str(port), "--bind", "127.0.0.1",
+                                 "--save", "", "--appendonly", "no"], stdout=subprocess.DEVNULL)
+        for _ in range(100):
+            try:
+                socket.create_connection(("127.0.0.1", port)).close()
+                break
+            except OSError:
+                time.sleep(0.05)
+    try:
+        version = [l for l in Resp(port).cmd("INFO", "server").splitlines()
+                   if l.startswith("redis_version:")][0].split(":")[1]
+        rows = rows_from_server(port)
+    finally:
+        if proc:
+            proc.kill()
+            proc.wait()
+    print("//! The command table, generated by gen_table.py from redis-server %s's COMMAND INFO" % version)
+    print("//! plus the routes and newer commands that script lists. Do not edit by hand.")
+    print("")
+    print("use super::flags::*;")
+    print("use super::{Agg, KeySpec, Route, Spec, Split};")
+    print("")
+    print("const fn s(name: &'static str, arity: i32, flags: u32, keys: KeySpec, route: Route) -> Spec {")
+    print("    Spec {")
+    for f in ["name", "arity", "flags", "keys", "route"]:
+        print("        %s," % f)
+    print("    }")
+    print("}")
+    print("")
+    print("/// Every command and subcommand, sorted by name; subcommands are \"PARENT SUB\".")
+    print("/// A const, not a static, so lookup.rs can build its indexes at compile time;")
+    print("/// lookup.rs keeps the one static copy.")
+    print("#[rustfmt::skip]")
+    print("#[allow(clippy::large_const_arrays)]")
+    print("pub(super) const SPECS: [Spec; %d] = [" % len(rows))
+    for r in rows:
+        print(row(r[0], r[1], r[2], r[3], r[4], r[5]))
+    print("];")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,134 @@
+//! Case-insensitive name lookup without allocation: two open-addressing indexes over the
+//! generated table (commands, and "PARENT SUB" subcommands), built at compile time.
+
+use super::table::SPECS;
+use super::Spec;
+
+/// Every command and subcommand the proxy knows, sorted by name.
+pub fn all() -> &'static [Spec] {
+    &ALL
+}
+
+/// A command by name, any case: "get", "GET". Also takes a subcommand written
+/// "client setname" or "client|setname".
+pub fn lookup(name: &[u8]) -> Option<&'static Spec> {
+    if let Some(spec) = top(name) {
+        return Some(spec);
+    }
+    let cut = name.iter().position(|&b| b == b' ' || b == b'|')?;
+    lookup_sub(&name[..cut], &name[cut + 1..])
+}
+
+/// A subcommand by its container's name and its own, any case: ("CONFIG", "get").
+pub fn lookup_sub(parent: &[u8], sub_name: &[u8]) -> Option<&'static Spec> {
+    let parent = top(parent).filter(|p| p.is_container())?;
+    sub(parent, sub_name)
+}
+
+static ALL: [Spec; SPECS.len()] = SPECS;
+static TOP: [u16; TOP_SLOTS] = build::<TOP_SLOTS>(false);
+static SUB: [u16; SUB_SLOTS] = build::<SUB_SLOTS>(true);
+
+// Power-of-two sizes at most half full, so probes stay short.
+const TOP_SLOTS: usize = 1024;
+const SUB_SLOTS: usize = 512;
+// Longer than any command name: such input is unknown without hashing it.
+const MAX_NAME: usize = 32;
+const FNV_OFFSET: u32 = 0x811c_9dc5;
+const FNV_PRIME: u32 = 0x0100_0193;
+
+/// FNV-1a over the upper-cased bytes, so "get" and "GET" land in the same slot.
+#[inline(always)]
+const fn hash(mut h: u32, bytes: &[u8]) -> u32 {
+    let mut i = 0;
+    while i < bytes.len() {
+        let b = bytes[i];
+        let upper = if b.is_ascii_lowercase() { b - 32 } else { b };
+        h = (h ^ upper as u32).wrapping_mul(FNV_PRIME);
+        i += 1;
+    }
+    h
+}
+
+const fn has_space(name: &[u8]) -> bool {
+    let mut i = 0;
+    while i < name.len() {
+        if name[i] == b' ' {
+            return true;
+        }
+        i += 1;
+    }
+    false
+}
+
+/// Slot values are index + 1 into SPECS; 0 is empty.
+const fn build<const N: usize>(subcommands: bool) -> [u16; N] {
+    let mut slots = [0u16; N];
+    let mut used = 0;
+    let mut i = 0;
+    while i < SPECS.len() {
+        let name = SPECS[i].name.as_bytes();
+        if has_space(name) == subcommands {
+            assert!(
+                name.len() <= MAX_NAME || subcommands,
+                "command name too long"
+            );
+            let mut at = hash(FNV_OFFSET, name) as usize & (N - 1);
+            while slots[at] != 0 {
+                at = (at + 1) & (N - 1);
+            }
+            slots[at] = (i + 1) as u16;
+            used += 1;
+        }
+        i += 1;
+    }
+    assert!(used * 2 <= N, "index more than half full: grow it");
+    slots
+}
+
+#[inline]
+fn probe<const N: usize>(
+    slots: &'static [u16; N],
+    h: u32,
+    matches: impl Fn(&Spec) -> bool,
+) -> Option<&'static Spec> {
+    let mut at = h as usize & (N - 1);
+    loop {
+        let slot = slots[at];
+        if slot == 0 {
+            return None;
+        }
+        let spec = &ALL[slot as usize - 1];
+        if matches(spec) {
+            return Some(spec);
+        }
+        at = (at + 1) & (N - 1);
+    }
+}
+
+/// A top-level command (never a subcommand, even if `name` holds a space).
+#[inline]
+pub(super) fn top(name: &[u8]) -> Option<&'static Spec> {
+    if name.len() > MAX_NAME {
+        return None;
+    }
+    probe(&TOP, hash(FNV_OFFSET, name), |spec| {
+        spec.name.as_bytes().eq_ignore_ascii_case(name)
+    })
+}
+
+/// A subcommand of `parent`, which comes from the table.
+pub(super) fn sub(parent: &'static Spec, sub_name: &[u8]) -> Option<&'static Spec> {
+    let p = parent.name.as_bytes();
+    if sub_name.len() > MAX_NAME {
+        return None;
+    }
+    let h = hash(hash(hash(FNV_OFFSET, p), b" "), sub_name);
+    probe(&SUB, h, |spec| {
+        let n = spec.name.as_bytes();
+        n.len() == p.len() + 1 + sub_name.len()
+            && n.starts_with(p)
+            && n[p.len()] == b' '
+            && n[p.len() + 1..].eq_ignore_ascii_case(sub_name)
+    })
+}

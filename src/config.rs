@@ -1,0 +1,331 @@
+//! Startup settings: the YAML file, the command-line overrides, and strict validation.
+//!
+//! Units are in the names (`request_timeout_ms`, `max_bulk_bytes`), unknown fields are
+//! rejected, and every error names the file, line, column and field, so `saltshaker check`
+//! points an SRE straight at the problem. Defaults are declared next to each field.
+
+use std::fmt;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+/// The whole configuration file.
+#[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct Config {
+    /// Where clients connect. Default `127.0.0.1:6380`.
+    pub listen: String,
+    /// Admin HTTP (/metrics, /healthz, /readyz, /hotkeys). Default `127.0.0.1:9121`.
+    pub admin: String,
+    /// Worker threads; 0 = one per core.
+    pub threads: usize,
+    pub backend: BackendConfig,
+    pub limits: LimitsConfig,
+    pub auth: AuthConfig,
+    /// Path of the hot-key rules file, if any.
+    pub rules: Option<PathBuf>,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            listen: "127.0.0.1:6380".into(),
+            admin: "127.0.0.1:9121".into(),
+            threads: 0,
+            backend: BackendConfig::default(),
+            limits: LimitsConfig::default(),
+            auth: AuthConfig::default(),
+            rules: None,
+        }
+    }
+}
+
+#[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct BackendConfig {
+    /// twemproxy-style server lines: `host:port[:weight] [name]`.
+    pub nodes: Vec<String>,
+    /// twemproxy hash function name. Default `fnv1a_64`.
+    pub hash: String,
+    /// `ketama` (default) or `modula`.
+    pub distribution: String,
+    /// Two characters such as `{}`; only the part between them is hashed.
+    pub hash_tag: Option<String>,
+    /// Shared pipelined connections per node and protocol. Default 1.
+    pub connections_per_node: usize,
+    pub connect_timeout_ms: u64,
+    /// How long a client waits for a backend reply before it gets an error. 0 = forever.
+    pub request_timeout_ms: u64,
+    /// First reconnect delay after a failure; doubles up to `reconnect_max_ms`.
+    pub reconnect_min_ms: u64,
+    pub reconnect_max_ms: u64,
+    /// Backend AUTH: password alone, or ACL user and password.
+    pub username: Option<String>,
+    pub password: Option<String>,
+}
+
+impl Default for BackendConfig {
+    fn default() -> Self {
+        BackendConfig {
+            nodes: Vec::new(),
+            hash: "fnv1a_64".into(),
+            distribution: "ketama".into(),
+            hash_tag: None,
+            connections_per_node: 1,
+            connect_timeout_ms: 1000,
+            request_timeout_ms: 5000,
+            reconnect_min_ms: 50,
+            reconnect_max_ms: 2000,
+            username: None,
+            password: None,
+        }
+    }
+}
+
+/// Limits, with Redis's own defaults.
+#[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct LimitsConfig {
+    /// Largest bulk string a client may send (Redis `proto-max-bulk-len`).
+    pub max_bulk_bytes: usize,
+    /// Most arguments in one command (Redis's multibulk limit).
+    pub max_args: usize,
+    /// Longest inline command line.
+    pub max_inline_bytes: usize,
+    /// Unparsed input plus unsent replies one client may hold (Redis `client-query-buffer-limit`).
+    pub max_pending_bytes: usize,
+    /// Most client connections at once; further ones are refused with an error.
+    pub max_clients: usize,
+}
+
+impl Default for LimitsConfig {
+    fn default() -> Self {
+        LimitsConfig {
+            max_bulk_bytes: 512 * 1024 * 1024,
+            max_args: 1024 * 1024,
+            max_inline_bytes: 64 * 1024,
+            max_pending_bytes: 1024 * 1024 * 1024,
+            max_clients: 10_000,
+        }
+    }
+}
+
+#[derive(Clone, Debug, Default, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct AuthConfig {
+    /// When set, clients must AUTH (or HELLO ... AUTH) with it before any other command.
+    pub password: Option<String>,
+}
+
+/// A configuration problem, located.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ConfigError {
+    pub file: String,
+    pub line: usize,
+    pub column: usize,
+    pub field: String,
+    pub message: String,
+}
+
+impl fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{}:{}:{}: {}: {}",
+            self.file,
+            self.line,
+            self.column,
+            if self.field.is_empty() { "(document)" } else { &self.field },
+            self.message
+        )
+    }
+}
+
+impl std::error::Error for ConfigError {}
+
+impl Config {
+    /// Reads, parses and validates a config file.
+    pub fn load(path: &Path) -> Result<Config, ConfigError> {
+        let file = path.display().to_string();
+        let text = std::fs::read_to_string(path).map_err(|e| ConfigError {
+            file: file.clone(),
+            line: 0,
+            column: 0,
+            field: String::new(),
+            message: format!("cannot read: {e}"),
+        })?;
+        Config::parse(&text, &file)
+    }
+
+    /// Parses and validates YAML text; `file` names it in errors.
+    pub fn parse(text: &str, file: &str) -> Result<Config, ConfigError> {
+        let cfg: Config = parse_yaml(text, file)?;
+        cfg.validate().map_err(|(field, message)| {
+            let (line, column) = locate_field(text, &field);
+            ConfigError { file: file.into(), line, column, field, message }
+        })?;
+        Ok(cfg)
+    }
+
+    /// Checks values that parse but make no sense. Returns (field, problem).
+    pub fn validate(&self) -> Result<(), (String, String)> {
+        check_addr("listen", &self.listen)?;
+        check_addr("admin", &self.admin)?;
+        let b = &self.backend;
+        if b.nodes.is_empty() {
+            return Err(("backend.nodes".into(), "at least one node is required".into()));
+        }
+        for (i, n) in b.nodes.iter().enumerate() {
+            crate::backend::placement::parse_server(n)
+                .map_err(|e| (format!("backend.nodes[{i}]"), e))?;
+        }
+        b.hash
+            .parse::<crate::backend::placement::HashFn>()
+            .map_err(|_| ("backend.hash".to_string(), format!("unknown hash function {:?}", b.hash)))?;
+        b.distribution
+            .parse::<crate::backend::placement::Distribution>()
+            .map_err(|_| {
+                ("backend.distribution".to_string(), format!("unknown distribution {:?}", b.distribution))
+            })?;
+        if let Some(t) = &b.hash_tag {
+            if t.len() != 2 {
+                return Err(("backend.hash_tag".into(), "must be exactly two characters, like \"{}\"".into()));
+            }
+        }
+        if b.connections_per_node == 0 || b.connections_per_node > 64 {
+            return Err(("backend.connections_per_node".into(), "must be between 1 and 64".into()));
+        }
+        if b.reconnect_min_ms == 0 || b.reconnect_max_ms < b.reconnect_min_ms {
+            return Err((
+                "backend.reconnect_min_ms".into(),
+                "must be > 0 and not above reconnect_max_ms".into(),
+            ));
+        }
+        let l = &self.limits;
+        if l.max_bulk_bytes < 1024 {
+            return Err(("limits.max_bulk_bytes".into(), "must be at least 1024".into()));
+        }
+        if l.max_args == 0 {
+            return Err(("limits.max_args".into(), "must be at least 1".into()));
+        }
+        if l.max_inline_bytes < 64 {
+            return Err(("limits.max_inline_bytes".into(), "must be at least 64".into()));
+        }
+        if l.max_pending_bytes < l.max_inline_bytes {
+            return Err(("limits.max_pending_bytes".into(), "must be at least max_inline_bytes".into()));
+        }
+        if l.max_clients == 0 {
+            return Err(("limits.max_clients".into(), "must be at least 1".into()));
+        }
+        Ok(())
+    }
+
+    pub fn listen_addr(&self) -> SocketAddr {
+        self.listen.parse().expect("validated")
+    }
+
+    pub fn admin_addr(&self) -> SocketAddr {
+        self.admin.parse().expect("validated")
+    }
+}
+
+fn check_addr(field: &str, v: &str) -> Result<(), (String, String)> {
+    v.parse::<SocketAddr>()
+        .map(|_| ())
+        .map_err(|_| (field.to_string(), format!("{v:?} is not HOST:PORT with a numeric IP and port")))
+}
+
+/// Deserializes YAML into `T`, turning the first error into a located `ConfigError`.
+pub fn parse_yaml<T: serde::de::DeserializeOwned>(text: &str, file: &str) -> Result<T, ConfigError> {
+    let de = serde_yaml_ng::Deserializer::from_str(text);
+    serde_path_to_error::deserialize::<_, T>(de).map_err(|e| {
+        let field = e.path().to_string();
+        let inner = e.into_inner();
+        let (line, column) = match inner.location() {
+            Some(loc) => (loc.line(), loc.column()),
+            None => locate_field(text, &field),
+        };
+        ConfigError {
+            file: file.into(),
+            line,
+            column,
+            field: if field == "." { String::new() } else { field },
+            message: strip_location(&inner.to_string()),
+        }
+    })
+}
+
+/// serde_yaml_ng appends " at line L column C"; we print the location ourselves.
+fn strip_location(msg: &str) -> String {
+    match msg.find(" at line ") {
+        Some(i) => msg[..i].to_string(),
+        None => msg.to_string(),
+    }
+}
+
+/// Best-effort position of a dotted field (`backend.nodes[1]`) in the YAML text, for
+/// errors found after parsing. Finds the last path segment's key; 1-based.
+fn locate_field(text: &str, field: &str) -> (usize, usize) {
+    let last = field.rsplit('.').next().unwrap_or(field);
+    let name = last.split('[').next().unwrap_or(last);
+    if name.is_empty() {
+        return (1, 1);
+    }
+    for (i, line) in text.lines().enumerate() {
+        let trimmed = line.trim_start();
+        if let Some(rest) = trimmed.strip_prefix(name) {
+            if rest.trim_start().starts_with(':') {
+                return (i + 1, line.len() - trimmed.len() + 1);
+            }
+        }
+    }
+    (1, 1)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const GOOD: &str = "listen: 127.0.0.1:7000\nbackend:\n  nodes: [\"127.0.0.1:7001:1\", \"127.0.0.1:7002\"]\n";
+
+    #[test]
+    fn good_file_parses_with_defaults() {
+        let c = Config::parse(GOOD, "s.yaml").unwrap();
+        assert_eq!(c.listen, "127.0.0.1:7000");
+        assert_eq!(c.backend.nodes.len(), 2);
+        assert_eq!(c.backend.hash, "fnv1a_64");
+        assert_eq!(c.limits.max_bulk_bytes, 512 * 1024 * 1024);
+    }
+
+    #[test]
+    fn unknown_field_names_file_line_and_field() {
+        let text = "listen: 127.0.0.1:7000\nbackend:\n  nodes: [\"127.0.0.1:7001\"]\n  hashh: md5\n";
+        let e = Config::parse(text, "s.yaml").unwrap_err();
+        assert_eq!(e.file, "s.yaml");
+        assert_eq!(e.line, 4, "{e}");
+        assert!(e.field.starts_with("backend"), "{e}");
+        assert!(e.to_string().contains("hashh"), "{e}");
+    }
+
+    #[test]
+    fn bad_value_is_located_after_parsing() {
+        let text = "listen: nowhere\nbackend:\n  nodes: [\"127.0.0.1:7001\"]\n";
+        let e = Config::parse(text, "s.yaml").unwrap_err();
+        assert_eq!((e.line, e.field.as_str()), (1, "listen"), "{e}");
+    }
+
+    #[test]
+    fn wrong_type_is_reported_with_field() {
+        let text = "backend:\n  nodes: [\"127.0.0.1:7001\"]\n  connections_per_node: many\n";
+        let e = Config::parse(text, "s.yaml").unwrap_err();
+        assert_eq!(e.line, 3, "{e}");
+        assert!(e.field.contains("connections_per_node"), "{e}");
+    }
+
+    #[test]
+    fn empty_pool_is_refused() {
+        let e = Config::parse("listen: 127.0.0.1:1\n", "s.yaml").unwrap_err();
+        assert_eq!(e.field, "backend.nodes");
+    }
+}

@@ -1,0 +1,347 @@
+//! The aggregator: one thread per detector that sums the threads' window counts, decides which
+//! keys are hot or cooling (with hysteresis and per-key thresholds), promotes a key the moment
+//! the threads' early reports add up to its threshold, and publishes snapshots. It also keeps
+//! the coarse clock ticking. It never touches a thread's sketch.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::atomic::Ordering;
+use std::sync::mpsc::{Receiver, RecvTimeoutError, SyncSender};
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::watch;
+
+use super::clock::{CoarseClock, COARSE_TICK_MS};
+use super::local::{Msg, Published};
+use super::{HotKey, HotSnapshot, HotState, KeyThresholds, Kind, Threshold};
+
+pub(crate) enum Control {
+    Thresholds([Threshold; 2]),
+    KeyThresholds(Option<Arc<dyn KeyThresholds>>),
+    /// Replies once every message sent before it is handled and due windows are closed.
+    Sync(SyncSender<()>),
+    Shutdown,
+}
+
+#[derive(Default)]
+struct WindowAcc {
+    totals: [u64; 2],
+    keys: HashMap<(Kind, Box<[u8]>), u64>,
+    reporters: HashSet<u64>,
+}
+
+#[derive(Clone, Copy, Debug)]
+struct Status {
+    state: HotState,
+    since_ms: u64,
+    share: f64,
+    /// The window in which the key was last promoted. A key promoted early in window w+1
+    /// (before window w closed) is not judged on window w.
+    promoted_window: u64,
+}
+
+#[derive(Default)]
+struct Listed {
+    rates: [f64; 2],
+    kinds: [Option<Status>; 2],
+}
+
+pub(crate) struct Aggregator {
+    pub window_ms: u64,
+    pub clock: CoarseClock,
+    pub published: Arc<Published>,
+    pub snapshots: watch::Sender<Arc<HotSnapshot>>,
+    pub defaults: [Threshold; 2],
+    pub per_key: Option<Arc<dyn KeyThresholds>>,
+    /// Registered threads and the first window each has not reported yet.
+    threads: HashMap<u64, u64>,
+    pending: BTreeMap<u64, WindowAcc>,
+    /// The oldest window not closed yet.
+    next_window: u64,
+    listed: HashMap<Box<[u8]>, Listed>,
+    early: HashMap<(Kind, Box<[u8]>), Vec<(u64, f64, u64)>>,
+    totals_per_sec: [f64; 2],
+}
+
+impl Aggregator {
+    pub(crate) fn new(
+        window_ms: u64,
+        clock: CoarseClock,
+        published: Arc<Published>,
+        snapshots: watch::Sender<Arc<HotSnapshot>>,
+        defaults: [Threshold; 2],
+    ) -> Self {
+        let agg = Aggregator {
+            window_ms,
+            clock,
+            published,
+            snapshots,
+            defaults,
+            per_key: None,
+            threads: HashMap::new(),
+            pending: BTreeMap::new(),
+            next_window: 0,
+            listed: HashMap::new(),
+            early: HashMap::new(),
+            totals_per_sec: [0.0; 2],
+        };
+        agg.publish_triggers(1);
+        agg
+    }
+
+    pub(crate) fn run(mut self, rx: Receiver<Msg>) {
+        loop {
+            let msg = rx.recv_timeout(Duration::from_millis(COARSE_TICK_MS));
+            let now = self.clock.refresh();
+            match msg {
+                Ok(Msg::Control(Control::Shutdown)) | Err(RecvTimeoutError::Disconnected) => {
+                    return
+                }
+                Ok(Msg::Control(Control::Sync(reply))) => {
+                    self.close_due_windows(now);
+                    let _ = reply.send(());
+                }
+                Ok(msg) => self.handle(msg, now),
+                Err(RecvTimeoutError::Timeout) => {}
+            }
+            self.close_due_windows(now);
+        }
+    }
+
+    fn window_secs(&self) -> f64 {
+        self.window_ms as f64 / 1000.0
+    }
+
+    fn threshold(&self, key: &[u8], kind: Kind) -> Threshold {
+        self.per_key
+            .as_ref()
+            .and_then(|p| p.thresholds(key, kind))
+            .unwrap_or(self.defaults[kind as usize])
+    }
+
+    fn handle(&mut self, msg: Msg, now: u64) {
+        match msg {
+            Msg::Register { thread, window } => {
+                self.threads.insert(thread, window);
+            }
+            Msg::Window {
+                thread,
+                window,
+                totals,
+                keys,
+                next,
+                last,
+            } => {
+                if window >= self.next_window {
+                    let acc = self.pending.entry(window).or_default();
+                    acc.totals[0] += totals[0];
+                    acc.totals[1] += totals[1];
+                    acc.reporters.insert(thread);
+                    for (kind, key, n) in keys {
+                        *acc.keys.entry((kind, key)).or_default() += u64::from(n);
+                    }
+                }
+                if last {
+                    self.threads.remove(&thread);
+                } else if let Some(done) = self.threads.get_mut(&thread) {
+                    *done = (*done).max(next);
+                }
+            }
+            Msg::Early {
+                thread,
+                kind,
+                key,
+                sliding,
+                at_ms,
+            } => self.early_report(thread, kind, key, sliding, at_ms, now),
+            Msg::Control(Control::Thresholds(t)) => {
+                self.defaults = t;
+                self.publish_triggers(self.active_threads());
+            }
+            Msg::Control(Control::KeyThresholds(p)) => {
+                self.per_key = p;
+                self.publish_triggers(self.active_threads());
+            }
+            Msg::Control(Control::Sync(_) | Control::Shutdown) => {}
+        }
+    }
+
+    fn early_report(
+        &mut self,
+        thread: u64,
+        kind: Kind,
+        key: Box<[u8]>,
+        sliding: f64,
+        at_ms: u64,
+        now: u64,
+    ) {
+        let already_hot = self
+            .listed
+            .get(&key)
+            .and_then(|l| l.kinds[kind as usize])
+            .is_some_and(|s| s.state == HotState::Hot);
+        if already_hot {
+            return;
+        }
+        let th = self.threshold(&key, kind);
+        let window_ms = self.window_ms;
+        let reports = self.early.entry((kind, key.clone())).or_default();
+        reports.retain(|&(t, _, at)| t != thread && at + window_ms > now);
+        reports.push((thread, sliding, at_ms));
+        let sum: f64 = reports.iter().map(|r| r.1).sum();
+        if sum < th.hot_at_per_sec * self.window_secs() {
+            return;
+        }
+        self.early.remove(&(kind, key.clone()));
+        let rate = sum / self.window_secs();
+        let total = self.totals_per_sec[kind as usize].max(rate);
+        let listed = self.listed.entry(key).or_default();
+        listed.rates[kind as usize] = rate;
+        // The thread's time, not ours: this thread may run behind the clock.
+        let since_ms = listed.kinds[kind as usize].map_or(at_ms, |s| s.since_ms);
+        listed.kinds[kind as usize] = Some(Status {
+            state: HotState::Hot,
+            since_ms,
+            share: rate / total,
+            promoted_window: at_ms / window_ms,
+        });
+        self.publish_snapshot(now);
+    }
+
+    fn close_due_windows(&mut self, now: u64) {
+        let grace = (self.window_ms / 10).max(2 * COARSE_TICK_MS);
+        loop {
+            let w = self.next_window;
+            let end = (w + 1) * self.window_ms;
+            if now < end {
+                return;
+            }
+            let all_in = self.threads.values().all(|&done| done > w);
+            if !all_in && now < end + grace {
+                return;
+            }
+            self.close_window(w, now);
+            self.next_window = w + 1;
+            // Skip runs of windows nobody reported once nothing is listed any more.
+            if self.listed.is_empty() {
+                let first_pending = self.pending.keys().next().copied();
+                let current = now / self.window_ms;
+                let skip_to = first_pending.map_or(current, |p| p.min(current));
+                self.next_window = self.next_window.max(skip_to);
+            }
+        }
+    }
+
+    fn close_window(&mut self, w: u64, now: u64) {
+        let acc = self.pending.remove(&w).unwrap_or_default();
+        let secs = self.window_secs();
+        self.totals_per_sec = [acc.totals[0] as f64 / secs, acc.totals[1] as f64 / secs];
+        let mut rates: HashMap<Box<[u8]>, [f64; 2]> = HashMap::new();
+        for ((kind, key), n) in acc.keys {
+            rates.entry(key).or_default()[kind as usize] = n as f64 / secs;
+        }
+        for key in self.listed.keys() {
+            rates.entry(key.clone()).or_default();
+        }
+        for (key, r) in rates {
+            let mut next = Listed {
+                rates: r,
+                kinds: [None, None],
+            };
+            let prev = self.listed.get(&key);
+            for kind in [Kind::Read, Kind::Write] {
+                let k = kind as usize;
+                let before = prev.and_then(|l| l.kinds[k]);
+                let th = self.threshold(&key, kind);
+                let share = r[k] / self.totals_per_sec[k].max(r[k]).max(f64::MIN_POSITIVE);
+                next.kinds[k] = match before {
+                    _ if r[k] >= th.hot_at_per_sec => Some(Status {
+                        state: HotState::Hot,
+                        since_ms: before.map_or(now, |s| s.since_ms),
+                        share,
+                        promoted_window: before.map_or(w, |s| s.promoted_window),
+                    }),
+                    Some(s) if s.state == HotState::Hot && s.promoted_window > w => {
+                        // Promoted early after this window ended: judge it on its next one.
+                        next.rates[k] = r[k].max(prev.map_or(0.0, |l| l.rates[k]));
+                        Some(s)
+                    }
+                    Some(s) if r[k] >= th.cool_below_per_sec => Some(Status {
+                        state: HotState::Cooling,
+                        share,
+                        ..s
+                    }),
+                    _ => None,
+                };
+            }
+            if next.kinds.iter().any(Option::is_some) {
+                self.listed.insert(key, next);
+            } else {
+                self.listed.remove(&key);
+            }
+        }
+        let window_ms = self.window_ms;
+        self.early.retain(|_, reports| {
+            reports.retain(|r| r.2 + window_ms > now);
+            !reports.is_empty()
+        });
+        self.publish_triggers(acc.reporters.len());
+        self.publish_snapshot(now);
+    }
+
+    fn active_threads(&self) -> usize {
+        self.threads.len()
+    }
+
+    /// The sliding count at which a thread first reports a key early: half of this thread's
+    /// even share of the lowest hot threshold any key can have.
+    fn publish_triggers(&self, threads: usize) {
+        for kind in [Kind::Read, Kind::Write] {
+            let mut lowest = self.defaults[kind as usize].hot_at_per_sec;
+            if let Some(p) = &self.per_key {
+                lowest = lowest.min(p.lowest_hot_at_per_sec(kind));
+            }
+            let per_thread = lowest * self.window_secs() / threads.max(1) as f64 / 2.0;
+            let level = per_thread.clamp(1.0, u32::MAX as f64) as u32;
+            self.published.first_report[kind as usize].store(level, Ordering::Relaxed);
+        }
+    }
+
+    fn publish_snapshot(&self, now: u64) {
+        let mut keys: Vec<HotKey> = self
+            .listed
+            .iter()
+            .map(|(key, l)| {
+                let [read, write] = l.kinds.map(|s| s.map(|s| s.state));
+                let listed = l.kinds.iter().flatten();
+                HotKey {
+                    key: key.to_vec(),
+                    reads_per_sec: l.rates[0],
+                    writes_per_sec: l.rates[1],
+                    share: listed.clone().map(|s| s.share).fold(0.0, f64::max),
+                    state: if read == Some(HotState::Hot) || write == Some(HotState::Hot) {
+                        HotState::Hot
+                    } else {
+                        HotState::Cooling
+                    },
+                    since_unix_ms: self
+                        .clock
+                        .unix_ms(listed.map(|s| s.since_ms).min().unwrap_or(now)),
+                    read_state: read,
+                    write_state: write,
+                }
+            })
+            .collect();
+        keys.sort_by(|a, b| {
+            let heat = |k: &HotKey| k.reads_per_sec.max(k.writes_per_sec);
+            heat(b).total_cmp(&heat(a)).then_with(|| a.key.cmp(&b.key))
+        });
+        self.snapshots.send_replace(Arc::new(HotSnapshot {
+            window_ms: self.window_ms,
+            keys,
+            total_reads_per_sec: self.totals_per_sec[0],
+            total_writes_per_sec: self.totals_per_sec[1],
+            at_unix_ms: self.clock.unix_ms(now),
+        }));
+    }
+}

@@ -1,0 +1,236 @@
+//! Per-thread detector state: a sketch and a top-k per kind, the thread's view of the window,
+//! and what it hands to the aggregator. Nothing here is shared, so the request path takes no
+//! lock and does no atomic read-modify-write; the only synchronisation is a channel send once
+//! per window and when a tracked key's sliding count passes its next report level.
+
+use std::cell::RefCell;
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::mpsc::Sender;
+use std::sync::Arc;
+
+use super::clock::CoarseClock;
+use super::sketch::{hash_key, CountMin, SKETCH_BYTES};
+use super::topk::{Offer, TopK};
+use super::Kind;
+
+/// What threads send the aggregator.
+pub(crate) enum Msg {
+    /// A thread's first observation falls in `window`.
+    Register {
+        thread: u64,
+        window: u64,
+    },
+    /// The thread's counts for one window; sent when the thread first sees the window over,
+    /// or when it exits (`last`).
+    Window {
+        thread: u64,
+        window: u64,
+        totals: [u64; 2],
+        keys: Vec<(Kind, Box<[u8]>, u32)>,
+        /// The window the thread moved on to (windows in between were idle).
+        next: u64,
+        last: bool,
+    },
+    /// A tracked key's sliding count (occurrences over one window length) passed a report
+    /// level mid-window.
+    Early {
+        thread: u64,
+        kind: Kind,
+        key: Box<[u8]>,
+        sliding: f64,
+        at_ms: u64,
+    },
+    Control(super::aggregate::Control),
+}
+
+/// State the aggregator publishes for the threads and they read once per window.
+#[derive(Debug, Default)]
+pub(crate) struct Published {
+    /// Per kind: the sliding count at which a key first earns an early report.
+    pub first_report: [AtomicU32; 2],
+    pub closed: AtomicBool,
+}
+
+/// Everything a thread needs to reach one detector.
+#[derive(Clone)]
+pub(crate) struct Link {
+    pub id: u64,
+    pub tx: Sender<Msg>,
+    pub clock: CoarseClock,
+    pub window_ms: u64,
+    pub top_k: usize,
+    pub published: Arc<Published>,
+}
+
+struct Side {
+    sketch: CountMin,
+    top: TopK,
+    total: u64,
+}
+
+/// One thread's state for one detector.
+pub(crate) struct Local {
+    link: Link,
+    thread: u64,
+    window: u64,
+    window_start_ms: u64,
+    window_end_ms: u64,
+    sides: [Side; 2],
+    early_budget: u32,
+}
+
+static NEXT_THREAD: AtomicU64 = AtomicU64::new(1);
+
+impl Local {
+    pub(crate) fn new(link: Link) -> Self {
+        let thread = NEXT_THREAD.fetch_add(1, Ordering::Relaxed);
+        let now = link.clock.now_ms();
+        let window = now / link.window_ms;
+        let _ = link.tx.send(Msg::Register { thread, window });
+        let side = |k: usize| {
+            let mut top = TopK::new(link.top_k);
+            top.set_first_report(link.published.first_report[k].load(Ordering::Relaxed).max(1));
+            Side {
+                sketch: CountMin::new(),
+                top,
+                total: 0,
+            }
+        };
+        Local {
+            thread,
+            window,
+            window_start_ms: window * link.window_ms,
+            window_end_ms: (window + 1) * link.window_ms,
+            sides: [side(0), side(1)],
+            early_budget: early_budget(link.top_k),
+            link,
+        }
+    }
+
+    #[inline]
+    pub(crate) fn observe(&mut self, key: &[u8], kind: Kind) {
+        let now = self.link.clock.now_ms();
+        if now >= self.window_end_ms {
+            self.roll(now);
+        }
+        let h = hash_key(key);
+        let side = &mut self.sides[kind as usize];
+        side.total += 1;
+        let estimate = side.sketch.add(h.mixed);
+        let Offer::Tracked(i) = side.top.offer(h.hash, key, estimate) else {
+            return;
+        };
+        let entry = side.top.entry_mut(i);
+        // The sliding count never exceeds the estimate, so most hits stop here.
+        if estimate < entry.next_report || self.early_budget == 0 {
+            return;
+        }
+        let f = (now - self.window_start_ms) as f64 / self.link.window_ms as f64;
+        let sliding = entry.sliding_count(f);
+        if sliding < entry.next_report as f64 {
+            return;
+        }
+        // Linear steps while small, then 1/8 steps: bounded messages, bounded lag.
+        let first = self.link.published.first_report[kind as usize].load(Ordering::Relaxed);
+        let step = (first / 2).max((sliding / 8.0) as u32).max(1);
+        entry.next_report = (sliding as u32).saturating_add(step);
+        self.early_budget -= 1;
+        let _ = self.link.tx.send(Msg::Early {
+            thread: self.thread,
+            kind,
+            key: entry.key.clone(),
+            sliding,
+            at_ms: now,
+        });
+    }
+
+    /// Rolls to the window holding `now` if the current one is over.
+    pub(crate) fn roll_if_due(&mut self) {
+        let now = self.link.clock.now_ms();
+        if now >= self.window_end_ms {
+            self.roll(now);
+        }
+    }
+
+    fn roll(&mut self, now: u64) {
+        let window = now / self.link.window_ms;
+        self.send_window(window, false);
+        let elapsed = window.saturating_sub(self.window).max(1);
+        for (k, side) in self.sides.iter_mut().enumerate() {
+            let first = self.link.published.first_report[k].load(Ordering::Relaxed);
+            side.sketch.halve(elapsed);
+            side.top.roll(elapsed, first.max(1));
+            side.total = 0;
+        }
+        self.window = window;
+        self.window_start_ms = window * self.link.window_ms;
+        self.window_end_ms = self.window_start_ms + self.link.window_ms;
+        self.early_budget = early_budget(self.link.top_k);
+    }
+
+    fn send_window(&self, next: u64, last: bool) {
+        let mut keys = Vec::new();
+        for (kind, side) in [(Kind::Read, &self.sides[0]), (Kind::Write, &self.sides[1])] {
+            for e in side.top.entries() {
+                let n = e.window_count();
+                if n > 0 {
+                    keys.push((kind, e.key.clone(), n));
+                }
+            }
+        }
+        let _ = self.link.tx.send(Msg::Window {
+            thread: self.thread,
+            window: self.window,
+            totals: [self.sides[0].total, self.sides[1].total],
+            keys,
+            next,
+            last,
+        });
+    }
+
+    /// Bytes this thread holds for the detector: sketches, trackers and their keys.
+    pub(crate) fn heap_bytes(&self) -> usize {
+        self.sides
+            .iter()
+            .map(|s| SKETCH_BYTES + s.top.heap_bytes())
+            .sum::<usize>()
+            + std::mem::size_of::<Self>()
+    }
+}
+
+impl Drop for Local {
+    fn drop(&mut self) {
+        // A thread that exits hands over what it counted in its last window.
+        if !self.link.published.closed.load(Ordering::Relaxed) {
+            self.send_window(self.window + 1, true);
+        }
+    }
+}
+
+fn early_budget(top_k: usize) -> u32 {
+    (top_k as u32).saturating_mul(16)
+}
+
+thread_local! {
+    /// One slot per live detector this thread has fed; usually exactly one.
+    pub(super) static LOCALS: RefCell<Vec<(u64, Box<Local>)>> = const { RefCell::new(Vec::new()) };
+}
+
+/// Runs `f` on this thread's state for the detector behind `link`, creating it on first use.
+/// Does nothing while the thread is being torn down.
+#[inline]
+pub(crate) fn with_local<R>(link: &Link, f: impl FnOnce(&mut Local) -> R) -> Option<R> {
+    LOCALS
+        .try_with(|cell| {
+            let mut slots = cell.try_borrow_mut().ok()?;
+            if let Some((_, local)) = slots.iter_mut().find(|(id, _)| *id == link.id) {
+                return Some(f(local));
+            }
+            // First use: also forget state of detectors that have been dropped.
+            slots.retain(|(_, l)| !l.link.published.closed.load(Ordering::Relaxed));
+            slots.push((link.id, Box::new(Local::new(link.clone()))));
+            slots.last_mut().map(|(_, local)| f(local))
+        })
+        .ok()
+        .flatten()
+}

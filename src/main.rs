@@ -1,0 +1,156 @@
+//! The `saltshaker` command: parse flags, set up logging, load config, run the library.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+use saltshaker::config::Config;
+
+#[derive(Parser, Debug)]
+#[command(name = "saltshaker", version, about = "A Redis proxy that finds hot keys and takes the pressure off them")]
+struct Cli {
+    #[command(subcommand)]
+    cmd: Option<Cmd>,
+    /// Configuration file (YAML). Flags override it.
+    #[arg(long, global = true)]
+    config: Option<PathBuf>,
+    /// Client listen address, HOST:PORT.
+    #[arg(long)]
+    listen: Option<String>,
+    /// Backend nodes: HOST:PORT[:WEIGHT],... (one node, or a twemproxy-compatible pool).
+    #[arg(long)]
+    nodes: Option<String>,
+    /// Admin HTTP address, HOST:PORT.
+    #[arg(long)]
+    admin: Option<String>,
+    /// Hot-key rules file.
+    #[arg(long)]
+    rules: Option<PathBuf>,
+    /// Key hash function (twemproxy names: fnv1a_64, murmur, md5, ...).
+    #[arg(long)]
+    hash: Option<String>,
+    /// Key distribution: ketama or modula.
+    #[arg(long)]
+    distribution: Option<String>,
+    /// Hash tag, two characters such as "{}".
+    #[arg(long)]
+    hash_tag: Option<String>,
+    /// Password clients must AUTH with.
+    #[arg(long)]
+    password: Option<String>,
+    /// Worker threads (0 = one per core).
+    #[arg(long)]
+    threads: Option<usize>,
+    /// Log filter, e.g. info or saltshaker=debug.
+    #[arg(long, default_value = "info")]
+    log_level: String,
+}
+
+#[derive(Subcommand, Debug)]
+enum Cmd {
+    /// Validate a configuration file and exit.
+    Check { file: PathBuf },
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    if let Some(Cmd::Check { file }) = &cli.cmd {
+        return match Config::load(file) {
+            Ok(_) => {
+                println!("{}: ok", file.display());
+                ExitCode::SUCCESS
+            }
+            Err(e) => {
+                eprintln!("{e}");
+                ExitCode::from(2)
+            }
+        };
+    }
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_new(&cli.log_level)
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let cfg = match load(&cli) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("saltshaker: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let threads = if cfg.threads == 0 { std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1) } else { cfg.threads };
+    let rt = match tokio::runtime::Builder::new_multi_thread().worker_threads(threads).enable_all().build() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("saltshaker: cannot start runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let res = rt.block_on(async move {
+        let (tx, rx) = tokio::sync::watch::channel(false);
+        tokio::spawn(async move {
+            wait_for_signal().await;
+            tracing::info!("shutdown requested: draining client connections");
+            let _ = tx.send(true);
+        });
+        saltshaker::run(cfg, rx).await
+    });
+    match res {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("saltshaker: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// The file (if any), then flags on top, then validation.
+fn load(cli: &Cli) -> Result<Config, String> {
+    let mut cfg = match &cli.config {
+        Some(p) => Config::load(p).map_err(|e| e.to_string())?,
+        None => Config::default(),
+    };
+    if let Some(v) = &cli.listen {
+        cfg.listen = v.clone();
+    }
+    if let Some(v) = &cli.admin {
+        cfg.admin = v.clone();
+    }
+    if let Some(v) = &cli.nodes {
+        cfg.backend.nodes = v.split(',').map(|s| s.trim().to_string()).filter(|s| !s.is_empty()).collect();
+    }
+    if let Some(v) = &cli.rules {
+        cfg.rules = Some(v.clone());
+    }
+    if let Some(v) = &cli.hash {
+        cfg.backend.hash = v.clone();
+    }
+    if let Some(v) = &cli.distribution {
+        cfg.backend.distribution = v.clone();
+    }
+    if let Some(v) = &cli.hash_tag {
+        cfg.backend.hash_tag = Some(v.clone());
+    }
+    if let Some(v) = &cli.password {
+        cfg.auth.password = Some(v.clone());
+    }
+    if let Some(v) = cli.threads {
+        cfg.threads = v;
+    }
+    cfg.validate().map_err(|(field, msg)| format!("{field}: {msg}"))?;
+    Ok(cfg)
+}
+
+async fn wait_for_signal() {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut term = match signal(SignalKind::terminate()) {
+        Ok(s) => s,
+        Err(_) => return std::future::pending().await,
+    };
+    tokio::select! {
+        _ = term.recv() => {}
+        _ = tokio::signal::ctrl_c() => {}
+    }
+}

@@ -1,0 +1,200 @@
+//! Every Prometheus series saltshaker exports, in one place: name, help, labels.
+//!
+//! Labels come from fixed sets (command class, node address, error kind). The data path
+//! holds pre-resolved handles (an `Arc` clone of each counter), so recording a request
+//! never looks up a label set. Per-key series exist only for the capped set of hot keys and
+//! are rebuilt from the detector's snapshot at scrape time (see `admin`).
+//!
+//! The request latency histogram is our own small lock-free one: prometheus-client's
+//! `Histogram` takes a lock per observation, and the session records one observation per
+//! pipelined round, weighted by the round's command count.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use prometheus_client::encoding::{EncodeLabelSet, EncodeMetric, MetricEncoder, NoLabelSet};
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::{MetricType, TypedMetric};
+use prometheus_client::registry::Registry;
+
+/// The command classes requests are counted by.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Class {
+    Read = 0,
+    Write = 1,
+    Other = 2,
+}
+
+const CLASSES: [&str; 3] = ["read", "write", "other"];
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ClassLabel {
+    pub class: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct NodeLabel {
+    pub node: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct NodeErrorLabel {
+    pub node: String,
+    pub kind: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct HotKindLabel {
+    pub kind: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct HotKeyLabel {
+    pub key: String,
+    pub kind: &'static str,
+}
+
+/// Handles of every series. Cheap to clone.
+#[derive(Clone)]
+pub struct Metrics {
+    pub requests: [Counter; 3],
+    pub request_seconds: Arc<RoundHistogram>,
+    pub client_connections: Gauge,
+    pub client_connections_total: Counter,
+    pub client_rejected: Counter,
+    pub protocol_errors: Counter,
+    pub backend_requests: Family<NodeLabel, Counter>,
+    pub backend_errors: Family<NodeErrorLabel, Counter>,
+    pub backend_connections: Family<NodeLabel, Gauge>,
+    pub backend_up: Family<NodeLabel, Gauge>,
+    pub hot_keys: Family<HotKindLabel, Gauge>,
+    pub hot_key_rate: Family<HotKeyLabel, Gauge<f64, AtomicU64>>,
+}
+
+impl Metrics {
+    /// Creates every series and registers it in `registry` under the `saltshaker_` prefix.
+    pub fn new(registry: &mut Registry) -> Metrics {
+        let requests_family = Family::<ClassLabel, Counter>::default();
+        let requests = [0, 1, 2].map(|i| requests_family.get_or_create(&ClassLabel { class: CLASSES[i] }).clone());
+        let m = Metrics {
+            requests,
+            request_seconds: Arc::new(RoundHistogram::new()),
+            client_connections: Gauge::default(),
+            client_connections_total: Counter::default(),
+            client_rejected: Counter::default(),
+            protocol_errors: Counter::default(),
+            backend_requests: Family::default(),
+            backend_errors: Family::default(),
+            backend_connections: Family::default(),
+            backend_up: Family::default(),
+            hot_keys: Family::default(),
+            hot_key_rate: Family::default(),
+        };
+        let r = registry.sub_registry_with_prefix("saltshaker");
+        r.register("requests", "Client commands handled, by command class", requests_family);
+        r.register(
+            "request_duration_seconds",
+            "Time from reading a command to having its reply ready",
+            ArcMetric(m.request_seconds.clone()),
+        );
+        r.register("client_connections", "Open client connections", m.client_connections.clone());
+        r.register("client_connections_accepted", "Client connections accepted", m.client_connections_total.clone());
+        r.register("client_connections_rejected", "Client connections refused at max_clients", m.client_rejected.clone());
+        r.register("protocol_errors", "Client connections closed for malformed RESP", m.protocol_errors.clone());
+        r.register("backend_requests", "Commands sent to each backend node", m.backend_requests.clone());
+        r.register(
+            "backend_errors",
+            "Backend failures by node and kind (connect, io, timeout, down, protocol)",
+            m.backend_errors.clone(),
+        );
+        r.register("backend_connections", "Open shared connections per backend node", m.backend_connections.clone());
+        r.register("backend_up", "1 when the node's shared connection is established", m.backend_up.clone());
+        r.register("hot_keys", "Keys currently hot, by kind (read, write)", m.hot_keys.clone());
+        r.register(
+            "hot_key_rate",
+            "Per-second rate of each currently hot key (capped set; removed when the key cools)",
+            m.hot_key_rate.clone(),
+        );
+        m
+    }
+
+    /// Counts `n` commands of a class.
+    #[inline]
+    pub fn count(&self, class: Class, n: u64) {
+        self.requests[class as usize].inc_by(n);
+    }
+}
+
+/// Upper bounds of the latency buckets, in seconds: 25 us to 2.5 s.
+const BOUNDS: [f64; 12] = [
+    0.000_025, 0.000_05, 0.000_1, 0.000_25, 0.000_5, 0.001, 0.002_5, 0.005, 0.01, 0.05, 0.25, 2.5,
+];
+
+/// A histogram whose observations carry a weight: one round of `n` pipelined commands
+/// that took `t` counts as `n` observations of `t`.
+#[derive(Debug, Default)]
+pub struct RoundHistogram {
+    buckets: [AtomicU64; BOUNDS.len() + 1],
+    count: AtomicU64,
+    sum_nanos: AtomicU64,
+}
+
+impl RoundHistogram {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    pub fn observe(&self, seconds: f64, n: u64) {
+        let i = BOUNDS.iter().position(|b| seconds <= *b).unwrap_or(BOUNDS.len());
+        self.buckets[i].fetch_add(n, Ordering::Relaxed);
+        self.count.fetch_add(n, Ordering::Relaxed);
+        self.sum_nanos.fetch_add((seconds * 1e9) as u64 * n, Ordering::Relaxed);
+    }
+}
+
+/// Registers an `Arc`-shared metric.
+#[derive(Debug)]
+struct ArcMetric(Arc<RoundHistogram>);
+
+impl TypedMetric for ArcMetric {
+    const TYPE: MetricType = MetricType::Histogram;
+}
+
+impl EncodeMetric for ArcMetric {
+    fn encode(&self, mut encoder: MetricEncoder) -> Result<(), std::fmt::Error> {
+        let h = &self.0;
+        let mut buckets: Vec<(f64, u64)> = BOUNDS
+            .iter()
+            .zip(h.buckets.iter())
+            .map(|(b, c)| (*b, c.load(Ordering::Relaxed)))
+            .collect();
+        buckets.push((f64::MAX, h.buckets[BOUNDS.len()].load(Ordering::Relaxed)));
+        let count = buckets.iter().map(|(_, c)| c).sum();
+        let sum = h.sum_nanos.load(Ordering::Relaxed) as f64 / 1e9;
+        encoder.encode_histogram::<NoLabelSet>(sum, count, &buckets, None)
+    }
+
+    fn metric_type(&self) -> MetricType {
+        MetricType::Histogram
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn weighted_round_counts_every_command() {
+        let mut reg = Registry::default();
+        let m = Metrics::new(&mut reg);
+        m.request_seconds.observe(0.0003, 16);
+        m.count(Class::Read, 16);
+        let mut out = String::new();
+        prometheus_client::encoding::text::encode(&mut out, &reg).unwrap();
+        assert!(out.contains("saltshaker_request_duration_seconds_count 16"), "{out}");
+        assert!(out.contains("saltshaker_requests_total{class=\"read\"} 16"), "{out}");
+        assert!(out.contains("le=\"0.0005\"} 16"), "{out}");
+    }
+}

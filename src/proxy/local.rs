@@ -1,0 +1,347 @@
+//! Commands the proxy answers itself (connection state: PING, HELLO, AUTH, SELECT, CLIENT,
+//! INFO) and transactions (MULTI/EXEC/DISCARD/WATCH/UNWATCH), which need session state.
+
+use bytes::{Bytes, BytesMut};
+
+use super::dedicated::DedicatedWorker;
+use super::round::{Merge, RoundBuilder, Slot};
+use super::session::{err_bytes, keys_node, push, push_n, ready_later, reset_conns, reset_dedicated, Flow, Session, Tx};
+use crate::command::Classified;
+use crate::resp::{encode_bulk, encode_int, encode_map_header, encode_simple, Proto, Request, Value};
+
+const OK: &[u8] = b"+OK\r\n";
+
+fn ready(rb: &mut RoundBuilder, b: &'static [u8]) {
+    rb.slots.push(Slot::Ready(Bytes::from_static(b)));
+}
+
+fn error(rb: &mut RoundBuilder, msg: &str) {
+    rb.slots.push(Slot::Ready(err_bytes(msg)));
+}
+
+fn upper(b: &[u8]) -> String {
+    String::from_utf8_lossy(b).to_ascii_uppercase()
+}
+
+pub fn handle(s: &mut Session, req: &Request, c: &Classified, rb: &mut RoundBuilder) -> Flow {
+    let mut out = BytesMut::new();
+    match c.spec.name {
+        "PING" => {
+            if req.argc() > 1 {
+                encode_bulk(req.arg(1), &mut out);
+            } else {
+                encode_simple("PONG", &mut out);
+            }
+        }
+        "ECHO" => encode_bulk(req.arg(1), &mut out),
+        "QUIT" => {
+            ready(rb, OK);
+            return Flow::Close;
+        }
+        "READONLY" | "READWRITE" => encode_simple("OK", &mut out),
+        "AUTH" => {
+            let pass = req.arg(req.argc() - 1);
+            match check_auth(s, pass) {
+                Ok(()) => encode_simple("OK", &mut out),
+                Err(e) => {
+                    error(rb, e);
+                    return Flow::Continue;
+                }
+            }
+        }
+        "HELLO" => return hello(s, req, rb),
+        "SELECT" => {
+            let db = std::str::from_utf8(req.arg(1)).ok().and_then(|d| d.parse::<u32>().ok());
+            match db {
+                None => error(rb, "ERR value is not an integer or out of range"),
+                Some(0) => {
+                    set_db(s, 0);
+                    ready(rb, OK);
+                }
+                Some(d) if s.ctx.backend.is_single() => {
+                    set_db(s, d);
+                    ready(rb, OK);
+                }
+                Some(_) => error(rb, "ERR saltshaker: SELECT is not supported over a pool of nodes (only database 0)"),
+            }
+            return Flow::Continue;
+        }
+        "RESET" => {
+            s.tx = None;
+            s.name = None;
+            s.authed = s.ctx.password.is_none();
+            if s.proto != Proto::Resp2 || s.db != 0 {
+                s.proto = Proto::Resp2;
+                s.db = 0;
+                reset_conns(s);
+            }
+            reset_dedicated(s);
+            ready(rb, b"+RESET\r\n");
+            return Flow::Continue;
+        }
+        "INFO" => {
+            let nodes = s.ctx.backend.len();
+            let parts = (0..nodes).map(|n| push(s, rb, n, req.wire())).collect();
+            let addrs = s.ctx.backend.nodes().iter().map(|n| n.addr.clone()).collect();
+            let proxy = proxy_info(s);
+            rb.slots.push(Slot::Merge(Box::new(Merge::Info { proxy, parts, addrs })));
+            return Flow::Continue;
+        }
+        name if name.starts_with("CLIENT") => return client(s, req, name, rb),
+        other => error(rb, &format!("ERR saltshaker: {other} is not supported through the proxy")),
+    }
+    if !out.is_empty() {
+        rb.slots.push(Slot::Ready(out.freeze()));
+    }
+    Flow::Continue
+}
+
+fn check_auth(s: &mut Session, pass: &[u8]) -> Result<(), &'static str> {
+    match &s.ctx.password {
+        None => Err("ERR AUTH <password> called without any password configured for the default user. Are you sure your configuration is correct?"),
+        Some(p) if p.as_bytes() == pass => {
+            s.authed = true;
+            Ok(())
+        }
+        Some(_) => Err("WRONGPASS invalid username-password pair or user is disabled."),
+    }
+}
+
+fn set_db(s: &mut Session, db: u32) {
+    if s.db != db {
+        s.db = db;
+        reset_conns(s);
+        reset_dedicated(s);
+    }
+}
+
+/// HELLO [protover [AUTH username password] [SETNAME clientname]]
+fn hello(s: &mut Session, req: &Request, rb: &mut RoundBuilder) -> Flow {
+    let mut proto = s.proto;
+    let mut i = 1;
+    if req.argc() > 1 {
+        proto = match req.arg(1) {
+            b"2" => Proto::Resp2,
+            b"3" => Proto::Resp3,
+            v if std::str::from_utf8(v).ok().and_then(|x| x.parse::<i64>().ok()).is_some() => {
+                error(rb, "NOPROTO unsupported protocol version");
+                return Flow::Continue;
+            }
+            _ => {
+                error(rb, "ERR Protocol version is not an integer or out of range");
+                return Flow::Continue;
+            }
+        };
+        i = 2;
+    }
+    while i < req.argc() {
+        match upper(req.arg(i)).as_str() {
+            "AUTH" if i + 2 < req.argc() => {
+                if let Err(e) = check_auth(s, req.arg(i + 2)) {
+                    error(rb, e);
+                    return Flow::Continue;
+                }
+                i += 3;
+            }
+            "SETNAME" if i + 1 < req.argc() => {
+                s.name = Some(req.arg_bytes(i + 1));
+                i += 2;
+            }
+            _ => {
+                error(rb, &format!("ERR Syntax error in HELLO option '{}'", String::from_utf8_lossy(req.arg(i))));
+                return Flow::Continue;
+            }
+        }
+    }
+    if !s.authed {
+        error(rb, "NOAUTH HELLO must be called with the client already authenticated, otherwise the HELLO <proto> AUTH <user> <pass> option can be used to authenticate the client and select the RESP protocol version at the same time");
+        return Flow::Continue;
+    }
+    if proto != s.proto {
+        s.proto = proto;
+        reset_conns(s);
+        reset_dedicated(s);
+    }
+    let fields: Vec<(Value, Value)> = vec![
+        (bulk("server"), bulk("redis")),
+        (bulk("version"), bulk(crate::proxy::REDIS_VERSION)),
+        (bulk("proto"), Value::Integer(if proto == Proto::Resp3 { 3 } else { 2 })),
+        (bulk("id"), Value::Integer(s.id as i64)),
+        (bulk("mode"), bulk("standalone")),
+        (bulk("role"), bulk("master")),
+        (bulk("modules"), Value::Array(vec![])),
+    ];
+    let mut out = BytesMut::new();
+    encode_map_header(fields.len(), proto, &mut out);
+    for (k, v) in &fields {
+        k.encode(proto, &mut out);
+        v.encode(proto, &mut out);
+    }
+    rb.slots.push(Slot::Ready(out.freeze()));
+    Flow::Continue
+}
+
+fn bulk(s: &str) -> Value {
+    Value::Bulk(Bytes::copy_from_slice(s.as_bytes()))
+}
+
+fn client_line(s: &Session) -> String {
+    let name = s.name.as_ref().map(|n| String::from_utf8_lossy(n).into_owned()).unwrap_or_default();
+    format!(
+        "id={} addr={} laddr={} fd=0 name={} age=0 idle=0 flags=N db={} sub=0 psub=0 ssub=0 multi={} resp={} lib-name= lib-ver=\n",
+        s.id,
+        s.peer,
+        s.local,
+        name,
+        s.db,
+        s.tx.as_ref().map(|t| t.wires.len() as i64).unwrap_or(-1),
+        if s.proto == Proto::Resp3 { 3 } else { 2 }
+    )
+}
+
+fn client(s: &mut Session, req: &Request, name: &str, rb: &mut RoundBuilder) -> Flow {
+    let mut out = BytesMut::new();
+    match name {
+        "CLIENT SETNAME" => {
+            let n = req.arg(2);
+            if n.iter().any(|b| *b <= b' ' || *b > b'~') {
+                error(rb, "ERR Client names cannot contain spaces, newlines or special characters.");
+                return Flow::Continue;
+            }
+            s.name = (!n.is_empty()).then(|| req.arg_bytes(2));
+            encode_simple("OK", &mut out);
+        }
+        "CLIENT GETNAME" => match &s.name {
+            Some(n) => encode_bulk(n, &mut out),
+            None => Value::Nil.encode(s.proto, &mut out),
+        },
+        "CLIENT ID" => encode_int(s.id as i64, &mut out),
+        "CLIENT INFO" | "CLIENT LIST" => {
+            let line = client_line(s);
+            let line = if name == "CLIENT INFO" { line } else { line };
+            if s.proto == Proto::Resp3 && name == "CLIENT INFO" {
+                Value::Verbatim(Bytes::from(format!("txt:{line}"))).encode(s.proto, &mut out);
+            } else {
+                encode_bulk(line.as_bytes(), &mut out);
+            }
+        }
+        "CLIENT NO-EVICT" | "CLIENT NO-TOUCH" | "CLIENT SETINFO" => encode_simple("OK", &mut out),
+        "CLIENT REPLY" => {
+            if upper(req.arg(2)) == "ON" {
+                encode_simple("OK", &mut out);
+            } else {
+                error(rb, "ERR saltshaker: CLIENT REPLY OFF|SKIP is not supported through the proxy");
+                return Flow::Continue;
+            }
+        }
+        other => {
+            error(rb, &format!("ERR saltshaker: {other} is not supported through the proxy"));
+            return Flow::Continue;
+        }
+    }
+    rb.slots.push(Slot::Ready(out.freeze()));
+    Flow::Continue
+}
+
+fn proxy_info(s: &Session) -> String {
+    let b = &s.ctx.backend;
+    let up = b.nodes().iter().filter(|n| n.is_up()).count();
+    format!(
+        "# Proxy\r\nsaltshaker_version:{}\r\nproxy_uptime_in_seconds:{}\r\nbackend_nodes:{}\r\nbackend_nodes_up:{}\r\nconnected_clients:{}\r\n\r\n",
+        env!("CARGO_PKG_VERSION"),
+        s.ctx.started.elapsed().as_secs(),
+        b.len(),
+        up,
+        s.ctx.metrics.client_connections.get(),
+    )
+}
+
+/// MULTI, EXEC, DISCARD, WATCH, UNWATCH.
+pub fn transaction(s: &mut Session, req: &Request, c: &Classified, rb: &mut RoundBuilder) -> Flow {
+    match c.spec.name {
+        "MULTI" => {
+            if s.tx.is_some() {
+                error(rb, "ERR MULTI calls can not be nested");
+            } else {
+                s.tx = Some(Tx { wires: Vec::new(), node: s.watch.as_ref().map(|w| w.0), dirty: false });
+                ready(rb, OK);
+            }
+        }
+        "DISCARD" => {
+            if s.tx.take().is_none() {
+                error(rb, "ERR DISCARD without MULTI");
+            } else {
+                s.watch = None;
+                ready(rb, OK);
+            }
+        }
+        "EXEC" => exec(s, rb),
+        "WATCH" => {
+            if s.tx.is_some() {
+                error(rb, "ERR WATCH inside MULTI is not allowed");
+                return Flow::Continue;
+            }
+            let node = match keys_node(s, req, c) {
+                Ok(n) => n,
+                Err(e) => {
+                    rb.slots.push(Slot::Ready(e));
+                    return Flow::Continue;
+                }
+            };
+            if let Some((w, _)) = &s.watch {
+                if *w != node {
+                    error(rb, "ERR saltshaker: WATCH of keys on different nodes is not supported");
+                    return Flow::Continue;
+                }
+            } else {
+                let hs = s.ctx.backend.node(node).handshake(s.proto, s.db);
+                s.watch = Some((node, DedicatedWorker::spawn(hs, s.gone.clone())));
+            }
+            let w = &s.watch.as_ref().expect("set above").1;
+            rb.slots.push(Slot::Later(w.call(vec![req.wire()], 1)));
+        }
+        "UNWATCH" => {
+            if let Some((_, w)) = s.watch.take() {
+                rb.slots.push(Slot::Later(w.call(vec![req.wire()], 1)));
+            } else {
+                ready(rb, OK);
+            }
+        }
+        other => error(rb, &format!("ERR saltshaker: {other} is not supported")),
+    }
+    Flow::Continue
+}
+
+fn exec(s: &mut Session, rb: &mut RoundBuilder) {
+    let Some(tx) = s.tx.take() else {
+        error(rb, "ERR EXEC without MULTI");
+        return;
+    };
+    let watch = s.watch.take();
+    if tx.dirty {
+        if let Some((_, w)) = watch {
+            // Release the watch on the node as EXEC would.
+            let _ = w.call(vec![crate::backend::wire(&["UNWATCH"])], 1);
+        }
+        error(rb, "EXECABORT Transaction discarded because of previous errors.");
+        return;
+    }
+    let count = tx.wires.len() + 2;
+    let mut wires = Vec::with_capacity(count);
+    wires.push(crate::backend::wire(&["MULTI"]));
+    wires.extend(tx.wires);
+    wires.push(crate::backend::wire(&["EXEC"]));
+    match watch {
+        Some((_, w)) => rb.slots.push(Slot::Later(w.call(wires, count))),
+        None => {
+            let node = tx.node.unwrap_or_else(|| s.ctx.backend.any_node());
+            let mut buf = BytesMut::new();
+            for w in &wires {
+                buf.extend_from_slice(w);
+            }
+            let part = push_n(s, rb, node, buf.freeze(), count as u32);
+            rb.slots.push(Slot::Merge(Box::new(Merge::Exec(part))));
+        }
+    }
+    let _ = ready_later;
+}

@@ -1,0 +1,121 @@
+//! The data path: the listener, and one session per client connection.
+//!
+//! ```text
+//! client ─▶ session::read_loop ─▶ parse ─▶ classify ─▶ observe ─▶ decide/act ─▶ round
+//!                                                                     │ jobs per node
+//!                                                                     ▼
+//!           reply::write_loop ◀── replies in request order ◀── backend connections
+//! ```
+
+mod dedicated;
+mod local;
+mod reply;
+mod round;
+mod scan;
+mod session;
+mod tunnel;
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+
+use crate::backend::Backend;
+use crate::hotkey::Detector;
+use crate::metrics::Metrics;
+use crate::resp::Limits;
+
+/// The Redis version the proxy reports in HELLO.
+pub const REDIS_VERSION: &str = "7.0.0";
+
+/// What every session shares.
+pub struct Ctx {
+    pub backend: Backend,
+    pub metrics: Metrics,
+    pub detector: Detector,
+    pub limits: Limits,
+    pub max_pending: usize,
+    pub max_clients: usize,
+    pub password: Option<String>,
+    pub shutdown: watch::Receiver<bool>,
+    pub started: Instant,
+    next_id: AtomicU64,
+}
+
+impl Ctx {
+    #[allow(clippy::too_many_arguments)]
+    pub fn new(
+        backend: Backend,
+        metrics: Metrics,
+        detector: Detector,
+        limits: Limits,
+        max_pending: usize,
+        max_clients: usize,
+        password: Option<String>,
+        shutdown: watch::Receiver<bool>,
+    ) -> Ctx {
+        Ctx {
+            backend,
+            metrics,
+            detector,
+            limits,
+            max_pending,
+            max_clients,
+            password,
+            shutdown,
+            started: Instant::now(),
+            next_id: AtomicU64::new(1),
+        }
+    }
+}
+
+/// Accepts clients until shutdown, then waits (up to `drain`) for open sessions to finish
+/// their commands.
+pub async fn serve(listener: TcpListener, ctx: Arc<Ctx>, drain: Duration) {
+    let mut shutdown = ctx.shutdown.clone();
+    loop {
+        tokio::select! {
+            biased;
+            _ = shutdown.wait_for(|v| *v) => break,
+            res = listener.accept() => match res {
+                Ok((stream, _)) => {
+                    let m = &ctx.metrics;
+                    if m.client_connections.get() as usize >= ctx.max_clients {
+                        m.client_rejected.inc();
+                        tokio::spawn(refuse(stream));
+                        continue;
+                    }
+                    m.client_connections_total.inc();
+                    m.client_connections.inc();
+                    let id = ctx.next_id.fetch_add(1, Ordering::Relaxed);
+                    let ctx = ctx.clone();
+                    tokio::spawn(async move {
+                        session::run(stream, ctx.clone(), id).await;
+                        ctx.metrics.client_connections.dec();
+                    });
+                }
+                Err(e) => {
+                    // EMFILE and friends: back off instead of spinning.
+                    tracing::warn!(error = %e, "accept failed");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+            },
+        }
+    }
+    drop(listener);
+    let deadline = Instant::now() + drain;
+    while ctx.metrics.client_connections.get() > 0 && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let left = ctx.metrics.client_connections.get();
+    if left > 0 {
+        tracing::warn!(clients = left, "drain timeout: closing remaining client connections");
+    }
+}
+
+async fn refuse(mut stream: tokio::net::TcpStream) {
+    use tokio::io::AsyncWriteExt;
+    let _ = stream.write_all(b"-ERR max number of clients reached\r\n").await;
+}

@@ -1,0 +1,256 @@
+//! The reply phase: resolve each round's slots strictly in request order, merge fanned-out
+//! replies, and write them to the client, several rounds per write when they are ready.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::{Bytes, BytesMut};
+use tokio::io::{AsyncWrite, AsyncWriteExt};
+use tokio::sync::mpsc;
+
+use super::round::{Merge, Part, Round, Slot};
+use super::Ctx;
+use crate::backend::{BackendError, Replies};
+use crate::resp::{encode_array_header, encode_bulk, encode_error, encode_int, parse_value, Proto, Value};
+
+/// Writes replies until the session ends. Returns the tunnel end if the session turned
+/// into a pub/sub tunnel, so the caller can pump it.
+pub async fn write_loop<W: AsyncWrite + Unpin>(
+    mut w: W,
+    mut rounds: mpsc::Receiver<(Round, Proto)>,
+    ctx: Arc<Ctx>,
+) -> (W, Option<super::tunnel::TunnelEnd>) {
+    let mut out = BytesMut::with_capacity(16 * 1024);
+    while let Some((round, proto)) = rounds.recv().await {
+        let mut next = Some((round, proto));
+        // Resolve every round that is already queued, then write once.
+        while let Some((round, proto)) = next.take() {
+            let close = round.close_after;
+            let tunnel = resolve(round, proto, &ctx, &mut out).await;
+            if close || tunnel.is_some() {
+                let _ = w.write_all(&out).await;
+                let _ = w.flush().await;
+                return (w, tunnel);
+            }
+            if out.len() < 256 * 1024 {
+                next = rounds.try_recv().ok();
+            }
+        }
+        if w.write_all(&out).await.is_err() {
+            return (w, None);
+        }
+        out.clear();
+    }
+    let _ = w.flush().await;
+    (w, None)
+}
+
+/// Appends the replies of one round to `out`, in order.
+async fn resolve(round: Round, proto: Proto, ctx: &Ctx, out: &mut BytesMut) -> Option<super::tunnel::TunnelEnd> {
+    let timeout = ctx.backend.request_timeout;
+    let mut replies: Vec<Result<Replies, BackendError>> = Vec::with_capacity(round.sent.len());
+    for s in round.sent {
+        let addr = &ctx.backend.node(s.node).addr;
+        replies.push(await_reply(s.rx, timeout, addr).await);
+    }
+    let n = round.slots.len() as u64;
+    // Fast path: one job whose replies are exactly the round's, in order.
+    if replies.len() == 1 && replies[0].as_ref().map(|r| r.len() as u64 == n).unwrap_or(false) {
+        let all_direct = round.slots.iter().enumerate().all(|(i, s)| matches!(s, Slot::Reply(p) if p.idx as usize == i));
+        if all_direct {
+            if let Ok(r) = &replies[0] {
+                out.extend_from_slice(&r.buf);
+            }
+            record(ctx, &round.started, &round.counts, n);
+            return round.tunnel;
+        }
+    }
+    for slot in round.slots {
+        match slot {
+            Slot::Ready(b) => out.extend_from_slice(&b),
+            Slot::Reply(p) => match part(&replies, p) {
+                Ok(b) => out.extend_from_slice(&b),
+                Err(e) => backend_error(e, out),
+            },
+            Slot::Merge(m) => merge(*m, &replies, proto, out),
+            Slot::Later(rx) => match rx.await {
+                Ok(b) => out.extend_from_slice(&b),
+                Err(_) => encode_error("ERR saltshaker: internal error (request abandoned)", out),
+            },
+        }
+    }
+    record(ctx, &round.started, &round.counts, n);
+    round.tunnel
+}
+
+fn record(ctx: &Ctx, started: &std::time::Instant, counts: &[u64; 3], n: u64) {
+    ctx.metrics.request_seconds.observe(started.elapsed().as_secs_f64(), n);
+    for (i, c) in counts.iter().enumerate() {
+        if *c > 0 {
+            ctx.metrics.requests[i].inc_by(*c);
+        }
+    }
+}
+
+async fn await_reply(rx: crate::backend::ReplyRx, timeout: Option<Duration>, addr: &str) -> Result<Replies, BackendError> {
+    let r = match timeout {
+        Some(t) => match tokio::time::timeout(t, rx).await {
+            Ok(r) => r,
+            Err(_) => return Err(BackendError::Timeout(addr.to_string())),
+        },
+        None => rx.await,
+    };
+    match r {
+        Ok(r) => r,
+        Err(_) => Err(BackendError::Io(format!("connection to {addr} lost before the reply"))),
+    }
+}
+
+fn part(replies: &[Result<Replies, BackendError>], p: Part) -> Result<Bytes, &BackendError> {
+    match &replies[p.job as usize] {
+        Ok(r) if (p.idx as usize) < r.len() => Ok(r.get(p.idx as usize)),
+        Ok(_) => Ok(Bytes::from_static(b"-ERR saltshaker: internal error (missing reply)\r\n")),
+        Err(e) => Err(e),
+    }
+}
+
+pub fn backend_error(e: &BackendError, out: &mut BytesMut) {
+    encode_error(&format!("ERR saltshaker: {e}"), out);
+}
+
+/// Parses the replies of `parts`; the first backend failure or error reply wins.
+fn values(replies: &[Result<Replies, BackendError>], parts: &[Part]) -> Result<Vec<Value>, Bytes> {
+    let mut vals = Vec::with_capacity(parts.len());
+    for p in parts {
+        let raw = match part(replies, *p) {
+            Ok(b) => b,
+            Err(e) => {
+                let mut o = BytesMut::new();
+                backend_error(e, &mut o);
+                return Err(o.freeze());
+            }
+        };
+        match parse_value(&raw) {
+            Ok(Some((Value::Error(_), _))) => return Err(raw),
+            Ok(Some((v, _))) => vals.push(v),
+            _ => return Err(Bytes::from_static(b"-ERR saltshaker: unreadable backend reply\r\n")),
+        }
+    }
+    Ok(vals)
+}
+
+fn merge(m: Merge, replies: &[Result<Replies, BackendError>], proto: Proto, out: &mut BytesMut) {
+    let result = match m {
+        Merge::SumInt(parts) => values(replies, &parts).map(|vs| {
+            let sum: i64 = vs.iter().map(|v| if let Value::Integer(i) = v { *i } else { 0 }).sum();
+            encode_int(sum, out);
+        }),
+        Merge::MinInt(parts) => values(replies, &parts).map(|vs| {
+            let min = vs.iter().filter_map(|v| if let Value::Integer(i) = v { Some(*i) } else { None }).min();
+            encode_int(min.unwrap_or(0), out);
+        }),
+        Merge::Mget { parts, order } => values(replies, &parts).map(|vs| {
+            encode_array_header(order.len(), out);
+            for (p, pos) in order {
+                match &vs[p as usize] {
+                    Value::Array(items) => match items.get(pos as usize) {
+                        Some(v) => v.encode(proto, out),
+                        None => Value::Nil.encode(proto, out),
+                    },
+                    _ => Value::Nil.encode(proto, out),
+                }
+            }
+        }),
+        Merge::AllOk(parts) => values(replies, &parts).map(|vs| match vs.first() {
+            Some(v) => v.encode(proto, out),
+            None => encode_error("ERR saltshaker: no node answered", out),
+        }),
+        Merge::Exec(p) => match part(replies, p) {
+            Ok(b) => {
+                out.extend_from_slice(&b);
+                Ok(())
+            }
+            Err(e) => {
+                backend_error(e, out);
+                Ok(())
+            }
+        },
+        Merge::Concat(parts) => values(replies, &parts).map(|vs| {
+            let items: Vec<Value> = vs
+                .into_iter()
+                .flat_map(|v| match v {
+                    Value::Array(a) | Value::Set(a) => a,
+                    _ => Vec::new(),
+                })
+                .collect();
+            Value::Array(items).encode(proto, out);
+        }),
+        Merge::AndArrays(parts) => values(replies, &parts).map(|vs| {
+            let mut acc: Vec<i64> = Vec::new();
+            for (i, v) in vs.iter().enumerate() {
+                if let Value::Array(a) = v {
+                    let ints = a.iter().map(|x| if let Value::Integer(n) = x { *n } else { 0 });
+                    if i == 0 {
+                        acc = ints.collect();
+                    } else {
+                        for (slot, n) in acc.iter_mut().zip(ints) {
+                            *slot = (*slot != 0 && n != 0) as i64;
+                        }
+                    }
+                }
+            }
+            Value::Array(acc.into_iter().map(Value::Integer).collect()).encode(proto, out);
+        }),
+        Merge::FirstNonNil(parts) => values(replies, &parts).map(|vs| {
+            let v = vs.into_iter().find(|v| !matches!(v, Value::Nil | Value::NilArray)).unwrap_or(Value::Nil);
+            v.encode(proto, out);
+        }),
+        Merge::Scan { part: p, node, nodes } => values(replies, &[p]).map(|vs| match vs.into_iter().next() {
+            Some(Value::Array(mut a)) if a.len() == 2 => {
+                let cursor = match &a[0] {
+                    Value::Bulk(b) => std::str::from_utf8(b).ok().and_then(|s| s.parse::<u64>().ok()).unwrap_or(0),
+                    _ => 0,
+                };
+                let next = super::scan::encode_cursor(cursor, node, nodes);
+                a[0] = Value::Bulk(Bytes::from(next.to_string()));
+                Value::Array(a).encode(proto, out);
+            }
+            _ => encode_error("ERR saltshaker: unexpected SCAN reply", out),
+        }),
+        Merge::Info { proxy, parts, addrs } => {
+            let mut text = proxy;
+            for (i, p) in parts.iter().enumerate() {
+                let body = match part(replies, *p).ok().and_then(|raw| parse_value(&raw).ok().flatten()) {
+                    Some((Value::Bulk(b), _)) | Some((Value::Verbatim(b), _)) => {
+                        String::from_utf8_lossy(if b.starts_with(b"txt:") { &b[4..] } else { &b[..] }).into_owned()
+                    }
+                    _ => String::new(),
+                };
+                if i == 0 {
+                    text.push_str(&body);
+                }
+                if addrs.len() > 1 {
+                    if i == 0 {
+                        text.push_str("\r\n# Nodes\r\n");
+                    }
+                    let up = if body.is_empty() { "down" } else { "up" };
+                    let keys: u64 = body
+                        .lines()
+                        .filter(|l| l.starts_with("db"))
+                        .filter_map(|l| l.split(&[':', ','][..]).nth(1)?.strip_prefix("keys=")?.parse::<u64>().ok())
+                        .sum();
+                    text.push_str(&format!("node{i}:addr={},status={up},keys={keys}\r\n", addrs[i]));
+                }
+            }
+            if proto == Proto::Resp3 {
+                Value::Verbatim(Bytes::from(format!("txt:{text}"))).encode(proto, out);
+            } else {
+                encode_bulk(text.as_bytes(), out);
+            }
+            Ok(())
+        }
+    };
+    if let Err(e) = result {
+        out.extend_from_slice(&e);
+    }
+}

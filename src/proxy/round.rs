@@ -1,0 +1,146 @@
+//! A round: the commands of one read, their jobs per node, and their reply slots in
+//! request order. The session builds rounds; the reply writer resolves them in order.
+//!
+//! Commands going to the same node in one round share one job (one channel send, one
+//! reply buffer), so a pipelined client costs the proxy per round, not per command.
+
+use std::time::Instant;
+
+use bytes::Bytes;
+use smallvec::SmallVec;
+use tokio::sync::oneshot;
+
+use crate::backend::{ConnHandle, Job, ReplyRx};
+use crate::metrics::Class;
+
+/// Where reply `idx` of job `job` is.
+#[derive(Clone, Copy, Debug)]
+pub struct Part {
+    pub job: u16,
+    pub idx: u32,
+}
+
+/// How the replies of a fanned-out command become one reply.
+#[derive(Debug)]
+pub enum Merge {
+    /// Sum of integer replies (DEL, UNLINK, EXISTS, TOUCH, DBSIZE).
+    SumInt(Vec<Part>),
+    /// MGET: `order[i]` = (part, position in that part's array) of key i.
+    Mget { parts: Vec<Part>, order: Vec<(u16, u32)> },
+    /// Every node must say the same; the first error otherwise.
+    AllOk(Vec<Part>),
+    /// Arrays concatenated (KEYS).
+    Concat(Vec<Part>),
+    /// Element-wise AND of integer arrays (SCRIPT EXISTS).
+    AndArrays(Vec<Part>),
+    /// Smallest integer (WAIT).
+    MinInt(Vec<Part>),
+    /// First non-nil reply (RANDOMKEY).
+    FirstNonNil(Vec<Part>),
+    /// SCAN on one node; the cursor in the reply is re-encoded with the node.
+    Scan { part: Part, node: usize, nodes: usize },
+    /// INFO: the proxy's section, then the first node's reply, then a line per node.
+    Info { proxy: String, parts: Vec<Part>, addrs: Vec<String> },
+    /// MULTI ... EXEC sent as one unit: the client wants EXEC's reply, the last one.
+    Exec(Part),
+}
+
+/// The reply to one command.
+pub enum Slot {
+    /// Answered by the proxy (or an error found before forwarding).
+    Ready(Bytes),
+    /// One reply from one job.
+    Reply(Part),
+    /// Several replies merged.
+    Merge(Box<Merge>),
+    /// Answered later by a task of the session (blocking command, dedicated connection).
+    Later(oneshot::Receiver<Bytes>),
+}
+
+/// A job being filled for one node.
+pub struct JobBuilder {
+    pub node: usize,
+    pub conn: ConnHandle,
+    pub data: SmallVec<[Bytes; 4]>,
+    pub count: u32,
+}
+
+/// A job sent; the writer awaits its replies.
+pub struct Sent {
+    pub node: usize,
+    pub rx: ReplyRx,
+}
+
+/// One round, as handed to the reply writer.
+pub struct Round {
+    pub sent: SmallVec<[Sent; 4]>,
+    pub slots: Vec<Slot>,
+    pub started: Instant,
+    pub counts: [u64; 3],
+    /// Close the connection once this round's replies are written (QUIT, protocol error).
+    pub close_after: bool,
+    /// Hand the connection over to a pub/sub tunnel after this round.
+    pub tunnel: Option<crate::proxy::tunnel::TunnelEnd>,
+}
+
+/// Builds a round while the session walks the commands of one read.
+pub struct RoundBuilder {
+    pub jobs: SmallVec<[JobBuilder; 4]>,
+    pub slots: Vec<Slot>,
+    pub started: Instant,
+    pub counts: [u64; 3],
+}
+
+impl RoundBuilder {
+    pub fn new() -> Self {
+        RoundBuilder { jobs: SmallVec::new(), slots: Vec::with_capacity(16), started: Instant::now(), counts: [0; 3] }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.slots.is_empty()
+    }
+
+    /// Adds one command's bytes to the job for `node`; returns where its reply will be.
+    pub fn push(&mut self, node: usize, conn: impl FnOnce() -> ConnHandle, wire: Bytes, count: u32) -> Part {
+        let job = match self.jobs.iter().position(|j| j.node == node) {
+            Some(i) => i,
+            None => {
+                self.jobs.push(JobBuilder { node, conn: conn(), data: SmallVec::new(), count: 0 });
+                self.jobs.len() - 1
+            }
+        };
+        let j = &mut self.jobs[job];
+        let idx = j.count + count - 1;
+        j.data.push(wire);
+        j.count += count;
+        Part { job: job as u16, idx }
+    }
+
+    pub fn count(&mut self, class: Class) {
+        self.counts[class as usize] += 1;
+    }
+
+    /// Sends every job and returns the round for the writer.
+    pub async fn send(self) -> Round {
+        let mut sent = SmallVec::new();
+        for j in self.jobs {
+            let (tx, rx) = oneshot::channel();
+            j.conn.send(Job { data: j.data, count: j.count, tx }).await;
+            sent.push(Sent { node: j.node, rx });
+        }
+        Round {
+            sent,
+            slots: self.slots,
+            started: self.started,
+            counts: self.counts,
+            close_after: false,
+            tunnel: None,
+        }
+    }
+}
+
+impl Default for RoundBuilder {
+    fn default() -> Self {
+        Self::new()
+    }
+}

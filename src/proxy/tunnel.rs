@@ -1,0 +1,84 @@
+//! Pub/sub: once a client subscribes, its connection becomes a tunnel to the pub/sub node.
+//!
+//! Over a pool, every channel lives on the first node (PUBLISH goes there too), so a
+//! message published through any proxy reaches every subscriber. The tunnel opens a
+//! dedicated connection in the client's protocol, forwards the SUBSCRIBE and everything
+//! the client sends after it, and copies the node's bytes back until either side closes.
+//! Replies to commands sent before SUBSCRIBE are written first: the writer hands over the
+//! client's write half only after the round that holds SUBSCRIBE.
+
+use bytes::{Bytes, BytesMut};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
+
+use super::round::{RoundBuilder, Slot};
+use super::session::{err_bytes, Flow, Session};
+use crate::backend::Dedicated;
+use crate::resp::Request;
+
+/// The reader's end: the node's write half and what still has to be sent to it.
+pub struct Start {
+    backend_w: OwnedWriteHalf,
+    pub pending: Vec<Bytes>,
+    end: Option<TunnelEnd>,
+}
+
+impl Start {
+    pub fn take_end(&mut self) -> Option<TunnelEnd> {
+        self.end.take()
+    }
+}
+
+/// The writer's end: the node's read half and bytes it already sent.
+pub struct TunnelEnd {
+    backend_r: OwnedReadHalf,
+    leftover: BytesMut,
+}
+
+/// Opens the tunnel for a SUBSCRIBE-family command.
+pub async fn begin(s: &mut Session, req: &Request, rb: &mut RoundBuilder) -> Flow {
+    let hs = s.ctx.backend.node(0).handshake(s.proto, s.db);
+    match Dedicated::open(&hs).await {
+        Ok(d) => {
+            let (stream, leftover) = d.into_parts();
+            let (backend_r, backend_w) = stream.into_split();
+            Flow::Tunnel(Start {
+                backend_w,
+                pending: vec![req.wire()],
+                end: Some(TunnelEnd { backend_r, leftover }),
+            })
+        }
+        Err(e) => {
+            rb.slots.push(Slot::Ready(err_bytes(&format!("ERR saltshaker: {e}"))));
+            Flow::Continue
+        }
+    }
+}
+
+/// Copies both ways until either side closes.
+pub async fn pump(mut client_r: OwnedReadHalf, mut client_w: OwnedWriteHalf, start: Start, end: TunnelEnd) {
+    let Start { mut backend_w, pending, .. } = start;
+    let TunnelEnd { mut backend_r, leftover } = end;
+    let up = async {
+        for p in pending {
+            backend_w.write_all(&p).await?;
+        }
+        tokio::io::copy(&mut client_r, &mut backend_w).await?;
+        backend_w.shutdown().await
+    };
+    let down = async {
+        client_w.write_all(&leftover).await?;
+        let mut buf = vec![0u8; 16 * 1024];
+        loop {
+            let n = backend_r.read(&mut buf).await?;
+            if n == 0 {
+                return client_w.shutdown().await;
+            }
+            client_w.write_all(&buf[..n]).await?;
+        }
+    };
+    tokio::select! {
+        _ = up => {}
+        _ = down => {}
+    }
+}

@@ -1,0 +1,272 @@
+//! The resumable request parser: client bytes in, [`Request`]s out. Follows redis-server
+//! 7's `processMultibulkBuffer` and `processInlineBuffer`, stricter where a proxy must be
+//! (a bulk must end in CRLF; header lines must end in CRLF). Inline splitting is `inline`'s.
+
+use std::fmt;
+
+use bytes::{Bytes, BytesMut};
+
+use super::inline::split_args;
+use super::request::{ArgRanges, Request};
+use super::{parse_i64, Limits};
+
+/// A protocol violation by the client. Display is the message Redis would send; the
+/// caller replies `-ERR <message>` and closes the connection.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum ParseError {
+    #[error("Protocol error: invalid multibulk length")]
+    InvalidMultibulkLength,
+    #[error("Protocol error: expected '$', got '{}'", ShowByte(*.0))]
+    ExpectedDollar(u8),
+    #[error("Protocol error: invalid bulk length")]
+    InvalidBulkLength,
+    #[error("Protocol error: expected CRLF after bulk")]
+    MissingCrlfAfterBulk,
+    #[error("Protocol error: too big mbulk count string")]
+    MultibulkCountTooBig,
+    #[error("Protocol error: too big bulk count string")]
+    BulkCountTooBig,
+    #[error("Protocol error: too big inline request")]
+    InlineTooBig,
+    #[error("Protocol error: unbalanced quotes in request")]
+    UnbalancedQuotes,
+    #[error("Protocol error: NUL byte in inline request")]
+    NulInInline,
+}
+
+/// A byte as Redis's `%c` shows it, escaped when not printable.
+struct ShowByte(u8);
+
+impl fmt::Display for ShowByte {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.0.is_ascii_graphic() || self.0 == b' ' {
+            write!(f, "{}", self.0 as char)
+        } else {
+            write!(f, "\\x{:02x}", self.0)
+        }
+    }
+}
+
+/// Progress inside the request at the front of the buffer, kept across calls so that a
+/// large bulk arriving in pieces is looked at once, not once per read. Every offset is
+/// relative to the start of that request, which stays at the front of the buffer until
+/// the request is complete.
+#[derive(Default)]
+struct Partial {
+    /// Bytes accepted so far; 0 = the request's first line is not read yet.
+    pos: usize,
+    /// Arguments still to come.
+    remaining: usize,
+    args: ArgRanges,
+    /// Length announced by the bulk header just read; its payload starts at `pos`.
+    bulk: Option<usize>,
+    /// Nothing can happen before the request has this many bytes.
+    need: usize,
+    /// How far the current line was already searched for its ending.
+    scanned: usize,
+}
+
+/// What one step over the front of the buffer found.
+enum Step {
+    Incomplete,
+    /// A line that makes no request (empty inline line, `*0`, `*-1`) of this many bytes.
+    Skipped(usize),
+    /// A multibulk request of this many bytes; its arguments are in `Partial::args`.
+    Multibulk(usize),
+    /// An inline request of this many bytes, already encoded as a multibulk.
+    Inline(usize, Request),
+}
+
+/// Resumable request parser; one per client connection.
+pub struct RequestParser {
+    limits: Limits,
+    cur: Partial,
+    /// (index in `out`, start, end) of the multibulk requests of this call, waiting for the
+    /// one shared buffer that is split off the read buffer at the end of the call.
+    pending: Vec<(usize, usize, usize)>,
+}
+
+impl RequestParser {
+    pub fn new(limits: Limits) -> Self {
+        RequestParser {
+            limits,
+            cur: Partial::default(),
+            pending: Vec::new(),
+        }
+    }
+
+    /// Parses every complete request at the front of `buf` into `out` and removes their
+    /// bytes from `buf`. `Ok(())` when the rest is incomplete (append more and call again;
+    /// `buf` must only grow between calls). On `Err`, `out` still holds the requests that
+    /// came before the violation, as Redis would have run them.
+    pub fn parse(&mut self, buf: &mut BytesMut, out: &mut Vec<Request>) -> Result<(), ParseError> {
+        self.pending.clear();
+        let mut start = 0;
+        let result = loop {
+            let s = &buf[start..];
+            if s.is_empty() || s.len() < self.cur.need {
+                break Ok(());
+            }
+            match self.step(s) {
+                Ok(Step::Incomplete) => break Ok(()),
+                Ok(Step::Skipped(len)) => start += len,
+                Ok(Step::Multibulk(len)) => {
+                    let args = std::mem::take(&mut self.cur).args;
+                    self.pending.push((out.len(), start, start + len));
+                    out.push(Request {
+                        data: Bytes::new(),
+                        args,
+                        inline: false,
+                    });
+                    start += len;
+                }
+                Ok(Step::Inline(len, request)) => {
+                    out.push(request);
+                    start += len;
+                }
+                Err(e) => {
+                    self.cur = Partial::default();
+                    break Err(e);
+                }
+            }
+        };
+        if start > 0 {
+            let shared = buf.split_to(start).freeze();
+            for &(i, s, e) in &self.pending {
+                out[i].data = shared.slice(s..e);
+            }
+        }
+        result
+    }
+
+    /// How many bytes the buffer must hold before the parser can make progress (0 when
+    /// idle). Bounded by the limits, so a caller may reserve it.
+    pub fn bytes_needed(&self) -> usize {
+        self.cur.need
+    }
+
+    fn step(&mut self, s: &[u8]) -> Result<Step, ParseError> {
+        if self.cur.pos == 0 {
+            if s[0] != b'*' {
+                return self.inline(s);
+            }
+            let Some((end, next)) = self.header_line(s, 0, ParseError::MultibulkCountTooBig)?
+            else {
+                return Ok(Step::Incomplete);
+            };
+            let n = parse_i64(&s[1..end]).ok_or(ParseError::InvalidMultibulkLength)?;
+            if n <= 0 {
+                return Ok(Step::Skipped(next));
+            }
+            self.cur.remaining = usize::try_from(n)
+                .ok()
+                .filter(|&n| n <= self.limits.max_args)
+                .ok_or(ParseError::InvalidMultibulkLength)?;
+            self.cur.pos = next;
+        }
+        loop {
+            if let Some(len) = self.cur.bulk {
+                let cur = &mut self.cur;
+                let end = cur.pos.saturating_add(len);
+                if s.len() < end.saturating_add(2) {
+                    cur.need = end.saturating_add(2);
+                    return Ok(Step::Incomplete);
+                }
+                if &s[end..end + 2] != b"\r\n" {
+                    return Err(ParseError::MissingCrlfAfterBulk);
+                }
+                cur.args.push((cur.pos, end));
+                cur.pos = end + 2;
+                cur.bulk = None;
+                cur.remaining -= 1;
+                if cur.remaining == 0 {
+                    return Ok(Step::Multibulk(cur.pos));
+                }
+            }
+            let at = self.cur.pos;
+            match s.get(at) {
+                None => {
+                    self.cur.need = at + 1;
+                    return Ok(Step::Incomplete);
+                }
+                Some(&b'$') => {}
+                Some(&other) => return Err(ParseError::ExpectedDollar(other)),
+            }
+            let Some((end, next)) = self.header_line(s, at, ParseError::BulkCountTooBig)? else {
+                return Ok(Step::Incomplete);
+            };
+            let len = parse_i64(&s[at + 1..end])
+                .and_then(|n| usize::try_from(n).ok())
+                .filter(|&n| n <= self.limits.max_bulk_len)
+                .ok_or(ParseError::InvalidBulkLength)?;
+            self.cur.pos = next;
+            self.cur.bulk = Some(len);
+        }
+    }
+
+    /// Finds the CRLF ending the `*N` or `$N` line that starts at `at`: Some((index of CR,
+    /// index after LF)), or None (and `need` set) when it has not all arrived.
+    fn header_line(
+        &mut self,
+        s: &[u8],
+        at: usize,
+        too_big: ParseError,
+    ) -> Result<Option<(usize, usize)>, ParseError> {
+        let max = self.limits.max_inline_len;
+        let from = self.cur.scanned.max(at + 1);
+        let window_end = s.len().min(at.saturating_add(max).saturating_add(1));
+        let found = s
+            .get(from..window_end)
+            .and_then(|w| w.iter().position(|&b| b == b'\r'));
+        let Some(cr) = found.map(|i| from + i) else {
+            if s.len() - at > max {
+                return Err(too_big);
+            }
+            self.cur.scanned = s.len();
+            self.cur.need = s.len() + 1;
+            return Ok(None);
+        };
+        if s.len() < cr + 2 {
+            self.cur.scanned = cr;
+            self.cur.need = cr + 2;
+            return Ok(None);
+        }
+        if s[cr + 1] != b'\n' {
+            return Err(match too_big {
+                ParseError::MultibulkCountTooBig => ParseError::InvalidMultibulkLength,
+                _ => ParseError::InvalidBulkLength,
+            });
+        }
+        self.cur.scanned = 0;
+        Ok(Some((cr, cr + 2)))
+    }
+
+    /// An inline command: one line, ended by LF or CRLF, of at most `max_inline_len` bytes.
+    fn inline(&mut self, s: &[u8]) -> Result<Step, ParseError> {
+        let max = self.limits.max_inline_len;
+        let from = self.cur.scanned;
+        let window_end = s.len().min(max.saturating_add(1));
+        let found = s
+            .get(from..window_end)
+            .and_then(|w| w.iter().position(|&b| b == b'\n'));
+        let Some(lf) = found.map(|i| from + i) else {
+            if s.len() > max {
+                return Err(ParseError::InlineTooBig);
+            }
+            self.cur.scanned = s.len();
+            self.cur.need = s.len() + 1;
+            return Ok(Step::Incomplete);
+        };
+        self.cur = Partial::default();
+        let line = match s[..lf].split_last() {
+            Some((b'\r', rest)) => rest,
+            _ => &s[..lf],
+        };
+        let args = split_args(line)?;
+        if args.is_empty() {
+            return Ok(Step::Skipped(lf + 1));
+        }
+        let request = Request::encode(args.iter().map(|a| a.as_slice()), args.len(), true);
+        Ok(Step::Inline(lf + 1, request))
+    }
+}
