@@ -2,9 +2,8 @@
 # Fuzzes the wire module (src/resp) with cargo-fuzz: each target for FUZZ_SECONDS
 # (default 30). Exits non-zero on a crash; the crashing input is left in fuzz/artifacts/.
 #
-# cargo-fuzz needs unstable compiler flags (-Zsanitizer, sancov). A nightly toolchain is
-# used when rustup has one; otherwise the stable toolchain is told to allow them with
-# RUSTC_BOOTSTRAP=1, which works for these flags.
+# cargo-fuzz needs unstable compiler flags (sancov instrumentation). The default (stable)
+# toolchain accepts them with RUSTC_BOOTSTRAP=1; FUZZ_TOOLCHAIN=nightly picks another.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -16,11 +15,10 @@ if ! cargo fuzz --version >/dev/null 2>&1; then
     nice -n 10 cargo install cargo-fuzz --locked
 fi
 
+export RUSTC_BOOTSTRAP=1
 toolchain=()
-if rustup toolchain list 2>/dev/null | grep -q '^nightly'; then
-    toolchain=(+nightly)
-else
-    export RUSTC_BOOTSTRAP=1
+if [ -n "${FUZZ_TOOLCHAIN:-}" ]; then
+    toolchain=("+${FUZZ_TOOLCHAIN}")
 fi
 
 # Safe Rust: the address sanitizer adds little but time, so it is off. Overflow and

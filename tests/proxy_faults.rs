@@ -296,17 +296,23 @@ fn check_accepts_a_good_file_and_points_at_the_problem_in_bad_ones() {
             "",
         ),
     ];
+    // Every case is checked before failing, so one report shows all the problems.
+    let mut problems = Vec::new();
     for (name, text, line, field) in cases {
         let path = write_config(&dir, name, text);
         let (ok, out) = check(&path);
-        assert!(!ok, "check accepted {name}:\n{text}");
-        assert!(
-            has_location(&out, &path, line),
-            "check output for {name} lacks {path}:{}:COL:\n{out}",
-            line.map_or("LINE".to_string(), |l| l.to_string())
-        );
-        assert!(out.contains(field), "check output for {name} does not name {field:?}:\n{out}");
+        if ok {
+            problems.push(format!("check accepted {name}:\n{text}"));
+        }
+        if !has_location(&out, &path, line) {
+            let l = line.map_or("LINE".to_string(), |l| l.to_string());
+            problems.push(format!("check output for {name} lacks {path}:{l}:COL:\n{out}"));
+        }
+        if !out.contains(field) {
+            problems.push(format!("check output for {name} does not name {field:?}:\n{out}"));
+        }
     }
+    assert!(problems.is_empty(), "{}", problems.join("\n"));
     let (ok, out) = check(&path_str(&dir.join("does-not-exist.yaml")));
     assert!(!ok, "check of a missing file succeeded: {out}");
     let _ = std::fs::remove_dir_all(&dir);
@@ -352,4 +358,56 @@ fn sigterm_flushes_every_owed_reply_before_closing() {
     let st = proxy.wait_exit(Duration::from_secs(10));
     assert!(st.is_some(), "the proxy did not exit within 10 s of SIGTERM");
     assert_eq!(node.client().cmd(&["GET", "owed"]), Reply::bulk("500"));
+}
+
+#[test]
+fn a_client_vanishing_mid_pipeline_does_not_disturb_others() {
+    if !have_redis() {
+        return;
+    }
+    let node = Redis::start();
+    let proxy = Proxy::start(&[&node], &[]);
+    let mut steady = proxy.client();
+    for round in 0..20 {
+        let mut gone = proxy.client();
+        let mut bytes = Vec::new();
+        for i in 0..500 {
+            bytes.extend(encode(&["SET", &format!("gone:{round}:{i}"), "x"]));
+            bytes.extend(encode(&["GET", &format!("gone:{round}:{i}")]));
+        }
+        gone.send_raw(&bytes);
+        drop(gone); // never reads a reply
+        let cmds: Vec<Vec<String>> = (0..50)
+            .map(|i| vec!["INCRBY".into(), "steady".into(), i.to_string()])
+            .collect();
+        let want_base: i64 = round * (0..50).sum::<i64>();
+        let mut acc = want_base;
+        for (i, r) in steady.pipeline(&cmds).into_iter().enumerate() {
+            acc += i as i64;
+            assert_eq!(r, Reply::Int(acc), "round {round}: a reply meant for a closed client leaked");
+        }
+    }
+    assert_eq!(steady.cmd(&["PING"]), Reply::Simple("PONG".into()));
+}
+
+#[test]
+fn a_blocked_client_that_disconnects_does_not_swallow_a_later_push() {
+    if !have_redis() {
+        return;
+    }
+    let node = Redis::start();
+    let proxy = Proxy::start(&[&node], &[]);
+    let mut waiter = proxy.client();
+    waiter.send_raw(&encode(&["BLPOP", "jobs", "0"]));
+    std::thread::sleep(Duration::from_millis(200));
+    drop(waiter);
+    std::thread::sleep(Duration::from_millis(500));
+    let mut c = proxy.client();
+    assert_eq!(c.cmd(&["LPUSH", "jobs", "j1"]), Reply::Int(1));
+    std::thread::sleep(Duration::from_millis(300));
+    assert_eq!(
+        node.client().cmd(&["LRANGE", "jobs", "0", "-1"]),
+        Reply::Array(Some(vec![Reply::bulk("j1")])),
+        "a BLPOP of a client that had gone consumed the job"
+    );
 }

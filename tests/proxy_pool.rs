@@ -360,10 +360,10 @@ impl Drop for Nutcracker {
     }
 }
 
-fn nutcracker(nodes: &[Redis], hash: &str) -> Nutcracker {
+fn nutcracker(servers: &[String], hash: &str) -> Nutcracker {
     let dir = temp_dir("nutcracker");
     let port = free_port();
-    let servers: String = nodes.iter().map(|n| format!("   - {}:1\n", n.addr())).collect();
+    let servers: String = servers.iter().map(|s| format!("   - {s}\n")).collect();
     let conf = format!(
         "alpha:\n  listen: 127.0.0.1:{port}\n  hash: {hash}\n  distribution: ketama\n  redis: true\n  auto_eject_hosts: false\n  servers:\n{servers}"
     );
@@ -396,12 +396,18 @@ fn placement_matches_twemproxy() {
         return;
     }
     let nodes = pool(4);
-    let refs: Vec<&Redis> = nodes.iter().collect();
     let keys = spread_keys("compat", 300);
-    for hash in ["fnv1a_64", "murmur", "md5"] {
-        let proxy = Proxy::start(&refs, &["--hash", hash, "--distribution", "ketama"]);
+    let plain: Vec<String> = nodes.iter().map(|n| format!("{}:1", n.addr())).collect();
+    // With names, twemproxy places by name; weights change the share of the continuum.
+    let named: Vec<String> = nodes
+        .iter()
+        .enumerate()
+        .map(|(i, n)| format!("{}:{} cache-{i}", n.addr(), [1, 2, 1, 3][i]))
+        .collect();
+    for (servers, hash) in [(&plain, "fnv1a_64"), (&plain, "murmur"), (&plain, "md5"), (&named, "fnv1a_64")] {
+        let proxy = Proxy::start_nodes(&servers.join(","), &["--hash", hash, "--distribution", "ketama"]);
         assert!(proxy.client().pipeline(&set_cmds(&keys)).iter().all(|r| *r == Reply::ok()));
-        let twem = nutcracker(&nodes, hash);
+        let twem = nutcracker(servers, hash);
         let mut t = Client::connect(&format!("127.0.0.1:{}", twem.port));
         let gets: Vec<Vec<&str>> = keys.iter().map(|k| vec!["GET", k.as_str()]).collect();
         let misses: Vec<&String> = keys
@@ -410,7 +416,12 @@ fn placement_matches_twemproxy() {
             .filter(|(k, r)| *r != Reply::bulk(&format!("v-{k}")))
             .map(|(k, _)| k)
             .collect();
-        assert!(misses.is_empty(), "hash {hash}: twemproxy cannot find {} of 300 keys written by saltshaker, e.g. {:?}", misses.len(), &misses[..misses.len().min(5)]);
+        assert!(
+            misses.is_empty(),
+            "{servers:?} hash {hash}: twemproxy cannot find {} of 300 keys written by saltshaker, e.g. {:?}",
+            misses.len(),
+            &misses[..misses.len().min(5)]
+        );
         for n in &nodes {
             n.client().cmd(&["FLUSHALL"]);
         }

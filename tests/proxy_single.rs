@@ -695,3 +695,104 @@ fn admin_endpoints_answer() {
     let (status, _) = s.proxy.admin_get("/no-such-page");
     assert_eq!(status, 404);
 }
+
+#[test]
+fn large_and_binary_values_round_trip() {
+    let Some(s) = single() else { return };
+    let mut p = s.proxy.client();
+    let big: Vec<u8> = (0..3_000_000u32).map(|i| (i % 251) as u8).collect();
+    let weird_key: &[u8] = b"k\r\n\x00*1\r\n$4\r\nPING";
+    let weird_val: &[u8] = b"\r\n-ERR not an error\r\n\x00\xff";
+    assert_eq!(p.cmd(&[&b"SET"[..], b"big", &big]), Reply::ok());
+    assert_eq!(p.cmd(&[&b"SET"[..], weird_key, weird_val]), Reply::ok());
+    assert_eq!(p.cmd(&["GET", "big"]), Reply::Bulk(Some(big.clone())));
+    assert_eq!(p.cmd(&[&b"GET"[..], weird_key]), Reply::Bulk(Some(weird_val.to_vec())));
+    assert_eq!(p.cmd(&["STRLEN", "big"]), Reply::Int(3_000_000));
+    let mut n = s.node.client();
+    assert_eq!(n.cmd(&[&b"GET"[..], weird_key]), Reply::Bulk(Some(weird_val.to_vec())));
+    assert_eq!(n.cmd(&["GET", "big"]), Reply::Bulk(Some(big.clone())));
+    // Several big replies in one pipeline, interleaved with small ones.
+    let cmds: Vec<Vec<&[u8]>> = (0..20)
+        .map(|i| if i % 2 == 0 { vec![&b"GET"[..], b"big"] } else { vec![&b"GET"[..], weird_key] })
+        .collect();
+    for (i, r) in p.pipeline(&cmds).into_iter().enumerate() {
+        let want = if i % 2 == 0 { big.clone() } else { weird_val.to_vec() };
+        assert!(r == Reply::Bulk(Some(want)), "reply {i} of a pipeline of big values");
+    }
+}
+
+#[test]
+fn a_command_sent_one_byte_at_a_time_is_not_an_error() {
+    let Some(s) = single() else { return };
+    let mut p = s.proxy.client();
+    let bytes = [encode(&["SET", "slow", "drip"]), b"PING\r\n".to_vec(), encode(&["GET", "slow"])].concat();
+    for b in &bytes {
+        p.send_raw(&[*b]);
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    assert_eq!(p.read_reply(), Reply::ok());
+    assert_eq!(p.read_reply(), Reply::Simple("PONG".into()));
+    assert_eq!(p.read_reply(), Reply::bulk("drip"));
+}
+
+#[test]
+fn auth_with_a_proxy_password_behaves_like_requirepass() {
+    if !have_redis() {
+        return;
+    }
+    let node = Redis::start();
+    let reference = Redis::start_with(&["--requirepass", "s3cret"]);
+    let proxy = Proxy::start(&[&node], &["--password", "s3cret"]);
+    let mut p = proxy.client();
+    let mut r = reference.client();
+    for args in [
+        &["GET", "k"][..],
+        &["SET", "k", "v"],
+        &["AUTH", "wrong"],
+        &["GET", "k"],
+        &["AUTH", "s3cret"],
+        &["SET", "k", "v"],
+        &["GET", "k"],
+    ] {
+        let (got, want) = (p.cmd(args), r.cmd(args));
+        assert_eq!(got, want, "{args:?} with a client password");
+    }
+    assert_eq!(node.client().cmd(&["GET", "k"]), Reply::bulk("v"));
+    let mut h = proxy.client();
+    let hello = h.cmd(&["HELLO", "3", "AUTH", "default", "s3cret"]);
+    assert!(matches!(hello, Reply::Map(_)), "HELLO 3 AUTH default <password>: {hello}");
+    assert_eq!(h.cmd(&["GET", "k"]), Reply::bulk("v"));
+}
+
+#[test]
+fn quit_and_reset_behave_like_redis() {
+    let Some(s) = single() else { return };
+    let mut d = Diff::new(&s);
+    d.same(&["SELECT", "2"]);
+    d.same(&["SET", "in2", "x"]);
+    d.same(&["MULTI"]);
+    d.same(&["RESET"]);
+    d.same(&["GET", "in2"]); // back in db 0, out of the transaction
+    d.same(&["QUIT"]);
+    assert!(d.p.is_closed(), "the proxy kept the connection open after QUIT");
+    assert_eq!(s.node.client().cmd(&["SELECT", "2"]), Reply::ok());
+}
+
+#[test]
+fn resp3_subscribers_get_push_messages() {
+    let Some(s) = single() else { return };
+    let mut d = Diff::new(&s);
+    d.p.cmd(&["HELLO", "3"]);
+    d.r.cmd(&["HELLO", "3"]);
+    d.same(&["SUBSCRIBE", "ch"]);
+    for server in [&s.node, &s.reference] {
+        assert_eq!(server.client().cmd(&["PUBLISH", "ch", "m1"]), Reply::Int(1));
+    }
+    let (p, r) = (d.p.read_reply(), d.r.read_reply());
+    assert_eq!(p, r, "RESP3 message");
+    assert!(matches!(p, Reply::Push(_)), "a RESP3 subscriber gets a push: {p}");
+    // In RESP3 a subscribed client may run ordinary commands.
+    d.same(&["SET", "k", "v"]);
+    d.same(&["GET", "k"]);
+    d.same(&["UNSUBSCRIBE", "ch"]);
+}

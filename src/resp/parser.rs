@@ -109,7 +109,10 @@ impl RequestParser {
             }
             match self.step(s) {
                 Ok(Step::Incomplete) => break Ok(()),
-                Ok(Step::Skipped(len)) => start += len,
+                Ok(Step::Skipped(len)) => {
+                    self.cur = Partial::default();
+                    start += len;
+                }
                 Ok(Step::Multibulk(len)) => {
                     let args = std::mem::take(&mut self.cur).args;
                     self.pending.push((out.len(), start, start + len));

@@ -158,6 +158,16 @@ fn empty_and_null_multibulks_are_skipped() {
 }
 
 #[test]
+fn skipped_line_that_arrived_in_pieces_leaves_no_state_behind() {
+    // Found by the fuzzer: a split `*0` header left its wait-for-more mark behind.
+    let input = b"PING\n*0\r\n\n";
+    let whole = parse_all(input).unwrap();
+    assert_eq!(whole.len(), 1);
+    let sizes = [7, 4];
+    assert_eq!(parse_in_pieces(input, &mut sizes.into_iter()), whole);
+}
+
+#[test]
 fn inline_commands_accept_crlf_or_lone_lf_and_skip_empty_lines() {
     let reqs = parse_all(b"PING\r\n\r\n\n   \r\nSET k 'a b'\nECHO \"x\\ty\"\r\n").unwrap();
     assert_eq!(reqs.len(), 3);

@@ -68,7 +68,7 @@ class Cluster:
         log = open(os.path.join(self.logdir, name + ".log"), "wb")
         proc = subprocess.Popen(
             argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-            start_new_session=True,
+            start_new_session=True, env={**os.environ, "NO_COLOR": "1"},
         )
         self.procs.append(proc)
         return proc

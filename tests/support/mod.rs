@@ -132,7 +132,8 @@ impl Redis {
             Client::try_connect(&addr)
                 .ok()
                 .and_then(|mut c| c.try_cmd(&["PING"]).ok())
-                .map(|r| r == Reply::Simple("PONG".into()))
+                // With --requirepass, NOAUTH is as good a sign of life as PONG.
+                .map(|r| r == Reply::Simple("PONG".into()) || r.as_str().starts_with("NOAUTH"))
                 .unwrap_or(false)
         });
         if up && matches!(child.try_wait(), Ok(None)) {
@@ -248,8 +249,17 @@ impl Proxy {
         Proxy::launch(nodes, Some(extra_yaml), extra_args)
     }
 
+    /// Start with a literal `--nodes` list (twemproxy style: `host:port[:weight][ name],...`).
+    pub fn start_nodes(node_spec: &str, extra_args: &[&str]) -> Proxy {
+        let list: Vec<String> = node_spec.split(',').map(|s| s.to_string()).collect();
+        Proxy::launch_spec(list, None, extra_args)
+    }
+
     fn launch(nodes: &[&Redis], yaml: Option<&str>, extra_args: &[&str]) -> Proxy {
-        let node_list: Vec<String> = nodes.iter().map(|r| r.addr()).collect();
+        Proxy::launch_spec(nodes.iter().map(|r| r.addr()).collect(), yaml, extra_args)
+    }
+
+    fn launch_spec(node_list: Vec<String>, yaml: Option<&str>, extra_args: &[&str]) -> Proxy {
         let node_arg = node_list.join(",");
         let mut last_err = String::new();
         for _ in 0..4 {
