@@ -265,22 +265,50 @@ fn strip_location(msg: &str) -> String {
 }
 
 /// Best-effort position of a dotted field (`backend.nodes[1]`) in the YAML text, for
-/// errors found after parsing. Finds the last path segment's key; 1-based.
+/// errors found after parsing: the line of the last key in the path and, for an index,
+/// the line of that element in a block sequence. 1-based.
 fn locate_field(text: &str, field: &str) -> (usize, usize) {
     let last = field.rsplit('.').next().unwrap_or(field);
     let name = last.split('[').next().unwrap_or(last);
+    let index: Option<usize> = last.split('[').nth(1).and_then(|i| i.trim_end_matches(']').parse().ok());
     if name.is_empty() {
         return (1, 1);
     }
-    for (i, line) in text.lines().enumerate() {
+    let lines: Vec<&str> = text.lines().collect();
+    for (i, line) in lines.iter().enumerate() {
         let trimmed = line.trim_start();
-        if let Some(rest) = trimmed.strip_prefix(name) {
-            if rest.trim_start().starts_with(':') {
-                return (i + 1, line.len() - trimmed.len() + 1);
+        let indent = line.len() - trimmed.len();
+        let Some(rest) = trimmed.strip_prefix(name) else { continue };
+        let Some(value) = rest.trim_start().strip_prefix(':') else { continue };
+        let Some(idx) = index else { return (i + 1, indent + 1) };
+        if value.trim().is_empty() {
+            // Block sequence: the idx-th "- " line below, deeper than the key.
+            let items = lines[i + 1..].iter().enumerate().filter(|(_, l)| {
+                let t = l.trim_start();
+                t.starts_with('-') && l.len() - t.len() >= indent
+            });
+            if let Some((j, l)) = items.clone().nth(idx) {
+                return (i + 2 + j, l.len() - l.trim_start().len() + 1);
             }
+        } else if let Some(pos) = nth_flow_item(line, idx) {
+            return (i + 1, pos + 1);
         }
+        return (i + 1, indent + 1);
     }
     (1, 1)
+}
+
+/// Column (0-based) of item `idx` of a one-line flow sequence `key: [a, b, c]`.
+fn nth_flow_item(line: &str, idx: usize) -> Option<usize> {
+    let open = line.find('[')?;
+    let mut pos = open + 1;
+    for (n, item) in line[open + 1..].split(',').enumerate() {
+        if n == idx {
+            return Some(pos + (item.len() - item.trim_start().len()));
+        }
+        pos += item.len() + 1;
+    }
+    None
 }
 
 #[cfg(test)]
@@ -321,6 +349,16 @@ mod tests {
         let e = Config::parse(text, "s.yaml").unwrap_err();
         assert_eq!(e.line, 3, "{e}");
         assert!(e.field.contains("connections_per_node"), "{e}");
+    }
+
+    #[test]
+    fn bad_element_of_a_block_list_points_at_its_line() {
+        let text = "backend:\n  nodes:\n    - \"127.0.0.1:7001\"\n    - \"127.0.0.1:70000\"\n";
+        let e = Config::parse(text, "s.yaml").unwrap_err();
+        assert_eq!((e.line, e.column, e.field.as_str()), (4, 5, "backend.nodes[1]"), "{e}");
+        let text = "backend:\n  nodes: [\"127.0.0.1:7001\", \"127.0.0.1:99999\"]\n";
+        let e = Config::parse(text, "s.yaml").unwrap_err();
+        assert_eq!((e.line, e.column), (2, 29), "{e}");
     }
 
     #[test]

@@ -13,7 +13,8 @@ use support::*;
 /// everything the peer says until it closes or stays quiet: (text, closed).
 fn raw_exchange(addr: &str, input: &[u8]) -> (String, bool) {
     let s = TcpStream::connect(addr).expect("connect");
-    s.set_read_timeout(Some(Duration::from_millis(1500))).unwrap();
+    s.set_read_timeout(Some(Duration::from_millis(1500)))
+        .unwrap();
     let mut w = s.try_clone().unwrap();
     let data = input.to_vec();
     let writer = std::thread::spawn(move || {
@@ -30,7 +31,12 @@ fn raw_exchange(addr: &str, input: &[u8]) -> (String, bool) {
         match r.read(&mut buf) {
             Ok(0) => break true,
             Ok(n) => out.extend_from_slice(&buf[..n]),
-            Err(e) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => {
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                ) =>
+            {
                 break false
             }
             Err(_) => break true, // reset
@@ -76,17 +82,42 @@ fn malformed_resp_gets_a_protocol_error_and_only_that_connection_closes() {
     ];
     for input in &inputs {
         let (want, want_closed) = raw_exchange(&reference.addr(), input);
-        assert!(want_closed && want.contains("-ERR Protocol error"), "oracle for {}: {want:?}", show(input));
+        assert!(
+            want_closed && want.contains("-ERR Protocol error"),
+            "oracle for {}: {want:?}",
+            show(input)
+        );
         let t = Instant::now();
         let (got, closed) = raw_exchange(&proxy.addr(), input);
         assert_eq!(got, want, "reply of the proxy to {}", show(input));
-        assert!(closed, "the proxy kept the connection open after {}", show(input));
-        assert!(t.elapsed() < Duration::from_secs(1), "closing took {:?}", t.elapsed());
-        assert_eq!(bystander.cmd(&["PING"]), Reply::Simple("PONG".into()), "bystander after {}", show(input));
+        assert!(
+            closed,
+            "the proxy kept the connection open after {}",
+            show(input)
+        );
+        assert!(
+            t.elapsed() < Duration::from_secs(1),
+            "closing took {:?}",
+            t.elapsed()
+        );
+        assert_eq!(
+            bystander.cmd(&["PING"]),
+            Reply::Simple("PONG".into()),
+            "bystander after {}",
+            show(input)
+        );
         assert_eq!(bystander.cmd(&["GET", "safe"]), Reply::bulk("1"));
     }
-    assert_eq!(node.client().cmd(&["EXISTS", "k"]), Reply::Int(0), "an oversized bulk reached the node");
-    assert_eq!(proxy.client().cmd(&["INCR", "safe"]), Reply::Int(2), "new connections still work");
+    assert_eq!(
+        node.client().cmd(&["EXISTS", "k"]),
+        Reply::Int(0),
+        "an oversized bulk reached the node"
+    );
+    assert_eq!(
+        proxy.client().cmd(&["INCR", "safe"]),
+        Reply::Int(2),
+        "new connections still work"
+    );
 }
 
 #[test]
@@ -130,7 +161,11 @@ fn unknown_commands_get_redis_errors_and_the_connection_stays_open() {
         let (got, want) = (p.cmd(args), r.cmd(args));
         assert!(want.is_error(), "oracle: {args:?} -> {want}");
         assert_eq!(got, want, "{args:?}");
-        assert_eq!(p.cmd(&["PING"]), Reply::Simple("PONG".into()), "same connection after {args:?}");
+        assert_eq!(
+            p.cmd(&["PING"]),
+            Reply::Simple("PONG".into()),
+            "same connection after {args:?}"
+        );
     }
     assert_eq!(p.cmd(&["SET", "k", "v"]), Reply::ok());
     assert_eq!(node.client().cmd(&["GET", "k"]), Reply::bulk("v"));
@@ -148,14 +183,25 @@ fn unsupported_commands_get_a_saltshaker_error_and_nothing_reaches_the_node() {
         let mut c = proxy.client();
         for args in [&["MONITOR"][..], &["SHUTDOWN"], &["SHUTDOWN", "NOSAVE"]] {
             let r = c.cmd(args);
-            assert!(r.is_error() && r.err().contains("saltshaker"), "{args:?} with {n} node(s): {r}");
+            assert!(
+                r.is_error() && r.err().contains("saltshaker"),
+                "{args:?} with {n} node(s): {r}"
+            );
             assert!(!r.err().contains('\n'), "multi-line error: {r}");
-            assert_eq!(c.cmd(&["PING"]), Reply::Simple("PONG".into()), "after {args:?}");
+            assert_eq!(
+                c.cmd(&["PING"]),
+                Reply::Simple("PONG".into()),
+                "after {args:?}"
+            );
         }
         assert_eq!(c.cmd(&["SET", "still", "here"]), Reply::ok());
         assert_eq!(c.cmd(&["GET", "still"]), Reply::bulk("here"));
         for node in &nodes {
-            assert_eq!(node.client().cmd(&["PING"]), Reply::Simple("PONG".into()), "a node went away");
+            assert_eq!(
+                node.client().cmd(&["PING"]),
+                Reply::Simple("PONG".into()),
+                "a node went away"
+            );
         }
     }
 }
@@ -171,12 +217,16 @@ fn a_dead_node_fails_fast_for_its_keys_only_and_comes_back() {
         Proxy::start(&refs, &[])
     };
     let keys = spread_keys("fault", 200);
-    let sets: Vec<Vec<String>> = keys.iter().map(|k| vec!["SET".into(), k.clone(), "v".into()]).collect();
+    let sets: Vec<Vec<String>> = keys
+        .iter()
+        .map(|k| vec!["SET".into(), k.clone(), "v".into()])
+        .collect();
     let mut c = proxy.client();
     assert!(c.pipeline(&sets).iter().all(|r| *r == Reply::ok()));
     let own: Vec<usize> = keys.iter().map(|k| owner(&nodes, k)).collect();
     let dead = 2;
-    let (down_keys, up_keys): (Vec<_>, Vec<_>) = keys.iter().zip(&own).partition(|(_, &n)| n == dead);
+    let (down_keys, up_keys): (Vec<_>, Vec<_>) =
+        keys.iter().zip(&own).partition(|(_, &n)| n == dead);
     assert!(!down_keys.is_empty() && !up_keys.is_empty());
     nodes[dead].stop();
 
@@ -184,11 +234,21 @@ fn a_dead_node_fails_fast_for_its_keys_only_and_comes_back() {
         let t = Instant::now();
         let r = c.cmd(&["GET", k]);
         let took = t.elapsed();
-        assert!(r.is_error() && r.err().contains("down"), "GET {k} on the stopped node: {r}");
-        assert!(took < Duration::from_secs(1), "GET {k} on the stopped node took {took:?}");
+        assert!(
+            r.is_error() && r.err().contains("down"),
+            "GET {k} on the stopped node: {r}"
+        );
+        assert!(
+            took < Duration::from_secs(1),
+            "GET {k} on the stopped node took {took:?}"
+        );
     }
     for (k, _) in up_keys.iter().take(30) {
-        assert_eq!(c.cmd(&["GET", k]), Reply::bulk("v"), "GET {k} on a live node");
+        assert_eq!(
+            c.cmd(&["GET", k]),
+            Reply::bulk("v"),
+            "GET {k} on a live node"
+        );
     }
     // A pipeline over live and dead nodes: replies in order, errors only for the dead one.
     let gets: Vec<Vec<&str>> = keys.iter().map(|k| vec!["GET", k.as_str()]).collect();
@@ -200,12 +260,25 @@ fn a_dead_node_fails_fast_for_its_keys_only_and_comes_back() {
             assert_eq!(r, Reply::bulk("v"), "GET {k} on live node {n}");
         }
     }
-    assert!(t.elapsed() < Duration::from_secs(2), "pipeline took {:?}", t.elapsed());
+    assert!(
+        t.elapsed() < Duration::from_secs(2),
+        "pipeline took {:?}",
+        t.elapsed()
+    );
     let t = Instant::now();
-    let mget: Vec<&str> = std::iter::once("MGET").chain(keys.iter().map(|k| k.as_str())).collect();
+    let mget: Vec<&str> = std::iter::once("MGET")
+        .chain(keys.iter().map(|k| k.as_str()))
+        .collect();
     let r = c.cmd(&mget);
-    assert!(t.elapsed() < Duration::from_secs(2), "MGET with a dead node took {:?}", t.elapsed());
-    assert!(r.is_error() || r.as_array().len() == keys.len(), "MGET with a dead node: {r}");
+    assert!(
+        t.elapsed() < Duration::from_secs(2),
+        "MGET with a dead node took {:?}",
+        t.elapsed()
+    );
+    assert!(
+        r.is_error() || r.as_array().len() == keys.len(),
+        "MGET with a dead node: {r}"
+    );
     assert_eq!(c.cmd(&["PING"]), Reply::Simple("PONG".into()));
 
     nodes[dead].restart();
@@ -221,12 +294,20 @@ fn a_dead_node_fails_fast_for_its_keys_only_and_comes_back() {
         }
         std::thread::sleep(Duration::from_millis(100));
     };
-    assert!(back, "keys of the restarted node still fail {:?} after restart", t.elapsed());
+    assert!(
+        back,
+        "keys of the restarted node still fail {:?} after restart",
+        t.elapsed()
+    );
     for (k, _) in &down_keys {
         assert_eq!(c.cmd(&["SET", k, "again"]), Reply::ok());
         assert_eq!(c.cmd(&["GET", k]), Reply::bulk("again"));
     }
-    assert_eq!(nodes[dead].dbsize(), down_keys.len() as i64, "writes after restart land on the node");
+    assert_eq!(
+        nodes[dead].dbsize(),
+        down_keys.len() as i64,
+        "writes after restart land on the node"
+    );
     let fresh = proxy.client().cmd(&["GET", probe]);
     assert_eq!(fresh, Reply::bulk("again"));
 }
@@ -261,7 +342,8 @@ fn has_location(text: &str, path: &str, line: Option<u32>) -> bool {
 
 #[test]
 fn check_accepts_a_good_file_and_points_at_the_problem_in_bad_ones() {
-    let dir = temp_dir("check");
+    let tmp = TempDir::new("check");
+    let dir = tmp.0.clone();
     let good = write_config(
         &dir,
         "good.yaml",
@@ -306,16 +388,19 @@ fn check_accepts_a_good_file_and_points_at_the_problem_in_bad_ones() {
         }
         if !has_location(&out, &path, line) {
             let l = line.map_or("LINE".to_string(), |l| l.to_string());
-            problems.push(format!("check output for {name} lacks {path}:{l}:COL:\n{out}"));
+            problems.push(format!(
+                "check output for {name} lacks {path}:{l}:COL:\n{out}"
+            ));
         }
         if !out.contains(field) {
-            problems.push(format!("check output for {name} does not name {field:?}:\n{out}"));
+            problems.push(format!(
+                "check output for {name} does not name {field:?}:\n{out}"
+            ));
         }
     }
     assert!(problems.is_empty(), "{}", problems.join("\n"));
     let (ok, out) = check(&path_str(&dir.join("does-not-exist.yaml")));
     assert!(!ok, "check of a missing file succeeded: {out}");
-    let _ = std::fs::remove_dir_all(&dir);
 }
 
 #[test]
@@ -347,16 +432,26 @@ fn sigterm_flushes_every_owed_reply_before_closing() {
     for i in 0..100 {
         assert_eq!(c.read_reply(), Reply::ok(), "reply {i} (SET) after SIGTERM");
     }
-    assert_eq!(c.read_reply(), Reply::bulk("slept"), "reply 100 (EVAL) after SIGTERM");
+    assert_eq!(
+        c.read_reply(),
+        Reply::bulk("slept"),
+        "reply 100 (EVAL) after SIGTERM"
+    );
     for i in 0..500 {
         let r = c
             .try_read_reply()
             .unwrap_or_else(|e| panic!("reply {} (INCR) lost at SIGTERM: {e}", 101 + i));
         assert_eq!(r, Reply::Int(i + 1), "reply {} after SIGTERM", 101 + i);
     }
-    assert!(c.closed_within(Duration::from_secs(5)), "connection still open 5 s after SIGTERM");
+    assert!(
+        c.closed_within(Duration::from_secs(5)),
+        "connection still open 5 s after SIGTERM"
+    );
     let st = proxy.wait_exit(Duration::from_secs(10));
-    assert!(st.is_some(), "the proxy did not exit within 10 s of SIGTERM");
+    assert!(
+        st.is_some(),
+        "the proxy did not exit within 10 s of SIGTERM"
+    );
     assert_eq!(node.client().cmd(&["GET", "owed"]), Reply::bulk("500"));
 }
 
@@ -384,7 +479,11 @@ fn a_client_vanishing_mid_pipeline_does_not_disturb_others() {
         let mut acc = want_base;
         for (i, r) in steady.pipeline(&cmds).into_iter().enumerate() {
             acc += i as i64;
-            assert_eq!(r, Reply::Int(acc), "round {round}: a reply meant for a closed client leaked");
+            assert_eq!(
+                r,
+                Reply::Int(acc),
+                "round {round}: a reply meant for a closed client leaked"
+            );
         }
     }
     assert_eq!(steady.cmd(&["PING"]), Reply::Simple("PONG".into()));

@@ -59,7 +59,11 @@ impl Diff {
     /// Same reply up to the order of elements (order follows each server's hash seed).
     fn same_unordered(&mut self, args: &[&str]) -> Reply {
         let (p, r) = self.both(args);
-        assert_eq!(p.sorted(), r.sorted(), "{args:?}: proxy replied {p}, redis replied {r}");
+        assert_eq!(
+            p.sorted(),
+            r.sorted(),
+            "{args:?}: proxy replied {p}, redis replied {r}"
+        );
         p
     }
 
@@ -82,8 +86,12 @@ fn dataset(node: &Redis, db: u32) -> Vec<String> {
             "string" => c.cmd(&["GET", &k]).to_string(),
             "list" => c.cmd(&["LRANGE", &k, "0", "-1"]).to_string(),
             "hash" => {
-                let mut fields: Vec<String> =
-                    c.cmd(&["HGETALL", &k]).pairs().iter().map(|(f, v)| format!("{f}={v}")).collect();
+                let mut fields: Vec<String> = c
+                    .cmd(&["HGETALL", &k])
+                    .pairs()
+                    .iter()
+                    .map(|(f, v)| format!("{f}={v}"))
+                    .collect();
                 fields.sort();
                 fields.join(",")
             }
@@ -101,8 +109,14 @@ fn dataset(node: &Redis, db: u32) -> Vec<String> {
 fn assert_same_data(s: &Single, db: u32) {
     let got = dataset(&s.node, db);
     let want = dataset(&s.reference, db);
-    assert!(!want.is_empty(), "the reference holds nothing in db {db}: test is vacuous");
-    assert_eq!(got, want, "node behind the proxy (db {db}) differs from the reference");
+    assert!(
+        !want.is_empty(),
+        "the reference holds nothing in db {db}: test is vacuous"
+    );
+    assert_eq!(
+        got, want,
+        "node behind the proxy (db {db}) differs from the reference"
+    );
 }
 
 #[test]
@@ -185,7 +199,9 @@ fn strings_hashes_lists_sets_and_zsets_match_redis() {
         &["SINTERSTORE", "st", "s", "t"],
         &["SINTERCARD", "2", "s", "t"],
         &["SMOVE", "s", "t", "a"],
-        &["ZADD", "z", "1", "one", "2", "two", "3", "three", "2.5", "twohalf"],
+        &[
+            "ZADD", "z", "1", "one", "2", "two", "3", "three", "2.5", "twohalf",
+        ],
         &["ZSCORE", "z", "two"],
         &["ZINCRBY", "z", "10", "one"],
         &["ZRANGE", "z", "0", "-1", "WITHSCORES"],
@@ -251,8 +267,18 @@ fn streams_hyperloglog_bitmaps_and_geo_match_redis() {
             "who".into(),
             format!("user{}", i % 4),
         ]);
-        d.same_owned(vec!["PFADD".into(), "hll".into(), format!("e{i}"), format!("e{}", i * 3)]);
-        d.same_owned(vec!["SETBIT".into(), "bits".into(), (i * 5).to_string(), "1".into()]);
+        d.same_owned(vec![
+            "PFADD".into(),
+            "hll".into(),
+            format!("e{i}"),
+            format!("e{}", i * 3),
+        ]);
+        d.same_owned(vec![
+            "SETBIT".into(),
+            "bits".into(),
+            (i * 5).to_string(),
+            "1".into(),
+        ]);
     }
     for args in [
         &["XLEN", "stream"][..],
@@ -262,11 +288,39 @@ fn streams_hyperloglog_bitmaps_and_geo_match_redis() {
         &["XREAD", "COUNT", "2", "STREAMS", "stream", "28-0"],
         &["XGROUP", "CREATE", "stream", "g1", "0"],
         &["XGROUP", "CREATE", "stream", "g1", "0"],
-        &["XREADGROUP", "GROUP", "g1", "alice", "COUNT", "3", "STREAMS", "stream", ">"],
-        &["XREADGROUP", "GROUP", "g1", "bob", "COUNT", "2", "STREAMS", "stream", ">"],
+        &[
+            "XREADGROUP",
+            "GROUP",
+            "g1",
+            "alice",
+            "COUNT",
+            "3",
+            "STREAMS",
+            "stream",
+            ">",
+        ],
+        &[
+            "XREADGROUP",
+            "GROUP",
+            "g1",
+            "bob",
+            "COUNT",
+            "2",
+            "STREAMS",
+            "stream",
+            ">",
+        ],
         &["XACK", "stream", "g1", "1-1", "2-1", "99-1"],
         &["XPENDING", "stream", "g1"],
-        &["XREADGROUP", "GROUP", "g1", "alice", "STREAMS", "stream", "0"],
+        &[
+            "XREADGROUP",
+            "GROUP",
+            "g1",
+            "alice",
+            "STREAMS",
+            "stream",
+            "0",
+        ],
         &["XDEL", "stream", "30-1"],
         &["XTRIM", "stream", "MAXLEN", "20"],
         &["XADD", "stream", "5-1", "x", "y"],
@@ -286,18 +340,73 @@ fn streams_hyperloglog_bitmaps_and_geo_match_redis() {
         &["BITOP", "OR", "bor", "bits", "bits2"],
         &["BITOP", "NOT", "bnot", "bits"],
         &["GET", "bor"],
-        &["BITFIELD", "bf", "SET", "u8", "0", "255", "GET", "u8", "0", "INCRBY", "u4", "8", "3"],
-        &["BITFIELD", "bf", "OVERFLOW", "SAT", "INCRBY", "u4", "8", "100", "GET", "i5", "3"],
+        &[
+            "BITFIELD", "bf", "SET", "u8", "0", "255", "GET", "u8", "0", "INCRBY", "u4", "8", "3",
+        ],
+        &[
+            "BITFIELD", "bf", "OVERFLOW", "SAT", "INCRBY", "u4", "8", "100", "GET", "i5", "3",
+        ],
         &["BITFIELD_RO", "bf", "GET", "u16", "0"],
-        &["GEOADD", "geo", "13.361389", "38.115556", "Palermo", "15.087269", "37.502669", "Catania"],
+        &[
+            "GEOADD",
+            "geo",
+            "13.361389",
+            "38.115556",
+            "Palermo",
+            "15.087269",
+            "37.502669",
+            "Catania",
+        ],
         &["GEOADD", "geo", "12.496366", "41.902782", "Rome"],
         &["GEODIST", "geo", "Palermo", "Catania", "km"],
         &["GEOPOS", "geo", "Palermo", "Nowhere"],
         &["GEOHASH", "geo", "Palermo", "Rome"],
-        &["GEOSEARCH", "geo", "FROMLONLAT", "15", "37", "BYRADIUS", "200", "km", "ASC", "WITHDIST"],
-        &["GEOSEARCH", "geo", "FROMMEMBER", "Rome", "BYBOX", "1000", "1000", "km", "DESC", "COUNT", "2"],
-        &["GEORADIUS", "geo", "15", "37", "300", "km", "WITHCOORD", "ASC"],
-        &["GEOSEARCHSTORE", "geo2", "geo", "FROMLONLAT", "15", "37", "BYRADIUS", "200", "km"],
+        &[
+            "GEOSEARCH",
+            "geo",
+            "FROMLONLAT",
+            "15",
+            "37",
+            "BYRADIUS",
+            "200",
+            "km",
+            "ASC",
+            "WITHDIST",
+        ],
+        &[
+            "GEOSEARCH",
+            "geo",
+            "FROMMEMBER",
+            "Rome",
+            "BYBOX",
+            "1000",
+            "1000",
+            "km",
+            "DESC",
+            "COUNT",
+            "2",
+        ],
+        &[
+            "GEORADIUS",
+            "geo",
+            "15",
+            "37",
+            "300",
+            "km",
+            "WITHCOORD",
+            "ASC",
+        ],
+        &[
+            "GEOSEARCHSTORE",
+            "geo2",
+            "geo",
+            "FROMLONLAT",
+            "15",
+            "37",
+            "BYRADIUS",
+            "200",
+            "km",
+        ],
         &["ZCARD", "geo2"],
     ] {
         d.same(args);
@@ -313,7 +422,10 @@ fn expiry_and_ttl_behave_like_redis() {
     let near = |a: &Reply, b: &Reply, slack: i64| (a.as_int() - b.as_int()).abs() <= slack;
     d.same(&["SET", "e1", "v", "EX", "100"]);
     let (p, r) = d.both(&["TTL", "e1"]);
-    assert!(near(&p, &r, 1) && p.as_int() > 95, "TTL via proxy {p}, redis {r}");
+    assert!(
+        near(&p, &r, 1) && p.as_int() > 95,
+        "TTL via proxy {p}, redis {r}"
+    );
     let (p, r) = d.both(&["PTTL", "e1"]);
     assert!(near(&p, &r, 1500), "PTTL via proxy {p}, redis {r}");
     d.same(&["EXPIRE", "e1", "50"]);
@@ -350,7 +462,10 @@ fn scan_and_keys_cover_every_key() {
     let Some(s) = single() else { return };
     let mut p = s.proxy.client();
     let want: Vec<String> = (0..300).map(|i| format!("scan:{i:03}")).collect();
-    let sets: Vec<Vec<String>> = want.iter().map(|k| vec!["SET".into(), k.clone(), "x".into()]).collect();
+    let sets: Vec<Vec<String>> = want
+        .iter()
+        .map(|k| vec!["SET".into(), k.clone(), "x".into()])
+        .collect();
     assert!(p.pipeline(&sets).iter().all(|r| *r == Reply::ok()));
     p.cmd(&["SET", "other", "x"]);
     let mut seen = std::collections::BTreeSet::new();
@@ -367,7 +482,11 @@ fn scan_and_keys_cover_every_key() {
             break;
         }
     }
-    assert_eq!(seen.into_iter().collect::<Vec<_>>(), want, "SCAN MATCH scan:* through the proxy");
+    assert_eq!(
+        seen.into_iter().collect::<Vec<_>>(),
+        want,
+        "SCAN MATCH scan:* through the proxy"
+    );
     let mut keys = p.cmd(&["KEYS", "scan:*"]).strings();
     keys.sort();
     assert_eq!(keys, want);
@@ -398,19 +517,26 @@ fn select_1_puts_keys_in_db_1_of_the_node() {
     let mut b = s.proxy.client();
     assert_eq!(a.cmd(&["SELECT", "1"]), Reply::ok());
     assert_eq!(a.cmd(&["SET", "k", "in-db1"]), Reply::ok());
-    assert_eq!(b.cmd(&["GET", "k"]), Reply::Bulk(None), "a client that did not SELECT sees db 0");
+    assert_eq!(
+        b.cmd(&["GET", "k"]),
+        Reply::Bulk(None),
+        "a client that did not SELECT sees db 0"
+    );
     assert_eq!(b.cmd(&["SET", "k", "in-db0"]), Reply::ok());
     assert_eq!(a.cmd(&["GET", "k"]), Reply::bulk("in-db1"));
     // Two clients on different databases interleaving through shared backend connections.
     let ta = std::thread::spawn(move || {
-        let cmds: Vec<Vec<String>> =
-            (0..300).map(|i| vec!["SET".into(), format!("x{i}"), "one".into()]).collect();
+        let cmds: Vec<Vec<String>> = (0..300)
+            .map(|i| vec!["SET".into(), format!("x{i}"), "one".into()])
+            .collect();
         for _ in 0..5 {
             assert!(a.pipeline(&cmds).iter().all(|r| *r == Reply::ok()));
         }
         a
     });
-    let cmds: Vec<Vec<String>> = (0..300).map(|i| vec!["SET".into(), format!("x{i}"), "zero".into()]).collect();
+    let cmds: Vec<Vec<String>> = (0..300)
+        .map(|i| vec!["SET".into(), format!("x{i}"), "zero".into()])
+        .collect();
     for _ in 0..5 {
         assert!(b.pipeline(&cmds).iter().all(|r| *r == Reply::ok()));
     }
@@ -425,7 +551,10 @@ fn select_1_puts_keys_in_db_1_of_the_node() {
     assert_eq!(n.cmd(&["GET", "x7"]), Reply::bulk("one"));
     assert_eq!(a.cmd(&["SELECT", "0"]), Reply::ok());
     assert_eq!(a.cmd(&["GET", "k"]), Reply::bulk("in-db0"));
-    let (p, r) = (a.cmd(&["SELECT", "99"]), s.reference.client().cmd(&["SELECT", "99"]));
+    let (p, r) = (
+        a.cmd(&["SELECT", "99"]),
+        s.reference.client().cmd(&["SELECT", "99"]),
+    );
     assert_eq!(p, r, "SELECT of a database that does not exist");
 }
 
@@ -469,10 +598,17 @@ fn multi_exec_and_watch_match_redis() {
         assert_eq!(a.cmd(&["WATCH", "w2"]), Reply::ok());
         assert_eq!(b.cmd(&["SET", "w2", "theirs"]), Reply::ok());
         assert_eq!(a.cmd(&["MULTI"]), Reply::ok());
-        assert_eq!(a.cmd(&["SET", "w2", "mine"]), Reply::Simple("QUEUED".into()));
+        assert_eq!(
+            a.cmd(&["SET", "w2", "mine"]),
+            Reply::Simple("QUEUED".into())
+        );
         // Another client's commands are not swallowed by a's open transaction.
         assert_eq!(b.cmd(&["SET", "side", "1"]), Reply::ok(), "on {addr}");
-        assert_eq!(a.cmd(&["EXEC"]), Reply::Array(None), "EXEC after a WATCHed key changed, on {addr}");
+        assert_eq!(
+            a.cmd(&["EXEC"]),
+            Reply::Array(None),
+            "EXEC after a WATCHed key changed, on {addr}"
+        );
         assert_eq!(b.cmd(&["GET", "w2"]), Reply::bulk("theirs"));
     }
     assert_same_data(&s, 0);
@@ -516,22 +652,50 @@ fn pubsub_passes_through() {
     let mut publisher = s.proxy.client();
     let arr = |v: &[&str]| Reply::Array(Some(v.iter().map(|x| Reply::bulk(x)).collect()));
     let subscribed = sub.cmd(&["SUBSCRIBE", "news"]);
-    assert_eq!(subscribed, Reply::Array(Some(vec![Reply::bulk("subscribe"), Reply::bulk("news"), Reply::Int(1)])));
+    assert_eq!(
+        subscribed,
+        Reply::Array(Some(vec![
+            Reply::bulk("subscribe"),
+            Reply::bulk("news"),
+            Reply::Int(1)
+        ]))
+    );
     let p = psub.cmd(&["PSUBSCRIBE", "ne*"]);
     assert_eq!(p.as_array()[0], Reply::bulk("psubscribe"));
     assert_eq!(publisher.cmd(&["PUBLISH", "news", "hello"]), Reply::Int(2));
     assert_eq!(sub.read_reply(), arr(&["message", "news", "hello"]));
-    assert_eq!(psub.read_reply(), arr(&["pmessage", "ne*", "news", "hello"]));
+    assert_eq!(
+        psub.read_reply(),
+        arr(&["pmessage", "ne*", "news", "hello"])
+    );
     // A publisher talking to Redis directly reaches a subscriber behind the proxy.
-    assert_eq!(s.node.client().cmd(&["PUBLISH", "news", "direct"]), Reply::Int(2));
+    assert_eq!(
+        s.node.client().cmd(&["PUBLISH", "news", "direct"]),
+        Reply::Int(2)
+    );
     assert_eq!(sub.read_reply(), arr(&["message", "news", "direct"]));
-    assert_eq!(psub.read_reply(), arr(&["pmessage", "ne*", "news", "direct"]));
-    assert_eq!(sub.cmd(&["PING"]), arr(&["pong", ""]), "PING while subscribed");
+    assert_eq!(
+        psub.read_reply(),
+        arr(&["pmessage", "ne*", "news", "direct"])
+    );
+    assert_eq!(
+        sub.cmd(&["PING"]),
+        arr(&["pong", ""]),
+        "PING while subscribed"
+    );
     assert_eq!(
         sub.cmd(&["UNSUBSCRIBE", "news"]),
-        Reply::Array(Some(vec![Reply::bulk("unsubscribe"), Reply::bulk("news"), Reply::Int(0)]))
+        Reply::Array(Some(vec![
+            Reply::bulk("unsubscribe"),
+            Reply::bulk("news"),
+            Reply::Int(0)
+        ]))
     );
-    assert_eq!(sub.cmd(&["PING"]), Reply::Simple("PONG".into()), "PING after leaving pub/sub");
+    assert_eq!(
+        sub.cmd(&["PING"]),
+        Reply::Simple("PONG".into()),
+        "PING after leaving pub/sub"
+    );
     assert_eq!(sub.cmd(&["SET", "after", "sub"]), Reply::ok());
     assert_eq!(s.node.client().cmd(&["GET", "after"]), Reply::bulk("sub"));
     assert_eq!(publisher.cmd(&["PUBLISH", "news", "x"]), Reply::Int(1));
@@ -548,14 +712,28 @@ fn blpop_is_served_by_a_later_lpush_from_another_client() {
     let t = Instant::now();
     assert_eq!(other.cmd(&["SET", "unrelated", "1"]), Reply::ok());
     assert_eq!(other.cmd(&["LPUSH", "queue", "job1"]), Reply::Int(1));
-    assert!(t.elapsed() < Duration::from_secs(1), "other clients waited {:?} behind a BLPOP", t.elapsed());
+    assert!(
+        t.elapsed() < Duration::from_secs(1),
+        "other clients waited {:?} behind a BLPOP",
+        t.elapsed()
+    );
     let got = waiter.read_reply();
-    assert_eq!(got, Reply::Array(Some(vec![Reply::bulk("queue"), Reply::bulk("job1")])));
-    assert!(t.elapsed() < Duration::from_secs(2), "BLPOP served after {:?}", t.elapsed());
+    assert_eq!(
+        got,
+        Reply::Array(Some(vec![Reply::bulk("queue"), Reply::bulk("job1")]))
+    );
+    assert!(
+        t.elapsed() < Duration::from_secs(2),
+        "BLPOP served after {:?}",
+        t.elapsed()
+    );
     assert_eq!(s.node.client().cmd(&["LLEN", "queue"]), Reply::Int(0));
     // A timeout gives the same nil as Redis, and the connection still works.
     let t = Instant::now();
-    let (p, r) = (waiter.cmd(&["BLPOP", "empty", "0.3"]), s.reference.client().cmd(&["BLPOP", "empty", "0.3"]));
+    let (p, r) = (
+        waiter.cmd(&["BLPOP", "empty", "0.3"]),
+        s.reference.client().cmd(&["BLPOP", "empty", "0.3"]),
+    );
     assert_eq!(p, r);
     assert!(t.elapsed() >= Duration::from_millis(250));
     assert_eq!(waiter.cmd(&["PING"]), Reply::Simple("PONG".into()));
@@ -570,10 +748,21 @@ fn hello_3_switches_this_client_to_resp3() {
     d.same(&["ZADD", "z", "1.5", "m"]);
     let hello = d.p.cmd(&["HELLO", "3"]);
     let fields = hello.pairs();
-    let get = |name: &str| fields.iter().find(|(k, _)| k == name).map(|(_, v)| v.clone());
-    assert!(matches!(hello, Reply::Map(_)), "HELLO 3 must return a RESP3 map, got {hello}");
+    let get = |name: &str| {
+        fields
+            .iter()
+            .find(|(k, _)| k == name)
+            .map(|(_, v)| v.clone())
+    };
+    assert!(
+        matches!(hello, Reply::Map(_)),
+        "HELLO 3 must return a RESP3 map, got {hello}"
+    );
     assert_eq!(get("proto"), Some(Reply::Int(3)), "HELLO 3 reply {hello}");
-    assert!(get("server").is_some() && get("version").is_some(), "HELLO 3 reply {hello}");
+    assert!(
+        get("server").is_some() && get("version").is_some(),
+        "HELLO 3 reply {hello}"
+    );
     d.r.cmd(&["HELLO", "3"]);
     let h = d.same_unordered(&["HGETALL", "h"]);
     assert!(matches!(h, Reply::Map(_)), "HGETALL after HELLO 3: {h}");
@@ -591,7 +780,10 @@ fn hello_3_switches_this_client_to_resp3() {
     assert!(matches!(set, Reply::Set(_)), "SMEMBERS in RESP3: {set}");
     // Another client of the same proxy still speaks RESP2.
     let mut plain = s.proxy.client();
-    assert!(matches!(plain.cmd(&["HGETALL", "h"]), Reply::Array(Some(_))));
+    assert!(matches!(
+        plain.cmd(&["HGETALL", "h"]),
+        Reply::Array(Some(_))
+    ));
     assert_eq!(plain.cmd(&["GET", "missing"]), Reply::Bulk(None));
     d.p.cmd(&["HELLO", "2"]);
     d.r.cmd(&["HELLO", "2"]);
@@ -617,13 +809,22 @@ fn info_has_a_proxy_section_and_the_backend_version() {
     let Some(s) = single() else { return };
     let info = s.proxy.client().cmd(&["INFO"]).as_str();
     let node_info = s.node.client().cmd(&["INFO", "server"]).as_str();
-    let version = node_info.lines().find(|l| l.starts_with("redis_version:")).expect("node version");
-    assert!(info.lines().any(|l| l == version), "INFO through the proxy lacks {version:?}:\n{info}");
+    let version = node_info
+        .lines()
+        .find(|l| l.starts_with("redis_version:"))
+        .expect("node version");
+    assert!(
+        info.lines().any(|l| l == version),
+        "INFO through the proxy lacks {version:?}:\n{info}"
+    );
     let has_section = info.lines().any(|l| {
         let l = l.to_ascii_lowercase();
         l.starts_with("# ") && (l.contains("saltshaker") || l.contains("proxy"))
     });
-    assert!(has_section, "INFO through the proxy has no proxy section:\n{info}");
+    assert!(
+        has_section,
+        "INFO through the proxy has no proxy section:\n{info}"
+    );
 }
 
 #[test]
@@ -647,7 +848,11 @@ fn a_pipeline_of_1000_commands_gets_replies_in_order() {
         };
         assert_eq!(*r, want, "reply {i} of the pipeline");
     }
-    assert_eq!(s.node.client().cmd(&["GET", "counter"]), Reply::bulk("333"), "1000 commands = 334 SETs, 333 INCRs, 333 GETs");
+    assert_eq!(
+        s.node.client().cmd(&["GET", "counter"]),
+        Reply::bulk("333"),
+        "1000 commands = 334 SETs, 333 INCRs, 333 GETs"
+    );
     assert_eq!(s.node.dbsize(), 335);
 }
 
@@ -674,7 +879,11 @@ fn inline_commands_work_like_redis() {
             "inline {:?}",
             String::from_utf8_lossy(input)
         );
-        assert!(!pc, "the proxy closed the connection after inline {:?}", String::from_utf8_lossy(input));
+        assert!(
+            !pc,
+            "the proxy closed the connection after inline {:?}",
+            String::from_utf8_lossy(input)
+        );
     }
     let mut n = s.node.client();
     assert_eq!(n.cmd(&["GET", "a"]), Reply::bulk("b"));
@@ -691,7 +900,10 @@ fn admin_endpoints_answer() {
     }
     let (status, body) = s.proxy.admin_get("/metrics");
     assert_eq!(status, 200, "/metrics: {body}");
-    assert!(body.contains("# TYPE"), "/metrics is not Prometheus text:\n{body}");
+    assert!(
+        body.contains("# TYPE"),
+        "/metrics is not Prometheus text:\n{body}"
+    );
     let (status, _) = s.proxy.admin_get("/no-such-page");
     assert_eq!(status, 404);
 }
@@ -706,18 +918,37 @@ fn large_and_binary_values_round_trip() {
     assert_eq!(p.cmd(&[&b"SET"[..], b"big", &big]), Reply::ok());
     assert_eq!(p.cmd(&[&b"SET"[..], weird_key, weird_val]), Reply::ok());
     assert_eq!(p.cmd(&["GET", "big"]), Reply::Bulk(Some(big.clone())));
-    assert_eq!(p.cmd(&[&b"GET"[..], weird_key]), Reply::Bulk(Some(weird_val.to_vec())));
+    assert_eq!(
+        p.cmd(&[&b"GET"[..], weird_key]),
+        Reply::Bulk(Some(weird_val.to_vec()))
+    );
     assert_eq!(p.cmd(&["STRLEN", "big"]), Reply::Int(3_000_000));
     let mut n = s.node.client();
-    assert_eq!(n.cmd(&[&b"GET"[..], weird_key]), Reply::Bulk(Some(weird_val.to_vec())));
+    assert_eq!(
+        n.cmd(&[&b"GET"[..], weird_key]),
+        Reply::Bulk(Some(weird_val.to_vec()))
+    );
     assert_eq!(n.cmd(&["GET", "big"]), Reply::Bulk(Some(big.clone())));
     // Several big replies in one pipeline, interleaved with small ones.
     let cmds: Vec<Vec<&[u8]>> = (0..20)
-        .map(|i| if i % 2 == 0 { vec![&b"GET"[..], b"big"] } else { vec![&b"GET"[..], weird_key] })
+        .map(|i| {
+            if i % 2 == 0 {
+                vec![&b"GET"[..], b"big"]
+            } else {
+                vec![&b"GET"[..], weird_key]
+            }
+        })
         .collect();
     for (i, r) in p.pipeline(&cmds).into_iter().enumerate() {
-        let want = if i % 2 == 0 { big.clone() } else { weird_val.to_vec() };
-        assert!(r == Reply::Bulk(Some(want)), "reply {i} of a pipeline of big values");
+        let want = if i % 2 == 0 {
+            big.clone()
+        } else {
+            weird_val.to_vec()
+        };
+        assert!(
+            r == Reply::Bulk(Some(want)),
+            "reply {i} of a pipeline of big values"
+        );
     }
 }
 
@@ -725,7 +956,12 @@ fn large_and_binary_values_round_trip() {
 fn a_command_sent_one_byte_at_a_time_is_not_an_error() {
     let Some(s) = single() else { return };
     let mut p = s.proxy.client();
-    let bytes = [encode(&["SET", "slow", "drip"]), b"PING\r\n".to_vec(), encode(&["GET", "slow"])].concat();
+    let bytes = [
+        encode(&["SET", "slow", "drip"]),
+        b"PING\r\n".to_vec(),
+        encode(&["GET", "slow"]),
+    ]
+    .concat();
     for b in &bytes {
         p.send_raw(&[*b]);
         std::thread::sleep(Duration::from_millis(2));
@@ -760,7 +996,10 @@ fn auth_with_a_proxy_password_behaves_like_requirepass() {
     assert_eq!(node.client().cmd(&["GET", "k"]), Reply::bulk("v"));
     let mut h = proxy.client();
     let hello = h.cmd(&["HELLO", "3", "AUTH", "default", "s3cret"]);
-    assert!(matches!(hello, Reply::Map(_)), "HELLO 3 AUTH default <password>: {hello}");
+    assert!(
+        matches!(hello, Reply::Map(_)),
+        "HELLO 3 AUTH default <password>: {hello}"
+    );
     assert_eq!(h.cmd(&["GET", "k"]), Reply::bulk("v"));
 }
 
@@ -774,7 +1013,10 @@ fn quit_and_reset_behave_like_redis() {
     d.same(&["RESET"]);
     d.same(&["GET", "in2"]); // back in db 0, out of the transaction
     d.same(&["QUIT"]);
-    assert!(d.p.is_closed(), "the proxy kept the connection open after QUIT");
+    assert!(
+        d.p.is_closed(),
+        "the proxy kept the connection open after QUIT"
+    );
     assert_eq!(s.node.client().cmd(&["SELECT", "2"]), Reply::ok());
 }
 
@@ -790,7 +1032,10 @@ fn resp3_subscribers_get_push_messages() {
     }
     let (p, r) = (d.p.read_reply(), d.r.read_reply());
     assert_eq!(p, r, "RESP3 message");
-    assert!(matches!(p, Reply::Push(_)), "a RESP3 subscriber gets a push: {p}");
+    assert!(
+        matches!(p, Reply::Push(_)),
+        "a RESP3 subscriber gets a push: {p}"
+    );
     // In RESP3 a subscribed client may run ordinary commands.
     d.same(&["SET", "k", "v"]);
     d.same(&["GET", "k"]);

@@ -25,7 +25,11 @@ fn cli(port: u16, args: &[&str]) -> String {
         .stdin(Stdio::null())
         .output()
         .expect("run redis-cli");
-    assert!(out.status.success(), "redis-cli {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "redis-cli {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     String::from_utf8_lossy(&out.stdout).to_string()
 }
 
@@ -56,7 +60,11 @@ fn redis_cli_one_shot_commands_print_what_redis_prints() {
         &["-3", "SMEMBERS", "nothing"],
         &["-3", "GET", "missing"],
     ] {
-        assert_eq!(cli(proxy.port, args), cli(reference.port, args), "redis-cli {args:?}");
+        assert_eq!(
+            cli(proxy.port, args),
+            cli(reference.port, args),
+            "redis-cli {args:?}"
+        );
     }
 }
 
@@ -82,14 +90,33 @@ fn redis_cli_pipe_mode_loads_thousands_of_commands_into_a_pool() {
         .stderr(Stdio::piped())
         .spawn()
         .expect("spawn redis-cli --pipe");
-    child.stdin.take().expect("stdin").write_all(&input).expect("feed redis-cli");
+    child
+        .stdin
+        .take()
+        .expect("stdin")
+        .write_all(&input)
+        .expect("feed redis-cli");
     let out = child.wait_with_output().expect("redis-cli --pipe");
-    let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
     assert!(out.status.success(), "redis-cli --pipe failed:\n{text}");
-    assert!(text.contains(&format!("errors: 0, replies: {}", n + 1)), "redis-cli --pipe:\n{text}");
+    assert!(
+        text.contains(&format!("errors: 0, replies: {}", n + 1)),
+        "redis-cli --pipe:\n{text}"
+    );
     let sizes: Vec<i64> = nodes.iter().map(|n| n.dbsize()).collect();
-    assert_eq!(sizes.iter().sum::<i64>(), n as i64 + 1, "keys on the nodes: {sizes:?}");
-    assert!(sizes.iter().all(|&s| s > 0), "a node got no keys: {sizes:?}");
+    assert_eq!(
+        sizes.iter().sum::<i64>(),
+        n as i64 + 1,
+        "keys on the nodes: {sizes:?}"
+    );
+    assert!(
+        sizes.iter().all(|&s| s > 0),
+        "a node got no keys: {sizes:?}"
+    );
     let mut c = proxy.client();
     assert_eq!(c.cmd(&["GET", &keys[4321]]), Reply::bulk("value-4321"));
     assert_eq!(c.cmd(&["GET", "pipe:counter"]), Reply::bulk("7"));
@@ -104,7 +131,10 @@ fn bench(port: u16, args: &[&str]) -> String {
         .expect("run redis-benchmark");
     let stdout = String::from_utf8_lossy(&out.stdout).to_string();
     let stderr = String::from_utf8_lossy(&out.stderr).to_string();
-    assert!(out.status.success(), "redis-benchmark {args:?} failed:\n{stdout}\n{stderr}");
+    assert!(
+        out.status.success(),
+        "redis-benchmark {args:?} failed:\n{stdout}\n{stderr}"
+    );
     // redis-benchmark asks for CONFIG at start; a proxy may refuse that, which it tolerates.
     let errors: Vec<&str> = stdout
         .lines()
@@ -112,7 +142,11 @@ fn bench(port: u16, args: &[&str]) -> String {
         .filter(|l| l.contains("rror") || l.contains("ERR"))
         .filter(|l| !l.contains("Could not fetch server CONFIG"))
         .collect();
-    assert!(errors.is_empty(), "redis-benchmark {args:?} reported errors:\n{}", errors.join("\n"));
+    assert!(
+        errors.is_empty(),
+        "redis-benchmark {args:?} reported errors:\n{}",
+        errors.join("\n")
+    );
     stdout
 }
 
@@ -127,15 +161,32 @@ fn redis_benchmark_runs_clean_through_a_pool() {
     // redis-benchmark 7.0 has no built-in MGET test: MSET here, MGET as a custom command below.
     let out = bench(
         proxy.port,
-        &["-t", "get,set,incr,lpush,mset", "-n", "20000", "-P", "16", "-q", "-r", "1000"],
+        &[
+            "-t",
+            "get,set,incr,lpush,mset",
+            "-n",
+            "20000",
+            "-P",
+            "16",
+            "-q",
+            "-r",
+            "1000",
+        ],
     );
     for test in ["SET", "GET", "INCR", "LPUSH", "MSET"] {
         assert!(
-            out.lines().any(|l| l.trim_start().starts_with(test) && l.contains("requests per second")),
+            out.lines()
+                .any(|l| l.trim_start().starts_with(test) && l.contains("requests per second")),
             "no result line for {test}:\n{out}"
         );
     }
-    let mget = ["MGET", "key:__rand_int__", "key:__rand_int__", "key:__rand_int__", "key:__rand_int__"];
+    let mget = [
+        "MGET",
+        "key:__rand_int__",
+        "key:__rand_int__",
+        "key:__rand_int__",
+        "key:__rand_int__",
+    ];
     let mut args = vec!["-n", "20000", "-P", "16", "-q", "-r", "1000"];
     args.extend(mget);
     let out = bench(proxy.port, &args);
@@ -147,7 +198,10 @@ fn redis_benchmark_runs_clean_through_a_pool() {
     for (i, node) in nodes.iter().enumerate() {
         let mut c = node.client();
         let keys = node.keys();
-        assert!(keys.iter().any(|k| k.starts_with("key:")), "node {i} holds no key:* keys");
+        assert!(
+            keys.iter().any(|k| k.starts_with("key:")),
+            "node {i} holds no key:* keys"
+        );
         for k in keys.iter().filter(|k| k.starts_with("counter:")) {
             counters += c.cmd(&["GET", k]).as_int();
         }
@@ -155,8 +209,15 @@ fn redis_benchmark_runs_clean_through_a_pool() {
             lists.push(c.cmd(&["LLEN", "mylist"]).as_int());
         }
     }
-    assert_eq!(counters, 20000, "sum of counter:* over the nodes after 20000 INCRs");
-    assert_eq!(lists, vec![20000], "mylist: on exactly one node, with every LPUSH");
+    assert_eq!(
+        counters, 20000,
+        "sum of counter:* over the nodes after 20000 INCRs"
+    );
+    assert_eq!(
+        lists,
+        vec![20000],
+        "mylist: on exactly one node, with every LPUSH"
+    );
     let total: i64 = nodes.iter().map(|n| n.dbsize()).sum();
     assert_eq!(proxy.client().cmd(&["DBSIZE"]), Reply::Int(total));
 }

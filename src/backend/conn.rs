@@ -292,7 +292,11 @@ pub struct Dedicated {
 impl Dedicated {
     pub async fn open(hs: &Handshake) -> Result<Dedicated, BackendError> {
         let stream = hs.connect().await?;
-        Ok(Dedicated { stream, buf: BytesMut::with_capacity(16 * 1024), framer: ReplyFramer::new(hs.max_reply_bulk) })
+        Ok(Dedicated::from_stream(stream, hs.max_reply_bulk))
+    }
+
+    pub fn from_stream(stream: TcpStream, max_reply_bulk: usize) -> Dedicated {
+        Dedicated { stream, buf: BytesMut::with_capacity(16 * 1024), framer: ReplyFramer::new(max_reply_bulk) }
     }
 
     /// Sends `data` (holding `count` commands) and returns their replies.

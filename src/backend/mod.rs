@@ -194,6 +194,8 @@ impl Node {
 /// The set of nodes and the rule that places keys on them.
 pub struct Backend {
     nodes: Vec<Arc<Node>>,
+    /// The single node's `databases` setting (SELECT range), learnt on first connect.
+    databases: Arc<std::sync::atomic::AtomicU32>,
     placement: Option<Placement>,
     pub request_timeout: Option<Duration>,
 }
@@ -242,7 +244,11 @@ impl Backend {
             None
         };
         let request_timeout = (cfg.request_timeout_ms > 0).then(|| Duration::from_millis(cfg.request_timeout_ms));
-        Ok(Backend { nodes, placement, request_timeout })
+        let databases = Arc::new(std::sync::atomic::AtomicU32::new(16));
+        if nodes.len() == 1 {
+            tokio::spawn(learn_databases(nodes[0].handshake(Proto::Resp2, 0), databases.clone()));
+        }
+        Ok(Backend { nodes, placement, request_timeout, databases })
     }
 
     /// The index of the node that owns `key`.
@@ -275,6 +281,11 @@ impl Backend {
         self.nodes.len() == 1
     }
 
+    /// How many databases SELECT may choose from (a single node's `databases`).
+    pub fn databases(&self) -> u32 {
+        self.databases.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
     /// The first node whose connection is up, for keyless commands.
     pub fn any_node(&self) -> usize {
         self.nodes.iter().position(|n| n.is_up()).unwrap_or(0)
@@ -286,4 +297,27 @@ pub fn wire<A: AsRef<[u8]>>(args: &[A]) -> Bytes {
     let mut out = BytesMut::new();
     encode_command(args, &mut out);
     out.freeze()
+}
+
+/// Asks the node for its `databases` setting, retrying until it answers, so SELECT is
+/// refused with Redis's own error when out of range. Keeps the default (16) if CONFIG is
+/// disabled on the node.
+async fn learn_databases(hs: Handshake, out: Arc<std::sync::atomic::AtomicU32>) {
+    for attempt in 0..30u64 {
+        if let Ok(stream) = hs.connect().await {
+            let mut d = Dedicated::from_stream(stream, hs.max_reply_bulk);
+            let req = [wire(&["CONFIG", "GET", "databases"])];
+            if let Ok(r) = d.call(&req, 1).await {
+                if let Ok(Some((crate::resp::Value::Array(a), _))) = crate::resp::parse_value(&r.get(0)) {
+                    if let Some(crate::resp::Value::Bulk(n)) = a.get(1) {
+                        if let Some(n) = std::str::from_utf8(n).ok().and_then(|n| n.parse::<u32>().ok()) {
+                            out.store(n, std::sync::atomic::Ordering::Relaxed);
+                        }
+                    }
+                }
+            }
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(200 * (attempt + 1).min(10))).await;
+    }
 }

@@ -120,20 +120,35 @@ impl Local {
         let Offer::Tracked(i) = side.top.offer(h.hash, key, estimate) else {
             return;
         };
-        let entry = side.top.entry_mut(i);
-        // The sliding count never exceeds the estimate, so most hits stop here.
-        if estimate < entry.next_report || self.early_budget == 0 {
+        // The sliding count never exceeds the estimate: most hits stop at the gate.
+        if estimate >= side.top.entries()[i].gate {
+            self.maybe_report(kind, i, now);
+        }
+    }
+
+    /// A tracked key's estimate reached its gate: report it if its sliding count really
+    /// passed the next level, else raise the gate.
+    #[inline(never)]
+    fn maybe_report(&mut self, kind: Kind, i: usize, now: u64) {
+        let f = (now - self.window_start_ms) as f64 / self.link.window_ms as f64;
+        let first = self.link.published.first_report[kind as usize].load(Ordering::Relaxed);
+        let entry = self.sides[kind as usize].top.entry_mut(i);
+        let sliding = entry.sliding_count(f);
+        if self.early_budget == 0 {
+            entry.gate = u32::MAX;
             return;
         }
-        let f = (now - self.window_start_ms) as f64 / self.link.window_ms as f64;
-        let sliding = entry.sliding_count(f);
         if sliding < entry.next_report as f64 {
+            // sliding = estimate - f * base passes the level only once the estimate passes
+            // level + f * base, and f only grows inside a window.
+            let gate = entry.next_report as f64 + f * entry.base as f64;
+            entry.gate = gate.ceil().min(u32::MAX as f64) as u32;
             return;
         }
         // Linear steps while small, then 1/8 steps: bounded messages, bounded lag.
-        let first = self.link.published.first_report[kind as usize].load(Ordering::Relaxed);
         let step = (first / 2).max((sliding / 8.0) as u32).max(1);
         entry.next_report = (sliding as u32).saturating_add(step);
+        entry.gate = entry.next_report;
         self.early_budget -= 1;
         let _ = self.link.tx.send(Msg::Early {
             thread: self.thread,
@@ -152,6 +167,8 @@ impl Local {
         }
     }
 
+    #[cold]
+    #[inline(never)]
     fn roll(&mut self, now: u64) {
         let window = now / self.link.window_ms;
         self.send_window(window, false);

@@ -16,6 +16,8 @@ pub struct Entry {
     pub base: u32,
     /// The sliding count at which this thread next tells the aggregator about the key.
     pub next_report: u32,
+    /// The estimate below which the sliding count cannot have reached `next_report`.
+    pub gate: u32,
 }
 
 impl Entry {
@@ -103,6 +105,11 @@ impl TopK {
             }
             return Offer::Tracked(i);
         }
+        self.admit(hash, key, estimate)
+    }
+
+    #[inline(never)]
+    fn admit(&mut self, hash: u64, key: &[u8], estimate: u32) -> Offer {
         if self.entries.len() < self.cap {
             let i = self.entries.len();
             self.entries.push(Entry::new(hash, key, estimate, self.first_report));
@@ -133,6 +140,7 @@ impl TopK {
             e.estimate = e.estimate.checked_shr(shift).unwrap_or(0);
             e.base = e.estimate;
             e.next_report = first_report;
+            e.gate = first_report;
         }
         if self.entries.iter().any(|e| e.estimate == 0) {
             self.entries.retain(|e| e.estimate > 0);
@@ -202,6 +210,7 @@ impl TopK {
         self.slots[hole] = 0;
     }
 
+    #[inline(never)]
     fn refresh_floor(&mut self) {
         let (i, e) = self
             .entries
@@ -223,6 +232,7 @@ impl Entry {
             estimate,
             base: estimate.saturating_sub(1),
             next_report,
+            gate: next_report,
         }
     }
 }

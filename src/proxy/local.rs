@@ -59,8 +59,12 @@ pub fn handle(s: &mut Session, req: &Request, c: &Classified, rb: &mut RoundBuil
                     ready(rb, OK);
                 }
                 Some(d) if s.ctx.backend.is_single() => {
-                    set_db(s, d);
-                    ready(rb, OK);
+                    if d >= s.ctx.backend.databases() {
+                        error(rb, "ERR DB index is out of range");
+                    } else {
+                        set_db(s, d);
+                        ready(rb, OK);
+                    }
                 }
                 Some(_) => error(rb, "ERR saltshaker: SELECT is not supported over a pool of nodes (only database 0)"),
             }

@@ -119,14 +119,14 @@ async fn read_loop(
         if buf.capacity() - buf.len() < 4096 {
             buf.reserve(16 * 1024);
         }
-        let n = tokio::select! {
+        let n: std::io::Result<usize> = tokio::select! {
             biased;
             n = r.read_buf(&mut buf) => n,
             _ = shutdown.wait_for(|v| *v) => {
                 // Drain at a command boundary: complete commands already read are answered
-                // (below, after the loop breaks), partial input is dropped.
+                // below, then the connection closes; partial input is dropped.
                 tracing::debug!(client = s.id, "draining on shutdown");
-                0usize.into_ok()
+                Ok(0)
             }
         };
         let eof = matches!(n, Ok(0) | Err(_));
@@ -182,15 +182,6 @@ async fn read_loop(
         if close || eof || *shutdown.borrow() {
             return None;
         }
-    }
-}
-
-trait IntoOk {
-    fn into_ok(self) -> std::io::Result<usize>;
-}
-impl IntoOk for usize {
-    fn into_ok(self) -> std::io::Result<usize> {
-        Ok(self)
     }
 }
 

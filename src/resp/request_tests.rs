@@ -317,7 +317,10 @@ fn parse_throughput() {
     }
     let mut parser = RequestParser::new(Limits::default());
     let mut out = Vec::with_capacity(16);
-    let rounds = 1_000_000;
+    let rounds: u32 = std::env::var("RESP_BENCH_ROUNDS")
+        .ok()
+        .and_then(|r| r.parse().ok())
+        .unwrap_or(1_000_000);
     let mut buf = BytesMut::with_capacity(batch.len());
     let start = std::time::Instant::now();
     for _ in 0..rounds {

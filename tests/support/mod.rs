@@ -64,6 +64,21 @@ pub fn temp_dir(tag: &str) -> PathBuf {
     dir
 }
 
+/// A temp dir removed on drop, also when the test panics.
+pub struct TempDir(pub PathBuf);
+
+impl TempDir {
+    pub fn new(tag: &str) -> TempDir {
+        TempDir(temp_dir(tag))
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
 fn wait_until(timeout: Duration, mut f: impl FnMut() -> bool) -> bool {
     let end = Instant::now() + timeout;
     while Instant::now() < end {
@@ -117,12 +132,21 @@ impl Redis {
         let port = self.port.to_string();
         let dir = self.dir.to_string_lossy().to_string();
         let mut cmd = Command::new("redis-server");
-        cmd.args(["--port", &port, "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
-            .args(["--dir", &dir, "--logfile", "redis.log"])
-            .args(&self.args)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null());
+        cmd.args([
+            "--port",
+            &port,
+            "--bind",
+            "127.0.0.1",
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+        ])
+        .args(["--dir", &dir, "--logfile", "redis.log"])
+        .args(&self.args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null());
         let mut child = cmd.spawn().expect("spawn redis-server");
         let addr = self.addr();
         let up = wait_until(Duration::from_secs(10), || {
@@ -171,7 +195,11 @@ impl Redis {
             }
             std::thread::sleep(Duration::from_millis(100));
         }
-        panic!("redis-server did not restart on port {}: {}", self.port, self.log());
+        panic!(
+            "redis-server did not restart on port {}: {}",
+            self.port,
+            self.log()
+        );
     }
 
     pub fn is_running(&mut self) -> bool {
@@ -209,7 +237,11 @@ pub fn owner(nodes: &[Redis], key: &str) -> usize {
     let holders: Vec<usize> = (0..nodes.len())
         .filter(|&i| nodes[i].client().cmd(&["EXISTS", key]).as_int() == 1)
         .collect();
-    assert_eq!(holders.len(), 1, "key {key:?} should be on exactly one node, found on {holders:?}");
+    assert_eq!(
+        holders.len(),
+        1,
+        "key {key:?} should be on exactly one node, found on {holders:?}"
+    );
     holders[0]
 }
 
@@ -401,8 +433,14 @@ pub fn http_get(addr: &str, path: &str) -> (u16, String) {
         .nth(1)
         .and_then(|s| s.parse().ok())
         .unwrap_or_else(|| panic!("bad HTTP response from {addr}{path}: {text:?}"));
-    let chunked = head.to_ascii_lowercase().contains("transfer-encoding: chunked");
-    let body = if chunked { dechunk(body) } else { body.to_string() };
+    let chunked = head
+        .to_ascii_lowercase()
+        .contains("transfer-encoding: chunked");
+    let body = if chunked {
+        dechunk(body)
+    } else {
+        body.to_string()
+    };
     (status, body)
 }
 
@@ -427,7 +465,6 @@ pub fn saltshaker(args: &[&str]) -> Output {
         .output()
         .expect("run saltshaker")
 }
-
 
 pub fn path_str(p: &Path) -> String {
     p.to_string_lossy().to_string()
@@ -609,13 +646,17 @@ impl Client {
     }
 
     pub fn set_read_timeout(&self, t: Duration) {
-        self.writer.set_read_timeout(Some(t)).expect("set_read_timeout");
+        self.writer
+            .set_read_timeout(Some(t))
+            .expect("set_read_timeout");
     }
 
     pub fn cmd<A: AsRef<[u8]>>(&mut self, args: &[A]) -> Reply {
         self.try_cmd(args).unwrap_or_else(|e| {
-            let shown: Vec<String> =
-                args.iter().map(|a| String::from_utf8_lossy(a.as_ref()).to_string()).collect();
+            let shown: Vec<String> = args
+                .iter()
+                .map(|a| String::from_utf8_lossy(a.as_ref()).to_string())
+                .collect();
             panic!("{shown:?} on {}: {e}", self.addr)
         })
     }
@@ -634,14 +675,17 @@ impl Client {
         self.send_raw(&buf);
         (0..cmds.len())
             .map(|i| {
-                self.try_read_reply()
-                    .unwrap_or_else(|e| panic!("reply {i} of a {}-command pipeline: {e}", cmds.len()))
+                self.try_read_reply().unwrap_or_else(|e| {
+                    panic!("reply {i} of a {}-command pipeline: {e}", cmds.len())
+                })
             })
             .collect()
     }
 
     pub fn send_raw(&mut self, bytes: &[u8]) {
-        self.writer.write_all(bytes).unwrap_or_else(|e| panic!("write to {}: {e}", self.addr));
+        self.writer
+            .write_all(bytes)
+            .unwrap_or_else(|e| panic!("write to {}: {e}", self.addr));
     }
 
     pub fn try_send_raw(&mut self, bytes: &[u8]) -> io::Result<()> {
@@ -650,7 +694,8 @@ impl Client {
 
     pub fn read_reply(&mut self) -> Reply {
         let addr = self.addr.clone();
-        self.try_read_reply().unwrap_or_else(|e| panic!("read reply from {addr}: {e}"))
+        self.try_read_reply()
+            .unwrap_or_else(|e| panic!("read reply from {addr}: {e}"))
     }
 
     pub fn try_read_reply(&mut self) -> io::Result<Reply> {
@@ -663,7 +708,10 @@ impl Client {
         self.set_read_timeout(t);
         let r = match self.reader.fill_buf() {
             Ok(b) => b.is_empty(),
-            Err(e) => !matches!(e.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut),
+            Err(e) => !matches!(
+                e.kind(),
+                io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
+            ),
         };
         self.set_read_timeout(Duration::from_secs(5));
         r
@@ -682,7 +730,12 @@ impl Client {
             match self.reader.read(&mut buf) {
                 Ok(0) => break true,
                 Ok(n) => out.extend_from_slice(&buf[..n]),
-                Err(e) if matches!(e.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut) => {
+                Err(e)
+                    if matches!(
+                        e.kind(),
+                        io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
+                    ) =>
+                {
                     break false
                 }
                 Err(_) => break true,
@@ -701,17 +754,25 @@ fn read_line(r: &mut impl BufRead) -> io::Result<String> {
     let mut line = Vec::new();
     r.read_until(b'\n', &mut line)?;
     if line.is_empty() {
-        return Err(io::Error::new(io::ErrorKind::UnexpectedEof, "connection closed"));
+        return Err(io::Error::new(
+            io::ErrorKind::UnexpectedEof,
+            "connection closed",
+        ));
     }
     if !line.ends_with(b"\r\n") {
-        return Err(bad(format!("line without CRLF: {:?}", String::from_utf8_lossy(&line))));
+        return Err(bad(format!(
+            "line without CRLF: {:?}",
+            String::from_utf8_lossy(&line)
+        )));
     }
     line.truncate(line.len() - 2);
     String::from_utf8(line).map_err(|e| bad(format!("non-UTF-8 header line: {e}")))
 }
 
 fn read_blob(r: &mut impl BufRead, len: &str) -> io::Result<Option<Vec<u8>>> {
-    let n: i64 = len.parse().map_err(|_| bad(format!("bad length {len:?}")))?;
+    let n: i64 = len
+        .parse()
+        .map_err(|_| bad(format!("bad length {len:?}")))?;
     if n < 0 {
         return Ok(None);
     }
@@ -729,7 +790,10 @@ fn read_many(r: &mut impl BufRead, len: &str) -> io::Result<Option<Vec<Reply>>> 
     if n < 0 {
         return Ok(None);
     }
-    (0..n).map(|_| read_value(r)).collect::<io::Result<Vec<_>>>().map(Some)
+    (0..n)
+        .map(|_| read_value(r))
+        .collect::<io::Result<Vec<_>>>()
+        .map(Some)
 }
 
 fn read_value(r: &mut impl BufRead) -> io::Result<Reply> {
@@ -738,7 +802,10 @@ fn read_value(r: &mut impl BufRead) -> io::Result<Reply> {
     Ok(match t {
         "+" => Reply::Simple(rest.to_string()),
         "-" => Reply::Error(rest.to_string()),
-        ":" => Reply::Int(rest.parse().map_err(|_| bad(format!("bad integer {rest:?}")))?),
+        ":" => Reply::Int(
+            rest.parse()
+                .map_err(|_| bad(format!("bad integer {rest:?}")))?,
+        ),
         "$" => Reply::Bulk(read_blob(r, rest)?),
         "*" => Reply::Array(read_many(r, rest)?),
         "_" => Reply::Null,
@@ -750,21 +817,30 @@ fn read_value(r: &mut impl BufRead) -> io::Result<Reply> {
         "," => Reply::Double(match rest {
             "inf" => f64::INFINITY,
             "-inf" => f64::NEG_INFINITY,
-            _ => rest.parse().map_err(|_| bad(format!("bad double {rest:?}")))?,
+            _ => rest
+                .parse()
+                .map_err(|_| bad(format!("bad double {rest:?}")))?,
         }),
         "(" => Reply::BigNumber(rest.to_string()),
-        "!" => Reply::Error(String::from_utf8_lossy(&read_blob(r, rest)?.unwrap_or_default()).to_string()),
+        "!" => Reply::Error(
+            String::from_utf8_lossy(&read_blob(r, rest)?.unwrap_or_default()).to_string(),
+        ),
         "=" => {
             let b = read_blob(r, rest)?.unwrap_or_default();
             if b.len() < 4 || b[3] != b':' {
                 return Err(bad("verbatim string without a format".into()));
             }
-            Reply::Verbatim(String::from_utf8_lossy(&b[..3]).to_string(), b[4..].to_vec())
+            Reply::Verbatim(
+                String::from_utf8_lossy(&b[..3]).to_string(),
+                b[4..].to_vec(),
+            )
         }
         "~" => Reply::Set(read_many(r, rest)?.unwrap_or_default()),
         ">" => Reply::Push(read_many(r, rest)?.unwrap_or_default()),
         "%" => {
-            let n: usize = rest.parse().map_err(|_| bad(format!("bad map size {rest:?}")))?;
+            let n: usize = rest
+                .parse()
+                .map_err(|_| bad(format!("bad map size {rest:?}")))?;
             let mut m = Vec::with_capacity(n);
             for _ in 0..n {
                 let k = read_value(r)?;
@@ -774,7 +850,9 @@ fn read_value(r: &mut impl BufRead) -> io::Result<Reply> {
         }
         "|" => {
             // Attributes annotate the reply that follows; skip them.
-            let n: usize = rest.parse().map_err(|_| bad(format!("bad attribute size {rest:?}")))?;
+            let n: usize = rest
+                .parse()
+                .map_err(|_| bad(format!("bad attribute size {rest:?}")))?;
             for _ in 0..2 * n {
                 read_value(r)?;
             }

@@ -317,6 +317,16 @@ fn siphash_double_cost(stream: &[u64]) -> f64 {
 }
 
 fn main() {
+    if std::env::args().any(|a| a == "floor") {
+        // For `perf stat`: instructions and cycles per observe of one cached key.
+        let det = Detector::new(DetectorConfig::default());
+        let mut buf = [0u8; 20];
+        let key = encode(key_id(1, 5), &mut buf).to_vec();
+        for _ in 0..200_000_000 {
+            det.observe(black_box(&key), Kind::Read);
+        }
+        return;
+    }
     let only_cost = std::env::args().any(|a| a == "cost");
     if !only_cost {
         report_detection();
@@ -391,6 +401,10 @@ fn report_cost() {
     println!("| Zipf(0.99), 1M keys | {:.1} |", cost(&det, &s99));
     println!("| Zipf(1.2), 10M keys | {:.1} |", cost(&det, &s12));
     println!("| uniform, 10M keys | {:.1} |", cost(&det, &uni));
+    let one = vec![key_id(1, 5); n];
+    println!("| one key every time (all in L1: the compute floor) | {:.1} |", cost(&det, &one));
+    let small = ids(n, || key_id(rng.below(1000) + 1, 6));
+    println!("| uniform, 1000 keys (sketch cells cached) | {:.1} |", cost(&det, &small));
     let two: Vec<f64> = std::thread::scope(|s| {
         let hs: Vec<_> = [&s99, &s12].map(|st| {
             let det = det.clone();
