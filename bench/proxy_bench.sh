@@ -171,7 +171,7 @@ meta=(
     ""
     "Command: \`$argv_text\`, which runs for each target and pipeline:"
     "\`$bench_cmd\`"
-    "(saltshaker with \`--threads $threads\`; nutcracker is single-threaded; $(redis-server --version | awk '{print $3}' | sed 's/v=/redis /'), $(nutcracker --version 2>&1 | head -1 | sed 's/This is //'))."
+    "(saltshaker with \`--threads $threads\`; nutcracker is single-threaded; $(redis-server --version | awk '{print $3}' | sed 's/v=/redis /'), $(nutcracker --version 2>&1 | sed -n 's/^This is //p'))."
     "Each cell is the median over rounds."
 )
 if [ "$write_readme" -eq 1 ]; then

@@ -69,4 +69,4 @@ if ! command -v cargo >/dev/null 2>&1; then
     echo "install-deps: cargo not found; install a Rust toolchain (rust-version in Cargo.toml)" >&2
     exit 1
 fi
-echo "install-deps: ok ($(redis-server --version | awk '{print $3}'), $(nutcracker --version 2>&1 | head -1))"
+echo "install-deps: ok ($(redis-server --version | awk '{print $3}'), $(nutcracker --version 2>&1 | sed -n 1p))"

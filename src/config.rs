@@ -25,6 +25,9 @@ pub struct Config {
     pub auth: AuthConfig,
     /// Path of the hot-key rules file, if any.
     pub rules: Option<PathBuf>,
+    /// Unix socket where this process waits to hand its listening sockets to a successor
+    /// started with `--upgrade` (zero-downtime upgrade). None = upgrades disabled.
+    pub upgrade_socket: Option<PathBuf>,
 }
 
 impl Default for Config {
@@ -37,6 +40,7 @@ impl Default for Config {
             limits: LimitsConfig::default(),
             auth: AuthConfig::default(),
             rules: None,
+            upgrade_socket: None,
         }
     }
 }
@@ -136,7 +140,11 @@ impl fmt::Display for ConfigError {
             self.file,
             self.line,
             self.column,
-            if self.field.is_empty() { "(document)" } else { &self.field },
+            if self.field.is_empty() {
+                "(document)"
+            } else {
+                &self.field
+            },
             self.message
         )
     }
@@ -163,7 +171,13 @@ impl Config {
         let cfg: Config = parse_yaml(text, file)?;
         cfg.validate().map_err(|(field, message)| {
             let (line, column) = locate_field(text, &field);
-            ConfigError { file: file.into(), line, column, field, message }
+            ConfigError {
+                file: file.into(),
+                line,
+                column,
+                field,
+                message,
+            }
         })?;
         Ok(cfg)
     }
@@ -174,7 +188,10 @@ impl Config {
         check_addr("admin", &self.admin)?;
         let b = &self.backend;
         if b.nodes.is_empty() {
-            return Err(("backend.nodes".into(), "at least one node is required".into()));
+            return Err((
+                "backend.nodes".into(),
+                "at least one node is required".into(),
+            ));
         }
         for (i, n) in b.nodes.iter().enumerate() {
             crate::backend::placement::parse_server(n)
@@ -182,19 +199,33 @@ impl Config {
         }
         b.hash
             .parse::<crate::backend::placement::HashFn>()
-            .map_err(|_| ("backend.hash".to_string(), format!("unknown hash function {:?}", b.hash)))?;
+            .map_err(|_| {
+                (
+                    "backend.hash".to_string(),
+                    format!("unknown hash function {:?}", b.hash),
+                )
+            })?;
         b.distribution
             .parse::<crate::backend::placement::Distribution>()
             .map_err(|_| {
-                ("backend.distribution".to_string(), format!("unknown distribution {:?}", b.distribution))
+                (
+                    "backend.distribution".to_string(),
+                    format!("unknown distribution {:?}", b.distribution),
+                )
             })?;
         if let Some(t) = &b.hash_tag {
             if t.len() != 2 {
-                return Err(("backend.hash_tag".into(), "must be exactly two characters, like \"{}\"".into()));
+                return Err((
+                    "backend.hash_tag".into(),
+                    "must be exactly two characters, like \"{}\"".into(),
+                ));
             }
         }
         if b.connections_per_node == 0 || b.connections_per_node > 64 {
-            return Err(("backend.connections_per_node".into(), "must be between 1 and 64".into()));
+            return Err((
+                "backend.connections_per_node".into(),
+                "must be between 1 and 64".into(),
+            ));
         }
         if b.reconnect_min_ms == 0 || b.reconnect_max_ms < b.reconnect_min_ms {
             return Err((
@@ -204,16 +235,25 @@ impl Config {
         }
         let l = &self.limits;
         if l.max_bulk_bytes < 1024 {
-            return Err(("limits.max_bulk_bytes".into(), "must be at least 1024".into()));
+            return Err((
+                "limits.max_bulk_bytes".into(),
+                "must be at least 1024".into(),
+            ));
         }
         if l.max_args == 0 {
             return Err(("limits.max_args".into(), "must be at least 1".into()));
         }
         if l.max_inline_bytes < 64 {
-            return Err(("limits.max_inline_bytes".into(), "must be at least 64".into()));
+            return Err((
+                "limits.max_inline_bytes".into(),
+                "must be at least 64".into(),
+            ));
         }
         if l.max_pending_bytes < l.max_inline_bytes {
-            return Err(("limits.max_pending_bytes".into(), "must be at least max_inline_bytes".into()));
+            return Err((
+                "limits.max_pending_bytes".into(),
+                "must be at least max_inline_bytes".into(),
+            ));
         }
         if l.max_clients == 0 {
             return Err(("limits.max_clients".into(), "must be at least 1".into()));
@@ -231,13 +271,19 @@ impl Config {
 }
 
 fn check_addr(field: &str, v: &str) -> Result<(), (String, String)> {
-    v.parse::<SocketAddr>()
-        .map(|_| ())
-        .map_err(|_| (field.to_string(), format!("{v:?} is not HOST:PORT with a numeric IP and port")))
+    v.parse::<SocketAddr>().map(|_| ()).map_err(|_| {
+        (
+            field.to_string(),
+            format!("{v:?} is not HOST:PORT with a numeric IP and port"),
+        )
+    })
 }
 
 /// Deserializes YAML into `T`, turning the first error into a located `ConfigError`.
-pub fn parse_yaml<T: serde::de::DeserializeOwned>(text: &str, file: &str) -> Result<T, ConfigError> {
+pub fn parse_yaml<T: serde::de::DeserializeOwned>(
+    text: &str,
+    file: &str,
+) -> Result<T, ConfigError> {
     let de = serde_yaml_ng::Deserializer::from_str(text);
     serde_path_to_error::deserialize::<_, T>(de).map_err(|e| {
         let field = e.path().to_string();
@@ -270,7 +316,10 @@ fn strip_location(msg: &str) -> String {
 fn locate_field(text: &str, field: &str) -> (usize, usize) {
     let last = field.rsplit('.').next().unwrap_or(field);
     let name = last.split('[').next().unwrap_or(last);
-    let index: Option<usize> = last.split('[').nth(1).and_then(|i| i.trim_end_matches(']').parse().ok());
+    let index: Option<usize> = last
+        .split('[')
+        .nth(1)
+        .and_then(|i| i.trim_end_matches(']').parse().ok());
     if name.is_empty() {
         return (1, 1);
     }
@@ -278,9 +327,15 @@ fn locate_field(text: &str, field: &str) -> (usize, usize) {
     for (i, line) in lines.iter().enumerate() {
         let trimmed = line.trim_start();
         let indent = line.len() - trimmed.len();
-        let Some(rest) = trimmed.strip_prefix(name) else { continue };
-        let Some(value) = rest.trim_start().strip_prefix(':') else { continue };
-        let Some(idx) = index else { return (i + 1, indent + 1) };
+        let Some(rest) = trimmed.strip_prefix(name) else {
+            continue;
+        };
+        let Some(value) = rest.trim_start().strip_prefix(':') else {
+            continue;
+        };
+        let Some(idx) = index else {
+            return (i + 1, indent + 1);
+        };
         if value.trim().is_empty() {
             // Block sequence: the idx-th "- " line below, deeper than the key.
             let items = lines[i + 1..].iter().enumerate().filter(|(_, l)| {
@@ -315,7 +370,8 @@ fn nth_flow_item(line: &str, idx: usize) -> Option<usize> {
 mod tests {
     use super::*;
 
-    const GOOD: &str = "listen: 127.0.0.1:7000\nbackend:\n  nodes: [\"127.0.0.1:7001:1\", \"127.0.0.1:7002\"]\n";
+    const GOOD: &str =
+        "listen: 127.0.0.1:7000\nbackend:\n  nodes: [\"127.0.0.1:7001:1\", \"127.0.0.1:7002\"]\n";
 
     #[test]
     fn good_file_parses_with_defaults() {
@@ -328,7 +384,8 @@ mod tests {
 
     #[test]
     fn unknown_field_names_file_line_and_field() {
-        let text = "listen: 127.0.0.1:7000\nbackend:\n  nodes: [\"127.0.0.1:7001\"]\n  hashh: md5\n";
+        let text =
+            "listen: 127.0.0.1:7000\nbackend:\n  nodes: [\"127.0.0.1:7001\"]\n  hashh: md5\n";
         let e = Config::parse(text, "s.yaml").unwrap_err();
         assert_eq!(e.file, "s.yaml");
         assert_eq!(e.line, 4, "{e}");
@@ -355,7 +412,11 @@ mod tests {
     fn bad_element_of_a_block_list_points_at_its_line() {
         let text = "backend:\n  nodes:\n    - \"127.0.0.1:7001\"\n    - \"127.0.0.1:70000\"\n";
         let e = Config::parse(text, "s.yaml").unwrap_err();
-        assert_eq!((e.line, e.column, e.field.as_str()), (4, 5, "backend.nodes[1]"), "{e}");
+        assert_eq!(
+            (e.line, e.column, e.field.as_str()),
+            (4, 5, "backend.nodes[1]"),
+            "{e}"
+        );
         let text = "backend:\n  nodes: [\"127.0.0.1:7001\", \"127.0.0.1:99999\"]\n";
         let e = Config::parse(text, "s.yaml").unwrap_err();
         assert_eq!((e.line, e.column), (2, 29), "{e}");

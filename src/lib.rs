@@ -13,6 +13,7 @@
 //! | `admin`    | HTTP: /metrics /healthz /readyz /hotkeys                              |
 //! | `config`   | startup settings, units in names, strict validation                   |
 //! | `metrics`  | every Prometheus series the proxy exports                             |
+//! | `upgrade`  | zero-downtime upgrade: listening sockets handed to the new process    |
 //!
 //! Imports flow one way: `proxy -> resp, command, hotkey, backend, metrics`;
 //! leaves (`resp`, `command`, `hotkey`, `config`, `metrics`) import nothing of the crate
@@ -26,6 +27,7 @@ pub mod hotkey;
 pub mod metrics;
 pub mod proxy;
 pub mod resp;
+pub mod upgrade;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -35,8 +37,14 @@ use tokio::sync::watch;
 /// How long open client connections get to finish on shutdown.
 pub const DRAIN_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// Runs the proxy with a validated config until `shutdown` turns true, then drains.
-pub async fn run(cfg: config::Config, shutdown: watch::Receiver<bool>) -> Result<(), String> {
+/// Runs the proxy with a validated config until `shutdown` turns true (a signal, or a
+/// successor that took over the listening sockets), then drains. With `upgrade`, the
+/// listening sockets are taken from the process waiting at `cfg.upgrade_socket`.
+pub async fn run(
+    cfg: config::Config,
+    shutdown: watch::Sender<bool>,
+    upgrade: bool,
+) -> Result<(), String> {
     let mut registry = prometheus_client::registry::Registry::default();
     let metrics = metrics::Metrics::new(&mut registry);
     let limits = resp::Limits {
@@ -44,14 +52,10 @@ pub async fn run(cfg: config::Config, shutdown: watch::Receiver<bool>) -> Result
         max_args: cfg.limits.max_args,
         max_inline_len: cfg.limits.max_inline_bytes,
     };
+    let (listener, admin_listener, successor) = listeners(&cfg, upgrade).await?;
     // Replies may carry any value a node stores; cap them at Redis's own bulk limit.
     let backend = backend::Backend::new(&cfg.backend, 512 * 1024 * 1024, &metrics)?;
     let detector = hotkey::Detector::new(hotkey::DetectorConfig::default());
-    let listener = tokio::net::TcpListener::bind(cfg.listen_addr())
-        .await
-        .map_err(|e| format!("cannot listen on {}: {e}", cfg.listen))?;
-    let admin_listener =
-        admin::bind(cfg.admin_addr()).await.map_err(|e| format!("cannot listen on {} (admin): {e}", cfg.admin))?;
     let ctx = Arc::new(proxy::Ctx::new(
         backend,
         metrics.clone(),
@@ -60,7 +64,7 @@ pub async fn run(cfg: config::Config, shutdown: watch::Receiver<bool>) -> Result
         cfg.limits.max_pending_bytes,
         cfg.limits.max_clients,
         cfg.auth.password.clone(),
-        shutdown.clone(),
+        shutdown.subscribe(),
     ));
     let ready_ctx = ctx.clone();
     let state = Arc::new(admin::AdminState {
@@ -69,9 +73,73 @@ pub async fn run(cfg: config::Config, shutdown: watch::Receiver<bool>) -> Result
         detector,
         ready: Box::new(move || ready_ctx.backend.nodes().iter().any(|n| n.is_up())),
     });
-    tokio::spawn(admin::serve(admin_listener, state, shutdown.clone()));
+    if let Some(path) = &cfg.upgrade_socket {
+        use std::os::fd::AsRawFd;
+        let fds = [listener.as_raw_fd(), admin_listener.as_raw_fd()];
+        let (path, tx) = (path.clone(), shutdown.clone());
+        // A plain thread: it blocks in accept() until a successor comes, and must not keep
+        // the runtime from shutting down.
+        std::thread::spawn(move || match upgrade::hand_over(&path, &fds) {
+            Ok(()) => {
+                tracing::info!("upgrade: successor is serving; draining and exiting");
+                let _ = tx.send(true);
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, path = %path.display(), "upgrade socket unavailable")
+            }
+        });
+    }
+    tokio::spawn(admin::serve(admin_listener, state, shutdown.subscribe()));
+    if let Some(s) = successor {
+        tokio::task::spawn_blocking(move || s.confirm())
+            .await
+            .map_err(|e| e.to_string())?
+            .map_err(|e| format!("upgrade: could not confirm to the old process: {e}"))?;
+        tracing::info!("upgrade: took over the listening sockets");
+    }
     tracing::info!(listen = %cfg.listen, admin = %cfg.admin, nodes = cfg.backend.nodes.len(), "saltshaker serving");
     proxy::serve(listener, ctx, DRAIN_TIMEOUT).await;
     tracing::info!("saltshaker stopped");
     Ok(())
+}
+
+type Listeners = (
+    tokio::net::TcpListener,
+    tokio::net::TcpListener,
+    Option<upgrade::Successor>,
+);
+
+/// Binds the listeners, or takes them over from the running process.
+async fn listeners(cfg: &config::Config, upgrade: bool) -> Result<Listeners, String> {
+    if upgrade {
+        let path = cfg
+            .upgrade_socket
+            .clone()
+            .ok_or("--upgrade needs --upgrade-socket PATH")?;
+        let (fds, succ) = tokio::task::spawn_blocking(move || upgrade::receive(&path, 2))
+            .await
+            .map_err(|e| e.to_string())?
+            .map_err(|e| format!("upgrade: {e}"))?;
+        let mut it = fds.into_iter().map(|fd| {
+            let l = std::net::TcpListener::from(fd);
+            l.set_nonblocking(true)?;
+            tokio::net::TcpListener::from_std(l)
+        });
+        let client = it
+            .next()
+            .ok_or("upgrade: no client socket")?
+            .map_err(|e| e.to_string())?;
+        let admin = it
+            .next()
+            .ok_or("upgrade: no admin socket")?
+            .map_err(|e| e.to_string())?;
+        return Ok((client, admin, Some(succ)));
+    }
+    let client = tokio::net::TcpListener::bind(cfg.listen_addr())
+        .await
+        .map_err(|e| format!("cannot listen on {}: {e}", cfg.listen))?;
+    let admin = admin::bind(cfg.admin_addr())
+        .await
+        .map_err(|e| format!("cannot listen on {} (admin): {e}", cfg.admin))?;
+    Ok((client, admin, None))
 }

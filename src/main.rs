@@ -7,7 +7,11 @@ use clap::{Parser, Subcommand};
 use saltshaker::config::Config;
 
 #[derive(Parser, Debug)]
-#[command(name = "saltshaker", version, about = "A Redis proxy that finds hot keys and takes the pressure off them")]
+#[command(
+    name = "saltshaker",
+    version,
+    about = "A Redis proxy that finds hot keys and takes the pressure off them"
+)]
 struct Cli {
     #[command(subcommand)]
     cmd: Option<Cmd>,
@@ -41,6 +45,12 @@ struct Cli {
     /// Worker threads (0 = one per core).
     #[arg(long)]
     threads: Option<usize>,
+    /// Unix socket for zero-downtime upgrades (this process hands over its sockets there).
+    #[arg(long)]
+    upgrade_socket: Option<PathBuf>,
+    /// Take the listening sockets over from the process waiting at --upgrade-socket.
+    #[arg(long)]
+    upgrade: bool,
     /// Log filter, e.g. info or saltshaker=debug.
     #[arg(long, default_value = "info")]
     log_level: String,
@@ -81,22 +91,34 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    let threads = if cfg.threads == 0 { std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1) } else { cfg.threads };
-    let rt = match tokio::runtime::Builder::new_multi_thread().worker_threads(threads).enable_all().build() {
+    let threads = if cfg.threads == 0 {
+        std::thread::available_parallelism()
+            .map(|n| n.get())
+            .unwrap_or(1)
+    } else {
+        cfg.threads
+    };
+    let rt = match tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(threads)
+        .enable_all()
+        .build()
+    {
         Ok(rt) => rt,
         Err(e) => {
             eprintln!("saltshaker: cannot start runtime: {e}");
             return ExitCode::FAILURE;
         }
     };
+    let upgrade = cli.upgrade;
     let res = rt.block_on(async move {
-        let (tx, rx) = tokio::sync::watch::channel(false);
+        let (tx, _) = tokio::sync::watch::channel(false);
+        let signal_tx = tx.clone();
         tokio::spawn(async move {
             wait_for_signal().await;
             tracing::info!("shutdown requested: draining client connections");
-            let _ = tx.send(true);
+            let _ = signal_tx.send(true);
         });
-        saltshaker::run(cfg, rx).await
+        saltshaker::run(cfg, tx, upgrade).await
     });
     match res {
         Ok(()) => ExitCode::SUCCESS,
@@ -120,7 +142,11 @@ fn load(cli: &Cli) -> Result<Config, String> {
         cfg.admin = v.clone();
     }
     if let Some(v) = &cli.nodes {
-        cfg.backend.nodes = v.split(',').map(|s| s.trim().to_string()).filter(|s| !s.is_empty()).collect();
+        cfg.backend.nodes = v
+            .split(',')
+            .map(|s| s.trim().to_string())
+            .filter(|s| !s.is_empty())
+            .collect();
     }
     if let Some(v) = &cli.rules {
         cfg.rules = Some(v.clone());
@@ -137,10 +163,14 @@ fn load(cli: &Cli) -> Result<Config, String> {
     if let Some(v) = &cli.password {
         cfg.auth.password = Some(v.clone());
     }
+    if let Some(v) = &cli.upgrade_socket {
+        cfg.upgrade_socket = Some(v.clone());
+    }
     if let Some(v) = cli.threads {
         cfg.threads = v;
     }
-    cfg.validate().map_err(|(field, msg)| format!("{field}: {msg}"))?;
+    cfg.validate()
+        .map_err(|(field, msg)| format!("{field}: {msg}"))?;
     Ok(cfg)
 }
 

@@ -77,7 +77,11 @@ impl Metrics {
     /// Creates every series and registers it in `registry` under the `saltshaker_` prefix.
     pub fn new(registry: &mut Registry) -> Metrics {
         let requests_family = Family::<ClassLabel, Counter>::default();
-        let requests = [0, 1, 2].map(|i| requests_family.get_or_create(&ClassLabel { class: CLASSES[i] }).clone());
+        let requests = [0, 1, 2].map(|i| {
+            requests_family
+                .get_or_create(&ClassLabel { class: CLASSES[i] })
+                .clone()
+        });
         let m = Metrics {
             requests,
             request_seconds: Arc::new(RoundHistogram::new()),
@@ -93,25 +97,61 @@ impl Metrics {
             hot_key_rate: Family::default(),
         };
         let r = registry.sub_registry_with_prefix("saltshaker");
-        r.register("requests", "Client commands handled, by command class", requests_family);
+        r.register(
+            "requests",
+            "Client commands handled, by command class",
+            requests_family,
+        );
         r.register(
             "request_duration_seconds",
             "Time from reading a command to having its reply ready",
             ArcMetric(m.request_seconds.clone()),
         );
-        r.register("client_connections", "Open client connections", m.client_connections.clone());
-        r.register("client_connections_accepted", "Client connections accepted", m.client_connections_total.clone());
-        r.register("client_connections_rejected", "Client connections refused at max_clients", m.client_rejected.clone());
-        r.register("protocol_errors", "Client connections closed for malformed RESP", m.protocol_errors.clone());
-        r.register("backend_requests", "Commands sent to each backend node", m.backend_requests.clone());
+        r.register(
+            "client_connections",
+            "Open client connections",
+            m.client_connections.clone(),
+        );
+        r.register(
+            "client_connections_accepted",
+            "Client connections accepted",
+            m.client_connections_total.clone(),
+        );
+        r.register(
+            "client_connections_rejected",
+            "Client connections refused at max_clients",
+            m.client_rejected.clone(),
+        );
+        r.register(
+            "protocol_errors",
+            "Client connections closed for malformed RESP",
+            m.protocol_errors.clone(),
+        );
+        r.register(
+            "backend_requests",
+            "Commands sent to each backend node",
+            m.backend_requests.clone(),
+        );
         r.register(
             "backend_errors",
             "Backend failures by node and kind (connect, io, timeout, down, protocol)",
             m.backend_errors.clone(),
         );
-        r.register("backend_connections", "Open shared connections per backend node", m.backend_connections.clone());
-        r.register("backend_up", "1 when the node's shared connection is established", m.backend_up.clone());
-        r.register("hot_keys", "Keys currently hot, by kind (read, write)", m.hot_keys.clone());
+        r.register(
+            "backend_connections",
+            "Open shared connections per backend node",
+            m.backend_connections.clone(),
+        );
+        r.register(
+            "backend_up",
+            "1 when the node's shared connection is established",
+            m.backend_up.clone(),
+        );
+        r.register(
+            "hot_keys",
+            "Keys currently hot, by kind (read, write)",
+            m.hot_keys.clone(),
+        );
         r.register(
             "hot_key_rate",
             "Per-second rate of each currently hot key (capped set; removed when the key cools)",
@@ -147,10 +187,14 @@ impl RoundHistogram {
     }
 
     pub fn observe(&self, seconds: f64, n: u64) {
-        let i = BOUNDS.iter().position(|b| seconds <= *b).unwrap_or(BOUNDS.len());
+        let i = BOUNDS
+            .iter()
+            .position(|b| seconds <= *b)
+            .unwrap_or(BOUNDS.len());
         self.buckets[i].fetch_add(n, Ordering::Relaxed);
         self.count.fetch_add(n, Ordering::Relaxed);
-        self.sum_nanos.fetch_add((seconds * 1e9) as u64 * n, Ordering::Relaxed);
+        self.sum_nanos
+            .fetch_add((seconds * 1e9) as u64 * n, Ordering::Relaxed);
     }
 }
 
@@ -193,8 +237,14 @@ mod tests {
         m.count(Class::Read, 16);
         let mut out = String::new();
         prometheus_client::encoding::text::encode(&mut out, &reg).unwrap();
-        assert!(out.contains("saltshaker_request_duration_seconds_count 16"), "{out}");
-        assert!(out.contains("saltshaker_requests_total{class=\"read\"} 16"), "{out}");
+        assert!(
+            out.contains("saltshaker_request_duration_seconds_count 16"),
+            "{out}"
+        );
+        assert!(
+            out.contains("saltshaker_requests_total{class=\"read\"} 16"),
+            "{out}"
+        );
         assert!(out.contains("le=\"0.0005\"} 16"), "{out}");
     }
 }

@@ -548,8 +548,9 @@ fn dechunk(mut body: &[u8]) -> Result<Vec<u8>, String> {
 /// Draws one frame: header (address, time, commands/s, per-node rates and imbalance), a
 /// status line, then the hot-key table. At most `height` lines of at most `width` characters.
 pub fn render(view: &View, width: usize, height: usize) -> String {
-    let (status, detail) = status_lines(view);
-    let mut lines = vec![header_line(view), nodes_line(view), status, detail];
+    let mut lines = vec![header_line(view), nodes_line(view)];
+    lines.extend(status_lines(view));
+    lines.push(String::new());
     match &view.snapshot {
         None if view.error.is_some() => lines.push("waiting for the admin port...".into()),
         None => lines.push("waiting for the first sample...".into()),
@@ -633,30 +634,32 @@ fn nodes_line(view: &View) -> String {
     format!("backend cmd/s max/mean {imbalance}  {}", nodes.join("  "))
 }
 
-/// The status line and the one under it, which is blank unless there is an error to explain.
-fn status_lines(view: &View) -> (String, String) {
+/// One line of counts, or two on error: what failed, and what is on screen meanwhile.
+fn status_lines(view: &View) -> Vec<String> {
     let every = format!("{:.1}s", view.interval_ms as f64 / 1000.0);
-    match (&view.error, view.updated_unix_ms) {
-        (Some(e), Some(t)) => (
+    if let Some(e) = &view.error {
+        // The header already names the address; narrow screens need the cause.
+        let e = e.strip_prefix(&format!("{}: ", view.admin)).unwrap_or(e);
+        let shown = match view.updated_unix_ms {
+            Some(t) => format!("; showing data from {}", clock(t)),
+            None => String::new(),
+        };
+        return vec![
             format!("error: {e}"),
-            format!("retrying every {every}; showing data from {}", clock(t)),
-        ),
-        (Some(e), None) => (format!("error: {e}"), format!("retrying every {every}")),
-        (None, _) => {
-            let keys = view
-                .snapshot
-                .as_ref()
-                .map(|s| s.keys.as_slice())
-                .unwrap_or(&[]);
-            let hot = keys.iter().filter(|k| k.state == "hot").count();
-            let window = view.snapshot.as_ref().map(|s| s.window_ms).unwrap_or(0);
-            let status = format!(
-                "{hot} hot, {} cooling  window {window} ms  refresh {every}",
-                keys.len() - hot
-            );
-            (status, String::new())
-        }
+            format!("retrying every {every}{shown}"),
+        ];
     }
+    let keys = view
+        .snapshot
+        .as_ref()
+        .map(|s| s.keys.as_slice())
+        .unwrap_or(&[]);
+    let hot = keys.iter().filter(|k| k.state == "hot").count();
+    let window = view.snapshot.as_ref().map(|s| s.window_ms).unwrap_or(0);
+    vec![format!(
+        "{hot} hot, {} cooling  window {window} ms  refresh {every}",
+        keys.len() - hot
+    )]
 }
 
 /// Which columns fit and how wide KEY and TREND are. Narrow terminals drop TREND, then
@@ -1069,10 +1072,10 @@ mod tests {
         let frame = render(&view, 80, 24);
         assert!(frame.contains("no hot keys"), "{frame}");
         assert!(!frame.contains("KEY"));
-        view.error = Some("127.0.0.1:9: Connection refused (os error 111)".into());
+        view.error = Some("127.0.0.1:9901: Connection refused (os error 111)".into());
         let frame = render(&view, 80, 24);
         assert!(
-            frame.contains("error: 127.0.0.1:9: Connection refused"),
+            frame.contains("\nerror: Connection refused (os error 111)\n"),
             "{frame}"
         );
         assert!(frame.contains("showing data from 12:34:56 UTC"), "{frame}");

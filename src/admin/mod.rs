@@ -30,7 +30,11 @@ pub struct AdminState {
 }
 
 /// Serves admin requests until shutdown.
-pub async fn serve(listener: TcpListener, state: Arc<AdminState>, mut shutdown: watch::Receiver<bool>) {
+pub async fn serve(
+    listener: TcpListener,
+    state: Arc<AdminState>,
+    mut shutdown: watch::Receiver<bool>,
+) {
     loop {
         let (stream, _) = tokio::select! {
             _ = shutdown.wait_for(|v| *v) => return,
@@ -45,7 +49,9 @@ pub async fn serve(listener: TcpListener, state: Arc<AdminState>, mut shutdown: 
                 let state = state.clone();
                 async move { Ok::<_, Infallible>(route(&state, req)) }
             });
-            let _ = hyper::server::conn::http1::Builder::new().serve_connection(TokioIo::new(stream), svc).await;
+            let _ = hyper::server::conn::http1::Builder::new()
+                .serve_connection(TokioIo::new(stream), svc)
+                .await;
         });
     }
 }
@@ -60,8 +66,16 @@ fn route(state: &AdminState, req: Request<Incoming>) -> Response<Full<Bytes>> {
             refresh_hot_series(state, &state.detector.snapshot());
             let mut out = String::new();
             match prometheus_client::encoding::text::encode(&mut out, &state.registry) {
-                Ok(()) => text(StatusCode::OK, "application/openmetrics-text; version=1.0.0; charset=utf-8", out),
-                Err(_) => text(StatusCode::INTERNAL_SERVER_ERROR, "text/plain", "encoding failed\n".into()),
+                Ok(()) => text(
+                    StatusCode::OK,
+                    "application/openmetrics-text; version=1.0.0; charset=utf-8",
+                    out,
+                ),
+                Err(_) => text(
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    "text/plain",
+                    "encoding failed\n".into(),
+                ),
             }
         }
         "/healthz" => text(StatusCode::OK, "text/plain", "ok\n".into()),
@@ -69,11 +83,23 @@ fn route(state: &AdminState, req: Request<Incoming>) -> Response<Full<Bytes>> {
             if (state.ready)() {
                 text(StatusCode::OK, "text/plain", "ready\n".into())
             } else {
-                text(StatusCode::SERVICE_UNAVAILABLE, "text/plain", "no backend node is reachable\n".into())
+                text(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "text/plain",
+                    "no backend node is reachable\n".into(),
+                )
             }
         }
-        "/hotkeys" => text(StatusCode::OK, "application/json", hotkeys_json(&state.detector.snapshot())),
-        _ => text(StatusCode::NOT_FOUND, "text/plain", "not found: try /metrics /hotkeys /healthz /readyz\n".into()),
+        "/hotkeys" => text(
+            StatusCode::OK,
+            "application/json",
+            hotkeys_json(&state.detector.snapshot()),
+        ),
+        _ => text(
+            StatusCode::NOT_FOUND,
+            "text/plain",
+            "not found: try /metrics /hotkeys /healthz /readyz\n".into(),
+        ),
     }
 }
 
@@ -98,15 +124,26 @@ fn refresh_hot_series(state: &AdminState, snap: &HotSnapshot) {
             writes += 1;
         }
     }
-    m.hot_keys.get_or_create(&HotKindLabel { kind: "read" }).set(reads);
-    m.hot_keys.get_or_create(&HotKindLabel { kind: "write" }).set(writes);
+    m.hot_keys
+        .get_or_create(&HotKindLabel { kind: "read" })
+        .set(reads);
+    m.hot_keys
+        .get_or_create(&HotKindLabel { kind: "write" })
+        .set(writes);
     for k in snap.keys.iter().take(MAX_KEY_SERIES) {
         let key = String::from_utf8_lossy(&k.key).into_owned();
         if k.reads_per_sec > 0.0 {
-            m.hot_key_rate.get_or_create(&HotKeyLabel { key: key.clone(), kind: "read" }).set(k.reads_per_sec);
+            m.hot_key_rate
+                .get_or_create(&HotKeyLabel {
+                    key: key.clone(),
+                    kind: "read",
+                })
+                .set(k.reads_per_sec);
         }
         if k.writes_per_sec > 0.0 {
-            m.hot_key_rate.get_or_create(&HotKeyLabel { key, kind: "write" }).set(k.writes_per_sec);
+            m.hot_key_rate
+                .get_or_create(&HotKeyLabel { key, kind: "write" })
+                .set(k.writes_per_sec);
         }
     }
 }

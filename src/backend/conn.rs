@@ -91,7 +91,12 @@ impl ConnHandle {
     }
 }
 
-async fn supervise(hs: Arc<Handshake>, mut rx: mpsc::Receiver<Job>, up: Arc<AtomicBool>, m: NodeMetrics) {
+async fn supervise(
+    hs: Arc<Handshake>,
+    mut rx: mpsc::Receiver<Job>,
+    up: Arc<AtomicBool>,
+    m: NodeMetrics,
+) {
     let min = Duration::from_millis(hs.reconnect_min_ms);
     let max = Duration::from_millis(hs.reconnect_max_ms);
     let mut backoff = min;
@@ -201,15 +206,20 @@ async fn write_jobs(
             return Err(BackendError::Io("connection reader stopped".into()));
         }
     }
-    write_all_vectored(w, &mut bufs).await.map_err(|e| BackendError::Io(e.to_string()))
+    write_all_vectored(w, &mut bufs)
+        .await
+        .map_err(|e| BackendError::Io(e.to_string()))
 }
 
 async fn write_all_vectored(w: &mut OwnedWriteHalf, bufs: &mut [Bytes]) -> std::io::Result<()> {
     let mut first = 0;
     while first < bufs.len() {
         let mut n = {
-            let slices: SmallVec<[IoSlice<'_>; 64]> =
-                bufs[first..].iter().take(64).map(|b| IoSlice::new(b)).collect();
+            let slices: SmallVec<[IoSlice<'_>; 64]> = bufs[first..]
+                .iter()
+                .take(64)
+                .map(|b| IoSlice::new(b))
+                .collect();
             w.write_vectored(&slices).await?
         };
         if n == 0 {
@@ -252,7 +262,9 @@ async fn read_loop(
             if buf[pos] == b'>' {
                 // Shared connections never subscribe or track, so a push means the
                 // stream is not what we think it is: reconnect rather than misattribute.
-                return BackendError::Protocol("unexpected push message on a shared connection".into());
+                return BackendError::Protocol(
+                    "unexpected push message on a shared connection".into(),
+                );
             }
             if cur.is_none() {
                 match inflight.try_recv() {
@@ -266,7 +278,10 @@ async fn read_loop(
             if ends.len() == *count as usize {
                 let (_, tx) = cur.take().expect("set above");
                 let data = buf.split_to(pos).freeze();
-                let _ = tx.send(Ok(Replies { buf: data, ends: std::mem::take(&mut ends) }));
+                let _ = tx.send(Ok(Replies {
+                    buf: data,
+                    ends: std::mem::take(&mut ends),
+                }));
                 pos = 0;
             }
         }
@@ -296,13 +311,20 @@ impl Dedicated {
     }
 
     pub fn from_stream(stream: TcpStream, max_reply_bulk: usize) -> Dedicated {
-        Dedicated { stream, buf: BytesMut::with_capacity(16 * 1024), framer: ReplyFramer::new(max_reply_bulk) }
+        Dedicated {
+            stream,
+            buf: BytesMut::with_capacity(16 * 1024),
+            framer: ReplyFramer::new(max_reply_bulk),
+        }
     }
 
     /// Sends `data` (holding `count` commands) and returns their replies.
     pub async fn call(&mut self, data: &[Bytes], count: usize) -> Result<Replies, BackendError> {
         for d in data {
-            self.stream.write_all(d).await.map_err(|e| BackendError::Io(e.to_string()))?;
+            self.stream
+                .write_all(d)
+                .await
+                .map_err(|e| BackendError::Io(e.to_string()))?;
         }
         let mut ends: SmallVec<[u32; 16]> = SmallVec::new();
         let mut pos = 0usize;
@@ -325,7 +347,10 @@ impl Dedicated {
                 Err(e) => return Err(BackendError::Io(e.to_string())),
             }
         }
-        Ok(Replies { buf: self.buf.split_to(pos).freeze(), ends })
+        Ok(Replies {
+            buf: self.buf.split_to(pos).freeze(),
+            ends,
+        })
     }
 
     /// The stream and any bytes already read past the last reply, for a pub/sub tunnel.

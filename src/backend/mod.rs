@@ -66,9 +66,17 @@ impl Handshake {
         let connect = TcpStream::connect(&self.addr);
         let mut s = match tokio::time::timeout(self.connect_timeout, connect).await {
             Ok(Ok(s)) => s,
-            Ok(Err(e)) => return Err(BackendError::Connect { node: self.addr.clone(), reason: e.to_string() }),
+            Ok(Err(e)) => {
+                return Err(BackendError::Connect {
+                    node: self.addr.clone(),
+                    reason: e.to_string(),
+                })
+            }
             Err(_) => {
-                return Err(BackendError::Connect { node: self.addr.clone(), reason: "connect timed out".into() })
+                return Err(BackendError::Connect {
+                    node: self.addr.clone(),
+                    reason: "connect timed out".into(),
+                })
             }
         };
         let _ = s.set_nodelay(true);
@@ -90,14 +98,19 @@ impl Handshake {
             n += 1;
         }
         if self.db != 0 {
-            encode_command(&[b"SELECT".as_slice(), self.db.to_string().as_bytes()], &mut out);
+            encode_command(
+                &[b"SELECT".as_slice(), self.db.to_string().as_bytes()],
+                &mut out,
+            );
             n += 1;
         }
         if n == 0 {
             return Ok(s);
         }
         let work = async {
-            s.write_all(&out).await.map_err(|e| BackendError::Handshake(e.to_string()))?;
+            s.write_all(&out)
+                .await
+                .map_err(|e| BackendError::Handshake(e.to_string()))?;
             let mut buf = BytesMut::with_capacity(1024);
             let mut framer = ReplyFramer::new(1 << 20);
             let mut seen = 0;
@@ -106,7 +119,9 @@ impl Handshake {
                 match framer.next_len(&buf[pos..]) {
                     Ok(Some(len)) => {
                         if buf[pos] == b'-' {
-                            let msg = String::from_utf8_lossy(&buf[pos + 1..pos + len]).trim_end().to_string();
+                            let msg = String::from_utf8_lossy(&buf[pos + 1..pos + len])
+                                .trim_end()
+                                .to_string();
                             return Err(BackendError::Handshake(format!("{}: {msg}", self.addr)));
                         }
                         pos += len;
@@ -116,8 +131,14 @@ impl Handshake {
                     Ok(None) => {}
                     Err(e) => return Err(BackendError::Protocol(e.to_string())),
                 }
-                if s.read_buf(&mut buf).await.map_err(|e| BackendError::Handshake(e.to_string()))? == 0 {
-                    return Err(BackendError::Handshake("connection closed during handshake".into()));
+                if s.read_buf(&mut buf)
+                    .await
+                    .map_err(|e| BackendError::Handshake(e.to_string()))?
+                    == 0
+                {
+                    return Err(BackendError::Handshake(
+                        "connection closed during handshake".into(),
+                    ));
                 }
             }
             Ok(())
@@ -125,7 +146,10 @@ impl Handshake {
         match tokio::time::timeout(self.connect_timeout * 2, work).await {
             Ok(Ok(())) => Ok(s),
             Ok(Err(e)) => Err(e),
-            Err(_) => Err(BackendError::Handshake(format!("{}: no answer to the handshake", self.addr))),
+            Err(_) => Err(BackendError::Handshake(format!(
+                "{}: no answer to the handshake",
+                self.addr
+            ))),
         }
     }
 }
@@ -142,7 +166,9 @@ pub struct NodeMetrics {
 
 impl NodeMetrics {
     fn new(m: &Metrics, node: &str) -> Self {
-        let l = NodeLabel { node: node.to_string() };
+        let l = NodeLabel {
+            node: node.to_string(),
+        };
         NodeMetrics {
             requests: m.backend_requests.get_or_create(&l).clone(),
             connections: m.backend_connections.get_or_create(&l).clone(),
@@ -155,7 +181,12 @@ impl NodeMetrics {
     /// Error counter by kind (connect, io, timeout, down, protocol). Errors are rare, so the
     /// label lookup is not on the fast path.
     pub fn errors(&self, kind: &'static str) -> Counter {
-        self.errors.get_or_create(&NodeErrorLabel { node: self.node.clone(), kind }).clone()
+        self.errors
+            .get_or_create(&NodeErrorLabel {
+                node: self.node.clone(),
+                kind,
+            })
+            .clone()
     }
 }
 
@@ -176,13 +207,19 @@ impl Node {
         map.entry((proto == Proto::Resp3, db))
             .or_insert_with(|| {
                 let hs = Arc::new(self.handshake(proto, db));
-                (0..self.per_node).map(|_| ConnHandle::spawn(hs.clone(), self.metrics.clone())).collect()
+                (0..self.per_node)
+                    .map(|_| ConnHandle::spawn(hs.clone(), self.metrics.clone()))
+                    .collect()
             })
             .clone()
     }
 
     pub fn handshake(&self, proto: Proto, db: u32) -> Handshake {
-        Handshake { proto, db, ..self.base.clone() }
+        Handshake {
+            proto,
+            db,
+            ..self.base.clone()
+        }
     }
 
     /// True when the node's default shared connection is established.
@@ -203,7 +240,11 @@ pub struct Backend {
 impl Backend {
     /// Builds nodes from validated config and starts their default connections. Must run
     /// inside a tokio runtime.
-    pub fn new(cfg: &BackendConfig, max_reply_bulk: usize, metrics: &Metrics) -> Result<Backend, String> {
+    pub fn new(
+        cfg: &BackendConfig,
+        max_reply_bulk: usize,
+        metrics: &Metrics,
+    ) -> Result<Backend, String> {
         let mut specs = Vec::new();
         let mut nodes = Vec::new();
         for (i, line) in cfg.nodes.iter().enumerate() {
@@ -232,9 +273,14 @@ impl Backend {
             specs.push(spec);
         }
         let placement = if nodes.len() > 1 {
-            let hash: HashFn = cfg.hash.parse().map_err(|_| format!("unknown hash {:?}", cfg.hash))?;
-            let dist: Distribution =
-                cfg.distribution.parse().map_err(|_| format!("unknown distribution {:?}", cfg.distribution))?;
+            let hash: HashFn = cfg
+                .hash
+                .parse()
+                .map_err(|_| format!("unknown hash {:?}", cfg.hash))?;
+            let dist: Distribution = cfg
+                .distribution
+                .parse()
+                .map_err(|_| format!("unknown distribution {:?}", cfg.distribution))?;
             let tag = cfg.hash_tag.as_ref().map(|t| {
                 let b = t.as_bytes();
                 [b[0], b[1]]
@@ -243,12 +289,21 @@ impl Backend {
         } else {
             None
         };
-        let request_timeout = (cfg.request_timeout_ms > 0).then(|| Duration::from_millis(cfg.request_timeout_ms));
+        let request_timeout =
+            (cfg.request_timeout_ms > 0).then(|| Duration::from_millis(cfg.request_timeout_ms));
         let databases = Arc::new(std::sync::atomic::AtomicU32::new(16));
         if nodes.len() == 1 {
-            tokio::spawn(learn_databases(nodes[0].handshake(Proto::Resp2, 0), databases.clone()));
+            tokio::spawn(learn_databases(
+                nodes[0].handshake(Proto::Resp2, 0),
+                databases.clone(),
+            ));
         }
-        Ok(Backend { nodes, placement, request_timeout, databases })
+        Ok(Backend {
+            nodes,
+            placement,
+            request_timeout,
+            databases,
+        })
     }
 
     /// The index of the node that owns `key`.
@@ -308,9 +363,14 @@ async fn learn_databases(hs: Handshake, out: Arc<std::sync::atomic::AtomicU32>) 
             let mut d = Dedicated::from_stream(stream, hs.max_reply_bulk);
             let req = [wire(&["CONFIG", "GET", "databases"])];
             if let Ok(r) = d.call(&req, 1).await {
-                if let Ok(Some((crate::resp::Value::Array(a), _))) = crate::resp::parse_value(&r.get(0)) {
+                if let Ok(Some((crate::resp::Value::Array(a), _))) =
+                    crate::resp::parse_value(&r.get(0))
+                {
                     if let Some(crate::resp::Value::Bulk(n)) = a.get(1) {
-                        if let Some(n) = std::str::from_utf8(n).ok().and_then(|n| n.parse::<u32>().ok()) {
+                        if let Some(n) = std::str::from_utf8(n)
+                            .ok()
+                            .and_then(|n| n.parse::<u32>().ok())
+                        {
                             out.store(n, std::sync::atomic::Ordering::Relaxed);
                         }
                     }

@@ -94,9 +94,7 @@ impl Aggregator {
             let msg = rx.recv_timeout(Duration::from_millis(COARSE_TICK_MS));
             let now = self.clock.refresh();
             match msg {
-                Ok(Msg::Control(Control::Shutdown)) | Err(RecvTimeoutError::Disconnected) => {
-                    return
-                }
+                Ok(Msg::Control(Control::Shutdown)) | Err(RecvTimeoutError::Disconnected) => return,
                 Ok(Msg::Control(Control::Sync(reply))) => {
                     self.close_due_windows(now);
                     let _ = reply.send(());

@@ -89,7 +89,11 @@ impl Local {
         let _ = link.tx.send(Msg::Register { thread, window });
         let side = |k: usize| {
             let mut top = TopK::new(link.top_k);
-            top.set_first_report(link.published.first_report[k].load(Ordering::Relaxed).max(1));
+            top.set_first_report(
+                link.published.first_report[k]
+                    .load(Ordering::Relaxed)
+                    .max(1),
+            );
             Side {
                 sketch: CountMin::new(),
                 top,
@@ -153,7 +157,7 @@ impl Local {
         let _ = self.link.tx.send(Msg::Early {
             thread: self.thread,
             kind,
-            key: entry.key.clone(),
+            key: entry.key.as_slice().into(),
             sliding,
             at_ms: now,
         });
@@ -191,7 +195,7 @@ impl Local {
             for e in side.top.entries() {
                 let n = e.window_count();
                 if n > 0 {
-                    keys.push((kind, e.key.clone(), n));
+                    keys.push((kind, e.key.as_slice().into(), n));
                 }
             }
         }
@@ -240,14 +244,21 @@ pub(crate) fn with_local<R>(link: &Link, f: impl FnOnce(&mut Local) -> R) -> Opt
     LOCALS
         .try_with(|cell| {
             let mut slots = cell.try_borrow_mut().ok()?;
-            if let Some((_, local)) = slots.iter_mut().find(|(id, _)| *id == link.id) {
-                return Some(f(local));
-            }
-            // First use: also forget state of detectors that have been dropped.
-            slots.retain(|(_, l)| !l.link.published.closed.load(Ordering::Relaxed));
-            slots.push((link.id, Box::new(Local::new(link.clone()))));
-            slots.last_mut().map(|(_, local)| f(local))
+            let i = match slots.iter().position(|(id, _)| *id == link.id) {
+                Some(i) => i,
+                None => first_use(&mut slots, link),
+            };
+            slots.get_mut(i).map(|(_, local)| f(local))
         })
         .ok()
         .flatten()
+}
+
+/// Creates this thread's state for `link` and forgets that of detectors since dropped.
+#[cold]
+#[inline(never)]
+fn first_use(slots: &mut Vec<(u64, Box<Local>)>, link: &Link) -> usize {
+    slots.retain(|(_, l)| !l.link.published.closed.load(Ordering::Relaxed));
+    slots.push((link.id, Box::new(Local::new(link.clone()))));
+    slots.len() - 1
 }

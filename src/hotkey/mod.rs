@@ -231,12 +231,12 @@ impl Detector {
         with_local(&self.inner.link, |local| local.roll_if_due());
     }
 
-    /// Waits (up to a second) until the aggregator has handled everything sent before this
+    /// Waits (up to ten seconds) until the aggregator has handled everything sent before this
     /// call and closed every window that is due. For tests and benchmarks.
     pub fn sync(&self) {
         let (tx, rx) = mpsc::sync_channel(1);
         self.control(Control::Sync(tx));
-        let _ = rx.recv_timeout(Duration::from_secs(1));
+        let _ = rx.recv_timeout(Duration::from_secs(10));
     }
 
     /// Bytes the calling thread holds for this detector (sketches, trackers, tracked keys).

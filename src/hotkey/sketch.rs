@@ -259,6 +259,9 @@ mod tests {
             }
         }
         assert!(pairs > 200, "expected some two-row collisions, got {pairs}");
-        assert!(third <= 2, "{third} of {pairs} two-row collisions hit row 2");
+        assert!(
+            third <= 2,
+            "{third} of {pairs} two-row collisions hit row 2"
+        );
     }
 }

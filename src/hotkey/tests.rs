@@ -5,7 +5,10 @@ use super::*;
 
 fn manual(cfg: DetectorConfig) -> (Detector, ManualClock) {
     let clock = ManualClock::new();
-    (Detector::with_clock(cfg, Clock::Manual(clock.clone())), clock)
+    (
+        Detector::with_clock(cfg, Clock::Manual(clock.clone())),
+        clock,
+    )
 }
 
 /// A cheap deterministic stream of background keys.
@@ -50,7 +53,10 @@ fn key_jumping_to_ten_times_its_threshold_is_reported_before_the_window_ends() {
         if t % 5 == 0 {
             det.sync();
             if t < 1300 {
-                assert!(det.snapshot().keys.is_empty(), "background reported hot at {t}");
+                assert!(
+                    det.snapshot().keys.is_empty(),
+                    "background reported hot at {t}"
+                );
             } else if reported_at.is_none() && listed(&det, b"viral").is_some() {
                 reported_at = Some(t);
             }
@@ -219,7 +225,10 @@ fn thresholds_change_live_and_per_key_thresholds_apply() {
         settle(&det, &clock, (w + 1) * 1000);
     };
     window(0);
-    assert!(listed(&det, b"vip:1").is_some(), "150/s beats the vip threshold");
+    assert!(
+        listed(&det, b"vip:1").is_some(),
+        "150/s beats the vip threshold"
+    );
     assert!(listed(&det, b"other").is_none());
     assert!(listed(&det, b"plain").is_none(), "1500/s is below 2000/s");
     let t = Threshold {

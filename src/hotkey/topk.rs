@@ -11,7 +11,7 @@
 #[derive(Debug)]
 pub struct Entry {
     pub hash: u64,
-    pub key: Box<[u8]>,
+    pub key: Vec<u8>,
     pub estimate: u32,
     pub base: u32,
     /// The sliding count at which this thread next tells the aggregator about the key.
@@ -35,6 +35,8 @@ impl Entry {
 pub struct TopK {
     cap: usize,
     entries: Vec<Entry>,
+    /// The entries' estimates again, dense, so finding the minimum is a short vector scan.
+    ests: Vec<u32>,
     /// Slot -> entry index + 1; 0 is empty. Linear probing, backward-shift deletion.
     slots: Box<[u16]>,
     mask: usize,
@@ -58,6 +60,7 @@ impl TopK {
         TopK {
             cap,
             entries: Vec::with_capacity(cap),
+            ests: Vec::with_capacity(cap),
             slots: vec![0u16; size].into_boxed_slice(),
             mask: size - 1,
             floor: 0,
@@ -86,7 +89,8 @@ impl TopK {
     /// Heap bytes held, keys included.
     pub fn heap_bytes(&self) -> usize {
         self.entries.capacity() * std::mem::size_of::<Entry>()
-            + self.entries.iter().map(|e| e.key.len()).sum::<usize>()
+            + self.entries.iter().map(|e| e.key.capacity()).sum::<usize>()
+            + self.ests.capacity() * std::mem::size_of::<u32>()
             + self.slots.len() * std::mem::size_of::<u16>()
     }
 
@@ -100,6 +104,7 @@ impl TopK {
         }
         if let Some(i) = self.find(hash) {
             self.entries[i].estimate = estimate;
+            self.ests[i] = estimate;
             if i == self.min_idx && self.entries.len() == self.cap {
                 self.refresh_floor();
             }
@@ -112,7 +117,9 @@ impl TopK {
     fn admit(&mut self, hash: u64, key: &[u8], estimate: u32) -> Offer {
         if self.entries.len() < self.cap {
             let i = self.entries.len();
-            self.entries.push(Entry::new(hash, key, estimate, self.first_report));
+            self.entries
+                .push(Entry::new(hash, key, estimate, self.first_report));
+            self.ests.push(estimate);
             self.insert_slot(hash, i);
             if self.entries.len() == self.cap {
                 self.refresh_floor();
@@ -125,7 +132,13 @@ impl TopK {
         let i = self.min_idx;
         let old = self.entries[i].hash;
         self.remove_slot(old);
-        self.entries[i] = Entry::new(hash, key, estimate, self.first_report);
+        // Reuse the evicted key's buffer: a churning boundary should not churn the allocator.
+        let e = &mut self.entries[i];
+        e.key.clear();
+        e.key.extend_from_slice(key);
+        e.hash = hash;
+        e.reset(estimate, self.first_report);
+        self.ests[i] = estimate;
         self.insert_slot(hash, i);
         self.refresh_floor();
         Offer::Tracked(i)
@@ -142,8 +155,13 @@ impl TopK {
             e.next_report = first_report;
             e.gate = first_report;
         }
+        for (est, e) in self.ests.iter_mut().zip(&self.entries) {
+            *est = e.estimate;
+        }
         if self.entries.iter().any(|e| e.estimate == 0) {
             self.entries.retain(|e| e.estimate > 0);
+            self.ests.clear();
+            self.ests.extend(self.entries.iter().map(|e| e.estimate));
             self.slots.fill(0);
             for i in 0..self.entries.len() {
                 self.insert_slot(self.entries[i].hash, i);
@@ -212,28 +230,32 @@ impl TopK {
 
     #[inline(never)]
     fn refresh_floor(&mut self) {
-        let (i, e) = self
-            .entries
-            .iter()
-            .enumerate()
-            .min_by_key(|(_, e)| e.estimate)
-            .map(|(i, e)| (i, e.estimate))
-            .unwrap_or((0, 0));
-        self.min_idx = i;
-        self.floor = e;
+        let floor = self.ests.iter().copied().min().unwrap_or(0);
+        self.min_idx = self.ests.iter().position(|&e| e == floor).unwrap_or(0);
+        self.floor = floor;
     }
 }
 
 impl Entry {
     fn new(hash: u64, key: &[u8], estimate: u32, next_report: u32) -> Self {
-        Entry {
+        let mut e = Entry {
             hash,
-            key: key.into(),
+            key: key.to_vec(),
             estimate,
-            base: estimate.saturating_sub(1),
+            base: 0,
             next_report,
             gate: next_report,
-        }
+        };
+        e.reset(estimate, next_report);
+        e
+    }
+
+    /// A key admitted mid-window: only what it gets from now on counts towards this window.
+    fn reset(&mut self, estimate: u32, next_report: u32) {
+        self.estimate = estimate;
+        self.base = estimate.saturating_sub(1);
+        self.next_report = next_report;
+        self.gate = next_report;
     }
 }
 
@@ -255,7 +277,9 @@ mod tests {
         let mut exact: HashMap<Vec<u8>, u32> = HashMap::new();
         let mut x = 12345u64;
         for n in 0..300_000u64 {
-            x = x.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            x = x
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
             // 20 heavy keys get half the traffic; the rest is spread over 200k keys.
             let key = if n % 2 == 0 {
                 format!("heavy:{}", (x >> 33) % 20)
@@ -280,7 +304,11 @@ mod tests {
         for i in 0..10_000u32 {
             let key = i.to_le_bytes();
             // Rising estimates force an eviction on every offer once full.
-            top.offer(u64::from(i).wrapping_mul(0x9e37_79b9_7f4a_7c15), &key, i + 1);
+            top.offer(
+                u64::from(i).wrapping_mul(0x9e37_79b9_7f4a_7c15),
+                &key,
+                i + 1,
+            );
         }
         assert_eq!(top.len(), 8);
         for e in top.entries() {

@@ -33,7 +33,11 @@ impl DedicatedWorker {
     }
 }
 
-async fn work(hs: Handshake, mut rx: mpsc::UnboundedReceiver<Call>, mut gone: watch::Receiver<bool>) {
+async fn work(
+    hs: Handshake,
+    mut rx: mpsc::UnboundedReceiver<Call>,
+    mut gone: watch::Receiver<bool>,
+) {
     let mut conn: Option<Dedicated> = None;
     while let Some((wires, count, reply)) = rx.recv().await {
         if conn.is_none() {

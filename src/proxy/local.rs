@@ -5,9 +5,14 @@ use bytes::{Bytes, BytesMut};
 
 use super::dedicated::DedicatedWorker;
 use super::round::{Merge, RoundBuilder, Slot};
-use super::session::{err_bytes, keys_node, push, push_n, ready_later, reset_conns, reset_dedicated, Flow, Session, Tx};
+use super::session::{
+    err_bytes, keys_node, push, push_n, ready_later, reset_conns, reset_dedicated, Flow, Session,
+    Tx,
+};
 use crate::command::Classified;
-use crate::resp::{encode_bulk, encode_int, encode_map_header, encode_simple, Proto, Request, Value};
+use crate::resp::{
+    encode_bulk, encode_int, encode_map_header, encode_simple, Proto, Request, Value,
+};
 
 const OK: &[u8] = b"+OK\r\n";
 
@@ -51,7 +56,9 @@ pub fn handle(s: &mut Session, req: &Request, c: &Classified, rb: &mut RoundBuil
         }
         "HELLO" => return hello(s, req, rb),
         "SELECT" => {
-            let db = std::str::from_utf8(req.arg(1)).ok().and_then(|d| d.parse::<u32>().ok());
+            let db = std::str::from_utf8(req.arg(1))
+                .ok()
+                .and_then(|d| d.parse::<u32>().ok());
             match db {
                 None => error(rb, "ERR value is not an integer or out of range"),
                 Some(0) => {
@@ -86,13 +93,26 @@ pub fn handle(s: &mut Session, req: &Request, c: &Classified, rb: &mut RoundBuil
         "INFO" => {
             let nodes = s.ctx.backend.len();
             let parts = (0..nodes).map(|n| push(s, rb, n, req.wire())).collect();
-            let addrs = s.ctx.backend.nodes().iter().map(|n| n.addr.clone()).collect();
+            let addrs = s
+                .ctx
+                .backend
+                .nodes()
+                .iter()
+                .map(|n| n.addr.clone())
+                .collect();
             let proxy = proxy_info(s);
-            rb.slots.push(Slot::Merge(Box::new(Merge::Info { proxy, parts, addrs })));
+            rb.slots.push(Slot::Merge(Box::new(Merge::Info {
+                proxy,
+                parts,
+                addrs,
+            })));
             return Flow::Continue;
         }
         name if name.starts_with("CLIENT") => return client(s, req, name, rb),
-        other => error(rb, &format!("ERR saltshaker: {other} is not supported through the proxy")),
+        other => error(
+            rb,
+            &format!("ERR saltshaker: {other} is not supported through the proxy"),
+        ),
     }
     if !out.is_empty() {
         rb.slots.push(Slot::Ready(out.freeze()));
@@ -127,7 +147,11 @@ fn hello(s: &mut Session, req: &Request, rb: &mut RoundBuilder) -> Flow {
         proto = match req.arg(1) {
             b"2" => Proto::Resp2,
             b"3" => Proto::Resp3,
-            v if std::str::from_utf8(v).ok().and_then(|x| x.parse::<i64>().ok()).is_some() => {
+            v if std::str::from_utf8(v)
+                .ok()
+                .and_then(|x| x.parse::<i64>().ok())
+                .is_some() =>
+            {
                 error(rb, "NOPROTO unsupported protocol version");
                 return Flow::Continue;
             }
@@ -152,7 +176,13 @@ fn hello(s: &mut Session, req: &Request, rb: &mut RoundBuilder) -> Flow {
                 i += 2;
             }
             _ => {
-                error(rb, &format!("ERR Syntax error in HELLO option '{}'", String::from_utf8_lossy(req.arg(i))));
+                error(
+                    rb,
+                    &format!(
+                        "ERR Syntax error in HELLO option '{}'",
+                        String::from_utf8_lossy(req.arg(i))
+                    ),
+                );
                 return Flow::Continue;
             }
         }
@@ -169,7 +199,10 @@ fn hello(s: &mut Session, req: &Request, rb: &mut RoundBuilder) -> Flow {
     let fields: Vec<(Value, Value)> = vec![
         (bulk("server"), bulk("redis")),
         (bulk("version"), bulk(crate::proxy::REDIS_VERSION)),
-        (bulk("proto"), Value::Integer(if proto == Proto::Resp3 { 3 } else { 2 })),
+        (
+            bulk("proto"),
+            Value::Integer(if proto == Proto::Resp3 { 3 } else { 2 }),
+        ),
         (bulk("id"), Value::Integer(s.id as i64)),
         (bulk("mode"), bulk("standalone")),
         (bulk("role"), bulk("master")),
@@ -190,7 +223,11 @@ fn bulk(s: &str) -> Value {
 }
 
 fn client_line(s: &Session) -> String {
-    let name = s.name.as_ref().map(|n| String::from_utf8_lossy(n).into_owned()).unwrap_or_default();
+    let name = s
+        .name
+        .as_ref()
+        .map(|n| String::from_utf8_lossy(n).into_owned())
+        .unwrap_or_default();
     format!(
         "id={} addr={} laddr={} fd=0 name={} age=0 idle=0 flags=N db={} sub=0 psub=0 ssub=0 multi={} resp={} lib-name= lib-ver=\n",
         s.id,
@@ -209,7 +246,10 @@ fn client(s: &mut Session, req: &Request, name: &str, rb: &mut RoundBuilder) -> 
         "CLIENT SETNAME" => {
             let n = req.arg(2);
             if n.iter().any(|b| *b <= b' ' || *b > b'~') {
-                error(rb, "ERR Client names cannot contain spaces, newlines or special characters.");
+                error(
+                    rb,
+                    "ERR Client names cannot contain spaces, newlines or special characters.",
+                );
                 return Flow::Continue;
             }
             s.name = (!n.is_empty()).then(|| req.arg_bytes(2));
@@ -234,12 +274,18 @@ fn client(s: &mut Session, req: &Request, name: &str, rb: &mut RoundBuilder) -> 
             if upper(req.arg(2)) == "ON" {
                 encode_simple("OK", &mut out);
             } else {
-                error(rb, "ERR saltshaker: CLIENT REPLY OFF|SKIP is not supported through the proxy");
+                error(
+                    rb,
+                    "ERR saltshaker: CLIENT REPLY OFF|SKIP is not supported through the proxy",
+                );
                 return Flow::Continue;
             }
         }
         other => {
-            error(rb, &format!("ERR saltshaker: {other} is not supported through the proxy"));
+            error(
+                rb,
+                &format!("ERR saltshaker: {other} is not supported through the proxy"),
+            );
             return Flow::Continue;
         }
     }
@@ -267,7 +313,11 @@ pub fn transaction(s: &mut Session, req: &Request, c: &Classified, rb: &mut Roun
             if s.tx.is_some() {
                 error(rb, "ERR MULTI calls can not be nested");
             } else {
-                s.tx = Some(Tx { wires: Vec::new(), node: s.watch.as_ref().map(|w| w.0), dirty: false });
+                s.tx = Some(Tx {
+                    wires: Vec::new(),
+                    node: s.watch.as_ref().map(|w| w.0),
+                    dirty: false,
+                });
                 ready(rb, OK);
             }
         }
@@ -294,7 +344,10 @@ pub fn transaction(s: &mut Session, req: &Request, c: &Classified, rb: &mut Roun
             };
             if let Some((w, _)) = &s.watch {
                 if *w != node {
-                    error(rb, "ERR saltshaker: WATCH of keys on different nodes is not supported");
+                    error(
+                        rb,
+                        "ERR saltshaker: WATCH of keys on different nodes is not supported",
+                    );
                     return Flow::Continue;
                 }
             } else {
@@ -327,7 +380,10 @@ fn exec(s: &mut Session, rb: &mut RoundBuilder) {
             // Release the watch on the node as EXEC would.
             let _ = w.call(vec![crate::backend::wire(&["UNWATCH"])], 1);
         }
-        error(rb, "EXECABORT Transaction discarded because of previous errors.");
+        error(
+            rb,
+            "EXECABORT Transaction discarded because of previous errors.",
+        );
         return;
     }
     let count = tx.wires.len() + 2;

@@ -111,11 +111,16 @@ pub async fn serve(listener: TcpListener, ctx: Arc<Ctx>, drain: Duration) {
     }
     let left = ctx.metrics.client_connections.get();
     if left > 0 {
-        tracing::warn!(clients = left, "drain timeout: closing remaining client connections");
+        tracing::warn!(
+            clients = left,
+            "drain timeout: closing remaining client connections"
+        );
     }
 }
 
 async fn refuse(mut stream: tokio::net::TcpStream) {
     use tokio::io::AsyncWriteExt;
-    let _ = stream.write_all(b"-ERR max number of clients reached\r\n").await;
+    let _ = stream
+        .write_all(b"-ERR max number of clients reached\r\n")
+        .await;
 }

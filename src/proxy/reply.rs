@@ -11,7 +11,9 @@ use tokio::sync::mpsc;
 use super::round::{Merge, Part, Round, Slot};
 use super::Ctx;
 use crate::backend::{BackendError, Replies};
-use crate::resp::{encode_array_header, encode_bulk, encode_error, encode_int, parse_value, Proto, Value};
+use crate::resp::{
+    encode_array_header, encode_bulk, encode_error, encode_int, parse_value, Proto, Value,
+};
 
 /// Writes replies until the session ends. Returns the tunnel end if the session turned
 /// into a pub/sub tunnel, so the caller can pump it.
@@ -46,7 +48,12 @@ pub async fn write_loop<W: AsyncWrite + Unpin>(
 }
 
 /// Appends the replies of one round to `out`, in order.
-async fn resolve(round: Round, proto: Proto, ctx: &Ctx, out: &mut BytesMut) -> Option<super::tunnel::TunnelEnd> {
+async fn resolve(
+    round: Round,
+    proto: Proto,
+    ctx: &Ctx,
+    out: &mut BytesMut,
+) -> Option<super::tunnel::TunnelEnd> {
     let timeout = ctx.backend.request_timeout;
     let mut replies: Vec<Result<Replies, BackendError>> = Vec::with_capacity(round.sent.len());
     for s in round.sent {
@@ -55,8 +62,17 @@ async fn resolve(round: Round, proto: Proto, ctx: &Ctx, out: &mut BytesMut) -> O
     }
     let n = round.slots.len() as u64;
     // Fast path: one job whose replies are exactly the round's, in order.
-    if replies.len() == 1 && replies[0].as_ref().map(|r| r.len() as u64 == n).unwrap_or(false) {
-        let all_direct = round.slots.iter().enumerate().all(|(i, s)| matches!(s, Slot::Reply(p) if p.idx as usize == i));
+    if replies.len() == 1
+        && replies[0]
+            .as_ref()
+            .map(|r| r.len() as u64 == n)
+            .unwrap_or(false)
+    {
+        let all_direct = round
+            .slots
+            .iter()
+            .enumerate()
+            .all(|(i, s)| matches!(s, Slot::Reply(p) if p.idx as usize == i));
         if all_direct {
             if let Ok(r) = &replies[0] {
                 out.extend_from_slice(&r.buf);
@@ -84,7 +100,9 @@ async fn resolve(round: Round, proto: Proto, ctx: &Ctx, out: &mut BytesMut) -> O
 }
 
 fn record(ctx: &Ctx, started: &std::time::Instant, counts: &[u64; 3], n: u64) {
-    ctx.metrics.request_seconds.observe(started.elapsed().as_secs_f64(), n);
+    ctx.metrics
+        .request_seconds
+        .observe(started.elapsed().as_secs_f64(), n);
     for (i, c) in counts.iter().enumerate() {
         if *c > 0 {
             ctx.metrics.requests[i].inc_by(*c);
@@ -92,7 +110,11 @@ fn record(ctx: &Ctx, started: &std::time::Instant, counts: &[u64; 3], n: u64) {
     }
 }
 
-async fn await_reply(rx: crate::backend::ReplyRx, timeout: Option<Duration>, addr: &str) -> Result<Replies, BackendError> {
+async fn await_reply(
+    rx: crate::backend::ReplyRx,
+    timeout: Option<Duration>,
+    addr: &str,
+) -> Result<Replies, BackendError> {
     let r = match timeout {
         Some(t) => match tokio::time::timeout(t, rx).await {
             Ok(r) => r,
@@ -102,14 +124,18 @@ async fn await_reply(rx: crate::backend::ReplyRx, timeout: Option<Duration>, add
     };
     match r {
         Ok(r) => r,
-        Err(_) => Err(BackendError::Io(format!("connection to {addr} lost before the reply"))),
+        Err(_) => Err(BackendError::Io(format!(
+            "connection to {addr} lost before the reply"
+        ))),
     }
 }
 
 fn part(replies: &[Result<Replies, BackendError>], p: Part) -> Result<Bytes, &BackendError> {
     match &replies[p.job as usize] {
         Ok(r) if (p.idx as usize) < r.len() => Ok(r.get(p.idx as usize)),
-        Ok(_) => Ok(Bytes::from_static(b"-ERR saltshaker: internal error (missing reply)\r\n")),
+        Ok(_) => Ok(Bytes::from_static(
+            b"-ERR saltshaker: internal error (missing reply)\r\n",
+        )),
         Err(e) => Err(e),
     }
 }
@@ -133,7 +159,11 @@ fn values(replies: &[Result<Replies, BackendError>], parts: &[Part]) -> Result<V
         match parse_value(&raw) {
             Ok(Some((Value::Error(_), _))) => return Err(raw),
             Ok(Some((v, _))) => vals.push(v),
-            _ => return Err(Bytes::from_static(b"-ERR saltshaker: unreadable backend reply\r\n")),
+            _ => {
+                return Err(Bytes::from_static(
+                    b"-ERR saltshaker: unreadable backend reply\r\n",
+                ))
+            }
         }
     }
     Ok(vals)
@@ -142,11 +172,23 @@ fn values(replies: &[Result<Replies, BackendError>], parts: &[Part]) -> Result<V
 fn merge(m: Merge, replies: &[Result<Replies, BackendError>], proto: Proto, out: &mut BytesMut) {
     let result = match m {
         Merge::SumInt(parts) => values(replies, &parts).map(|vs| {
-            let sum: i64 = vs.iter().map(|v| if let Value::Integer(i) = v { *i } else { 0 }).sum();
+            let sum: i64 = vs
+                .iter()
+                .map(|v| if let Value::Integer(i) = v { *i } else { 0 })
+                .sum();
             encode_int(sum, out);
         }),
         Merge::MinInt(parts) => values(replies, &parts).map(|vs| {
-            let min = vs.iter().filter_map(|v| if let Value::Integer(i) = v { Some(*i) } else { None }).min();
+            let min = vs
+                .iter()
+                .filter_map(|v| {
+                    if let Value::Integer(i) = v {
+                        Some(*i)
+                    } else {
+                        None
+                    }
+                })
+                .min();
             encode_int(min.unwrap_or(0), out);
         }),
         Merge::Mget { parts, order } => values(replies, &parts).map(|vs| {
@@ -189,7 +231,9 @@ fn merge(m: Merge, replies: &[Result<Replies, BackendError>], proto: Proto, out:
             let mut acc: Vec<i64> = Vec::new();
             for (i, v) in vs.iter().enumerate() {
                 if let Value::Array(a) = v {
-                    let ints = a.iter().map(|x| if let Value::Integer(n) = x { *n } else { 0 });
+                    let ints = a
+                        .iter()
+                        .map(|x| if let Value::Integer(n) = x { *n } else { 0 });
                     if i == 0 {
                         acc = ints.collect();
                     } else {
@@ -202,13 +246,23 @@ fn merge(m: Merge, replies: &[Result<Replies, BackendError>], proto: Proto, out:
             Value::Array(acc.into_iter().map(Value::Integer).collect()).encode(proto, out);
         }),
         Merge::FirstNonNil(parts) => values(replies, &parts).map(|vs| {
-            let v = vs.into_iter().find(|v| !matches!(v, Value::Nil | Value::NilArray)).unwrap_or(Value::Nil);
+            let v = vs
+                .into_iter()
+                .find(|v| !matches!(v, Value::Nil | Value::NilArray))
+                .unwrap_or(Value::Nil);
             v.encode(proto, out);
         }),
-        Merge::Scan { part: p, node, nodes } => values(replies, &[p]).map(|vs| match vs.into_iter().next() {
+        Merge::Scan {
+            part: p,
+            node,
+            nodes,
+        } => values(replies, &[p]).map(|vs| match vs.into_iter().next() {
             Some(Value::Array(mut a)) if a.len() == 2 => {
                 let cursor = match &a[0] {
-                    Value::Bulk(b) => std::str::from_utf8(b).ok().and_then(|s| s.parse::<u64>().ok()).unwrap_or(0),
+                    Value::Bulk(b) => std::str::from_utf8(b)
+                        .ok()
+                        .and_then(|s| s.parse::<u64>().ok())
+                        .unwrap_or(0),
                     _ => 0,
                 };
                 let next = super::scan::encode_cursor(cursor, node, nodes);
@@ -217,12 +271,24 @@ fn merge(m: Merge, replies: &[Result<Replies, BackendError>], proto: Proto, out:
             }
             _ => encode_error("ERR saltshaker: unexpected SCAN reply", out),
         }),
-        Merge::Info { proxy, parts, addrs } => {
+        Merge::Info {
+            proxy,
+            parts,
+            addrs,
+        } => {
             let mut text = proxy;
             for (i, p) in parts.iter().enumerate() {
-                let body = match part(replies, *p).ok().and_then(|raw| parse_value(&raw).ok().flatten()) {
+                let body = match part(replies, *p)
+                    .ok()
+                    .and_then(|raw| parse_value(&raw).ok().flatten())
+                {
                     Some((Value::Bulk(b), _)) | Some((Value::Verbatim(b), _)) => {
-                        String::from_utf8_lossy(if b.starts_with(b"txt:") { &b[4..] } else { &b[..] }).into_owned()
+                        String::from_utf8_lossy(if b.starts_with(b"txt:") {
+                            &b[4..]
+                        } else {
+                            &b[..]
+                        })
+                        .into_owned()
                     }
                     _ => String::new(),
                 };
@@ -237,9 +303,18 @@ fn merge(m: Merge, replies: &[Result<Replies, BackendError>], proto: Proto, out:
                     let keys: u64 = body
                         .lines()
                         .filter(|l| l.starts_with("db"))
-                        .filter_map(|l| l.split(&[':', ','][..]).nth(1)?.strip_prefix("keys=")?.parse::<u64>().ok())
+                        .filter_map(|l| {
+                            l.split(&[':', ','][..])
+                                .nth(1)?
+                                .strip_prefix("keys=")?
+                                .parse::<u64>()
+                                .ok()
+                        })
                         .sum();
-                    text.push_str(&format!("node{i}:addr={},status={up},keys={keys}\r\n", addrs[i]));
+                    text.push_str(&format!(
+                        "node{i}:addr={},status={up},keys={keys}\r\n",
+                        addrs[i]
+                    ));
                 }
             }
             if proto == Proto::Resp3 {

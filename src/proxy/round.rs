@@ -26,7 +26,10 @@ pub enum Merge {
     /// Sum of integer replies (DEL, UNLINK, EXISTS, TOUCH, DBSIZE).
     SumInt(Vec<Part>),
     /// MGET: `order[i]` = (part, position in that part's array) of key i.
-    Mget { parts: Vec<Part>, order: Vec<(u16, u32)> },
+    Mget {
+        parts: Vec<Part>,
+        order: Vec<(u16, u32)>,
+    },
     /// Every node must say the same; the first error otherwise.
     AllOk(Vec<Part>),
     /// Arrays concatenated (KEYS).
@@ -38,9 +41,17 @@ pub enum Merge {
     /// First non-nil reply (RANDOMKEY).
     FirstNonNil(Vec<Part>),
     /// SCAN on one node; the cursor in the reply is re-encoded with the node.
-    Scan { part: Part, node: usize, nodes: usize },
+    Scan {
+        part: Part,
+        node: usize,
+        nodes: usize,
+    },
     /// INFO: the proxy's section, then the first node's reply, then a line per node.
-    Info { proxy: String, parts: Vec<Part>, addrs: Vec<String> },
+    Info {
+        proxy: String,
+        parts: Vec<Part>,
+        addrs: Vec<String>,
+    },
     /// MULTI ... EXEC sent as one unit: the client wants EXEC's reply, the last one.
     Exec(Part),
 }
@@ -93,7 +104,12 @@ pub struct RoundBuilder {
 
 impl RoundBuilder {
     pub fn new() -> Self {
-        RoundBuilder { jobs: SmallVec::new(), slots: Vec::with_capacity(16), started: Instant::now(), counts: [0; 3] }
+        RoundBuilder {
+            jobs: SmallVec::new(),
+            slots: Vec::with_capacity(16),
+            started: Instant::now(),
+            counts: [0; 3],
+        }
     }
 
     pub fn is_empty(&self) -> bool {
@@ -101,11 +117,22 @@ impl RoundBuilder {
     }
 
     /// Adds one command's bytes to the job for `node`; returns where its reply will be.
-    pub fn push(&mut self, node: usize, conn: impl FnOnce() -> ConnHandle, wire: Bytes, count: u32) -> Part {
+    pub fn push(
+        &mut self,
+        node: usize,
+        conn: impl FnOnce() -> ConnHandle,
+        wire: Bytes,
+        count: u32,
+    ) -> Part {
         let job = match self.jobs.iter().position(|j| j.node == node) {
             Some(i) => i,
             None => {
-                self.jobs.push(JobBuilder { node, conn: conn(), data: SmallVec::new(), count: 0 });
+                self.jobs.push(JobBuilder {
+                    node,
+                    conn: conn(),
+                    data: SmallVec::new(),
+                    count: 0,
+                });
                 self.jobs.len() - 1
             }
         };
@@ -113,7 +140,10 @@ impl RoundBuilder {
         let idx = j.count + count - 1;
         j.data.push(wire);
         j.count += count;
-        Part { job: job as u16, idx }
+        Part {
+            job: job as u16,
+            idx,
+        }
     }
 
     pub fn count(&mut self, class: Class) {
@@ -125,7 +155,13 @@ impl RoundBuilder {
         let mut sent = SmallVec::new();
         for j in self.jobs {
             let (tx, rx) = oneshot::channel();
-            j.conn.send(Job { data: j.data, count: j.count, tx }).await;
+            j.conn
+                .send(Job {
+                    data: j.data,
+                    count: j.count,
+                    tx,
+                })
+                .await;
             sent.push(Sent { node: j.node, rx });
         }
         Round {

@@ -11,6 +11,7 @@ use std::sync::Arc;
 use bytes::{Bytes, BytesMut};
 use smallvec::SmallVec;
 use tokio::io::AsyncReadExt;
+
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::TcpStream;
 use tokio::sync::{mpsc, oneshot, watch};
@@ -69,8 +70,14 @@ pub enum Flow {
 /// Serves one client connection until it closes.
 pub async fn run(stream: TcpStream, ctx: Arc<Ctx>, id: u64) {
     let _ = stream.set_nodelay(true);
-    let peer = stream.peer_addr().map(|a| a.to_string()).unwrap_or_default();
-    let local = stream.local_addr().map(|a| a.to_string()).unwrap_or_default();
+    let peer = stream
+        .peer_addr()
+        .map(|a| a.to_string())
+        .unwrap_or_default();
+    let local = stream
+        .local_addr()
+        .map(|a| a.to_string())
+        .unwrap_or_default();
     let (r, w) = stream.into_split();
     let (tx, rx) = mpsc::channel::<(Round, Proto)>(64);
     let writer = tokio::spawn(reply::write_loop(w, rx, ctx.clone()));
@@ -94,50 +101,102 @@ pub async fn run(stream: TcpStream, ctx: Arc<Ctx>, id: u64) {
     let end = read_loop(r, &tx, &mut s).await;
     let _ = gone_tx.send(true);
     drop(tx);
-    let (w, tunnel_end): (OwnedWriteHalf, _) = match writer.await {
+    let (mut w, tunnel_end): (OwnedWriteHalf, _) = match writer.await {
         Ok(x) => x,
         Err(_) => return,
     };
-    if let (Some((r, start)), Some(end)) = (end, tunnel_end) {
-        tunnel::pump(r, w, start, end).await;
+    match (end, tunnel_end) {
+        (End::Tunnel(r, start), Some(t)) => tunnel::pump(r, w, start, t).await,
+        (End::Drained(mut r), _) => {
+            // Every command read has its reply written. Send FIN, then discard what the
+            // client sent after we stopped reading (it was never executed, so the client can
+            // retry it elsewhere) instead of resetting the connection, which could destroy
+            // replies still in flight to the client.
+            use tokio::io::AsyncWriteExt;
+            let _ = w.shutdown().await;
+            let mut sink = [0u8; 4096];
+            let linger = tokio::time::sleep(std::time::Duration::from_secs(2));
+            tokio::pin!(linger);
+            loop {
+                tokio::select! {
+                    _ = &mut linger => break,
+                    n = r.read(&mut sink) => if matches!(n, Ok(0) | Err(_)) { break },
+                }
+            }
+        }
+        _ => {}
     }
 }
 
-/// The read phase. Returns the client read half and the tunnel start when the session
-/// turns into a pub/sub tunnel.
+/// How the read phase ended.
+enum End {
+    Closed,
+    /// Shutdown: every complete command read was dispatched; close politely.
+    Drained(OwnedReadHalf),
+    Tunnel(OwnedReadHalf, tunnel::Start),
+}
+
+/// The read phase: until the client closes, the session becomes a pub/sub tunnel, or a
+/// shutdown finds the connection at a command boundary.
 async fn read_loop(
     mut r: OwnedReadHalf,
     tx: &mpsc::Sender<(Round, Proto)>,
     s: &mut Session,
-) -> Option<(OwnedReadHalf, tunnel::Start)> {
+) -> End {
     let limits = s.ctx.limits.clone();
     let mut parser = RequestParser::new(limits);
     let mut buf = BytesMut::with_capacity(16 * 1024);
     let mut reqs: Vec<Request> = Vec::with_capacity(64);
     let mut shutdown = s.ctx.shutdown.clone();
+    let mut draining = false;
     loop {
         if buf.capacity() - buf.len() < 4096 {
             buf.reserve(16 * 1024);
         }
-        let n: std::io::Result<usize> = tokio::select! {
-            biased;
-            n = r.read_buf(&mut buf) => n,
-            _ = shutdown.wait_for(|v| *v) => {
-                // Drain at a command boundary: complete commands already read are answered
-                // below, then the connection closes; partial input is dropped.
-                tracing::debug!(client = s.id, "draining on shutdown");
-                Ok(0)
+        let n: std::io::Result<usize> = if draining {
+            // Drain at a command boundary: take what has already arrived; once nothing is
+            // buffered and nothing is waiting, the connection is idle and can close.
+            match r.try_read_buf(&mut buf) {
+                Ok(n) => Ok(n),
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                    if buf.is_empty() {
+                        return End::Drained(r);
+                    }
+                    // A command is half read: give it a moment to complete.
+                    match tokio::time::timeout(
+                        std::time::Duration::from_millis(500),
+                        r.read_buf(&mut buf),
+                    )
+                    .await
+                    {
+                        Ok(n) => n,
+                        Err(_) => return End::Drained(r),
+                    }
+                }
+                Err(e) => Err(e),
+            }
+        } else {
+            tokio::select! {
+                biased;
+                n = r.read_buf(&mut buf) => n,
+                _ = shutdown.wait_for(|v| *v) => {
+                    tracing::debug!(client = s.id, "draining on shutdown");
+                    draining = true;
+                    continue;
+                }
             }
         };
         let eof = matches!(n, Ok(0) | Err(_));
         if buf.len() > s.ctx.max_pending {
             let mut rb = RoundBuilder::new();
-            rb.slots.push(Slot::Ready(err_bytes("ERR Protocol error: client query buffer limit exceeded")));
+            rb.slots.push(Slot::Ready(err_bytes(
+                "ERR Protocol error: client query buffer limit exceeded",
+            )));
             let mut round = rb.send().await;
             round.close_after = true;
             s.ctx.metrics.protocol_errors.inc();
             let _ = tx.send((round, s.proto)).await;
-            return None;
+            return End::Closed;
         }
         let parsed = parser.parse(&mut buf, &mut reqs);
         let mut rb = RoundBuilder::new();
@@ -159,7 +218,7 @@ async fn read_loop(
                     let mut round = rb.send().await;
                     round.tunnel = start.take_end();
                     let _ = tx.send((round, s.proto)).await;
-                    return Some((r, start));
+                    return End::Tunnel(r, start);
                 }
             }
         }
@@ -176,11 +235,11 @@ async fn read_loop(
             let mut round = rb.send().await;
             round.close_after = close;
             if tx.send((round, s.proto)).await.is_err() {
-                return None;
+                return End::Closed;
             }
         }
-        if close || eof || *shutdown.borrow() {
-            return None;
+        if close || eof {
+            return End::Closed;
         }
     }
 }
@@ -205,14 +264,20 @@ async fn handle(s: &mut Session, req: Request, rb: &mut RoundBuilder) -> Flow {
         }
     };
     if !s.authed && !matches!(c.spec.name, "AUTH" | "HELLO" | "QUIT" | "RESET") {
-        rb.slots.push(Slot::Ready(err_bytes("NOAUTH Authentication required.")));
+        rb.slots
+            .push(Slot::Ready(err_bytes("NOAUTH Authentication required.")));
         return Flow::Continue;
     }
     // observe
     let class = observe(s, &req, &c);
     rb.count(class);
     // decide + act
-    if s.tx.is_some() && !matches!(c.spec.name, "EXEC" | "DISCARD" | "MULTI" | "WATCH" | "QUIT" | "RESET") {
+    if s.tx.is_some()
+        && !matches!(
+            c.spec.name,
+            "EXEC" | "DISCARD" | "MULTI" | "WATCH" | "QUIT" | "RESET"
+        )
+    {
         let slot = queue_in_tx(s, &req, &c);
         rb.slots.push(slot);
         return Flow::Continue;
@@ -229,19 +294,28 @@ async fn handle(s: &mut Session, req: Request, rb: &mut RoundBuilder) -> Flow {
         Route::Split(kind) => split(s, &req, &c, kind, rb),
         Route::AllNodes(agg) => all_nodes(s, &req, &c, agg, rb),
         Route::AnyNode => {
-            let node = if is_pubsub_command(c.spec.name) { 0 } else { s.ctx.backend.any_node() };
+            let node = if is_pubsub_command(c.spec.name) {
+                0
+            } else {
+                s.ctx.backend.any_node()
+            };
             let part = push(s, rb, node, req.wire());
             rb.slots.push(Slot::Reply(part));
         }
         Route::Scan => scan_one(s, &req, rb),
         Route::RandomKey => {
-            let parts = (0..s.ctx.backend.len()).map(|n| push(s, rb, n, req.wire())).collect();
-            rb.slots.push(Slot::Merge(Box::new(Merge::FirstNonNil(parts))));
+            let parts = (0..s.ctx.backend.len())
+                .map(|n| push(s, rb, n, req.wire()))
+                .collect();
+            rb.slots
+                .push(Slot::Merge(Box::new(Merge::FirstNonNil(parts))));
         }
         Route::Local => return local::handle(s, &req, &c, rb),
         Route::Transaction => return local::transaction(s, &req, &c, rb),
         Route::Subscribe => return tunnel::begin(s, &req, rb).await,
-        Route::Unsupported(why) => rb.slots.push(Slot::Ready(err_bytes(&format!("ERR saltshaker: {why}")))),
+        Route::Unsupported(why) => rb
+            .slots
+            .push(Slot::Ready(err_bytes(&format!("ERR saltshaker: {why}")))),
     }
     Flow::Continue
 }
@@ -303,10 +377,18 @@ pub fn push(s: &mut Session, rb: &mut RoundBuilder, node: usize, wire: Bytes) ->
     push_n(s, rb, node, wire, 1)
 }
 
-pub fn push_n(s: &mut Session, rb: &mut RoundBuilder, node: usize, wire: Bytes, count: u32) -> Part {
+pub fn push_n(
+    s: &mut Session,
+    rb: &mut RoundBuilder,
+    node: usize,
+    wire: Bytes,
+    count: u32,
+) -> Part {
     let (proto, db) = (s.proto, s.db);
     let ctx = &s.ctx;
-    let conns = s.conns[node].get_or_insert_with(|| ctx.backend.node(node).conns(proto, db)).clone();
+    let conns = s.conns[node]
+        .get_or_insert_with(|| ctx.backend.node(node).conns(proto, db))
+        .clone();
     s.rr = s.rr.wrapping_add(1);
     let pick = s.rr % conns.len();
     rb.push(node, || conns[pick].clone(), wire, count)
@@ -384,7 +466,9 @@ fn all_nodes(s: &mut Session, req: &Request, _c: &Classified, agg: Agg, rb: &mut
 
 fn scan_one(s: &mut Session, req: &Request, rb: &mut RoundBuilder) {
     let nodes = s.ctx.backend.len();
-    let cursor = std::str::from_utf8(req.arg(1)).ok().and_then(|c| c.parse::<u64>().ok());
+    let cursor = std::str::from_utf8(req.arg(1))
+        .ok()
+        .and_then(|c| c.parse::<u64>().ok());
     let Some(cursor) = cursor else {
         rb.slots.push(Slot::Ready(err_bytes("ERR invalid cursor")));
         return;
@@ -393,7 +477,8 @@ fn scan_one(s: &mut Session, req: &Request, rb: &mut RoundBuilder) {
     let mut args: Vec<Bytes> = (0..req.argc()).map(|i| req.arg_bytes(i)).collect();
     args[1] = Bytes::from(backend_cursor.to_string());
     let part = push(s, rb, node, crate::backend::wire(&args));
-    rb.slots.push(Slot::Merge(Box::new(Merge::Scan { part, node, nodes })));
+    rb.slots
+        .push(Slot::Merge(Box::new(Merge::Scan { part, node, nodes })));
 }
 
 /// Inside MULTI: check and queue; the client sees +QUEUED (or the error Redis would give).
@@ -405,7 +490,11 @@ fn queue_in_tx(s: &mut Session, req: &Request, c: &Classified) -> Slot {
         Route::Local => matches!(c.spec.name, "PING" | "ECHO"),
         _ => false,
     };
-    let node = if allowed { keys_node(s, req, c).map(Some) } else { Ok(None) };
+    let node = if allowed {
+        keys_node(s, req, c).map(Some)
+    } else {
+        Ok(None)
+    };
     let tx = s.tx.as_mut().expect("in a transaction");
     let node = match node {
         Ok(Some(n)) => n,
@@ -445,7 +534,8 @@ fn blocking_worker(s: &mut Session, node: usize) -> &DedicatedWorker {
         return &s.blocking[i].1;
     }
     let hs = s.ctx.backend.node(node).handshake(s.proto, s.db);
-    s.blocking.push((node, DedicatedWorker::spawn(hs, s.gone.clone())));
+    s.blocking
+        .push((node, DedicatedWorker::spawn(hs, s.gone.clone())));
     &s.blocking.last().expect("just pushed").1
 }
 

@@ -45,20 +45,36 @@ pub async fn begin(s: &mut Session, req: &Request, rb: &mut RoundBuilder) -> Flo
             Flow::Tunnel(Start {
                 backend_w,
                 pending: vec![req.wire()],
-                end: Some(TunnelEnd { backend_r, leftover }),
+                end: Some(TunnelEnd {
+                    backend_r,
+                    leftover,
+                }),
             })
         }
         Err(e) => {
-            rb.slots.push(Slot::Ready(err_bytes(&format!("ERR saltshaker: {e}"))));
+            rb.slots
+                .push(Slot::Ready(err_bytes(&format!("ERR saltshaker: {e}"))));
             Flow::Continue
         }
     }
 }
 
 /// Copies both ways until either side closes.
-pub async fn pump(mut client_r: OwnedReadHalf, mut client_w: OwnedWriteHalf, start: Start, end: TunnelEnd) {
-    let Start { mut backend_w, pending, .. } = start;
-    let TunnelEnd { mut backend_r, leftover } = end;
+pub async fn pump(
+    mut client_r: OwnedReadHalf,
+    mut client_w: OwnedWriteHalf,
+    start: Start,
+    end: TunnelEnd,
+) {
+    let Start {
+        mut backend_w,
+        pending,
+        ..
+    } = start;
+    let TunnelEnd {
+        mut backend_r,
+        leftover,
+    } = end;
     let up = async {
         for p in pending {
             backend_w.write_all(&p).await?;

@@ -71,8 +71,8 @@ enum Step {
     Incomplete,
     /// A line that makes no request (empty inline line, `*0`, `*-1`) of this many bytes.
     Skipped(usize),
-    /// A multibulk request of this many bytes; its arguments are in `Partial::args`.
-    Multibulk(usize),
+    /// A multibulk request of this many bytes, and its arguments.
+    Multibulk(usize, ArgRanges),
     /// An inline request of this many bytes, already encoded as a multibulk.
     Inline(usize, Request),
 }
@@ -80,6 +80,8 @@ enum Step {
 /// Resumable request parser; one per client connection.
 pub struct RequestParser {
     limits: Limits,
+    /// Header lines of up to 20 bytes are within the limits, so `quick_header` may be used.
+    quick: bool,
     cur: Partial,
     /// (index in `out`, start, end) of the multibulk requests of this call, waiting for the
     /// one shared buffer that is split off the read buffer at the end of the call.
@@ -89,6 +91,7 @@ pub struct RequestParser {
 impl RequestParser {
     pub fn new(limits: Limits) -> Self {
         RequestParser {
+            quick: limits.max_inline_len >= 20,
             limits,
             cur: Partial::default(),
             pending: Vec::new(),
@@ -113,8 +116,7 @@ impl RequestParser {
                     self.cur = Partial::default();
                     start += len;
                 }
-                Ok(Step::Multibulk(len)) => {
-                    let args = std::mem::take(&mut self.cur).args;
+                Ok(Step::Multibulk(len, args)) => {
                     self.pending.push((out.len(), start, start + len));
                     out.push(Request {
                         data: Bytes::new(),
@@ -153,6 +155,13 @@ impl RequestParser {
             if s[0] != b'*' {
                 return self.inline(s);
             }
+            if self.quick {
+                if let Some(step) = self.fast_multibulk(s) {
+                    return Ok(step);
+                }
+            }
+        }
+        if self.cur.pos == 0 {
             let Some((n, next)) = self.header(s, 0, false)? else {
                 return Ok(Step::Incomplete);
             };
@@ -181,7 +190,8 @@ impl RequestParser {
                 cur.bulk = None;
                 cur.remaining -= 1;
                 if cur.remaining == 0 {
-                    return Ok(Step::Multibulk(cur.pos));
+                    let done = std::mem::take(cur);
+                    return Ok(Step::Multibulk(done.pos, done.args));
                 }
             }
             let at = self.cur.pos;
@@ -205,6 +215,48 @@ impl RequestParser {
         }
     }
 
+    /// The common case, a whole multibulk already in the buffer, read with local state.
+    /// Stops at the first thing it does not expect (a partial or unusual line, a missing
+    /// CRLF, a limit) and leaves its progress in `cur` for `step`, which takes over from
+    /// there with the exact rules and messages; so nothing is ever read twice.
+    fn fast_multibulk(&mut self, s: &[u8]) -> Option<Step> {
+        let (n, mut pos) = quick_header(s, 0)?;
+        let n = usize::try_from(n)
+            .ok()
+            .filter(|&n| n > 0 && n <= self.limits.max_args)?;
+        let mut args = ArgRanges::new();
+        let mut left = n;
+        while left > 0 {
+            if s.get(pos) != Some(&b'$') {
+                break;
+            }
+            let Some((len, next)) = quick_header(s, pos) else {
+                break;
+            };
+            let len = len as usize; // quick_header never returns a negative
+            if len > self.limits.max_bulk_len {
+                break;
+            }
+            let end = next.saturating_add(len);
+            if s.get(end..end.saturating_add(2)) != Some(b"\r\n") {
+                break;
+            }
+            args.push((next, end));
+            pos = end + 2;
+            left -= 1;
+        }
+        if left == 0 {
+            return Some(Step::Multibulk(pos, args));
+        }
+        self.cur = Partial {
+            pos,
+            remaining: left,
+            args,
+            ..Partial::default()
+        };
+        None
+    }
+
     /// Reads the number of the `*N` (or, if `bulk`, `$N`) line at `at`: Some((N, index after
     /// the line)), or None (and `need` set) when the line has not all arrived.
     fn header(
@@ -213,10 +265,11 @@ impl RequestParser {
         at: usize,
         bulk: bool,
     ) -> Result<Option<(i64, usize)>, ParseError> {
-        let quick = self.limits.max_inline_len >= 20;
-        if let Some(found) = quick_header(s, at).filter(|_| quick) {
-            self.cur.scanned = 0;
-            return Ok(Some(found));
+        if self.quick {
+            if let Some(found) = quick_header(s, at) {
+                self.cur.scanned = 0;
+                return Ok(Some(found));
+            }
         }
         let (too_big, invalid) = if bulk {
             (ParseError::BulkCountTooBig, ParseError::InvalidBulkLength)
@@ -305,16 +358,15 @@ impl RequestParser {
 /// which gives the same answer more slowly. Short enough for any sane `max_inline_len`.
 #[inline]
 fn quick_header(s: &[u8], at: usize) -> Option<(i64, usize)> {
-    let digits = s.get(at + 1..)?;
-    if digits.starts_with(b"0\r\n") {
-        return Some((0, at + 4));
+    let (&first, tail) = s.get(at + 1..)?.split_first()?;
+    if !(b'1'..=b'9').contains(&first) {
+        return (first == b'0' && tail.starts_with(b"\r\n")).then_some((0, at + 4));
     }
-    let mut v: i64 = 0;
-    for i in 0..19 {
-        match *digits.get(i)? {
-            b @ b'1'..=b'9' if i < 18 => v = v * 10 + i64::from(b - b'0'),
-            b'0' if i > 0 && i < 18 => v *= 10,
-            b'\r' if i > 0 && digits.get(i + 1) == Some(&b'\n') => return Some((v, at + i + 3)),
+    let mut v = i64::from(first - b'0');
+    for (i, &b) in tail.iter().take(18).enumerate() {
+        match b {
+            b'0'..=b'9' if i < 17 => v = v * 10 + i64::from(b - b'0'),
+            b'\r' => return (tail.get(i + 1) == Some(&b'\n')).then_some((v, at + i + 4)),
             _ => return None,
         }
     }

@@ -1,27 +1,272 @@
-//! probe
-#[cfg(test)]
-mod tests {
-    use serde::Deserialize;
-    #[derive(Deserialize, Debug)]
-    #[serde(deny_unknown_fields)]
-    struct W { strategy: Option<String> }
-    #[derive(Deserialize, Debug)]
-    #[serde(deny_unknown_fields)]
-    struct R { #[serde(rename = "match")] m: String, write: Option<W> }
-    #[derive(Deserialize, Debug)]
-    #[serde(deny_unknown_fields)]
-    struct D { version: u32, rules: Vec<R> }
-    #[test]
-    fn probe() {
-        for t in [
-            "version: 1\nrules:\n  - match: a\n  - match: b\n    write: { strategyy: salt }\n",
-            "version: 1\nrules:\n  - match: a\n  - match: b\n    write:\n      strategyy: salt\n",
-            "version: x\nrules: []\n",
-            "version: 1\nversion: 2\nrules: []\n",
-            "rules: []\n",
-        ] {
-            let e = crate::config::parse_yaml::<D>(t, "f.yaml").unwrap_err();
-            println!("{e:?}");
+//! Hot-key rules that SREs tune: the YAML model, validation with located errors, the
+//! first-match lookup the data path calls, and live reload (see `reload`).
+//!
+//! A file has `defaults` (what every key gets) and an ordered list of `rules`, each a
+//! Redis-style glob with a partial policy. The first rule whose pattern matches a key wins,
+//! and its policy is the defaults with the rule's fields laid over them, nested fields too.
+//! Merging happens once at load, so `resolve` only matches patterns and copies a small
+//! struct. The reference for every field is `docs/rules.md`.
+//!
+//! This module is a leaf: it imports only `config`'s error type and YAML helper.
+
+mod glob;
+mod locate;
+mod model;
+mod reload;
+mod validate;
+
+use std::path::Path;
+
+use serde::Serialize;
+
+use crate::config::{parse_yaml, ConfigError};
+
+pub use glob::{stringmatch, Glob, MAX_PATTERN_BYTES};
+pub use model::{
+    CachePolicy, CombinePolicy, Detection, Policies, ReadPolicy, SaltPolicy, Shards, Strategy,
+    WritePolicy,
+};
+pub use reload::{spawn_reloader, RulesHandle, POLL_INTERVAL};
+pub use validate::MAX_RULES;
+
+/// The parsed, validated rules. Serializes to the effective rules (each rule already merged
+/// over the defaults), which is also a valid rules document.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Rules {
+    version: u32,
+    detection: Detection,
+    epoch_ms: u64,
+    defaults: Policies,
+    rules: Vec<Rule>,
+}
+
+/// One rule after merging: its pattern and its complete policies.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Rule {
+    #[serde(rename = "match")]
+    pub pattern: Glob,
+    pub read: ReadPolicy,
+    pub write: WritePolicy,
+    /// Treat matching keys as hot from their first request (a known event).
+    pub pin: bool,
+}
+
+/// What applies to one key.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Resolved {
+    /// Index of the rule that matched; `None` = the defaults.
+    pub rule: Option<usize>,
+    pub read: ReadPolicy,
+    pub write: WritePolicy,
+    pub pin: bool,
+}
+
+impl Serialize for Glob {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(self.as_str())
+    }
+}
+
+impl Default for Rules {
+    /// The same as `rules/default.yaml`.
+    fn default() -> Self {
+        Rules {
+            version: 1,
+            detection: Detection::default(),
+            epoch_ms: model::default_epoch_ms(),
+            defaults: Policies::default(),
+            rules: Vec::new(),
         }
     }
 }
+
+impl Rules {
+    /// Reads, parses and validates a rules file.
+    pub fn load(path: &Path) -> Result<Rules, ConfigError> {
+        let file = path.display().to_string();
+        let text = std::fs::read_to_string(path).map_err(|e| ConfigError {
+            file: file.clone(),
+            line: 0,
+            column: 0,
+            field: String::new(),
+            message: format!("cannot read: {e}"),
+        })?;
+        Rules::parse(&text, &file)
+    }
+
+    /// Parses and validates YAML text; `file` names it in errors.
+    pub fn parse(text: &str, file: &str) -> Result<Rules, ConfigError> {
+        let doc: model::RulesDoc = parse_yaml(text, file).map_err(|e| polish(e, text))?;
+        Rules::build(doc).map_err(|p| {
+            let (field, line, column) = locate::best(text, &p.fields);
+            let mut message = p.message;
+            if let Some(first) = p
+                .fields
+                .first()
+                .filter(|f| **f != field && p.fields.len() > 1)
+            {
+                // Pointing at the field the file wrote; say where the other value came from.
+                let name = first.rsplit('.').next().unwrap_or(first);
+                message.push_str(&format!(
+                    " ({name} is not written here: it comes from the defaults)"
+                ));
+            }
+            ConfigError {
+                file: file.into(),
+                line,
+                column,
+                field,
+                message,
+            }
+        })
+    }
+
+    /// Merges every rule over the defaults and checks the result.
+    fn build(doc: model::RulesDoc) -> Result<Rules, validate::Problem> {
+        validate::version(doc.version)?;
+        validate::detection(&doc.detection, doc.epoch_ms)?;
+        validate::read("defaults.read", &doc.defaults.read)?;
+        validate::write("defaults.write", &doc.defaults.write)?;
+        let pats: Vec<&str> = doc.rules.iter().map(|r| r.pattern.as_str()).collect();
+        let globs = validate::patterns(&pats)?;
+        let mut rules = Vec::with_capacity(doc.rules.len());
+        for (i, (r, pattern)) in doc.rules.iter().zip(globs).enumerate() {
+            let read = r
+                .read
+                .as_ref()
+                .map_or(doc.defaults.read, |p| p.over(doc.defaults.read));
+            let write = r
+                .write
+                .as_ref()
+                .map_or(doc.defaults.write, |p| p.over(doc.defaults.write));
+            validate::read(&format!("rules[{i}].read"), &read)?;
+            validate::write(&format!("rules[{i}].write"), &write)?;
+            rules.push(Rule {
+                pattern,
+                read,
+                write,
+                pin: r.pin,
+            });
+        }
+        Ok(Rules {
+            version: doc.version,
+            detection: doc.detection,
+            epoch_ms: doc.epoch_ms,
+            defaults: doc.defaults,
+            rules,
+        })
+    }
+
+    /// The policy for `key`: the first matching rule, else the defaults.
+    #[inline]
+    pub fn resolve(&self, key: &[u8]) -> Resolved {
+        for (i, r) in self.rules.iter().enumerate() {
+            if r.pattern.matches(key) {
+                return Resolved {
+                    rule: Some(i),
+                    read: r.read,
+                    write: r.write,
+                    pin: r.pin,
+                };
+            }
+        }
+        Resolved {
+            rule: None,
+            read: self.defaults.read,
+            write: self.defaults.write,
+            pin: false,
+        }
+    }
+
+    pub fn window_ms(&self) -> u64 {
+        self.detection.window_ms
+    }
+
+    pub fn top_k(&self) -> usize {
+        self.detection.top_k
+    }
+
+    pub fn epoch_ms(&self) -> u64 {
+        self.epoch_ms
+    }
+
+    pub fn detection(&self) -> &Detection {
+        &self.detection
+    }
+
+    pub fn defaults(&self) -> &Policies {
+        &self.defaults
+    }
+
+    /// The merged rules, in match order.
+    pub fn rules(&self) -> &[Rule] {
+        &self.rules
+    }
+
+    /// Lowest (read, write) hot threshold over defaults and rules: a detector that tracks
+    /// keys from this rate up misses no rule.
+    pub fn min_hot_at(&self) -> (f64, f64) {
+        let d = (
+            self.defaults.read.hot_at_per_sec,
+            self.defaults.write.hot_at_per_sec,
+        );
+        self.rules.iter().fold(d, |(r, w), x| {
+            (r.min(x.read.hot_at_per_sec), w.min(x.write.hot_at_per_sec))
+        })
+    }
+
+    /// Patterns of rules with `pin: true`, in rule order.
+    pub fn pinned(&self) -> Vec<String> {
+        self.rules
+            .iter()
+            .filter(|r| r.pin)
+            .map(|r| r.pattern.to_string())
+            .collect()
+    }
+
+    /// The effective rules as JSON, for `GET /rules`.
+    pub fn to_json(&self) -> String {
+        // Plain data with string keys: serialization cannot fail.
+        serde_json::to_string_pretty(self).unwrap_or_else(|e| format!("{{\"error\":\"{e}\"}}"))
+    }
+}
+
+/// Makes parser errors read well: drop the path serde_yaml_ng repeats in its message, and
+/// place errors it reports without a position (duplicate keys, missing fields).
+fn polish(mut e: ConfigError, text: &str) -> ConfigError {
+    for prefix in [format!("{}: ", e.field), format!("{}: ", parent(&e.field))] {
+        if let Some(rest) = e.message.strip_prefix(&prefix) {
+            e.message = rest.to_string();
+            break;
+        }
+    }
+    let quoted = |m: &str, head: &str| {
+        m.strip_prefix(head)
+            .and_then(|r| r.split('`').nth(1))
+            .map(str::to_string)
+    };
+    if let Some(name) = quoted(&e.message, "duplicate field") {
+        if let Some((path, line, column)) = locate::duplicate(text, &e.field, &name) {
+            (e.field, e.line, e.column) = (path, line, column);
+        }
+    } else if let Some(name) = quoted(&e.message, "missing field") {
+        if e.line <= 1 && e.column <= 1 && !e.field.is_empty() {
+            if let Some((line, column)) = locate::find(text, &e.field) {
+                (e.line, e.column) = (line, column);
+            }
+        }
+        e.field = if e.field.is_empty() {
+            name
+        } else {
+            format!("{}.{name}", e.field)
+        };
+    }
+    e
+}
+
+fn parent(path: &str) -> &str {
+    path.rfind(['.', '[']).map_or("", |i| &path[..i])
+}
+
+#[cfg(test)]
+mod tests;

@@ -5,6 +5,7 @@ are skipped). Exit code 0 only if every test passed."""
 import argparse
 import logging
 import os
+import signal
 import sys
 
 import redis
@@ -44,6 +45,8 @@ def main():
     # redis-py logs every RESP3 push frame at INFO; the pub/sub tests check them instead.
     logging.getLogger("push_response").setLevel(logging.WARNING)
 
+    # A timeout's SIGTERM must still run the finally below, which kills the servers.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     cluster = harness.Cluster()
     try:
         if args.direct:

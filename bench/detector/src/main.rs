@@ -171,7 +171,8 @@ fn realtime_jump(jump_after: Duration) -> Option<f64> {
     let feeder = {
         let det = det.clone();
         std::thread::spawn(move || {
-            let (z, mut rng, mut buf, mut vbuf) = (Zipf::new(1_000_000, 0.99), Rng(5), [0u8; 20], [0u8; 20]);
+            let (z, mut rng, mut buf, mut vbuf) =
+                (Zipf::new(1_000_000, 0.99), Rng(5), [0u8; 20], [0u8; 20]);
             let (mut bg, mut vi) = (0u64, 0u64);
             while start.elapsed() < jump_after + Duration::from_millis(1000) {
                 let us = start.elapsed().as_micros() as u64;
@@ -335,10 +336,19 @@ fn main() {
 }
 
 fn report_detection() {
-    println!("## Accuracy against exact counts (hot = 0.1% of traffic, 1M obs/s, 7 windows scored)\n");
-    println!("| stream | distinct keys | top_k | keys >= 0.1% | precision | recall | max rate error |");
+    println!(
+        "## Accuracy against exact counts (hot = 0.1% of traffic, 1M obs/s, 7 windows scored)\n"
+    );
+    println!(
+        "| stream | distinct keys | top_k | keys >= 0.1% | precision | recall | max rate error |"
+    );
     println!("|---|---|---|---|---|---|---|");
-    for (s, n) in [(0.99, 1_000_000), (0.99, 10_000_000), (1.2, 1_000_000), (1.2, 10_000_000)] {
+    for (s, n) in [
+        (0.99, 1_000_000),
+        (0.99, 10_000_000),
+        (1.2, 1_000_000),
+        (1.2, 10_000_000),
+    ] {
         for top_k in [64, 128] {
             let (sc, truth) = accuracy(s, n, top_k, 8);
             println!(
@@ -353,15 +363,29 @@ fn report_detection() {
     println!("\n## A key jumping to 10x its threshold (default config, Zipf(0.99) background)\n");
     let offsets = [0, 50, 137, 250, 400, 500, 650, 800, 850, 900, 950, 990];
     let lat: Vec<Option<u64>> = offsets.iter().map(|&o| jump_latency(o)).collect();
-    println!("| jump at ms into window | {} |", offsets.map(|o| o.to_string()).join(" | "));
+    println!(
+        "| jump at ms into window | {} |",
+        offsets.map(|o| o.to_string()).join(" | ")
+    );
     println!("|---|{}", "---|".repeat(offsets.len()));
-    let cells: Vec<String> = lat.iter().map(|l| l.map_or("missed".into(), |v| v.to_string())).collect();
-    println!("| ms until listed hot (detector clock) | {} |", cells.join(" | "));
+    let cells: Vec<String> = lat
+        .iter()
+        .map(|l| l.map_or("missed".into(), |v| v.to_string()))
+        .collect();
+    println!(
+        "| ms until listed hot (detector clock) | {} |",
+        cells.join(" | ")
+    );
     let rt: Vec<String> = [1300u64, 1650, 1960]
         .iter()
-        .map(|&ms| realtime_jump(Duration::from_millis(ms)).map_or("missed".into(), |v| format!("{v:.0}")))
+        .map(|&ms| {
+            realtime_jump(Duration::from_millis(ms)).map_or("missed".into(), |v| format!("{v:.0}"))
+        })
         .collect();
-    println!("\nReal time (system clock, jumps at 1300/1650/1960 ms): {} ms", rt.join(" / "));
+    println!(
+        "\nReal time (system clock, jumps at 1300/1650/1960 ms): {} ms",
+        rt.join(" / ")
+    );
 
     println!("\n## Uniform streams (1M obs/s, 10 windows): most keys ever listed\n");
     println!("| keys | each key's rate | hot_at | most keys listed |");
@@ -376,13 +400,16 @@ fn report_detection() {
     println!("| window | precision | recall | keys of the old set still listed |");
     println!("|---|---|---|---|");
     for (w, sc, old) in rows {
-        println!("| {w} | {:.4} | {:.4} | {old} |", sc.precision(), sc.recall());
+        println!(
+            "| {w} | {:.4} | {:.4} | {old} |",
+            sc.precision(),
+            sc.recall()
+        );
     }
     println!(
         "\nEvery new key above 10x the threshold listed {} ms after the change.",
         all_new_at.map_or("never".into(), |v| v.to_string())
     );
-
 }
 
 fn report_cost() {
@@ -402,17 +429,31 @@ fn report_cost() {
     println!("| Zipf(1.2), 10M keys | {:.1} |", cost(&det, &s12));
     println!("| uniform, 10M keys | {:.1} |", cost(&det, &uni));
     let one = vec![key_id(1, 5); n];
-    println!("| one key every time (all in L1: the compute floor) | {:.1} |", cost(&det, &one));
+    println!(
+        "| one key every time (all in L1: the compute floor) | {:.1} |",
+        cost(&det, &one)
+    );
     let small = ids(n, || key_id(rng.below(1000) + 1, 6));
-    println!("| uniform, 1000 keys (sketch cells cached) | {:.1} |", cost(&det, &small));
+    println!(
+        "| uniform, 1000 keys (sketch cells cached) | {:.1} |",
+        cost(&det, &small)
+    );
     let two: Vec<f64> = std::thread::scope(|s| {
-        let hs: Vec<_> = [&s99, &s12].map(|st| {
-            let det = det.clone();
-            s.spawn(move || cost(&det, st))
-        }).into_iter().collect();
-        hs.into_iter().map(|h| h.join().unwrap_or(f64::NAN)).collect()
+        let hs: Vec<_> = [&s99, &s12]
+            .map(|st| {
+                let det = det.clone();
+                s.spawn(move || cost(&det, st))
+            })
+            .into_iter()
+            .collect();
+        hs.into_iter()
+            .map(|h| h.join().unwrap_or(f64::NAN))
+            .collect()
     });
-    println!("| two threads at once (Zipf 0.99 / Zipf 1.2) | {:.1} / {:.1} |", two[0], two[1]);
+    println!(
+        "| two threads at once (Zipf 0.99 / Zipf 1.2) | {:.1} / {:.1} |",
+        two[0], two[1]
+    );
     println!(
         "| bare sketch as probabilistic-collections does it (2x SipHash, double hashing) | {:.1} |",
         siphash_double_cost(&s99)

@@ -138,7 +138,10 @@ mod tests {
         for rank in [1, 2, 10, 100] {
             let want = Zipf::probability(n, s, rank) * samples as f64;
             let got = counts[rank as usize] as f64;
-            assert!((got - want).abs() < 5.0 * want.sqrt() + 1.0, "rank {rank}: {got} vs {want}");
+            assert!(
+                (got - want).abs() < 5.0 * want.sqrt() + 1.0,
+                "rank {rank}: {got} vs {want}"
+            );
         }
     }
 

@@ -1,0 +1,382 @@
+//! The rules document's types: effective policies (what the data path reads), the partial
+//! "patches" a rule may give, and how a patch merges over the defaults, field by field.
+//!
+//! Built-in defaults live in the `Default` impls below and must agree with
+//! `rules/default.yaml` (a test holds them together). Units are in the field names.
+
+use std::fmt;
+
+use serde::de::{self, Deserializer, Visitor};
+use serde::{Deserialize, Serialize, Serializer};
+
+/// How write pressure on a hot key is taken off.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum Strategy {
+    /// Forward writes unchanged (locks, config rows: keys whose identity is the point).
+    #[serde(rename = "off")]
+    Off,
+    /// Batch same-key increments arriving within `combine.window_us` into one.
+    #[serde(rename = "combine")]
+    Combine,
+    /// Spread writes over shard keys on different nodes; reads merge them back.
+    #[serde(rename = "salt")]
+    Salt,
+    /// Both: combine per shard.
+    #[serde(rename = "salt+combine")]
+    SaltCombine,
+    /// The proxy chooses per key from its rate: combine while one node keeps up
+    /// (`salt.per_shard_per_sec`), salt+combine above that.
+    #[serde(rename = "auto")]
+    Auto,
+}
+
+/// Salt count: fixed, or `auto` = ceil(peak write rate / `per_shard_per_sec`), capped.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Shards {
+    Auto,
+    Fixed(u32),
+}
+
+impl Serialize for Shards {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        match self {
+            Shards::Auto => s.serialize_str("auto"),
+            Shards::Fixed(n) => s.serialize_u32(*n),
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for Shards {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl Visitor<'_> for V {
+            type Value = Shards;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("`auto` or a whole number of shards")
+            }
+            fn visit_str<E: de::Error>(self, v: &str) -> Result<Shards, E> {
+                match v {
+                    "auto" => Ok(Shards::Auto),
+                    _ => Err(E::invalid_value(de::Unexpected::Str(v), &self)),
+                }
+            }
+            fn visit_u64<E: de::Error>(self, v: u64) -> Result<Shards, E> {
+                u32::try_from(v)
+                    .map(Shards::Fixed)
+                    .map_err(|_| E::invalid_value(de::Unexpected::Unsigned(v), &self))
+            }
+            fn visit_i64<E: de::Error>(self, v: i64) -> Result<Shards, E> {
+                u64::try_from(v)
+                    .map_err(|_| E::invalid_value(de::Unexpected::Signed(v), &self))
+                    .and_then(|v| self.visit_u64(v))
+            }
+        }
+        d.deserialize_any(V)
+    }
+}
+
+/// How hot keys are found.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Detection {
+    /// Counters halve every window; rates are per window. Default 1000 ms.
+    pub window_ms: u64,
+    /// Keys tracked per thread and direction. Default 64.
+    pub top_k: usize,
+}
+
+impl Default for Detection {
+    fn default() -> Self {
+        Detection {
+            window_ms: 1000,
+            top_k: 64,
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct CachePolicy {
+    /// Serve read-hot keys from the proxy's cache. Default true.
+    pub enabled: bool,
+    /// Entry lifetime before jitter. Default 1000 ms.
+    pub ttl_ms: u64,
+    /// TTL varies by +/- this percentage so entries do not expire together. Default 20.
+    pub jitter_pct: u32,
+    /// How long past expiry a stale entry may be served while one refill runs. Default 250 ms.
+    pub stale_while_revalidate_ms: u64,
+}
+
+impl Default for CachePolicy {
+    fn default() -> Self {
+        CachePolicy {
+            enabled: true,
+            ttl_ms: 1000,
+            jitter_pct: 20,
+            stale_while_revalidate_ms: 250,
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ReadPolicy {
+    /// A key reading at least this often is read-hot. Default 2000 per second.
+    pub hot_at_per_sec: f64,
+    /// A read-hot key below this rate cools down (hysteresis). Default 500 per second.
+    pub cool_below_per_sec: f64,
+    pub cache: CachePolicy,
+}
+
+impl Default for ReadPolicy {
+    fn default() -> Self {
+        ReadPolicy {
+            hot_at_per_sec: 2000.0,
+            cool_below_per_sec: 500.0,
+            cache: CachePolicy::default(),
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct CombinePolicy {
+    /// How long the first increment of a batch waits for others. Default 500 us.
+    pub window_us: u64,
+}
+
+impl Default for CombinePolicy {
+    fn default() -> Self {
+        CombinePolicy { window_us: 500 }
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct SaltPolicy {
+    /// `auto` or a fixed count. Default auto.
+    pub shards: Shards,
+    /// Write rate one shard (one node) should carry, for `auto`. Default 1000 per second.
+    pub per_shard_per_sec: f64,
+    /// Ceiling for `auto` and for a fixed count. Default 64.
+    pub max_shards: u32,
+}
+
+impl Default for SaltPolicy {
+    fn default() -> Self {
+        SaltPolicy {
+            shards: Shards::Auto,
+            per_shard_per_sec: 1000.0,
+            max_shards: 64,
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct WritePolicy {
+    /// A key written at least this often is write-hot. Default 2000 per second.
+    pub hot_at_per_sec: f64,
+    /// A write-hot key below this rate is demoted at an epoch boundary. Default 500 per second.
+    pub cool_below_per_sec: f64,
+    /// Default auto.
+    pub strategy: Strategy,
+    pub combine: CombinePolicy,
+    pub salt: SaltPolicy,
+}
+
+impl Default for WritePolicy {
+    fn default() -> Self {
+        WritePolicy {
+            hot_at_per_sec: 2000.0,
+            cool_below_per_sec: 500.0,
+            strategy: Strategy::Auto,
+            combine: CombinePolicy::default(),
+            salt: SaltPolicy::default(),
+        }
+    }
+}
+
+/// The `defaults:` section: what a key gets when no rule matches, and what rules inherit.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Policies {
+    pub read: ReadPolicy,
+    pub write: WritePolicy,
+}
+
+// ---- What a rule may give: every field optional; absent means "as in defaults". ----
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct CachePatch {
+    enabled: Option<bool>,
+    ttl_ms: Option<u64>,
+    jitter_pct: Option<u32>,
+    stale_while_revalidate_ms: Option<u64>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct ReadPatch {
+    hot_at_per_sec: Option<f64>,
+    cool_below_per_sec: Option<f64>,
+    cache: Option<CachePatch>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct CombinePatch {
+    window_us: Option<u64>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct SaltPatch {
+    shards: Option<Shards>,
+    per_shard_per_sec: Option<f64>,
+    max_shards: Option<u32>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct WritePatch {
+    hot_at_per_sec: Option<f64>,
+    cool_below_per_sec: Option<f64>,
+    strategy: Option<Strategy>,
+    combine: Option<CombinePatch>,
+    salt: Option<SaltPatch>,
+}
+
+fn set<T: Copy>(field: &mut T, v: Option<T>) {
+    if let Some(v) = v {
+        *field = v;
+    }
+}
+
+impl ReadPatch {
+    pub(crate) fn over(&self, mut r: ReadPolicy) -> ReadPolicy {
+        set(&mut r.hot_at_per_sec, self.hot_at_per_sec);
+        set(&mut r.cool_below_per_sec, self.cool_below_per_sec);
+        if let Some(c) = &self.cache {
+            set(&mut r.cache.enabled, c.enabled);
+            set(&mut r.cache.ttl_ms, c.ttl_ms);
+            set(&mut r.cache.jitter_pct, c.jitter_pct);
+            set(
+                &mut r.cache.stale_while_revalidate_ms,
+                c.stale_while_revalidate_ms,
+            );
+        }
+        r
+    }
+}
+
+impl WritePatch {
+    pub(crate) fn over(&self, mut w: WritePolicy) -> WritePolicy {
+        set(&mut w.hot_at_per_sec, self.hot_at_per_sec);
+        set(&mut w.cool_below_per_sec, self.cool_below_per_sec);
+        set(&mut w.strategy, self.strategy);
+        if let Some(c) = &self.combine {
+            set(&mut w.combine.window_us, c.window_us);
+        }
+        if let Some(s) = &self.salt {
+            set(&mut w.salt.shards, s.shards);
+            set(&mut w.salt.per_shard_per_sec, s.per_shard_per_sec);
+            set(&mut w.salt.max_shards, s.max_shards);
+        }
+        w
+    }
+}
+
+/// One entry of `rules:` as written.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RuleDoc {
+    #[serde(rename = "match")]
+    pub pattern: String,
+    pub read: Option<ReadPatch>,
+    pub write: Option<WritePatch>,
+    #[serde(default)]
+    pub pin: bool,
+}
+
+/// The file as written, before merging and validation.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RulesDoc {
+    pub version: u32,
+    #[serde(default)]
+    pub detection: Detection,
+    #[serde(default = "default_epoch_ms")]
+    pub epoch_ms: u64,
+    #[serde(default)]
+    pub defaults: Policies,
+    #[serde(default)]
+    pub rules: Vec<RuleDoc>,
+}
+
+/// Promotions and demotions take effect on these wall-clock-aligned boundaries. Default 5000 ms.
+pub(crate) fn default_epoch_ms() -> u64 {
+    5000
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn nested_patch_overrides_only_what_it_gives() {
+        let p: WritePatch = serde_yaml_ng::from_str("salt: { shards: 8 }").unwrap();
+        let base = WritePolicy {
+            strategy: Strategy::Combine,
+            ..WritePolicy::default()
+        };
+        let w = p.over(base);
+        assert_eq!(w.salt.shards, Shards::Fixed(8));
+        assert_eq!(w.salt.max_shards, 64);
+        assert_eq!(w.strategy, Strategy::Combine);
+    }
+
+    #[test]
+    fn shards_take_auto_or_a_count_and_nothing_else() {
+        let s: SaltPatch = serde_yaml_ng::from_str("shards: auto").unwrap();
+        assert_eq!(s.shards, Some(Shards::Auto));
+        let s: SaltPatch = serde_yaml_ng::from_str("shards: 12").unwrap();
+        assert_eq!(s.shards, Some(Shards::Fixed(12)));
+        for bad in [
+            "shards: -1",
+            "shards: many",
+            "shards: 1.5",
+            "shards: 5000000000",
+        ] {
+            assert!(serde_yaml_ng::from_str::<SaltPatch>(bad).is_err(), "{bad}");
+        }
+        assert_eq!(serde_json::to_string(&Shards::Fixed(3)).unwrap(), "3");
+        assert_eq!(serde_json::to_string(&Shards::Auto).unwrap(), "\"auto\"");
+    }
+
+    #[test]
+    fn strategy_names_are_the_documented_ones() {
+        let all = [
+            Strategy::Off,
+            Strategy::Combine,
+            Strategy::Salt,
+            Strategy::SaltCombine,
+            Strategy::Auto,
+        ];
+        let names: Vec<String> = all
+            .iter()
+            .map(|s| serde_json::to_string(s).unwrap())
+            .collect();
+        assert_eq!(
+            names,
+            [
+                "\"off\"",
+                "\"combine\"",
+                "\"salt\"",
+                "\"salt+combine\"",
+                "\"auto\""
+            ]
+        );
+    }
+}
