@@ -174,6 +174,10 @@ meta=(
     "(saltshaker with \`--threads $threads\`; nutcracker is single-threaded; $(redis-server --version | awk '{print $3}' | sed 's/v=/redis /'), $(nutcracker --version 2>&1 | sed -n 's/^This is //p'))."
     "Each cell is the median over rounds."
 )
+# Other work on the machine skews one target more than another: say so next to the table.
+if awk -v l="${load_before%% *}" -v n="$(nproc)" 'BEGIN { exit !(l > n) }'; then
+    meta+=("**The machine was busy (load above its core count): the ratios are rough.**")
+fi
 if [ "$write_readme" -eq 1 ]; then
     python3 "$here/bench_report.py" "$rows" --readme "$here/README.md" "${meta[@]/#/--meta=}"
     echo "proxy_bench: table written to bench/README.md"

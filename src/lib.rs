@@ -13,6 +13,7 @@
 //! | `admin`    | HTTP: /metrics /healthz /readyz /hotkeys                              |
 //! | `config`   | startup settings, units in names, strict validation                   |
 //! | `metrics`  | every Prometheus series the proxy exports                             |
+//! | `top`      | `saltshaker top`: the live terminal view of hot keys              |
 //! | `upgrade`  | zero-downtime upgrade: listening sockets handed to the new process    |
 //!
 //! Imports flow one way: `proxy -> resp, command, hotkey, backend, metrics`;
@@ -27,6 +28,7 @@ pub mod hotkey;
 pub mod metrics;
 pub mod proxy;
 pub mod resp;
+pub mod top;
 pub mod upgrade;
 
 use std::sync::Arc;

@@ -60,6 +60,18 @@ struct Cli {
 enum Cmd {
     /// Validate a configuration file and exit.
     Check { file: PathBuf },
+    /// Live view of hot keys, refreshing in place like top.
+    Top {
+        /// The proxy's admin address, HOST:PORT.
+        #[arg(long, default_value = "127.0.0.1:9121")]
+        admin: String,
+        /// Refresh interval.
+        #[arg(long, default_value_t = 1000)]
+        interval_ms: u64,
+        /// Print one frame and exit.
+        #[arg(long)]
+        once: bool,
+    },
 }
 
 fn main() -> ExitCode {
@@ -73,6 +85,16 @@ fn main() -> ExitCode {
             Err(e) => {
                 eprintln!("{e}");
                 ExitCode::from(2)
+            }
+        };
+    }
+    if let Some(Cmd::Top { admin, interval_ms, once }) = &cli.cmd {
+        let args = saltshaker::top::TopArgs { admin: admin.clone(), interval_ms: *interval_ms, once: *once };
+        return match saltshaker::top::run(args) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("saltshaker top: {e}");
+                ExitCode::FAILURE
             }
         };
     }

@@ -137,7 +137,10 @@ pub fn parse_counters(metrics_text: &str) -> Result<Counters, String> {
 }
 
 /// `name{a="x",b="y"} value [timestamp]` -> (name, labels, value).
-fn parse_sample(line: &str) -> Option<(&str, Vec<(String, String)>, f64)> {
+/// Label pairs of one sample, in the order written.
+type Labels = Vec<(String, String)>;
+
+fn parse_sample(line: &str) -> Option<(&str, Labels, f64)> {
     let name_end = line.find(|c: char| c == '{' || c.is_whitespace())?;
     let name = &line[..name_end];
     let mut labels = Vec::new();

@@ -130,7 +130,7 @@ impl Walker {
             return;
         }
         let mut c = indent;
-        while l[c] == '-' && l.get(c + 1).map_or(true, |&x| x == ' ') {
+        while l[c] == '-' && end_or(l, c + 1, |x| x == ' ') {
             while self.block.last().is_some_and(|(i, _)| *i > c) {
                 self.block.pop();
             }
@@ -187,7 +187,9 @@ impl Walker {
                         item_open: false,
                     });
                     if c == '[' {
-                        self.flow.last_mut().map(|f| f.seg = Some(Seg::Index(0)));
+                        if let Some(f) = self.flow.last_mut() {
+                            f.seg = Some(Seg::Index(0));
+                        }
                     }
                     i += 1;
                 }
@@ -237,10 +239,17 @@ impl Walker {
     /// The first token of a flow sequence item marks where the item is.
     fn open_item(&mut self, n: usize, i: usize) {
         if self.flow.last().is_some_and(|f| f.seq && !f.item_open) {
-            self.flow.last_mut().map(|f| f.item_open = true);
+            if let Some(f) = self.flow.last_mut() {
+                f.item_open = true;
+            }
             self.record(n, i);
         }
     }
+}
+
+/// True at the end of the line or where `f` holds.
+fn end_or(l: &[char], i: usize, f: impl Fn(char) -> bool) -> bool {
+    l.get(i).map_or(true, |&x| f(x))
 }
 
 fn skip_spaces(l: &[char], mut i: usize) -> usize {
@@ -278,9 +287,7 @@ fn scalar(l: &[char], i: usize) -> (String, usize) {
     let mut j = i;
     while j < l.len() {
         let c = l[j];
-        let ends_key = c == ':'
-            && l.get(j + 1)
-                .map_or(true, |&x| matches!(x, ' ' | '\t' | ',' | '}' | ']'));
+        let ends_key = c == ':' && end_or(l, j + 1, |x| matches!(x, ' ' | '\t' | ',' | '}' | ']'));
         if ends_key
             || matches!(c, ',' | '{' | '}' | '[' | ']')
             || (c == '#' && j > i && l[j - 1] == ' ')
@@ -296,8 +303,7 @@ fn scalar(l: &[char], i: usize) -> (String, usize) {
 fn block_key(l: &[char], c: usize) -> Option<(String, usize)> {
     let (key, end) = scalar(l, c);
     let colon = skip_spaces(l, end);
-    let ok =
-        l.get(colon) == Some(&':') && l.get(colon + 1).map_or(true, |&x| x == ' ' || x == '\t');
+    let ok = l.get(colon) == Some(&':') && end_or(l, colon + 1, |x| x == ' ' || x == '\t');
     ok.then_some((key, colon + 1))
 }
 

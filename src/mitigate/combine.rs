@@ -1,0 +1,206 @@
+//! Combining: same-key increments that arrive within a short window go to the backend as
+//! one INCRBY (or HINCRBY) of their sum, and every caller still gets its exact reply.
+//!
+//! The batch for a key collects `(delta, caller)` in arrival order. When the window ends,
+//! one `INCRBY key total` runs; if it returns `V`, caller `i` gets
+//! `V - (delta[i+1] + ... + delta[n-1])`, which is exactly what it would have seen had the
+//! batch run one by one in arrival order (nothing else can run between them on the node,
+//! because they ran as one command). An error reply (WRONGTYPE, not an integer, overflow)
+//! or a sum that overflows i64 falls back to sending the batch's own commands one by one in
+//! one job, so each caller gets its own true answer.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bytes::{Bytes, BytesMut};
+use prometheus_client::metrics::counter::Counter;
+use tokio::sync::oneshot;
+
+use crate::backend::{wire, BackendError, ConnHandle, Job, Replies};
+use crate::resp::{encode_error, encode_int, parse_value, Value};
+
+/// What identifies one batch: the node connection's database, the key and, for HINCRBY, the field.
+#[derive(Clone, Debug, Hash, PartialEq, Eq)]
+pub struct BatchKey {
+    pub node: usize,
+    pub db: u32,
+    pub key: Bytes,
+    pub field: Option<Bytes>,
+}
+
+struct Entry {
+    delta: i64,
+    wire: Bytes,
+    reply: oneshot::Sender<Bytes>,
+    done: oneshot::Sender<()>,
+}
+
+#[derive(Default)]
+struct Batch {
+    entries: Vec<Entry>,
+    total: Option<i64>, // None once the sum overflowed: fall back to one by one
+}
+
+/// Metric handles of combining.
+#[derive(Clone, Default)]
+pub struct CombineMetrics {
+    /// Client increments that went through a batch.
+    pub ops: Counter,
+    /// Backend writes issued for batches (one per batch, or n on fallback).
+    pub backend_writes: Counter,
+    /// Batches that fell back to one-by-one.
+    pub fallbacks: Counter,
+}
+
+/// All open batches of this proxy.
+pub struct Combiner {
+    open: Mutex<HashMap<BatchKey, Batch>>,
+    metrics: CombineMetrics,
+}
+
+/// What a caller waits on: its reply, and the moment its write reached the node (the
+/// session's barrier before its next command).
+pub struct Pending {
+    pub reply: oneshot::Receiver<Bytes>,
+    pub done: oneshot::Receiver<()>,
+}
+
+impl Combiner {
+    pub fn new(metrics: CombineMetrics) -> Arc<Combiner> {
+        Arc::new(Combiner { open: Mutex::new(HashMap::new()), metrics })
+    }
+
+    /// Adds one increment to the key's batch, opening the batch (and its timer) if needed.
+    /// `wire` is the caller's own command, used if the batch falls back.
+    pub fn add(self: &Arc<Self>, bk: BatchKey, conn: ConnHandle, delta: i64, wire: Bytes, window: Duration) -> Pending {
+        let (reply_tx, reply) = oneshot::channel();
+        let (done_tx, done) = oneshot::channel();
+        let entry = Entry { delta, wire, reply: reply_tx, done: done_tx };
+        let opened = {
+            let mut open = self.open.lock().unwrap_or_else(|p| p.into_inner());
+            let batch = open.entry(bk.clone()).or_insert_with(|| Batch { entries: Vec::new(), total: Some(0) });
+            let opened = batch.entries.is_empty();
+            batch.total = batch.total.and_then(|t| t.checked_add(delta));
+            batch.entries.push(entry);
+            opened
+        };
+        self.metrics.ops.inc();
+        if opened {
+            let me = self.clone();
+            tokio::spawn(async move {
+                tokio::time::sleep(window).await;
+                me.flush(bk, conn).await;
+            });
+        }
+        Pending { reply, done }
+    }
+
+    async fn flush(&self, bk: BatchKey, conn: ConnHandle) {
+        let batch = {
+            let mut open = self.open.lock().unwrap_or_else(|p| p.into_inner());
+            open.remove(&bk).unwrap_or_default()
+        };
+        if batch.entries.is_empty() {
+            return;
+        }
+        let combined = match batch.total {
+            Some(total) if batch.entries.len() > 1 => {
+                let cmd = match &bk.field {
+                    Some(f) => wire(&[&b"HINCRBY"[..], &bk.key, f, total.to_string().as_bytes()]),
+                    None => wire(&[&b"INCRBY"[..], &bk.key, total.to_string().as_bytes()]),
+                };
+                self.metrics.backend_writes.inc();
+                match call(&conn, vec![cmd], 1).await.map(|r| r.get(0)) {
+                    Ok(raw) => match parse_value(&raw) {
+                        Ok(Some((Value::Integer(v), _))) => Some(Ok(v)),
+                        _ => None, // an error reply: each caller must see its own
+                    },
+                    Err(e) => Some(Err(e)),
+                }
+            }
+            _ => None,
+        };
+        match combined {
+            Some(Ok(v)) => {
+                // Caller i sees V minus what the callers after it added.
+                let mut after: i64 = 0;
+                let mut replies: Vec<Bytes> = Vec::with_capacity(batch.entries.len());
+                for e in batch.entries.iter().rev() {
+                    let mut out = BytesMut::with_capacity(24);
+                    encode_int(v - after, &mut out);
+                    replies.push(out.freeze());
+                    after += e.delta; // cannot overflow: the total did not
+                }
+                replies.reverse();
+                for (e, r) in batch.entries.into_iter().zip(replies) {
+                    let _ = e.reply.send(r);
+                    let _ = e.done.send(());
+                }
+            }
+            Some(Err(err)) => {
+                let mut out = BytesMut::new();
+                encode_error(&format!("ERR saltshaker: {err}"), &mut out);
+                let out = out.freeze();
+                for e in batch.entries {
+                    let _ = e.reply.send(out.clone());
+                    let _ = e.done.send(());
+                }
+            }
+            None => self.one_by_one(batch, &conn).await,
+        }
+    }
+
+    async fn one_by_one(&self, batch: Batch, conn: &ConnHandle) {
+        if batch.entries.len() > 1 {
+            self.metrics.fallbacks.inc();
+        }
+        let n = batch.entries.len();
+        self.metrics.backend_writes.inc_by(n as u64);
+        let wires = batch.entries.iter().map(|e| e.wire.clone()).collect();
+        match call(conn, wires, n as u32).await {
+            Ok(r) => {
+                for (i, e) in batch.entries.into_iter().enumerate() {
+                    let _ = e.reply.send(r.get(i));
+                    let _ = e.done.send(());
+                }
+            }
+            Err(err) => {
+                let mut out = BytesMut::new();
+                encode_error(&format!("ERR saltshaker: {err}"), &mut out);
+                let out = out.freeze();
+                for e in batch.entries {
+                    let _ = e.reply.send(out.clone());
+                    let _ = e.done.send(());
+                }
+            }
+        }
+    }
+}
+
+async fn call(conn: &ConnHandle, data: Vec<Bytes>, count: u32) -> Result<Replies, BackendError> {
+    let (tx, rx) = oneshot::channel();
+    conn.send(Job { data: data.into_iter().collect(), count, tx }).await;
+    match rx.await {
+        Ok(r) => r,
+        Err(_) => Err(BackendError::Io("connection lost before the reply".into())),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn replies_are_running_totals_in_arrival_order() {
+        // V = 10 after deltas [1, 2, 3] on a key that held 4: callers see 5, 7, 10.
+        let deltas = [1i64, 2, 3];
+        let v = 10i64;
+        let mut after = 0;
+        let mut seen = Vec::new();
+        for d in deltas.iter().rev() {
+            seen.push(v - after);
+            after += d;
+        }
+        seen.reverse();
+        assert_eq!(seen, vec![5, 7, 10]);
+    }
+}
