@@ -47,8 +47,16 @@ esac
 workdir=$(mktemp -d "${TMPDIR:-/tmp}/proxy-bench.XXXXXX")
 pids=()
 cleanup() {
-    local pid
+    local pid i alive
     for pid in "${pids[@]}"; do kill "$pid" 2>/dev/null || true; done
+    # A process that ignores SIGTERM (a stuck proxy) must not hang the script.
+    for i in $(seq 1 40); do
+        alive=0
+        for pid in "${pids[@]}"; do kill -0 "$pid" 2>/dev/null && alive=1; done
+        [ "$alive" -eq 0 ] && break
+        sleep 0.05
+    done
+    for pid in "${pids[@]}"; do kill -9 "$pid" 2>/dev/null || true; done
     for pid in "${pids[@]}"; do wait "$pid" 2>/dev/null || true; done
     rm -rf "$workdir"
 }

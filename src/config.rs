@@ -163,7 +163,19 @@ impl Config {
             field: String::new(),
             message: format!("cannot read: {e}"),
         })?;
-        Config::parse(&text, &file)
+        let mut cfg = Config::parse(&text, &file)?;
+        // Paths in the file are relative to the file's folder, not to where we run.
+        if let Some(dir) = path.parent() {
+            for p in [&mut cfg.rules, &mut cfg.upgrade_socket]
+                .into_iter()
+                .flatten()
+            {
+                if p.is_relative() {
+                    *p = dir.join(&*p);
+                }
+            }
+        }
+        Ok(cfg)
     }
 
     /// Parses and validates YAML text; `file` names it in errors.

@@ -8,11 +8,15 @@
 //! | `resp`     | the wire: request parser, reply framer, value encoder (RESP2/RESP3)    |
 //! | `command`  | the command table: key positions, read/write, routing class           |
 //! | `hotkey`   | Count-Min sketch, top-k, windows, aggregation; knows nothing of Redis |
+//! | `rules`    | hot-key rules (YAML): thresholds, strategies, live reload             |
+//! | `policy`   | decide(command, hot set) -> Action; pure                              |
+//! | `mitigate` | combine (batched increments with exact replies)                       |
 //! | `backend`  | nodes, shared pipelined connections, placement (single, ketama)       |
 //! | `proxy`    | listener, session (read, classify, observe, decide, act, reply)       |
 //! | `admin`    | HTTP: /metrics /healthz /readyz /hotkeys                              |
 //! | `config`   | startup settings, units in names, strict validation                   |
 //! | `metrics`  | every Prometheus series the proxy exports                             |
+//! | `loadgen`  | `saltshaker bench`: Zipf, uniform and viral-key load, per-node load  |
 //! | `top`      | `saltshaker top`: the live terminal view of hot keys              |
 //! | `upgrade`  | zero-downtime upgrade: listening sockets handed to the new process    |
 //!
@@ -25,9 +29,13 @@ pub mod backend;
 pub mod command;
 pub mod config;
 pub mod hotkey;
+pub mod loadgen;
 pub mod metrics;
+pub mod mitigate;
+pub mod policy;
 pub mod proxy;
 pub mod resp;
+pub mod rules;
 pub mod top;
 pub mod upgrade;
 
@@ -57,7 +65,32 @@ pub async fn run(
     let (listener, admin_listener, successor) = listeners(&cfg, upgrade).await?;
     // Replies may carry any value a node stores; cap them at Redis's own bulk limit.
     let backend = backend::Backend::new(&cfg.backend, 512 * 1024 * 1024, &metrics)?;
-    let detector = hotkey::Detector::new(hotkey::DetectorConfig::default());
+    let rules = match &cfg.rules {
+        Some(p) => rules::Rules::load(p).map_err(|e| e.to_string())?,
+        None => rules::Rules::default(),
+    };
+    let detector = hotkey::Detector::new(hotkey::DetectorConfig {
+        window_ms: rules.window_ms(),
+        top_k: rules.top_k(),
+        read_hot_at_per_sec: rules.defaults().read.hot_at_per_sec,
+        write_hot_at_per_sec: rules.defaults().write.hot_at_per_sec,
+        read_cool_below_per_sec: rules.defaults().read.cool_below_per_sec,
+        write_cool_below_per_sec: rules.defaults().write.cool_below_per_sec,
+    });
+    let rules = rules::RulesHandle::new(rules);
+    detector.set_key_thresholds(Some(Arc::new(RuleThresholds(rules.clone()))));
+    metrics.rules_generation.set(rules.generation() as i64);
+    match &cfg.rules {
+        Some(p) => {
+            rules::spawn_reloader(
+                p.clone(),
+                rules.clone(),
+                metrics.rules_reloads_ok.clone(),
+                metrics.rules_reloads_failed.clone(),
+            );
+        }
+        None => ignore_sighup(),
+    }
     let ctx = Arc::new(proxy::Ctx::new(
         backend,
         metrics.clone(),
@@ -67,13 +100,41 @@ pub async fn run(
         cfg.limits.max_clients,
         cfg.auth.password.clone(),
         shutdown.subscribe(),
+        rules.clone(),
     ));
+    proxy::spawn_hot_updater(ctx.clone());
+    {
+        // Detector thresholds and the generation gauge follow the rules.
+        let (mut gens, rules, detector, gauge) = (
+            rules.subscribe(),
+            rules.clone(),
+            detector.clone(),
+            metrics.rules_generation.clone(),
+        );
+        tokio::spawn(async move {
+            while gens.changed().await.is_ok() {
+                let r = rules.load();
+                gauge.set(rules.generation() as i64);
+                detector.set_thresholds(
+                    hotkey::Threshold {
+                        hot_at_per_sec: r.defaults().read.hot_at_per_sec,
+                        cool_below_per_sec: r.defaults().read.cool_below_per_sec,
+                    },
+                    hotkey::Threshold {
+                        hot_at_per_sec: r.defaults().write.hot_at_per_sec,
+                        cool_below_per_sec: r.defaults().write.cool_below_per_sec,
+                    },
+                );
+            }
+        });
+    }
     let ready_ctx = ctx.clone();
     let state = Arc::new(admin::AdminState {
         registry,
         metrics,
         detector,
         ready: Box::new(move || ready_ctx.backend.nodes().iter().any(|n| n.is_up())),
+        rules: rules.clone(),
     });
     if let Some(path) = &cfg.upgrade_socket {
         use std::os::fd::AsRawFd;
@@ -144,4 +205,42 @@ async fn listeners(cfg: &config::Config, upgrade: bool) -> Result<Listeners, Str
         .await
         .map_err(|e| format!("cannot listen on {} (admin): {e}", cfg.admin))?;
     Ok((client, admin, None))
+}
+
+/// Per-key detection thresholds from the rules in force.
+struct RuleThresholds(rules::RulesHandle);
+
+impl hotkey::KeyThresholds for RuleThresholds {
+    fn thresholds(&self, key: &[u8], kind: hotkey::Kind) -> Option<hotkey::Threshold> {
+        let r = self.0.load().resolve(key);
+        Some(match kind {
+            hotkey::Kind::Read => hotkey::Threshold {
+                hot_at_per_sec: r.read.hot_at_per_sec,
+                cool_below_per_sec: r.read.cool_below_per_sec,
+            },
+            hotkey::Kind::Write => hotkey::Threshold {
+                hot_at_per_sec: r.write.hot_at_per_sec,
+                cool_below_per_sec: r.write.cool_below_per_sec,
+            },
+        })
+    }
+
+    fn lowest_hot_at_per_sec(&self, kind: hotkey::Kind) -> f64 {
+        let (r, w) = self.0.load().min_hot_at();
+        match kind {
+            hotkey::Kind::Read => r,
+            hotkey::Kind::Write => w,
+        }
+    }
+}
+
+/// Without a rules file, SIGHUP has nothing to reload; it must not kill the process.
+fn ignore_sighup() {
+    if let Ok(mut hup) = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()) {
+        tokio::spawn(async move {
+            while hup.recv().await.is_some() {
+                tracing::info!("SIGHUP: no rules file configured, nothing to reload");
+            }
+        });
+    }
 }

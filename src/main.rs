@@ -60,6 +60,14 @@ struct Cli {
 enum Cmd {
     /// Validate a configuration file and exit.
     Check { file: PathBuf },
+    /// Load generator: uniform, Zipf or one-viral-key workloads of GET/SET/INCR.
+    Bench {
+        #[command(flatten)]
+        args: saltshaker::loadgen::BenchArgs,
+        /// Print the report as JSON.
+        #[arg(long)]
+        json: bool,
+    },
     /// Live view of hot keys, refreshing in place like top.
     Top {
         /// The proxy's admin address, HOST:PORT.
@@ -77,19 +85,42 @@ enum Cmd {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     if let Some(Cmd::Check { file }) = &cli.cmd {
-        return match Config::load(file) {
-            Ok(_) => {
-                println!("{}: ok", file.display());
-                ExitCode::SUCCESS
+        return check(file);
+    }
+    if let Some(Cmd::Bench { args, json }) = &cli.cmd {
+        return match saltshaker::loadgen::run_blocking(args.clone()) {
+            Ok(report) => {
+                println!(
+                    "{}",
+                    if *json {
+                        report.to_json()
+                    } else {
+                        report.to_text()
+                    }
+                );
+                if report.errors > 0 {
+                    ExitCode::FAILURE
+                } else {
+                    ExitCode::SUCCESS
+                }
             }
             Err(e) => {
-                eprintln!("{e}");
-                ExitCode::from(2)
+                eprintln!("saltshaker bench: {e}");
+                ExitCode::FAILURE
             }
         };
     }
-    if let Some(Cmd::Top { admin, interval_ms, once }) = &cli.cmd {
-        let args = saltshaker::top::TopArgs { admin: admin.clone(), interval_ms: *interval_ms, once: *once };
+    if let Some(Cmd::Top {
+        admin,
+        interval_ms,
+        once,
+    }) = &cli.cmd
+    {
+        let args = saltshaker::top::TopArgs {
+            admin: admin.clone(),
+            interval_ms: *interval_ms,
+            once: *once,
+        };
         return match saltshaker::top::run(args) {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => {
@@ -147,6 +178,31 @@ fn main() -> ExitCode {
         Err(e) => {
             eprintln!("saltshaker: {e}");
             ExitCode::FAILURE
+        }
+    }
+}
+
+/// Validates a config file (and the rules file it names) or a rules file (a document
+/// with `version:`), printing `FILE:LINE:COL: field: problem` for the first problem.
+fn check(file: &std::path::Path) -> ExitCode {
+    let text = std::fs::read_to_string(file).unwrap_or_default();
+    let is_rules = text.lines().any(|l| l.starts_with("version:"));
+    let res = if is_rules {
+        saltshaker::rules::Rules::load(file).map(|_| ())
+    } else {
+        Config::load(file).and_then(|c| match &c.rules {
+            Some(r) => saltshaker::rules::Rules::load(r).map(|_| ()),
+            None => Ok(()),
+        })
+    };
+    match res {
+        Ok(()) => {
+            println!("{}: ok", file.display());
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("{e}");
+            ExitCode::from(2)
         }
     }
 }

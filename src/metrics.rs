@@ -46,6 +46,11 @@ pub struct NodeErrorLabel {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ResultLabel {
+    pub result: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct HotKindLabel {
     pub kind: &'static str,
 }
@@ -71,11 +76,23 @@ pub struct Metrics {
     pub backend_up: Family<NodeLabel, Gauge>,
     pub hot_keys: Family<HotKindLabel, Gauge>,
     pub hot_key_rate: Family<HotKeyLabel, Gauge<f64, AtomicU64>>,
+    pub rules_reloads_ok: Counter,
+    pub rules_reloads_failed: Counter,
+    pub rules_generation: Gauge,
+    pub mitigated_keys: Family<HotKindLabel, Gauge>,
+    pub combine: crate::mitigate::combine::CombineMetrics,
 }
 
 impl Metrics {
     /// Creates every series and registers it in `registry` under the `saltshaker_` prefix.
     pub fn new(registry: &mut Registry) -> Metrics {
+        // One statement per label set: get_or_create returns a read guard, and a second call
+        // for a new label in the same statement would wait for a write lock forever.
+        let reloads = Family::<ResultLabel, Counter>::default();
+        let reloads_ok = reloads.get_or_create(&ResultLabel { result: "ok" }).clone();
+        let reloads_failed = reloads
+            .get_or_create(&ResultLabel { result: "failed" })
+            .clone();
         let requests_family = Family::<ClassLabel, Counter>::default();
         let requests = [0, 1, 2].map(|i| {
             requests_family
@@ -95,7 +112,13 @@ impl Metrics {
             backend_up: Family::default(),
             hot_keys: Family::default(),
             hot_key_rate: Family::default(),
+            rules_reloads_ok: reloads_ok,
+            rules_reloads_failed: reloads_failed,
+            rules_generation: Gauge::default(),
+            mitigated_keys: Family::default(),
+            combine: Default::default(),
         };
+
         let r = registry.sub_registry_with_prefix("saltshaker");
         r.register(
             "requests",
@@ -156,6 +179,36 @@ impl Metrics {
             "hot_key_rate",
             "Per-second rate of each currently hot key (capped set; removed when the key cools)",
             m.hot_key_rate.clone(),
+        );
+        r.register(
+            "rules_reloads",
+            "Rules reload attempts, by result (ok, failed)",
+            reloads,
+        );
+        r.register(
+            "rules_generation",
+            "Rules generation in force (1 = as loaded at start)",
+            m.rules_generation.clone(),
+        );
+        r.register(
+            "mitigated_keys",
+            "Keys under mitigation now, by kind (write = combined)",
+            m.mitigated_keys.clone(),
+        );
+        r.register(
+            "combined_writes",
+            "Client increments that went through a combine batch",
+            m.combine.ops.clone(),
+        );
+        r.register(
+            "combine_backend_writes",
+            "Backend writes issued for combine batches (one per batch; one per command on fallback)",
+            m.combine.backend_writes.clone(),
+        );
+        r.register(
+            "combine_fallbacks",
+            "Combine batches sent one by one after an error reply or an overflowing sum",
+            m.combine.fallbacks.clone(),
         );
         m
     }

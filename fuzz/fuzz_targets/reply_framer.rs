@@ -23,11 +23,19 @@ fuzz_target!(|data: &[u8]| {
     assert_eq!(whole, grown, "growing the buffer changed the outcome");
 
     if let Ok(Some((value, used))) = parse_value(input) {
-        assert_eq!(whole, Ok(Some(used)), "framer and parser disagree on the length");
+        assert_eq!(
+            whole,
+            Ok(Some(used)),
+            "framer and parser disagree on the length"
+        );
         for proto in [Proto::Resp2, Proto::Resp3] {
             let bytes = value.to_bytes(proto);
             let framed = ReplyFramer::new(usize::MAX).next_len(&bytes);
-            assert_eq!(framed, Ok(Some(bytes.len())), "re-encoding is not one reply");
+            assert_eq!(
+                framed,
+                Ok(Some(bytes.len())),
+                "re-encoding is not one reply"
+            );
         }
     }
 });

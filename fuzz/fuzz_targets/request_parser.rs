@@ -38,7 +38,11 @@ fuzz_target!(|data: &[u8]| {
             assert!(request.argc() > 0);
             let args: Vec<&[u8]> = request.args().collect();
             let again = Request::from_args(&args);
-            assert_eq!(again.wire(), request.wire(), "wire is not the canonical encoding");
+            assert_eq!(
+                again.wire(),
+                request.wire(),
+                "wire is not the canonical encoding"
+            );
         }
     }
 });

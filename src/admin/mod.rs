@@ -1,4 +1,4 @@
-//! Admin HTTP: `/metrics` (Prometheus text), `/healthz`, `/readyz`, `/hotkeys` (JSON).
+//! Admin HTTP: `/metrics` (Prometheus text), `/healthz`, `/readyz`, `/hotkeys` and `/rules` (JSON).
 //!
 //! It reads only what it is handed: the metric registry, the detector's snapshot and a
 //! readiness probe. Bound to localhost unless configured otherwise.
@@ -27,6 +27,7 @@ pub struct AdminState {
     pub metrics: Metrics,
     pub detector: Detector,
     pub ready: Box<dyn Fn() -> bool + Send + Sync>,
+    pub rules: crate::rules::RulesHandle,
 }
 
 /// Serves admin requests until shutdown.
@@ -90,6 +91,11 @@ fn route(state: &AdminState, req: Request<Incoming>) -> Response<Full<Bytes>> {
                 )
             }
         }
+        "/rules" => text(
+            StatusCode::OK,
+            "application/json",
+            state.rules.load().to_json() + "\n",
+        ),
         "/hotkeys" => text(
             StatusCode::OK,
             "application/json",
@@ -98,7 +104,7 @@ fn route(state: &AdminState, req: Request<Incoming>) -> Response<Full<Bytes>> {
         _ => text(
             StatusCode::NOT_FOUND,
             "text/plain",
-            "not found: try /metrics /hotkeys /healthz /readyz\n".into(),
+            "not found: try /metrics /hotkeys /rules /healthz /readyz\n".into(),
         ),
     }
 }

@@ -23,6 +23,9 @@ pub(crate) enum Control {
     Shutdown,
 }
 
+/// (thread, sliding count, thread's time in ms) of the latest early report per thread.
+type EarlyReport = (u64, f64, u64);
+
 #[derive(Default)]
 struct WindowAcc {
     totals: [u64; 2],
@@ -59,7 +62,7 @@ pub(crate) struct Aggregator {
     /// The oldest window not closed yet.
     next_window: u64,
     listed: HashMap<Box<[u8]>, Listed>,
-    early: HashMap<(Kind, Box<[u8]>), Vec<(u64, f64, u64)>>,
+    early: HashMap<(Kind, Box<[u8]>), Vec<EarlyReport>>,
     totals_per_sec: [f64; 2],
 }
 
@@ -90,19 +93,37 @@ impl Aggregator {
     }
 
     pub(crate) fn run(mut self, rx: Receiver<Msg>) {
+        let mut replies = Vec::new();
         loop {
-            let msg = rx.recv_timeout(Duration::from_millis(COARSE_TICK_MS));
+            let first = match rx.recv_timeout(Duration::from_millis(COARSE_TICK_MS)) {
+                Ok(msg) => Some(msg),
+                Err(RecvTimeoutError::Timeout) => None,
+                Err(RecvTimeoutError::Disconnected) => return,
+            };
+            // Read the time first, then drain the queue: every message a thread sent before
+            // the clock reached `now` is handled before any window is closed at `now`.
             let now = self.clock.refresh();
-            match msg {
-                Ok(Msg::Control(Control::Shutdown)) | Err(RecvTimeoutError::Disconnected) => return,
-                Ok(Msg::Control(Control::Sync(reply))) => {
-                    self.close_due_windows(now);
-                    let _ = reply.send(());
+            for msg in first
+                .into_iter()
+                .chain(std::iter::from_fn(|| rx.try_recv().ok()))
+            {
+                match msg {
+                    Msg::Control(Control::Shutdown) => return,
+                    Msg::Control(Control::Sync(reply)) => replies.push(reply),
+                    msg => self.handle(msg, now),
                 }
-                Ok(msg) => self.handle(msg, now),
-                Err(RecvTimeoutError::Timeout) => {}
             }
+            // A caller of sync() may have moved the clock after `now` was read; everything it
+            // sent before its Sync was handled above, so its time is safe to use.
+            let now = if replies.is_empty() {
+                now
+            } else {
+                self.clock.refresh()
+            };
             self.close_due_windows(now);
+            for reply in replies.drain(..) {
+                let _ = reply.send(());
+            }
         }
     }
 

@@ -37,12 +37,13 @@ impl ManualClock {
     }
 
     pub fn advance_ms(&self, ms: u64) {
-        self.now_ms.fetch_add(ms, Ordering::Relaxed);
+        // Release: what this thread sent the detector before moving time is seen first.
+        self.now_ms.fetch_add(ms, Ordering::Release);
     }
 
     /// Moves the clock to `ms`; a clock never goes back, so an earlier value is ignored.
     pub fn set_ms(&self, ms: u64) {
-        self.now_ms.fetch_max(ms, Ordering::Relaxed);
+        self.now_ms.fetch_max(ms, Ordering::Release);
     }
 }
 
@@ -86,7 +87,7 @@ impl CoarseClock {
             let ms = started.elapsed().as_millis() as u64;
             self.now_ms.fetch_max(ms, Ordering::Relaxed);
         }
-        self.now_ms()
+        self.now_ms.load(Ordering::Acquire)
     }
 
     pub(crate) fn unix_ms(&self, now_ms: u64) -> u64 {

@@ -161,7 +161,9 @@ mod tests {
         let h: f64 = (1..=keys).map(|i| 1.0 / i as f64).sum();
         for i in 0..keys {
             let c = ((n as f64) / ((i + 1) as f64 * h)).ceil() as u64;
-            out.extend(std::iter::repeat(i).take(c as usize));
+            for _ in 0..c {
+                out.push(i);
+            }
         }
         // Shuffle so the order is not sorted by heat.
         for j in (1..out.len()).rev() {

@@ -68,18 +68,36 @@ pub struct Pending {
 
 impl Combiner {
     pub fn new(metrics: CombineMetrics) -> Arc<Combiner> {
-        Arc::new(Combiner { open: Mutex::new(HashMap::new()), metrics })
+        Arc::new(Combiner {
+            open: Mutex::new(HashMap::new()),
+            metrics,
+        })
     }
 
     /// Adds one increment to the key's batch, opening the batch (and its timer) if needed.
     /// `wire` is the caller's own command, used if the batch falls back.
-    pub fn add(self: &Arc<Self>, bk: BatchKey, conn: ConnHandle, delta: i64, wire: Bytes, window: Duration) -> Pending {
+    pub fn add(
+        self: &Arc<Self>,
+        bk: BatchKey,
+        conn: ConnHandle,
+        delta: i64,
+        wire: Bytes,
+        window: Duration,
+    ) -> Pending {
         let (reply_tx, reply) = oneshot::channel();
         let (done_tx, done) = oneshot::channel();
-        let entry = Entry { delta, wire, reply: reply_tx, done: done_tx };
+        let entry = Entry {
+            delta,
+            wire,
+            reply: reply_tx,
+            done: done_tx,
+        };
         let opened = {
             let mut open = self.open.lock().unwrap_or_else(|p| p.into_inner());
-            let batch = open.entry(bk.clone()).or_insert_with(|| Batch { entries: Vec::new(), total: Some(0) });
+            let batch = open.entry(bk.clone()).or_insert_with(|| Batch {
+                entries: Vec::new(),
+                total: Some(0),
+            });
             let opened = batch.entries.is_empty();
             batch.total = batch.total.and_then(|t| t.checked_add(delta));
             batch.entries.push(entry);
@@ -180,7 +198,12 @@ impl Combiner {
 
 async fn call(conn: &ConnHandle, data: Vec<Bytes>, count: u32) -> Result<Replies, BackendError> {
     let (tx, rx) = oneshot::channel();
-    conn.send(Job { data: data.into_iter().collect(), count, tx }).await;
+    conn.send(Job {
+        data: data.into_iter().collect(),
+        count,
+        tx,
+    })
+    .await;
     match rx.await {
         Ok(r) => r,
         Err(_) => Err(BackendError::Io("connection lost before the reply".into())),

@@ -22,10 +22,15 @@ use std::time::{Duration, Instant};
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 
+use arc_swap::ArcSwap;
+
 use crate::backend::Backend;
 use crate::hotkey::Detector;
 use crate::metrics::Metrics;
+use crate::mitigate::combine::Combiner;
+use crate::policy::HotSet;
 use crate::resp::Limits;
+use crate::rules::RulesHandle;
 
 /// The Redis version the proxy reports in HELLO.
 pub const REDIS_VERSION: &str = "7.0.0";
@@ -41,6 +46,10 @@ pub struct Ctx {
     pub password: Option<String>,
     pub shutdown: watch::Receiver<bool>,
     pub started: Instant,
+    /// Keys under mitigation now; rebuilt by `spawn_hot_updater`, read lock-free per round.
+    pub hot: ArcSwap<HotSet>,
+    pub rules: RulesHandle,
+    pub combiner: Arc<Combiner>,
     next_id: AtomicU64,
 }
 
@@ -55,8 +64,13 @@ impl Ctx {
         max_clients: usize,
         password: Option<String>,
         shutdown: watch::Receiver<bool>,
+        rules: RulesHandle,
     ) -> Ctx {
+        let combiner = Combiner::new(metrics.combine.clone());
         Ctx {
+            hot: ArcSwap::from_pointee(HotSet::default()),
+            rules,
+            combiner,
             backend,
             metrics,
             detector,
@@ -116,6 +130,28 @@ pub async fn serve(listener: TcpListener, ctx: Arc<Ctx>, drain: Duration) {
             "drain timeout: closing remaining client connections"
         );
     }
+}
+
+/// Rebuilds the hot set whenever the detector publishes a snapshot or the rules change.
+pub fn spawn_hot_updater(ctx: Arc<Ctx>) {
+    let mut snaps = ctx.detector.subscribe();
+    let mut gens = ctx.rules.subscribe();
+    let mut shutdown = ctx.shutdown.clone();
+    tokio::spawn(async move {
+        loop {
+            let hot = HotSet::build(&snaps.borrow_and_update().clone(), ctx.rules.load());
+            ctx.metrics
+                .mitigated_keys
+                .get_or_create(&crate::metrics::HotKindLabel { kind: "write" })
+                .set(hot.write_keys() as i64);
+            ctx.hot.store(Arc::new(hot));
+            tokio::select! {
+                r = snaps.changed() => if r.is_err() { return },
+                r = gens.changed() => if r.is_err() { return },
+                _ = shutdown.wait_for(|v| *v) => return,
+            }
+        }
+    });
 }
 
 async fn refuse(mut stream: tokio::net::TcpStream) {

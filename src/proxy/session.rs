@@ -23,6 +23,8 @@ use crate::backend::ConnHandle;
 use crate::command::{self, flags, Agg, Args, Classified, Route, Split};
 use crate::hotkey::Kind;
 use crate::metrics::Class;
+use crate::mitigate::combine::BatchKey;
+use crate::policy::{self, Action};
 use crate::resp::{encode_error, Proto, Request, RequestParser};
 
 impl Args for Request {
@@ -57,6 +59,9 @@ pub struct Session {
     blocking: Vec<(usize, DedicatedWorker)>,
     conns: Vec<Option<Arc<[ConnHandle]>>>,
     rr: usize,
+    /// Combined writes not yet acknowledged by their node: this session's next jobs wait
+    /// for them, so a read after a combined INCR sees it.
+    barrier: Vec<oneshot::Receiver<()>>,
     pub gone: watch::Receiver<bool>,
 }
 
@@ -96,6 +101,7 @@ pub async fn run(stream: TcpStream, ctx: Arc<Ctx>, id: u64) {
         watch: None,
         blocking: Vec::new(),
         rr: 0,
+        barrier: Vec::new(),
         gone: gone_rx,
     };
     let end = read_loop(r, &tx, &mut s).await;
@@ -215,6 +221,7 @@ async fn read_loop(
                         start.pending.push(rest.wire());
                     }
                     start.pending.push(buf.split().freeze());
+                    wait_barrier(s, &rb).await;
                     let mut round = rb.send().await;
                     round.tunnel = start.take_end();
                     let _ = tx.send((round, s.proto)).await;
@@ -232,6 +239,7 @@ async fn read_loop(
             close = true;
         }
         if !rb.is_empty() || close {
+            wait_barrier(s, &rb).await;
             let mut round = rb.send().await;
             round.close_after = close;
             if tx.send((round, s.proto)).await.is_err() {
@@ -271,7 +279,20 @@ async fn handle(s: &mut Session, req: Request, rb: &mut RoundBuilder) -> Flow {
     // observe
     let class = observe(s, &req, &c);
     rb.count(class);
-    // decide + act
+    // decide
+    if s.tx.is_none() {
+        let hot = s.ctx.hot.load();
+        if let Action::Combine {
+            delta,
+            field,
+            window,
+        } = policy::decide(&c, &req, &hot)
+        {
+            combine(s, &req, &c, delta, field, window, rb);
+            return Flow::Continue;
+        }
+    }
+    // act
     if s.tx.is_some()
         && !matches!(
             c.spec.name,
@@ -318,6 +339,48 @@ async fn handle(s: &mut Session, req: Request, rb: &mut RoundBuilder) -> Flow {
             .push(Slot::Ready(err_bytes(&format!("ERR saltshaker: {why}")))),
     }
     Flow::Continue
+}
+
+/// Sends a write-hot increment through the key's combine batch.
+fn combine(
+    s: &mut Session,
+    req: &Request,
+    c: &Classified,
+    delta: i64,
+    field: Option<usize>,
+    window: std::time::Duration,
+    rb: &mut RoundBuilder,
+) {
+    let key = req.arg_bytes(c.keys[0] as usize);
+    let node = s.ctx.backend.node_for(&key);
+    let conns = s.ctx.backend.node(node).conns(Proto::Resp2, s.db);
+    s.rr = s.rr.wrapping_add(1);
+    let conn = conns[s.rr % conns.len()].clone();
+    let bk = BatchKey {
+        node,
+        db: s.db,
+        key,
+        field: field.map(|f| req.arg_bytes(f)),
+    };
+    let pending = s.ctx.combiner.add(bk, conn, delta, req.wire(), window);
+    if s.barrier.len() >= 64 {
+        // A client that only ever increments hot keys never sends a job: forget the
+        // writes that have landed so the barrier stays small.
+        s.barrier
+            .retain_mut(|d| matches!(d.try_recv(), Err(oneshot::error::TryRecvError::Empty)));
+    }
+    s.barrier.push(pending.done);
+    rb.slots.push(Slot::Later(pending.reply));
+}
+
+/// Before this session's next jobs leave, its combined writes must have reached their node.
+async fn wait_barrier(s: &mut Session, rb: &RoundBuilder) {
+    if s.barrier.is_empty() || rb.jobs.is_empty() {
+        return;
+    }
+    for done in s.barrier.drain(..) {
+        let _ = done.await;
+    }
 }
 
 fn is_pubsub_command(name: &str) -> bool {

@@ -187,6 +187,8 @@ pub struct ReplyFramer {
 }
 
 impl ReplyFramer {
+    /// `max_bulk_len` bounds bulk payloads and simple lines (`+ - , (`) alike, so a broken
+    /// backend cannot make the proxy buffer without end.
     pub fn new(max_bulk_len: usize) -> Self {
         ReplyFramer {
             max_bulk_len,

@@ -13,6 +13,7 @@
 
 mod encode;
 mod framer;
+mod header;
 mod inline;
 mod parser;
 mod request;

@@ -6,6 +6,7 @@ use std::fmt;
 
 use bytes::{Bytes, BytesMut};
 
+use super::header::quick_header;
 use super::inline::split_args;
 use super::request::{ArgRanges, Request};
 use super::{parse_i64, Limits};
@@ -246,6 +247,9 @@ impl RequestParser {
             left -= 1;
         }
         if left == 0 {
+            // A header seen in part by an earlier call may have left its marks.
+            self.cur.need = 0;
+            self.cur.scanned = 0;
             return Some(Step::Multibulk(pos, args));
         }
         self.cur = Partial {
@@ -350,66 +354,5 @@ impl RequestParser {
         }
         let request = Request::encode(args.iter().map(|a| a.as_slice()), args.len(), true);
         Ok(Step::Inline(lf + 1, request))
-    }
-}
-
-/// The common header, whole: a type byte, 1 to 18 digits without a leading zero (or a lone
-/// "0"), CRLF. Returns (N, index after the line); anything else takes the general path,
-/// which gives the same answer more slowly. Short enough for any sane `max_inline_len`.
-#[inline]
-fn quick_header(s: &[u8], at: usize) -> Option<(i64, usize)> {
-    let (&first, tail) = s.get(at + 1..)?.split_first()?;
-    if !(b'1'..=b'9').contains(&first) {
-        return (first == b'0' && tail.starts_with(b"\r\n")).then_some((0, at + 4));
-    }
-    let mut v = i64::from(first - b'0');
-    for (i, &b) in tail.iter().take(18).enumerate() {
-        match b {
-            b'0'..=b'9' if i < 17 => v = v * 10 + i64::from(b - b'0'),
-            b'\r' => return (tail.get(i + 1) == Some(&b'\n')).then_some((v, at + i + 4)),
-            _ => return None,
-        }
-    }
-    None
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use proptest::prelude::*;
-
-    proptest! {
-        #![proptest_config(ProptestConfig { cases: 2000, ..ProptestConfig::default() })]
-
-        #[test]
-        fn quick_header_agrees_with_the_general_path(line in "[-+0-9]{0,21}(\r\n)?") {
-            let input = format!("${line}");
-            let s = input.as_bytes();
-            if let Some((n, next)) = quick_header(s, 0) {
-                let cr = s.iter().position(|&b| b == b'\r').unwrap();
-                prop_assert_eq!(Some(n), parse_i64(&s[1..cr]));
-                prop_assert_eq!(next, cr + 2);
-            }
-        }
-    }
-
-    #[test]
-    fn quick_header_takes_the_common_lengths() {
-        assert_eq!(quick_header(b"$0\r\n", 0), Some((0, 4)));
-        assert_eq!(quick_header(b"*3\r\n", 0), Some((3, 4)));
-        assert_eq!(quick_header(b"xx$1024\r\n", 2), Some((1024, 9)));
-        assert_eq!(
-            quick_header(b"$999999999999999999\r\n", 0),
-            Some((999_999_999_999_999_999, 21))
-        );
-        for other in [
-            &b"$01\r\n"[..],
-            b"$-1\r\n",
-            b"$1\r",
-            b"$\r\n",
-            b"$1234567890123456789\r\n",
-        ] {
-            assert_eq!(quick_header(other, 0), None);
-        }
     }
 }

@@ -59,6 +59,8 @@ fn pipeline() -> Vec<u8> {
     }
     v.extend_from_slice(b"*0\r\n*-1\r\nPING\r\n\r\n  \nGET \"a b\"\n");
     v.extend_from_slice(b"*2\r\n$4\r\nECHO\r\n$10\r\n\r\n\r\n\0\0\r\n\r\n\r\n");
+    // Ends short, so a wait-for-more mark left behind by any split shows as leftover bytes.
+    v.extend_from_slice(b"*1\r\n$4\r\nPING\r\n\n");
     v
 }
 
@@ -66,7 +68,7 @@ fn pipeline() -> Vec<u8> {
 fn pipelined_requests_parse_the_same_whole_byte_by_byte_and_in_random_chunks() {
     let input = pipeline();
     let whole = parse_all(&input).unwrap();
-    assert_eq!(whole.len(), 19);
+    assert_eq!(whole.len(), 20);
     assert_eq!(args(&whole[3]), ["SET", "key:0003", "value"]);
     assert_eq!(args(&whole[16]), ["PING"]);
     assert_eq!(args(&whole[17]), ["GET", "a b"]);

@@ -18,12 +18,15 @@ use std::fmt;
 /// Longest pattern accepted in a rules file.
 pub const MAX_PATTERN_BYTES: usize = 1024;
 
-/// A validated pattern, with its literal prefix for a cheap first test.
+/// A validated pattern, with its literal ends for a cheap first test: most keys a rule does
+/// not cover differ in the first or last bytes, and those never reach the matcher.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Glob {
     text: String,
-    /// Bytes before the first metacharacter: a key that does not start with them cannot match.
+    /// Bytes before the first metacharacter: a key must start with them.
     prefix_len: usize,
+    /// Bytes after the last metacharacter (and after what it escapes): a key must end with them.
+    suffix_len: usize,
     /// No metacharacter at all: the pattern matches only the key equal to it.
     literal: bool,
 }
@@ -31,16 +34,26 @@ pub struct Glob {
 impl Glob {
     /// Checks `text` and prepares it; the error says what is wrong, for a located message.
     pub fn new(text: &str) -> Result<Glob, String> {
-        check(text.as_bytes())?;
         let b = text.as_bytes();
+        check(b)?;
+        let meta = |c: &u8| matches!(c, b'*' | b'?' | b'[' | b']' | b'\\');
         let prefix_len = b
             .iter()
-            .position(|c| matches!(c, b'*' | b'?' | b'[' | b'\\'))
+            .position(|c| meta(c) && *c != b']')
             .unwrap_or(b.len());
+        let literal = prefix_len == b.len();
+        let suffix_len = match b.iter().rposition(meta) {
+            _ if literal => 0,
+            // A backslash escapes the byte after it: keep that byte in the middle.
+            Some(i) if b[i] == b'\\' => b.len().saturating_sub(i + 2),
+            Some(i) => b.len() - i - 1,
+            None => 0,
+        };
         Ok(Glob {
             text: text.to_string(),
             prefix_len,
-            literal: prefix_len == b.len(),
+            suffix_len,
+            literal,
         })
     }
 
@@ -55,11 +68,15 @@ impl Glob {
         if self.literal {
             return p == key;
         }
-        if !key.starts_with(&p[..self.prefix_len]) {
+        let (pre, suf) = (self.prefix_len, self.suffix_len);
+        if key.len() < pre + suf
+            || key[..pre] != p[..pre]
+            || key[key.len() - suf..] != p[p.len() - suf..]
+        {
             return false;
         }
-        let (p, key) = (&p[self.prefix_len..], &key[self.prefix_len..]);
-        stringmatch(p, key)
+        // Literal ends each consume exactly their own bytes, so the middles match alone.
+        stringmatch(&p[pre..p.len() - suf], &key[pre..key.len() - suf])
     }
 }
 
@@ -290,13 +307,25 @@ mod tests {
     }
 
     #[test]
-    fn glob_uses_literal_prefix_without_changing_answers() {
-        for (p, k) in [
+    fn glob_uses_literal_ends_without_changing_answers() {
+        let cases = [
             ("likes:*", "likes:1"),
             ("likes:*", "like"),
             ("vote:final", "vote:final"),
-            ("a\\*", "a*"),
-        ] {
+            (r"a\*", "a*"),
+            (r"a\bc", "abc"),
+            (r"a\\b", r"a\b"),
+            ("*:likes", "p:1:likes"),
+            ("*:likes", "p:1:like"),
+            ("a*b", "ab"),
+            ("a?b", "ab"),
+            ("a*?", "a"),
+            ("[ab]c", "bc"),
+            ("[a-]]x", "]x"),
+            ("x]y*z", "x]yz"),
+            (r"*\*x", "a*x"),
+        ];
+        for (p, k) in cases {
             assert_eq!(
                 Glob::new(p).unwrap().matches(k.as_bytes()),
                 m(p, k),

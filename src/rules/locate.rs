@@ -375,4 +375,24 @@ list: [a, {x: 1}, [b]]
         assert_eq!(duplicate(t, "", "pin"), Some(("rules[0].pin".into(), 5, 5)));
         assert_eq!(duplicate("a: 1\nb: 2\n", "", "a"), None);
     }
+
+    #[test]
+    fn never_panics_on_arbitrary_text() {
+        let alphabet: Vec<char> = "ab: -{}[],#'\"\n|>\t\\é".chars().collect();
+        let mut seed = 0x2545_f491_4f6c_dd1d_u64;
+        for _ in 0..20_000 {
+            let mut t = String::new();
+            for _ in 0..(seed % 60) {
+                seed ^= seed << 13;
+                seed ^= seed >> 7;
+                seed ^= seed << 17;
+                t.push(alphabet[(seed % alphabet.len() as u64) as usize]);
+            }
+            let idx = index(&t);
+            let _ = best(&t, &["a.b[0]".to_string()]);
+            let _ = duplicate(&t, "", "a");
+            let _ = crate::rules::Rules::parse(&t, "fuzz.yaml");
+            assert!(idx.iter().all(|(_, l, c)| *l >= 1 && *c >= 1));
+        }
+    }
 }

@@ -240,6 +240,11 @@ fn polish(mut e: ConfigError, text: &str) -> ConfigError {
             break;
         }
     }
+    // serde names our Rust types ("expected struct RuleDoc"); say what the file needs.
+    if let Some(i) = e.message.find("expected struct ") {
+        e.message.truncate(i);
+        e.message.push_str("expected a mapping of `field: value`");
+    }
     let quoted = |m: &str, head: &str| {
         m.strip_prefix(head)
             .and_then(|r| r.split('`').nth(1))

@@ -89,7 +89,7 @@ impl Default for Detection {
     fn default() -> Self {
         Detection {
             window_ms: 1000,
-            top_k: 64,
+            top_k: 128,
         }
     }
 }

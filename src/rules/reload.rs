@@ -285,9 +285,9 @@ mod tests {
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
         std::fs::write(&path, FIXED).unwrap();
-        let pid = std::process::id().to_string();
-        let sent = std::process::Command::new("kill")
-            .args(["-HUP", &pid])
+        // The shell's own `kill`: no dependency on a separate kill binary being installed.
+        let sent = std::process::Command::new("sh")
+            .args(["-c", &format!("kill -HUP {}", std::process::id())])
             .status()
             .unwrap();
         assert!(sent.success());

@@ -228,6 +228,11 @@ fn parse_errors_without_a_position_get_one() {
 
 #[test]
 fn wrong_types_are_located() {
+    let e = err("- a\n");
+    assert_eq!(
+        e.message,
+        "invalid type: sequence, expected a mapping of `field: value`"
+    );
     let e = err("version: 1\nrules:\n  - match: a\n    write: { salt: { shards: lots } }\n");
     assert_eq!(
         (e.line, e.field.as_str()),

@@ -407,7 +407,7 @@ fn report_detection() {
     println!("|---|---|---|---|");
     for (keys, hot) in [(1000u64, 2000.0), (1000, 1200.0), (10_000_000, 2000.0)] {
         let most = uniform(keys, hot, 10);
-        println!("| {keys} | {}/s | {hot}/s | {most} |", 1_000_000 / keys);
+        println!("| {keys} | {}/s | {hot}/s | {most} |", 1e6 / keys as f64);
     }
 
     println!("\n## Hot set changes at the start of window 5 (Zipf(0.99), 1M keys, top_k 128)\n");

@@ -1,0 +1,238 @@
+//! The decide phase: what to do with one classified command, given the rules and which
+//! keys are hot now. Pure, no I/O, so a table test covers every case.
+//!
+//! The data path reads a `HotSet` snapshot (rebuilt by `HotSet::build` when the detector
+//! publishes or the rules reload); when nothing is hot and nothing is pinned, `decide`
+//! costs one branch.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+
+use crate::command::{flags, Args, Classified};
+use crate::hotkey::{HotSnapshot, HotState};
+use crate::rules::{Rules, Strategy, WritePolicy};
+
+/// What to do with one command.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Action {
+    /// Route as the command table says.
+    Forward,
+    /// Add `delta` to the key's (and field's) combine batch.
+    Combine {
+        delta: i64,
+        field: Option<usize>,
+        window: Duration,
+    },
+}
+
+/// A write-hot key and how to treat it.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct WriteHot {
+    pub strategy: Strategy,
+    pub combine_window: Duration,
+}
+
+/// The keys under mitigation now, and pinned patterns.
+#[derive(Default)]
+pub struct HotSet {
+    write: HashMap<Bytes, WriteHot>,
+    rules: Option<Arc<Rules>>,
+    has_pins: bool,
+}
+
+impl HotSet {
+    /// Write-hot keys (hot or cooling) whose rule allows combining, from a detector
+    /// snapshot and the rules; pinned patterns count as hot from the first request.
+    pub fn build(snap: &HotSnapshot, rules: Arc<Rules>) -> HotSet {
+        let mut write = HashMap::new();
+        for k in &snap.keys {
+            if !matches!(k.write_state, Some(HotState::Hot) | Some(HotState::Cooling)) {
+                continue;
+            }
+            let p = rules.resolve(&k.key).write;
+            if let Some(h) = write_hot(&p) {
+                write.insert(Bytes::copy_from_slice(&k.key), h);
+            }
+        }
+        let has_pins = rules.rules().iter().any(|r| r.pin);
+        HotSet {
+            write,
+            rules: Some(rules),
+            has_pins,
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.write.is_empty() && !self.has_pins
+    }
+
+    /// How `key` is treated for writes, if it is write-hot or pinned.
+    pub fn write_hot(&self, key: &[u8]) -> Option<WriteHot> {
+        if let Some(h) = self.write.get(key) {
+            return Some(*h);
+        }
+        if self.has_pins {
+            let r = self.rules.as_ref()?.resolve(key);
+            if r.pin {
+                return write_hot(&r.write);
+            }
+        }
+        None
+    }
+
+    pub fn write_keys(&self) -> usize {
+        self.write.len()
+    }
+}
+
+fn write_hot(p: &WritePolicy) -> Option<WriteHot> {
+    match p.strategy {
+        Strategy::Off | Strategy::Salt => None,
+        Strategy::Combine | Strategy::SaltCombine | Strategy::Auto => Some(WriteHot {
+            strategy: p.strategy,
+            combine_window: Duration::from_micros(p.combine.window_us),
+        }),
+    }
+}
+
+/// Decides what to do with a command.
+pub fn decide<A: Args + ?Sized>(c: &Classified, args: &A, hot: &HotSet) -> Action {
+    if hot.is_empty() || c.spec.flags & flags::COUNTER == 0 || c.keys.len() != 1 {
+        return Action::Forward;
+    }
+    let Some(h) = hot.write_hot(args.arg(c.keys[0] as usize)) else {
+        return Action::Forward;
+    };
+    let (delta, field) = match (c.spec.name, args.argc()) {
+        ("INCR", 2) => (Some(1), None),
+        ("DECR", 2) => (Some(-1), None),
+        ("INCRBY", 3) => (parse_i64(args.arg(2)), None),
+        ("DECRBY", 3) => (parse_i64(args.arg(2)).and_then(|d| d.checked_neg()), None),
+        ("HINCRBY", 4) => (parse_i64(args.arg(3)), Some(2)),
+        // INCRBYFLOAT/HINCRBYFLOAT: Redis formats the float result itself; we could not
+        // give each caller its exact reply, so they are forwarded.
+        _ => (None, None),
+    };
+    match delta {
+        Some(delta) => Action::Combine {
+            delta,
+            field,
+            window: h.combine_window,
+        },
+        // Not a valid integer: let the node give its own error.
+        None => Action::Forward,
+    }
+}
+
+/// Redis's string2ll: optional minus, digits, no leading zeros or plus, within i64.
+fn parse_i64(b: &[u8]) -> Option<i64> {
+    if b.is_empty() || b.len() > 20 || b[0] == b'+' || (b.len() > 1 && b[0] == b'0') {
+        return None;
+    }
+    if b.len() > 1 && b[0] == b'-' && b[1] == b'0' {
+        return None;
+    }
+    std::str::from_utf8(b).ok()?.parse().ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::command::classify;
+    use crate::hotkey::HotKey;
+
+    fn snap(keys: &[&str]) -> HotSnapshot {
+        HotSnapshot {
+            window_ms: 1000,
+            keys: keys
+                .iter()
+                .map(|k| HotKey {
+                    key: k.as_bytes().to_vec(),
+                    reads_per_sec: 0.0,
+                    writes_per_sec: 50_000.0,
+                    share: 0.5,
+                    state: HotState::Hot,
+                    since_unix_ms: 0,
+                    read_state: None,
+                    write_state: Some(HotState::Hot),
+                })
+                .collect(),
+            ..Default::default()
+        }
+    }
+
+    fn act(line: &str, hot: &HotSet) -> Action {
+        let args: Vec<&[u8]> = line.split(' ').map(|s| s.as_bytes()).collect();
+        let c = classify(&args[..]).unwrap();
+        decide(&c, &args[..], hot)
+    }
+
+    const RULES: &str = "version: 1\nrules:\n  - match: \"lock:*\"\n    write: { strategy: off }\n  - match: \"vote:final\"\n    pin: true\n    write: { strategy: combine, combine: { window_us: 200 } }\n";
+
+    #[test]
+    fn nothing_hot_forwards_everything() {
+        let hot = HotSet::default();
+        assert_eq!(act("INCR likes:1", &hot), Action::Forward);
+    }
+
+    #[test]
+    fn hot_counter_increments_are_combined_with_their_delta() {
+        let rules = Arc::new(Rules::default());
+        let hot = HotSet::build(&snap(&["likes:1"]), rules);
+        let w = Duration::from_micros(500);
+        assert_eq!(
+            act("INCR likes:1", &hot),
+            Action::Combine {
+                delta: 1,
+                field: None,
+                window: w
+            }
+        );
+        assert_eq!(
+            act("DECRBY likes:1 5", &hot),
+            Action::Combine {
+                delta: -5,
+                field: None,
+                window: w
+            }
+        );
+        assert_eq!(
+            act("HINCRBY likes:1 f 7", &hot),
+            Action::Combine {
+                delta: 7,
+                field: Some(2),
+                window: w
+            }
+        );
+        assert_eq!(act("INCR likes:2", &hot), Action::Forward);
+        assert_eq!(act("GET likes:1", &hot), Action::Forward);
+        assert_eq!(act("INCRBYFLOAT likes:1 1.5", &hot), Action::Forward);
+    }
+
+    #[test]
+    fn invalid_increments_are_left_to_the_node() {
+        let hot = HotSet::build(&snap(&["k"]), Arc::new(Rules::default()));
+        assert_eq!(act("INCRBY k 01", &hot), Action::Forward);
+        assert_eq!(act("INCRBY k x", &hot), Action::Forward);
+        assert_eq!(act("DECRBY k -9223372036854775808", &hot), Action::Forward);
+    }
+
+    #[test]
+    fn strategy_off_is_never_combined_and_pins_are_hot_from_the_start() {
+        let rules = Arc::new(Rules::parse(RULES, "r.yaml").unwrap());
+        let hot = HotSet::build(&snap(&["lock:1"]), rules);
+        assert_eq!(act("INCR lock:1", &hot), Action::Forward);
+        let w = Duration::from_micros(200);
+        assert_eq!(
+            act("INCR vote:final", &hot),
+            Action::Combine {
+                delta: 1,
+                field: None,
+                window: w
+            }
+        );
+    }
+}
