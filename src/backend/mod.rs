@@ -9,6 +9,7 @@
 
 mod conn;
 pub mod placement;
+pub mod tracking;
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -58,6 +59,9 @@ pub struct Handshake {
     pub reconnect_min_ms: u64,
     pub reconnect_max_ms: u64,
     pub max_reply_bulk: usize,
+    /// Turn on Redis client-side caching for this connection, with invalidations sent to
+    /// this client id (a `tracking::Tracker`): the connection that fills the read cache.
+    pub tracking_redirect: Option<u64>,
 }
 
 impl Handshake {
@@ -100,6 +104,19 @@ impl Handshake {
         if self.db != 0 {
             encode_command(
                 &[b"SELECT".as_slice(), self.db.to_string().as_bytes()],
+                &mut out,
+            );
+            n += 1;
+        }
+        if let Some(id) = self.tracking_redirect {
+            encode_command(
+                &[
+                    b"CLIENT".as_slice(),
+                    b"TRACKING",
+                    b"on",
+                    b"REDIRECT",
+                    id.to_string().as_bytes(),
+                ],
                 &mut out,
             );
             n += 1;
@@ -259,6 +276,7 @@ impl Backend {
                 reconnect_min_ms: cfg.reconnect_min_ms,
                 reconnect_max_ms: cfg.reconnect_max_ms,
                 max_reply_bulk,
+                tracking_redirect: None,
             };
             let node = Node {
                 metrics: NodeMetrics::new(metrics, &addr),

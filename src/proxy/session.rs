@@ -63,6 +63,8 @@ pub struct Session {
     /// for them, so a read after a combined INCR sees it.
     barrier: Vec<oneshot::Receiver<()>>,
     pub gone: watch::Receiver<bool>,
+    /// `detection.enabled` of the rules, read once per round rather than per command.
+    detect: bool,
 }
 
 /// What the reader does after a command.
@@ -103,6 +105,7 @@ pub async fn run(stream: TcpStream, ctx: Arc<Ctx>, id: u64) {
         rr: 0,
         barrier: Vec::new(),
         gone: gone_rx,
+        detect: true,
     };
     let end = read_loop(r, &tx, &mut s).await;
     let _ = gone_tx.send(true);
@@ -204,6 +207,7 @@ async fn read_loop(
             let _ = tx.send((round, s.proto)).await;
             return End::Closed;
         }
+        s.detect = s.ctx.rules.snapshot().detection().enabled;
         let parsed = parser.parse(&mut buf, &mut reqs);
         let mut rb = RoundBuilder::new();
         let mut close = false;
@@ -397,8 +401,10 @@ fn observe(s: &Session, req: &Request, c: &Classified) -> Class {
     } else {
         return Class::Other;
     };
-    for &k in &c.keys {
-        s.ctx.detector.observe(req.arg(k as usize), kind);
+    if s.detect {
+        for &k in &c.keys {
+            s.ctx.detector.observe(req.arg(k as usize), kind);
+        }
     }
     class
 }

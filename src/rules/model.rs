@@ -79,6 +79,9 @@ impl<'de> Deserialize<'de> for Shards {
 #[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct Detection {
+    /// Count requests at all. Off only to measure what detection costs: nothing becomes hot.
+    /// Default true.
+    pub enabled: bool,
     /// Counters halve every window; rates are per window. Default 1000 ms.
     pub window_ms: u64,
     /// Keys tracked per thread and direction. Default 64.
@@ -88,6 +91,7 @@ pub struct Detection {
 impl Default for Detection {
     fn default() -> Self {
         Detection {
+            enabled: true,
             window_ms: 1000,
             top_k: 128,
         }
