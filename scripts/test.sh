@@ -58,7 +58,7 @@ rc=${PIPESTATUS[0]}
 while read -r p f; do
     passed=$((passed + p))
     failed=$((failed + f))
-done < <(sed -nE 's/^test result: [A-Z]+\. ([0-9]+) passed; ([0-9]+) failed.*/\1 \2/p' \
+done < <(sed -nE 's/^test result: [A-Za-z]+\. ([0-9]+) passed; ([0-9]+) failed.*/\1 \2/p' \
     "$logdir/cargo.log")
 if [ "$rc" -ne 0 ]; then
     grep -q '^test result: FAILED' "$logdir/cargo.log" || failed=$((failed + 1))

@@ -13,7 +13,7 @@ use bytes::Bytes;
 
 use crate::command::{flags, Args, Classified};
 use crate::hotkey::{HotSnapshot, HotState};
-use crate::rules::{Rules, Strategy, WritePolicy};
+use crate::rules::{CachePolicy, Rules, Strategy, WritePolicy};
 
 /// What to do with one command.
 #[derive(Clone, Debug, PartialEq)]
@@ -26,7 +26,18 @@ pub enum Action {
         field: Option<usize>,
         window: Duration,
     },
+    /// Serve from the proxy cache (single-flight fill on a miss).
+    Cache(CachePolicy),
 }
+
+/// Read commands whose replies may be cached for a read-hot key: single-key reads whose
+/// reply depends only on the key's value and the arguments.
+const CACHEABLE: &[&str] = &[
+    "GET", "GETRANGE", "STRLEN", "HGET", "HMGET", "HGETALL", "HEXISTS", "HLEN", "HKEYS", "HVALS", "HSTRLEN",
+    "SMEMBERS", "SISMEMBER", "SMISMEMBER", "SCARD", "ZRANGE", "ZREVRANGE", "ZRANGEBYSCORE", "ZREVRANGEBYSCORE",
+    "ZRANGEBYLEX", "ZREVRANGEBYLEX", "ZSCORE", "ZMSCORE", "ZCARD", "ZCOUNT", "ZRANK", "ZREVRANK", "LRANGE",
+    "LLEN", "LINDEX", "EXISTS", "TYPE",
+];
 
 /// A write-hot key and how to treat it.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -39,6 +50,7 @@ pub struct WriteHot {
 #[derive(Default)]
 pub struct HotSet {
     write: HashMap<Bytes, WriteHot>,
+    read: HashMap<Bytes, CachePolicy>,
     rules: Option<Arc<Rules>>,
     has_pins: bool,
 }
@@ -48,7 +60,14 @@ impl HotSet {
     /// snapshot and the rules; pinned patterns count as hot from the first request.
     pub fn build(snap: &HotSnapshot, rules: Arc<Rules>) -> HotSet {
         let mut write = HashMap::new();
+        let mut read = HashMap::new();
         for k in &snap.keys {
+            if matches!(k.read_state, Some(HotState::Hot) | Some(HotState::Cooling)) {
+                let p = rules.resolve(&k.key).read.cache;
+                if p.enabled {
+                    read.insert(Bytes::copy_from_slice(&k.key), p);
+                }
+            }
             if !matches!(k.write_state, Some(HotState::Hot) | Some(HotState::Cooling)) {
                 continue;
             }
@@ -58,15 +77,29 @@ impl HotSet {
             }
         }
         let has_pins = rules.rules().iter().any(|r| r.pin);
-        HotSet {
-            write,
-            rules: Some(rules),
-            has_pins,
-        }
+        HotSet { write, read, rules: Some(rules), has_pins }
     }
 
     pub fn is_empty(&self) -> bool {
-        self.write.is_empty() && !self.has_pins
+        self.write.is_empty() && self.read.is_empty() && !self.has_pins
+    }
+
+    /// The cache policy of `key`, if it is read-hot (or pinned) and its rule caches.
+    pub fn read_hot(&self, key: &[u8]) -> Option<CachePolicy> {
+        if let Some(p) = self.read.get(key) {
+            return Some(*p);
+        }
+        if self.has_pins {
+            let r = self.rules.as_ref()?.resolve(key);
+            if r.pin && r.read.cache.enabled {
+                return Some(r.read.cache);
+            }
+        }
+        None
+    }
+
+    pub fn read_keys(&self) -> usize {
+        self.read.len()
     }
 
     /// How `key` is treated for writes, if it is write-hot or pinned.
@@ -100,7 +133,18 @@ fn write_hot(p: &WritePolicy) -> Option<WriteHot> {
 
 /// Decides what to do with a command.
 pub fn decide<A: Args + ?Sized>(c: &Classified, args: &A, hot: &HotSet) -> Action {
-    if hot.is_empty() || c.spec.flags & flags::COUNTER == 0 || c.keys.len() != 1 {
+    if hot.is_empty() || c.keys.len() != 1 {
+        return Action::Forward;
+    }
+    if c.spec.flags & flags::WRITE == 0 {
+        if CACHEABLE.contains(&c.spec.name) {
+            if let Some(p) = hot.read_hot(args.arg(c.keys[0] as usize)) {
+                return Action::Cache(p);
+            }
+        }
+        return Action::Forward;
+    }
+    if c.spec.flags & flags::COUNTER == 0 {
         return Action::Forward;
     }
     let Some(h) = hot.write_hot(args.arg(c.keys[0] as usize)) else {
@@ -218,6 +262,27 @@ mod tests {
         assert_eq!(act("INCRBY k 01", &hot), Action::Forward);
         assert_eq!(act("INCRBY k x", &hot), Action::Forward);
         assert_eq!(act("DECRBY k -9223372036854775808", &hot), Action::Forward);
+    }
+
+    #[test]
+    fn reads_of_a_read_hot_key_are_cached_writes_are_not() {
+        let mut s = snap(&[]);
+        s.keys.push(HotKey {
+            key: b"profile:1".to_vec(),
+            reads_per_sec: 90_000.0,
+            writes_per_sec: 0.0,
+            share: 0.9,
+            state: HotState::Hot,
+            since_unix_ms: 0,
+            read_state: Some(HotState::Hot),
+            write_state: None,
+        });
+        let hot = HotSet::build(&s, Arc::new(Rules::default()));
+        assert!(matches!(act("GET profile:1", &hot), Action::Cache(_)));
+        assert!(matches!(act("HGETALL profile:1", &hot), Action::Cache(_)));
+        assert_eq!(act("SET profile:1 x", &hot), Action::Forward);
+        assert_eq!(act("GET profile:2", &hot), Action::Forward);
+        assert_eq!(act("GETDEL profile:1", &hot), Action::Forward);
     }
 
     #[test]

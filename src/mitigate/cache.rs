@@ -1,0 +1,521 @@
+//! The read-hot cache: reply bytes of read commands on read-hot keys, keyed by key and full
+//! command, filled at most once at a time per command, and never stale after a write.
+//!
+//! Storage and eviction are moka's (bounded by a weigher, per-entry expiry, TinyLFU). One
+//! moka entry is one key's *bucket*: every cached command of that key, so a write drops them
+//! all with one removal. Buckets are immutable (a fill builds a new one), so the weigher and
+//! the byte gauge always see what is stored.
+//!
+//! Single-flight is ours, not moka's `try_get_with`, for three reasons: a fill that raced with
+//! a write must still answer its own callers but must not be stored (moka would store it);
+//! stale-while-revalidate serves the old entry while one refresh runs (moka has no stale
+//! window); and an error reply (`-ERR ...`) is a successful fetch that must not be cached.
+//! In-flight fills live in a small sharded map; `invalidate(key)` detaches and marks the
+//! key's fills under the same shard lock that a completing fill takes to store its reply, so
+//! "stored, then invalidated" and "invalidated, then discarded" are the only two orders.
+//!
+//! A fill runs as its own task: if the caller that started it goes away (client closed),
+//! the callers waiting on it still get the reply.
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use bytes::Bytes;
+use moka::notification::RemovalCause;
+use moka::Expiry;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::gauge::Gauge;
+use tokio::sync::watch;
+use tokio::time::Instant;
+
+use crate::rules::CachePolicy;
+
+const SHARDS: usize = 16;
+/// A key read with many different commands (HGET over thousands of fields) keeps only this
+/// many: a bucket is copied on every fill, so it must stay small.
+const MAX_REQUESTS_PER_KEY: usize = 64;
+/// Bookkeeping bytes per entry beyond key, request and reply (Arc, Bytes headers, times).
+const ENTRY_OVERHEAD: u64 = 96;
+
+/// Why entries were dropped (each has its own counter).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Cause {
+    /// A write through this proxy.
+    Write,
+    /// Redis said the key changed (client-side-caching invalidation).
+    Tracking,
+    /// Tracking was lost, or FLUSHALL / FLUSHDB.
+    Flush,
+}
+
+/// Metric handles of the cache.
+#[derive(Clone, Default)]
+pub struct CacheMetrics {
+    pub hits: Counter,
+    pub misses: Counter,
+    /// Callers that waited for a fill already in flight instead of fetching.
+    pub coalesced: Counter,
+    pub stale_served: Counter,
+    pub invalidations_write: Counter,
+    pub invalidations_tracking: Counter,
+    pub invalidations_flush: Counter,
+    /// Waiters that gave up on a slow fill and fetched for themselves.
+    pub wait_timeouts: Counter,
+    pub bytes: Gauge,
+    pub entries: Gauge,
+}
+
+#[derive(Clone)]
+struct Stored {
+    request: Bytes,
+    reply: Bytes,
+    fresh_until: Instant,
+    stale_until: Instant,
+}
+
+struct Bucket {
+    entries: Vec<Stored>,
+    /// Real bytes, for the gauge.
+    bytes: u64,
+    /// Weight for moka: bytes, with each entry counted as at least `unit`, so that a byte
+    /// bound of `max_bytes` also bounds the entry count to `max_entries`.
+    weight: u32,
+    /// Until the last entry's stale window ends: moka may drop the bucket after that.
+    keep_for: Duration,
+}
+
+struct BucketExpiry;
+
+impl Expiry<Bytes, Arc<Bucket>> for BucketExpiry {
+    fn expire_after_create(
+        &self,
+        _: &Bytes,
+        b: &Arc<Bucket>,
+        _: std::time::Instant,
+    ) -> Option<Duration> {
+        Some(b.keep_for)
+    }
+
+    fn expire_after_update(
+        &self,
+        _: &Bytes,
+        b: &Arc<Bucket>,
+        _: std::time::Instant,
+        _: Option<Duration>,
+    ) -> Option<Duration> {
+        Some(b.keep_for)
+    }
+}
+
+type FillResult = Option<Result<Bytes, String>>;
+
+struct Flight {
+    tx: watch::Sender<FillResult>,
+    /// Set by an invalidation: the result answers its callers but is not stored.
+    discarded: AtomicBool,
+}
+
+/// In-flight fills of the keys that hash to this shard: key -> (request, fill).
+#[derive(Default)]
+struct Shard {
+    flights: HashMap<Bytes, Vec<(Bytes, Arc<Flight>)>>,
+}
+
+struct Inner {
+    store: moka::sync::Cache<Bytes, Arc<Bucket>>,
+    shards: Vec<Mutex<Shard>>,
+    flights: AtomicI64,
+    /// Entries stored, kept by us (moka's own count lags): `is_empty` reads it.
+    live: Arc<AtomicI64>,
+    unit: u64,
+    max_reply: u64,
+    rng: AtomicU64,
+    metrics: CacheMetrics,
+}
+
+/// The proxy's read cache. Shared by every session.
+pub struct Cache {
+    inner: Arc<Inner>,
+}
+
+enum Lookup {
+    Fresh(Bytes),
+    Stale(Bytes),
+    Miss,
+}
+
+impl Cache {
+    pub fn new(max_entries: u64, max_bytes: u64, metrics: CacheMetrics) -> Arc<Cache> {
+        let unit = (max_bytes / max_entries.max(1)).max(1);
+        let live = Arc::new(AtomicI64::new(0));
+        let (l, m) = (live.clone(), metrics.clone());
+        let store = moka::sync::Cache::builder()
+            .max_capacity(max_bytes)
+            .weigher(|_: &Bytes, b: &Arc<Bucket>| b.weight)
+            .expire_after(BucketExpiry)
+            .eviction_listener(move |_, b: Arc<Bucket>, _: RemovalCause| {
+                // Every removal, a replaced bucket included: its successor was counted in
+                // full when stored. Only atomics here: moka may call this from inside an
+                // insert made under a shard lock.
+                l.fetch_sub(b.entries.len() as i64, Ordering::SeqCst);
+                m.entries.dec_by(b.entries.len() as i64);
+                m.bytes.dec_by(b.bytes as i64);
+            })
+            .build();
+        let seed = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos() as u64)
+            .unwrap_or(0x5eed);
+        Arc::new(Cache {
+            inner: Arc::new(Inner {
+                store,
+                shards: (0..SHARDS).map(|_| Mutex::new(Shard::default())).collect(),
+                flights: AtomicI64::new(0),
+                live,
+                unit,
+                // One reply may not take more than an eighth of the cache.
+                max_reply: (max_bytes / 8).min(u32::MAX as u64),
+                rng: AtomicU64::new(seed),
+                metrics,
+            }),
+        })
+    }
+
+    /// The cached reply for (key, request), filling it with `fill` on a miss. At most one
+    /// fill per (key, request) is in flight: concurrent callers wait for it (up to
+    /// `wait_timeout`, then fetch for themselves) and get its result, errors included. A
+    /// failed fill or an error reply is not stored. Within `stale_while_revalidate_ms` past
+    /// expiry, callers get the old reply at once while one refresh runs. A fill that an
+    /// `invalidate` overtook answers its callers but is not stored.
+    ///
+    /// `request` identifies the command (its wire bytes); it must also tell databases apart
+    /// if the cache serves more than one.
+    pub async fn get_or_fill<F, Fut>(
+        &self,
+        key: &Bytes,
+        request: &Bytes,
+        policy: &CachePolicy,
+        wait_timeout: Duration,
+        fill: F,
+    ) -> Result<Bytes, String>
+    where
+        F: FnOnce() -> Fut + Send + 'static,
+        Fut: Future<Output = Result<Bytes, String>> + Send + 'static,
+    {
+        if !policy.enabled {
+            return fill().await;
+        }
+        let m = &self.inner.metrics;
+        if let Lookup::Fresh(reply) = self.inner.lookup(key, request) {
+            m.hits.inc();
+            return Ok(reply);
+        }
+        let mut fill = Some(fill);
+        let (mut rx, leader) = {
+            let mut shard = self.inner.shard(key);
+            // Looked up again under the lock: a fill may have stored its reply meanwhile.
+            let stale = match self.inner.lookup(key, request) {
+                Lookup::Fresh(reply) => {
+                    m.hits.inc();
+                    return Ok(reply);
+                }
+                Lookup::Stale(reply) => Some(reply),
+                Lookup::Miss => None,
+            };
+            let existing = shard
+                .flights
+                .get(key)
+                .and_then(|v| v.iter().find(|(r, _)| r == request))
+                .map(|(_, f)| f.clone());
+            let (rx, leader) = match existing {
+                Some(f) => (f.tx.subscribe(), false),
+                None => {
+                    let (tx, rx) = watch::channel(None);
+                    let flight = Arc::new(Flight {
+                        tx,
+                        discarded: AtomicBool::new(false),
+                    });
+                    shard
+                        .flights
+                        .entry(key.clone())
+                        .or_default()
+                        .push((request.clone(), flight.clone()));
+                    self.inner.flights.fetch_add(1, Ordering::SeqCst);
+                    let done = Completion {
+                        inner: self.inner.clone(),
+                        key: key.clone(),
+                        request: request.clone(),
+                        policy: *policy,
+                        flight,
+                        result: None,
+                    };
+                    let f = fill.take().expect("fill is used once");
+                    tokio::spawn(run_fill(done, f));
+                    (rx, true)
+                }
+            };
+            if let Some(reply) = stale {
+                m.stale_served.inc();
+                return Ok(reply);
+            }
+            (rx, leader)
+        };
+        if leader {
+            m.misses.inc();
+        } else {
+            m.coalesced.inc();
+        }
+        let wait = async {
+            match rx.wait_for(|r| r.is_some()).await {
+                Ok(r) => r
+                    .clone()
+                    .unwrap_or_else(|| Err("cache fill vanished".into())),
+                Err(_) => Err("cache fill abandoned".into()),
+            }
+        };
+        match fill.take() {
+            // The leader's fill is bounded by the backend's own request timeout.
+            None => wait.await,
+            Some(own) => match tokio::time::timeout(wait_timeout, wait).await {
+                Ok(r) => r,
+                Err(_) => {
+                    m.wait_timeouts.inc();
+                    own().await
+                }
+            },
+        }
+    }
+
+    /// Drops every entry of `key` and discards its fills in flight.
+    pub fn invalidate(&self, key: &[u8], cause: Cause) {
+        let mut shard = self.inner.shard(key);
+        let mut hit = false;
+        if let Some(flights) = shard.flights.remove(key) {
+            hit = true;
+            for (_, f) in flights {
+                f.discarded.store(true, Ordering::SeqCst);
+            }
+        }
+        hit |= self.inner.store.remove(key).is_some();
+        drop(shard);
+        if hit {
+            self.count(cause, 1);
+        }
+    }
+
+    /// Drops everything: tracking was lost, or FLUSHALL / FLUSHDB.
+    pub fn invalidate_all(&self, cause: Cause) {
+        self.invalidate_matching(|_| true, cause);
+    }
+
+    /// Drops every key for which `pred` holds (a node's keys when its tracking is lost).
+    pub fn invalidate_matching(&self, pred: impl Fn(&[u8]) -> bool, cause: Cause) {
+        // Every shard locked, in order: no fill can store while we sweep.
+        let mut shards: Vec<MutexGuard<'_, Shard>> =
+            (0..SHARDS).map(|i| lock(&self.inner.shards[i])).collect();
+        let mut n = 0u64;
+        for shard in shards.iter_mut() {
+            shard.flights.retain(|k, flights| {
+                if !pred(k) {
+                    return true;
+                }
+                for (_, f) in flights.iter() {
+                    f.discarded.store(true, Ordering::SeqCst);
+                }
+                n += 1;
+                false
+            });
+        }
+        let keys: Vec<Bytes> = self
+            .inner
+            .store
+            .iter()
+            .filter(|(k, _)| pred(k))
+            .map(|(k, _)| (*k).clone())
+            .collect();
+        for k in keys {
+            if self.inner.store.remove(&k).is_some() {
+                n += 1;
+            }
+        }
+        drop(shards);
+        self.count(cause, n);
+    }
+
+    /// True when nothing is cached or being filled: a write may skip `invalidate`.
+    pub fn is_empty(&self) -> bool {
+        self.inner.live.load(Ordering::SeqCst) <= 0 && self.inner.flights.load(Ordering::SeqCst) <= 0
+    }
+
+    /// Runs moka's pending evictions now (tests, and before reading exact gauges).
+    pub fn run_pending_tasks(&self) {
+        self.inner.store.run_pending_tasks();
+    }
+
+    fn count(&self, cause: Cause, n: u64) {
+        let m = &self.inner.metrics;
+        match cause {
+            Cause::Write => m.invalidations_write.inc_by(n),
+            Cause::Tracking => m.invalidations_tracking.inc_by(n),
+            Cause::Flush => m.invalidations_flush.inc_by(n),
+        };
+    }
+}
+
+impl Inner {
+    fn shard(&self, key: &[u8]) -> MutexGuard<'_, Shard> {
+        let i = xxhash_rust::xxh3::xxh3_64(key) as usize % SHARDS;
+        lock(&self.shards[i])
+    }
+
+    fn lookup(&self, key: &[u8], request: &[u8]) -> Lookup {
+        let Some(b) = self.store.get(key) else {
+            return Lookup::Miss;
+        };
+        let Some(e) = b.entries.iter().find(|e| e.request == request) else {
+            return Lookup::Miss;
+        };
+        let now = Instant::now();
+        if now < e.fresh_until {
+            Lookup::Fresh(e.reply.clone())
+        } else if now < e.stale_until {
+            Lookup::Stale(e.reply.clone())
+        } else {
+            Lookup::Miss
+        }
+    }
+
+    /// Stores a reply in a new bucket for its key. Called under the key's shard lock.
+    fn store_reply(&self, key: &Bytes, request: &Bytes, reply: &Bytes, policy: &CachePolicy) {
+        let now = Instant::now();
+        let fresh_until = now + self.ttl(policy);
+        let stale_until = fresh_until + Duration::from_millis(policy.stale_while_revalidate_ms);
+        let mut entries: Vec<Stored> = match self.store.get(key.as_ref()) {
+            Some(old) => old
+                .entries
+                .iter()
+                .filter(|e| e.request != request && e.stale_until > now)
+                .cloned()
+                .collect(),
+            None => Vec::new(),
+        };
+        if entries.len() >= MAX_REQUESTS_PER_KEY {
+            // Make room by dropping the entry closest to its end.
+            if let Some(i) = (0..entries.len()).min_by_key(|&i| entries[i].stale_until) {
+                entries.swap_remove(i);
+            }
+        }
+        entries.push(Stored {
+            request: request.clone(),
+            reply: reply.clone(),
+            fresh_until,
+            stale_until,
+        });
+        let mut bytes = 0u64;
+        let mut weight = 0u64;
+        let mut until = now;
+        for e in &entries {
+            let b = (key.len() + e.request.len() + e.reply.len()) as u64 + ENTRY_OVERHEAD;
+            bytes += b;
+            weight += b.max(self.unit);
+            until = until.max(e.stale_until);
+        }
+        let n = entries.len() as i64;
+        let bucket = Arc::new(Bucket {
+            entries,
+            bytes,
+            weight: weight.min(u32::MAX as u64) as u32,
+            keep_for: until - now,
+        });
+        // Counted before the insert: the listener may take the replaced bucket off at once.
+        self.live.fetch_add(n, Ordering::SeqCst);
+        self.metrics.entries.inc_by(n);
+        self.metrics.bytes.inc_by(bytes as i64);
+        self.store.insert(key.clone(), bucket);
+    }
+
+    /// `ttl_ms * (1 +/- jitter_pct/100)`, uniform, so entries filled together do not all
+    /// expire together.
+    fn ttl(&self, policy: &CachePolicy) -> Duration {
+        jittered(policy, self.next_unit())
+    }
+
+    /// A uniform draw in [0, 1): splitmix64 over an atomic counter, lock-free.
+    fn next_unit(&self) -> f64 {
+        let mut z = self
+            .rng
+            .fetch_add(0x9E37_79B9_7F4A_7C15, Ordering::Relaxed)
+            .wrapping_add(0x9E37_79B9_7F4A_7C15);
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^= z >> 31;
+        (z >> 11) as f64 / (1u64 << 53) as f64
+    }
+}
+
+fn jittered(policy: &CachePolicy, u: f64) -> Duration {
+    let base_us = policy.ttl_ms as f64 * 1000.0;
+    let j = f64::from(policy.jitter_pct.min(100)) / 100.0;
+    let us = base_us * (1.0 + j * (2.0 * u - 1.0));
+    Duration::from_micros(us.max(0.0) as u64)
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Finishes a fill when dropped, so a fill that panics or is aborted still wakes its
+/// waiters (with an error) and leaves the in-flight map.
+struct Completion {
+    inner: Arc<Inner>,
+    key: Bytes,
+    request: Bytes,
+    policy: CachePolicy,
+    flight: Arc<Flight>,
+    result: Option<Result<Bytes, String>>,
+}
+
+async fn run_fill<F, Fut>(mut done: Completion, fill: F)
+where
+    F: FnOnce() -> Fut,
+    Fut: Future<Output = Result<Bytes, String>>,
+{
+    done.result = Some(fill().await);
+}
+
+impl Drop for Completion {
+    fn drop(&mut self) {
+        let res = self
+            .result
+            .take()
+            .unwrap_or_else(|| Err("cache fill failed".into()));
+        {
+            let mut shard = self.inner.shard(&self.key);
+            if let Some(v) = shard.flights.get_mut(&self.key) {
+                v.retain(|(_, f)| !Arc::ptr_eq(f, &self.flight));
+                if v.is_empty() {
+                    shard.flights.remove(&self.key);
+                }
+            }
+            if let Ok(reply) = &res {
+                if !self.flight.discarded.load(Ordering::SeqCst)
+                    && !reply.starts_with(b"-")
+                    && (reply.len() as u64) <= self.inner.max_reply
+                {
+                    self.inner
+                        .store_reply(&self.key, &self.request, reply, &self.policy);
+                }
+            }
+        }
+        // After the store: a writer that saw no fill in flight also sees the entry.
+        self.inner.flights.fetch_sub(1, Ordering::SeqCst);
+        self.flight.tx.send_replace(Some(res));
+    }
+}
+
+#[cfg(test)]
+#[path = "cache_tests.rs"]
+mod tests;

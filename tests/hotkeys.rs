@@ -1,0 +1,421 @@
+//! Hot-key detection end to end: real load through the real proxy over a pool of four
+//! redis-server processes, seen the way an operator sees it (`/hotkeys`, `/metrics`,
+//! `/rules`), including per-key thresholds from a rules file and their live reload.
+//!
+//! The tests share one machine with everything else, so they run one at a time, offer
+//! rates with a cap well under what a debug build sustains, and judge reported rates
+//! against what the load generator says it really sent.
+
+mod support;
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use saltshaker::loadgen::{run_blocking, BenchArgs, Mix, Report, Workload};
+use serde_json::Value;
+use support::*;
+
+const VIRAL: &str = "likes:viral";
+
+/// Load tests measure rates and latencies: two at once would skew both.
+fn one_at_a_time() -> MutexGuard<'static, ()> {
+    static LOCK: Mutex<()> = Mutex::new(());
+    LOCK.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+fn hotkeys(p: &Proxy) -> Value {
+    let (status, body) = p.admin_get("/hotkeys");
+    assert_eq!(status, 200, "{body}");
+    serde_json::from_str(&body).unwrap_or_else(|e| panic!("/hotkeys is not JSON ({e}): {body}"))
+}
+
+fn listed(snap: &Value) -> &[Value] {
+    snap["keys"].as_array().map_or(&[], |v| v.as_slice())
+}
+
+fn entry<'a>(snap: &'a Value, key: &str) -> Option<&'a Value> {
+    listed(snap).iter().find(|k| k["key"] == key)
+}
+
+fn metrics(p: &Proxy) -> String {
+    let (status, body) = p.admin_get("/metrics");
+    assert_eq!(status, 200, "{body}");
+    body
+}
+
+/// The value of the series written exactly as `series` (name and labels), if present.
+fn sample(metrics: &str, series: &str) -> Option<f64> {
+    metrics.lines().find_map(|l| {
+        let rest = l.strip_prefix(series)?.strip_prefix(' ')?;
+        rest.split_whitespace().next()?.parse().ok()
+    })
+}
+
+fn rules_field(p: &Proxy, pick: impl Fn(&Value) -> &Value) -> Value {
+    let (status, body) = p.admin_get("/rules");
+    assert_eq!(status, 200, "{body}");
+    let v: Value = serde_json::from_str(&body).unwrap_or_else(|e| panic!("/rules ({e}): {body}"));
+    pick(&v).clone()
+}
+
+fn wait_for(what: &str, timeout: Duration, mut f: impl FnMut() -> bool) {
+    let end = Instant::now() + timeout;
+    while !f() {
+        assert!(Instant::now() < end, "timed out after {timeout:?}: {what}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+fn bench_in_thread(args: BenchArgs) -> JoinHandle<Report> {
+    std::thread::spawn(move || run_blocking(args).expect("saltshaker bench"))
+}
+
+/// GET/SET/INCR over 10k keys, `viral_share` of it on one key.
+fn mixed(target: &str, clients: usize, rate: u64, ms: u64, viral_share: f64) -> BenchArgs {
+    BenchArgs {
+        target: target.to_string(),
+        clients,
+        pipeline: 16,
+        duration_ms: ms,
+        keyspace: 10_000,
+        workload: Workload::Viral {
+            key: VIRAL.into(),
+            share: viral_share,
+        },
+        mix: Mix {
+            get: 40,
+            set: 20,
+            incr: 40,
+        },
+        rate: Some(rate),
+        ..BenchArgs::default()
+    }
+}
+
+/// Share of the mix that writes (SET + INCR).
+const WRITE_FRACTION: f64 = 0.6;
+
+fn pool_and_proxy(extra: &[&str]) -> (Vec<Redis>, Proxy) {
+    let nodes = pool(4);
+    let refs: Vec<&Redis> = nodes.iter().collect();
+    let proxy = Proxy::start(&refs, extra);
+    (nodes, proxy)
+}
+
+#[test]
+fn viral_key_turns_hot_within_a_second_then_cools_and_leaves() {
+    if !have_redis() {
+        return;
+    }
+    let _serial = one_at_a_time();
+    let (_nodes, p) = pool_and_proxy(&[]);
+    let addr = p.addr();
+    assert!(listed(&hotkeys(&p)).is_empty());
+
+    // 3 s well over the default threshold (2000 writes/s), then 3 s between cool_below (500)
+    // and hot_at: the low load runs throughout so the step down has no gap.
+    let hot_rate = 20_000;
+    let warm_rate = 4_000;
+    let start = Instant::now();
+    let warm = bench_in_thread(mixed(&addr, 2, warm_rate, 6_000, 0.4));
+    let hot = bench_in_thread(mixed(&addr, 8, hot_rate, 3_000, 0.4));
+
+    let mut first_hot: Option<(Duration, Value)> = None;
+    let mut during: Vec<(Duration, Value)> = Vec::new();
+    while start.elapsed() < Duration::from_millis(2_800) {
+        let snap = hotkeys(&p);
+        if first_hot.is_none() {
+            if let Some(e) = entry(&snap, VIRAL).filter(|e| e["state"] == "hot") {
+                first_hot = Some((start.elapsed(), e.clone()));
+            }
+        }
+        during.push((start.elapsed(), snap));
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let m = metrics(&p);
+    let hot_report = hot.join().expect("hot load");
+    let (hot_ops, hot_secs) = (hot_report.ops, hot_report.elapsed.as_secs_f64());
+    assert_eq!(hot_report.errors, 0, "{}", hot_report.to_text());
+    // What the viral key really received while both loads ran, in writes per second.
+    let sent_writes =
+        (hot_report.viral_ops as f64 / hot_secs + 0.4 * warm_rate as f64) * WRITE_FRACTION;
+    eprintln!(
+        "hot load: {hot_ops} ops in {hot_secs:.2} s; viral writes sent {sent_writes:.0}/s; first hot {first_hot:?}"
+    );
+    assert!(
+        sent_writes > 3_000.0,
+        "the machine could not offer the load (viral writes {sent_writes:.0}/s): {}",
+        hot_report.to_text()
+    );
+
+    let (at, e) = first_hot.unwrap_or_else(|| panic!("never hot; snapshots: {during:?}"));
+    assert!(at <= Duration::from_secs(1), "hot only after {at:?}: {e}");
+
+    // A snapshot from a closed window of full load: hottest first, hot, rate and share right.
+    let (_, snap) = during
+        .iter()
+        .rev()
+        .find(|(t, _)| *t >= Duration::from_millis(2_000))
+        .expect("a snapshot after 2 s");
+    let top = &listed(snap)[0];
+    assert_eq!(top["key"], VIRAL, "hottest first: {snap}");
+    assert_eq!(top["state"], "hot", "{snap}");
+    let writes = top["writes_per_sec"].as_f64().expect("writes_per_sec");
+    assert!(
+        (0.6 * sent_writes..=1.4 * sent_writes).contains(&writes),
+        "writes_per_sec {writes} vs {sent_writes:.0} sent: {snap}"
+    );
+    let share = top["share"].as_f64().expect("share");
+    assert!(share > 0.2 && share <= 1.0, "share {share}: {snap}");
+    assert!(top["since"].as_u64().is_some(), "{snap}");
+    // Uniform keys get about one request per second each: never listed.
+    for (_, s) in &during {
+        assert!(
+            listed(s).iter().all(|k| k["key"] == VIRAL),
+            "only the viral key may be listed: {s}"
+        );
+    }
+    assert!(
+        sample(&m, "saltshaker_hot_keys{kind=\"write\"}").unwrap_or(0.0) >= 1.0,
+        "{m}"
+    );
+    let series = format!("saltshaker_hot_key_rate{{key=\"{VIRAL}\",kind=\"write\"}}");
+    let rate = sample(&m, &series).unwrap_or_else(|| panic!("no {series} in\n{m}"));
+    assert!(rate >= 2_000.0, "{series} = {rate}");
+
+    // Between the thresholds: listed as cooling while the low load lasts.
+    wait_for(
+        "the viral key cooling under the low load",
+        Duration::from_millis(2_500),
+        || entry(&hotkeys(&p), VIRAL).is_some_and(|e| e["state"] == "cooling"),
+    );
+    let snap = hotkeys(&p);
+    let e = entry(&snap, VIRAL).expect("still listed");
+    let writes = e["writes_per_sec"].as_f64().unwrap_or(0.0);
+    assert!(
+        (500.0..2_000.0).contains(&writes),
+        "cooling at {writes}/s: {snap}"
+    );
+    let warm_report = warm.join().expect("warm load");
+    assert_eq!(warm_report.errors, 0, "{}", warm_report.to_text());
+
+    // Load over: gone from /hotkeys within a few windows, and its series with it.
+    let stopped = Instant::now();
+    wait_for(
+        "the viral key leaving /hotkeys",
+        Duration::from_secs(4),
+        || listed(&hotkeys(&p)).is_empty(),
+    );
+    eprintln!(
+        "left /hotkeys {:?} after the load stopped",
+        stopped.elapsed()
+    );
+    let m = metrics(&p);
+    assert!(!m.contains(&format!("key=\"{VIRAL}\"")), "{m}");
+    assert_eq!(sample(&m, "saltshaker_hot_keys{kind=\"write\"}"), Some(0.0));
+    assert_eq!(sample(&m, "saltshaker_hot_keys{kind=\"read\"}"), Some(0.0));
+}
+
+#[test]
+fn uniform_load_at_a_high_rate_has_no_hot_key() {
+    if !have_redis() {
+        return;
+    }
+    let _serial = one_at_a_time();
+    let (_nodes, p) = pool_and_proxy(&[]);
+    let uniform = |clients, keyspace, rate: Option<u64>, mix| BenchArgs {
+        target: p.addr(),
+        clients,
+        pipeline: 16,
+        duration_ms: 3_000,
+        keyspace,
+        mix,
+        rate,
+        ..BenchArgs::default()
+    };
+    let mut seen: Vec<Value> = Vec::new();
+    let mut watch = |load: JoinHandle<Report>, then: Duration| {
+        let r = loop {
+            seen.push(hotkeys(&p));
+            if load.is_finished() {
+                break load.join().expect("load");
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        };
+        let end = Instant::now() + then;
+        while Instant::now() < end {
+            seen.push(hotkeys(&p));
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        r
+    };
+
+    // As fast as it goes over 10k keys: far more in total than any threshold.
+    let a = watch(
+        bench_in_thread(uniform(8, 10_000, None, Mix::default())),
+        Duration::ZERO,
+    );
+    assert_eq!(a.errors, 0, "{}", a.to_text());
+    assert!(a.ops_per_sec > 4_000.0, "{}", a.to_text());
+    // Ten keys at up to 2000 requests/s each, half reads and half writes: every key is at
+    // the threshold counting both kinds together, at half of it per kind.
+    let b = watch(
+        bench_in_thread(uniform(
+            4,
+            10,
+            Some(20_000),
+            Mix {
+                get: 1,
+                set: 1,
+                incr: 0,
+            },
+        )),
+        Duration::from_secs(2),
+    );
+    assert_eq!(b.errors, 0, "{}", b.to_text());
+    eprintln!(
+        "uniform: {:.0} ops/s over 10k keys, then {:.0} ops/s over 10 keys; {} snapshots",
+        a.ops_per_sec,
+        b.ops_per_sec,
+        seen.len()
+    );
+    for s in &seen {
+        assert!(listed(s).is_empty(), "no key is hot: {s}");
+    }
+    let m = metrics(&p);
+    assert_eq!(sample(&m, "saltshaker_hot_keys{kind=\"write\"}"), Some(0.0));
+    assert_eq!(sample(&m, "saltshaker_hot_keys{kind=\"read\"}"), Some(0.0));
+    assert!(!m.contains("saltshaker_hot_key_rate{"), "{m}");
+}
+
+const RULES: &str = "version: 1
+rules:
+  - match: \"slow:*\"
+    write: { hot_at_per_sec: HOT, cool_below_per_sec: 10 }
+";
+
+/// Replaces the file in one step, as a ConfigMap update does: the reloader never sees
+/// half a file.
+fn write_rules(path: &std::path::Path, text: &str) {
+    let tmp = path.with_extension("tmp");
+    std::fs::write(&tmp, text).expect("write rules");
+    std::fs::rename(&tmp, path).expect("rename rules");
+}
+
+/// INCRs on each key at `per_sec`, in batches every 100 ms, on one connection, until `stop`.
+/// Returns how many replies were not integers.
+fn paced_incr(
+    addr: String,
+    keys: Vec<String>,
+    per_sec: u64,
+    stop: Arc<AtomicBool>,
+) -> JoinHandle<u64> {
+    std::thread::spawn(move || {
+        let mut c = Client::connect(&addr);
+        let batch = per_sec / 10;
+        let cmds: Vec<[&str; 2]> = (0..batch)
+            .flat_map(|_| keys.iter().map(|k| ["INCR", k.as_str()]))
+            .collect();
+        let mut bad = 0;
+        let mut next = Instant::now();
+        while !stop.load(Ordering::Relaxed) {
+            bad += c
+                .pipeline(&cmds)
+                .iter()
+                .filter(|r| !matches!(r, Reply::Int(_)))
+                .count() as u64;
+            next += Duration::from_millis(100);
+            if let Some(d) = next.checked_duration_since(Instant::now()) {
+                std::thread::sleep(d);
+            }
+        }
+        bad
+    })
+}
+
+#[test]
+fn rules_set_per_key_thresholds_and_reload_live_without_dropping_clients() {
+    if !have_redis() {
+        return;
+    }
+    let _serial = one_at_a_time();
+    let dir = TempDir::new("hotkey-rules");
+    let path = dir.0.join("rules.yaml");
+    write_rules(&path, &RULES.replace("HOT", "50"));
+    let (_nodes, p) = pool_and_proxy(&["--rules", &path_str(&path)]);
+    let slow_hot = |p: &Proxy| {
+        rules_field(p, |v| &v["rules"][0]["write"]["hot_at_per_sec"])
+            .as_f64()
+            .unwrap_or(0.0)
+    };
+    assert_eq!(slow_hot(&p), 50.0);
+    let reloads = |p: &Proxy, result: &str| {
+        let s = format!("saltshaker_rules_reloads_total{{result=\"{result}\"}}");
+        sample(&metrics(p), &s).unwrap_or(0.0)
+    };
+    let mut idle = p.client();
+    assert_eq!(idle.cmd(&["PING"]), Reply::Simple("PONG".into()));
+
+    let stop = Arc::new(AtomicBool::new(false));
+    let load = paced_incr(
+        p.addr(),
+        vec!["slow:x".into(), "fast:x".into()],
+        300,
+        stop.clone(),
+    );
+    wait_for("slow:x hot at 300/s", Duration::from_secs(4), || {
+        entry(&hotkeys(&p), "slow:x").is_some_and(|e| e["state"] == "hot")
+    });
+    // A full window later: same rate on both keys, only the rule's key is hot.
+    std::thread::sleep(Duration::from_millis(1_200));
+    let snap = hotkeys(&p);
+    let slow = entry(&snap, "slow:x").expect("slow:x listed");
+    assert_eq!(slow["state"], "hot", "{snap}");
+    let w = slow["writes_per_sec"].as_f64().unwrap_or(0.0);
+    assert!((150.0..=450.0).contains(&w), "slow:x at {w}/s: {snap}");
+    assert!(
+        entry(&snap, "fast:x").is_none(),
+        "fast:x is not hot: {snap}"
+    );
+
+    // Raise the rule's threshold live: no restart, the key is no longer hot. It stays listed
+    // as cooling: 300/s is still above the rule's cool_below.
+    let ok_before = reloads(&p, "ok");
+    write_rules(&path, &RULES.replace("HOT", "100000"));
+    wait_for("/rules showing 100000", Duration::from_secs(3), || {
+        slow_hot(&p) == 100_000.0
+    });
+    assert!(reloads(&p, "ok") > ok_before);
+    assert_eq!(idle.cmd(&["PING"]), Reply::Simple("PONG".into()));
+    wait_for("slow:x no longer hot", Duration::from_secs(3), || {
+        entry(&hotkeys(&p), "slow:x").map_or(true, |e| e["state"] == "cooling")
+    });
+
+    // A broken rewrite (cool_below above hot_at) is refused; the running rules stay.
+    let failed_before = reloads(&p, "failed");
+    let ok_before = reloads(&p, "ok");
+    write_rules(&path, &RULES.replace("HOT", "5"));
+    wait_for("a failed reload", Duration::from_secs(3), || {
+        reloads(&p, "failed") > failed_before
+    });
+    assert_eq!(slow_hot(&p), 100_000.0);
+    assert_eq!(reloads(&p, "ok"), ok_before);
+    // Had the broken file been taken, 300/s against a threshold of 5 would be hot again.
+    std::thread::sleep(Duration::from_millis(2_200));
+    let snap = hotkeys(&p);
+    assert!(
+        entry(&snap, "slow:x").map_or(true, |e| e["state"] == "cooling"),
+        "{snap}"
+    );
+    assert_eq!(idle.cmd(&["PING"]), Reply::Simple("PONG".into()));
+
+    stop.store(true, Ordering::Relaxed);
+    assert_eq!(load.join().expect("load connection"), 0);
+    assert_eq!(idle.cmd(&["PING"]), Reply::Simple("PONG".into()));
+    // The load's connection closes as its thread ends; the idle one is still open.
+    wait_for("one client connection left", Duration::from_secs(3), || {
+        sample(&metrics(&p), "saltshaker_client_connections") == Some(1.0)
+    });
+}
