@@ -25,6 +25,8 @@ pub struct Config {
     pub auth: AuthConfig,
     /// Path of the hot-key rules file, if any.
     pub rules: Option<PathBuf>,
+    /// The read-hot cache's memory bounds (which keys are cached is up to the rules).
+    pub cache: CacheConfig,
     /// Unix socket where this process waits to hand its listening sockets to a successor
     /// started with `--upgrade` (zero-downtime upgrade). None = upgrades disabled.
     pub upgrade_socket: Option<PathBuf>,
@@ -41,6 +43,32 @@ impl Default for Config {
             auth: AuthConfig::default(),
             rules: None,
             upgrade_socket: None,
+            cache: CacheConfig::default(),
+        }
+    }
+}
+
+/// Bounds of the read-hot cache.
+#[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct CacheConfig {
+    /// false turns the cache and its tracking connections off whatever the rules say.
+    pub enabled: bool,
+    /// Most cached replies. Default 100000.
+    pub max_entries: u64,
+    /// Most bytes of cached replies (keys and requests included). Default 64 MiB.
+    pub max_bytes: u64,
+    /// How long a reader waits for another reader's fill before fetching itself.
+    pub fill_wait_ms: u64,
+}
+
+impl Default for CacheConfig {
+    fn default() -> Self {
+        CacheConfig {
+            enabled: true,
+            max_entries: 100_000,
+            max_bytes: 64 * 1024 * 1024,
+            fill_wait_ms: 1000,
         }
     }
 }
@@ -265,6 +293,12 @@ impl Config {
             return Err((
                 "limits.max_pending_bytes".into(),
                 "must be at least max_inline_bytes".into(),
+            ));
+        }
+        if self.cache.max_entries == 0 || self.cache.max_bytes < 1024 {
+            return Err((
+                "cache.max_bytes".into(),
+                "max_entries must be > 0 and max_bytes at least 1024".into(),
             ));
         }
         if l.max_clients == 0 {

@@ -91,7 +91,7 @@ pub async fn run(
         }
         None => ignore_sighup(),
     }
-    let ctx = Arc::new(proxy::Ctx::new(
+    let mut ctx = proxy::Ctx::new(
         backend,
         metrics.clone(),
         detector.clone(),
@@ -101,7 +101,11 @@ pub async fn run(
         cfg.auth.password.clone(),
         shutdown.subscribe(),
         rules.clone(),
-    ));
+    );
+    if cfg.cache.enabled {
+        ctx.cache = Some(proxy::CacheLayer::start(&ctx.backend, &cfg.cache, &metrics));
+    }
+    let ctx = Arc::new(ctx);
     proxy::spawn_hot_updater(ctx.clone());
     {
         // Detector thresholds and the generation gauge follow the rules.

@@ -81,6 +81,7 @@ pub struct Metrics {
     pub rules_generation: Gauge,
     pub mitigated_keys: Family<HotKindLabel, Gauge>,
     pub combine: crate::mitigate::combine::CombineMetrics,
+    pub cache: crate::mitigate::cache::CacheMetrics,
 }
 
 impl Metrics {
@@ -117,6 +118,7 @@ impl Metrics {
             rules_generation: Gauge::default(),
             mitigated_keys: Family::default(),
             combine: Default::default(),
+            cache: Default::default(),
         };
 
         let r = registry.sub_registry_with_prefix("saltshaker");
@@ -209,6 +211,57 @@ impl Metrics {
             "combine_fallbacks",
             "Combine batches sent one by one after an error reply or an overflowing sum",
             m.combine.fallbacks.clone(),
+        );
+        let c = &m.cache;
+        r.register(
+            "cache_hits",
+            "Read replies served from the proxy cache",
+            c.hits.clone(),
+        );
+        r.register(
+            "cache_misses",
+            "Cached reads that had to be fetched from the node",
+            c.misses.clone(),
+        );
+        r.register(
+            "cache_coalesced",
+            "Cache misses that waited for a fill already in flight",
+            c.coalesced.clone(),
+        );
+        r.register(
+            "cache_stale_served",
+            "Expired replies served while one refresh ran",
+            c.stale_served.clone(),
+        );
+        r.register(
+            "cache_invalidations_write",
+            "Cache entries dropped because this proxy wrote the key",
+            c.invalidations_write.clone(),
+        );
+        r.register(
+            "cache_invalidations_tracking",
+            "Cache entries dropped because the node said the key changed (client-side caching)",
+            c.invalidations_tracking.clone(),
+        );
+        r.register(
+            "cache_invalidations_flush",
+            "Cache flushes: tracking connection lost, or FLUSHALL/FLUSHDB",
+            c.invalidations_flush.clone(),
+        );
+        r.register(
+            "cache_wait_timeouts",
+            "Waiters that gave up on a slow fill and fetched themselves",
+            c.wait_timeouts.clone(),
+        );
+        r.register(
+            "cache_bytes",
+            "Bytes held by the proxy cache",
+            c.bytes.clone(),
+        );
+        r.register(
+            "cache_entries",
+            "Entries held by the proxy cache",
+            c.entries.clone(),
         );
         m
     }

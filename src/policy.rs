@@ -33,10 +33,38 @@ pub enum Action {
 /// Read commands whose replies may be cached for a read-hot key: single-key reads whose
 /// reply depends only on the key's value and the arguments.
 const CACHEABLE: &[&str] = &[
-    "GET", "GETRANGE", "STRLEN", "HGET", "HMGET", "HGETALL", "HEXISTS", "HLEN", "HKEYS", "HVALS", "HSTRLEN",
-    "SMEMBERS", "SISMEMBER", "SMISMEMBER", "SCARD", "ZRANGE", "ZREVRANGE", "ZRANGEBYSCORE", "ZREVRANGEBYSCORE",
-    "ZRANGEBYLEX", "ZREVRANGEBYLEX", "ZSCORE", "ZMSCORE", "ZCARD", "ZCOUNT", "ZRANK", "ZREVRANK", "LRANGE",
-    "LLEN", "LINDEX", "EXISTS", "TYPE",
+    "GET",
+    "GETRANGE",
+    "STRLEN",
+    "HGET",
+    "HMGET",
+    "HGETALL",
+    "HEXISTS",
+    "HLEN",
+    "HKEYS",
+    "HVALS",
+    "HSTRLEN",
+    "SMEMBERS",
+    "SISMEMBER",
+    "SMISMEMBER",
+    "SCARD",
+    "ZRANGE",
+    "ZREVRANGE",
+    "ZRANGEBYSCORE",
+    "ZREVRANGEBYSCORE",
+    "ZRANGEBYLEX",
+    "ZREVRANGEBYLEX",
+    "ZSCORE",
+    "ZMSCORE",
+    "ZCARD",
+    "ZCOUNT",
+    "ZRANK",
+    "ZREVRANK",
+    "LRANGE",
+    "LLEN",
+    "LINDEX",
+    "EXISTS",
+    "TYPE",
 ];
 
 /// A write-hot key and how to treat it.
@@ -77,7 +105,12 @@ impl HotSet {
             }
         }
         let has_pins = rules.rules().iter().any(|r| r.pin);
-        HotSet { write, read, rules: Some(rules), has_pins }
+        HotSet {
+            write,
+            read,
+            rules: Some(rules),
+            has_pins,
+        }
     }
 
     pub fn is_empty(&self) -> bool {

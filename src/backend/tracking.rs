@@ -49,7 +49,10 @@ pub struct Tracker {
 impl Tracker {
     /// Starts tracking the node `hs` reaches; `on_event` runs on the tracker's task for each
     /// invalidation, so it must be quick (cache removals are).
-    pub fn spawn(hs: &Handshake, on_event: impl Fn(Invalidation) + Send + Sync + 'static) -> Tracker {
+    pub fn spawn(
+        hs: &Handshake,
+        on_event: impl Fn(Invalidation) + Send + Sync + 'static,
+    ) -> Tracker {
         let hs = Handshake {
             proto: Proto::Resp2,
             db: 0,
@@ -106,10 +109,7 @@ async fn subscribe_and_listen(
         Ok(d) => d,
         Err(e) => return e,
     };
-    let setup = [
-        wire(&["CLIENT", "ID"]),
-        wire(&[&b"SUBSCRIBE"[..], CHANNEL]),
-    ];
+    let setup = [wire(&["CLIENT", "ID"]), wire(&[&b"SUBSCRIBE"[..], CHANNEL])];
     let r = match tokio::time::timeout(hs.connect_timeout * 2, d.call(&setup, 2)).await {
         Ok(Ok(r)) => r,
         Ok(Err(e)) => return e,
@@ -175,7 +175,8 @@ fn invalidation(frame: &[u8]) -> Option<Invalidation> {
     }
     let payload = parts.pop()?;
     match (&parts[0], &parts[1]) {
-        (Value::Bulk(kind), Value::Bulk(ch)) if kind.eq_ignore_ascii_case(b"message") && ch == CHANNEL => {}
+        (Value::Bulk(kind), Value::Bulk(ch))
+            if kind.eq_ignore_ascii_case(b"message") && ch == CHANNEL => {}
         _ => return None,
     }
     match payload {
@@ -194,16 +195,29 @@ fn invalidation(frame: &[u8]) -> Option<Invalidation> {
 
 /// The connection that fills the read cache of one node: a shared pipelined connection with
 /// tracking redirected to the node's tracker, rebuilt whenever the tracker's id changes.
+///
+/// Redis forgets what a client tracked when that client disconnects, so when the fill
+/// connection drops (and reconnects as a new client), the keys it had read would no longer
+/// be invalidated: the filler then calls `on_lost`, which must flush the node's cached keys
+/// like a tracker `All`. The drop is seen by polling `is_up` every `POLL` ms, well inside the
+/// shortest reconnect delay, during which the connection reads as down.
 pub struct Filler {
     current: Arc<Mutex<Option<(u64, ConnHandle)>>>,
     ids: watch::Receiver<Option<u64>>,
     task: JoinHandle<()>,
 }
 
+const POLL: Duration = Duration::from_millis(5);
+
 impl Filler {
-    /// `hs` is the node's handshake (its database and protocol: RESP2 only, since a RESP3
-    /// connection with tracking gets pushes, which shared connections refuse).
-    pub fn spawn(tracker: &Tracker, hs: &Handshake, metrics: NodeMetrics) -> Filler {
+    /// `hs` is the node's handshake (its database; RESP2 is forced, since a RESP3
+    /// connection with tracking would get pushes, which shared connections refuse).
+    pub fn spawn(
+        tracker: &Tracker,
+        hs: &Handshake,
+        metrics: NodeMetrics,
+        on_lost: impl Fn() + Send + Sync + 'static,
+    ) -> Filler {
         let current = Arc::new(Mutex::new(None));
         let mut ids = tracker.ids();
         let (cur, hs) = (current.clone(), hs.clone());
@@ -216,12 +230,28 @@ impl Filler {
                         tracking_redirect: Some(id),
                         ..hs.clone()
                     };
-                    (id, ConnHandle::spawn(Arc::new(hs), metrics.clone()))
+                    ConnHandle::spawn(Arc::new(hs), metrics.clone())
                 });
                 // The old connection closes once the fills using it finish.
-                *cur.lock().unwrap_or_else(|p| p.into_inner()) = conn;
-                if ids.changed().await.is_err() {
-                    return;
+                *cur.lock().unwrap_or_else(|p| p.into_inner()) = id.zip(conn.clone());
+                let mut was_up = false;
+                loop {
+                    tokio::select! {
+                        r = ids.changed() => {
+                            if r.is_err() {
+                                return;
+                            }
+                            break;
+                        }
+                        _ = tokio::time::sleep(POLL) => {
+                            let up = conn.as_ref().is_some_and(|c| c.is_up());
+                            if was_up && !up {
+                                tracing::warn!(node = %hs.addr, "cache fill connection lost; flushing the node's cached keys");
+                                on_lost();
+                            }
+                            was_up = up;
+                        }
+                    }
                 }
             }
         });
@@ -232,8 +262,9 @@ impl Filler {
         }
     }
 
-    /// The fill connection, or None while tracking is not in force for it (tracker down, or
-    /// reconnected and the filler not yet rebuilt): then the cache must not be filled.
+    /// The fill connection, or None while tracking is not in force for it (tracker down,
+    /// reconnected and the filler not yet rebuilt, or the fill connection itself down):
+    /// then the cache must not be filled.
     pub fn conn(&self) -> Option<ConnHandle> {
         let want = (*self.ids.borrow())?;
         let cur = self.current.lock().unwrap_or_else(|p| p.into_inner());
@@ -270,7 +301,10 @@ mod tests {
         let keys = frame(&[b"message", CHANNEL], b"*2\r\n$1\r\na\r\n$2\r\nbc\r\n");
         assert_eq!(
             invalidation(&keys),
-            Some(Invalidation::Keys(vec![Bytes::from("a"), Bytes::from("bc")]))
+            Some(Invalidation::Keys(vec![
+                Bytes::from("a"),
+                Bytes::from("bc")
+            ]))
         );
         let flush = frame(&[b"message", CHANNEL], b"*-1\r\n");
         assert_eq!(invalidation(&flush), Some(Invalidation::All));

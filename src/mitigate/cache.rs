@@ -347,7 +347,8 @@ impl Cache {
 
     /// True when nothing is cached or being filled: a write may skip `invalidate`.
     pub fn is_empty(&self) -> bool {
-        self.inner.live.load(Ordering::SeqCst) <= 0 && self.inner.flights.load(Ordering::SeqCst) <= 0
+        self.inner.live.load(Ordering::SeqCst) <= 0
+            && self.inner.flights.load(Ordering::SeqCst) <= 0
     }
 
     /// Runs moka's pending evictions now (tests, and before reading exact gauges).

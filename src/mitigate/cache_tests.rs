@@ -159,13 +159,22 @@ async fn a_fill_overtaken_by_invalidate_answers_its_callers_but_is_not_stored() 
         tokio::spawn(async move { cache.get_or_fill(&key, &req, &p, WAIT, fill).await })
     };
     started.notified().await;
-    assert!(!cache.is_empty(), "a fill in flight must make writes invalidate");
+    assert!(
+        !cache.is_empty(),
+        "a fill in flight must make writes invalidate"
+    );
     cache.invalidate(&key, Cause::Write);
 
     // A caller after the write must not join the old fill.
     let calls = Arc::new(AtomicUsize::new(0));
     let second = cache
-        .get_or_fill(&key, &req, &p, WAIT, counted(&calls, Duration::ZERO, Ok(bulk("new"))))
+        .get_or_fill(
+            &key,
+            &req,
+            &p,
+            WAIT,
+            counted(&calls, Duration::ZERO, Ok(bulk("new"))),
+        )
         .await;
     assert_eq!(second, Ok(bulk("new")));
     assert_eq!(calls.load(Ordering::SeqCst), 1);
@@ -174,14 +183,26 @@ async fn a_fill_overtaken_by_invalidate_answers_its_callers_but_is_not_stored() 
     assert_eq!(first.await.expect("task"), Ok(bulk("old")));
     // The old reply was not stored over the new one.
     let third = cache
-        .get_or_fill(&key, &req, &p, WAIT, counted(&calls, Duration::ZERO, Ok(bulk("x"))))
+        .get_or_fill(
+            &key,
+            &req,
+            &p,
+            WAIT,
+            counted(&calls, Duration::ZERO, Ok(bulk("x"))),
+        )
         .await;
     assert_eq!(third, Ok(bulk("new")));
     assert_eq!(calls.load(Ordering::SeqCst), 1);
 
     cache.invalidate(&key, Cause::Tracking);
     let fourth = cache
-        .get_or_fill(&key, &req, &p, WAIT, counted(&calls, Duration::ZERO, Ok(bulk("y"))))
+        .get_or_fill(
+            &key,
+            &req,
+            &p,
+            WAIT,
+            counted(&calls, Duration::ZERO, Ok(bulk("y"))),
+        )
         .await;
     assert_eq!(fourth, Ok(bulk("y")));
 }
@@ -197,8 +218,20 @@ async fn an_expired_entry_is_served_stale_while_exactly_one_refresh_runs() {
 
     // The refresh takes 300 ms; every caller meanwhile gets v1 at once.
     let t0 = std::time::Instant::now();
-    let out = burst(&cache, 2000, p, &calls, Duration::from_millis(300), Ok(bulk("v2"))).await;
-    assert!(t0.elapsed() < Duration::from_millis(250), "{:?}", t0.elapsed());
+    let out = burst(
+        &cache,
+        2000,
+        p,
+        &calls,
+        Duration::from_millis(300),
+        Ok(bulk("v2")),
+    )
+    .await;
+    assert!(
+        t0.elapsed() < Duration::from_millis(250),
+        "{:?}",
+        t0.elapsed()
+    );
     assert!(out.iter().all(|r| r.as_deref() == Ok(&bulk("v1")[..])));
     assert_eq!(calls.load(Ordering::SeqCst), 2);
     assert_eq!(m.stale_served.get(), 2000);
@@ -261,7 +294,11 @@ async fn invalidate_drops_every_command_of_the_key_only() {
     let calls = Arc::new(AtomicUsize::new(0));
     for (k, r) in [("h", "HGET h a"), ("h", "HGET h b"), ("other", "GET other")] {
         let (k, r) = (Bytes::from(k), Bytes::from(r));
-        let f = counted(&calls, Duration::ZERO, Ok(bulk(r.len().to_string().as_str())));
+        let f = counted(
+            &calls,
+            Duration::ZERO,
+            Ok(bulk(r.len().to_string().as_str())),
+        );
         cache.get_or_fill(&k, &r, &p, WAIT, f).await.expect("fill");
     }
     assert_eq!(calls.load(Ordering::SeqCst), 3);
@@ -300,7 +337,13 @@ async fn a_waiter_that_times_out_fetches_for_itself() {
     tokio::time::sleep(Duration::from_millis(20)).await;
     let f = counted(&calls, Duration::ZERO, Ok(bulk("own")));
     let got = cache
-        .get_or_fill(&Bytes::from("k"), &Bytes::from("GET k"), &p, Duration::from_millis(30), f)
+        .get_or_fill(
+            &Bytes::from("k"),
+            &Bytes::from("GET k"),
+            &p,
+            Duration::from_millis(30),
+            f,
+        )
         .await;
     assert_eq!(got, Ok(bulk("own")));
     assert_eq!(m.wait_timeouts.get(), 1);

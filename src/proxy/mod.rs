@@ -24,9 +24,11 @@ use tokio::sync::watch;
 
 use arc_swap::ArcSwap;
 
+use crate::backend::tracking::{Filler, Invalidation, Tracker};
 use crate::backend::Backend;
 use crate::hotkey::Detector;
 use crate::metrics::Metrics;
+use crate::mitigate::cache::{Cache, Cause};
 use crate::mitigate::combine::Combiner;
 use crate::policy::HotSet;
 use crate::resp::Limits;
@@ -50,6 +52,8 @@ pub struct Ctx {
     pub hot: ArcSwap<HotSet>,
     pub rules: RulesHandle,
     pub combiner: Arc<Combiner>,
+    /// The read-hot cache and its per-node fill connections; None when disabled.
+    pub cache: Option<CacheLayer>,
     next_id: AtomicU64,
 }
 
@@ -71,6 +75,7 @@ impl Ctx {
             hot: ArcSwap::from_pointee(HotSet::default()),
             rules,
             combiner,
+            cache: None,
             backend,
             metrics,
             detector,
@@ -132,6 +137,49 @@ pub async fn serve(listener: TcpListener, ctx: Arc<Ctx>, drain: Duration) {
     }
 }
 
+/// The read-hot cache: entries, and per node a tracker (Redis tells it which keys changed)
+/// and the fill connection whose reads Redis tracks.
+pub struct CacheLayer {
+    pub cache: Arc<Cache>,
+    pub fillers: Vec<Filler>,
+    pub fill_wait: Duration,
+    _trackers: Vec<Tracker>,
+}
+
+impl CacheLayer {
+    /// Starts a tracker and a filler per node.
+    pub fn start(
+        backend: &Backend,
+        cfg: &crate::config::CacheConfig,
+        metrics: &Metrics,
+    ) -> CacheLayer {
+        let cache = Cache::new(cfg.max_entries, cfg.max_bytes, metrics.cache.clone());
+        let mut trackers = Vec::new();
+        let mut fillers = Vec::new();
+        for node in backend.nodes() {
+            let hs = node.handshake(crate::resp::Proto::Resp2, 0);
+            let c = cache.clone();
+            let tracker = Tracker::spawn(&hs, move |inv| match inv {
+                Invalidation::Keys(keys) => {
+                    for k in keys {
+                        c.invalidate(&k, Cause::Tracking);
+                    }
+                }
+                // Without tracking nothing bounds staleness but the TTL: drop everything.
+                Invalidation::All => c.invalidate_all(Cause::Flush),
+            });
+            fillers.push(Filler::spawn(&tracker, &hs, node.metrics.clone()));
+            trackers.push(tracker);
+        }
+        CacheLayer {
+            cache,
+            fillers,
+            fill_wait: Duration::from_millis(cfg.fill_wait_ms),
+            _trackers: trackers,
+        }
+    }
+}
+
 /// Rebuilds the hot set whenever the detector publishes a snapshot or the rules change.
 pub fn spawn_hot_updater(ctx: Arc<Ctx>) {
     let mut snaps = ctx.detector.subscribe();
@@ -140,10 +188,11 @@ pub fn spawn_hot_updater(ctx: Arc<Ctx>) {
     tokio::spawn(async move {
         loop {
             let hot = HotSet::build(&snaps.borrow_and_update().clone(), ctx.rules.load());
-            ctx.metrics
-                .mitigated_keys
-                .get_or_create(&crate::metrics::HotKindLabel { kind: "write" })
+            let m = &ctx.metrics.mitigated_keys;
+            m.get_or_create(&crate::metrics::HotKindLabel { kind: "write" })
                 .set(hot.write_keys() as i64);
+            m.get_or_create(&crate::metrics::HotKindLabel { kind: "read" })
+                .set(hot.read_keys() as i64);
             ctx.hot.store(Arc::new(hot));
             tokio::select! {
                 r = snaps.changed() => if r.is_err() { return },

@@ -26,9 +26,13 @@ pub async fn write_loop<W: AsyncWrite + Unpin>(
     while let Some((round, proto)) = rounds.recv().await {
         let mut next = Some((round, proto));
         // Resolve every round that is already queued, then write once.
-        while let Some((round, proto)) = next.take() {
+        while let Some((mut round, proto)) = next.take() {
             let close = round.close_after;
+            let acked = round.acked.take();
             let tunnel = resolve(round, proto, &ctx, &mut out).await;
+            if let Some(a) = acked {
+                let _ = a.send(());
+            }
             if close || tunnel.is_some() {
                 let _ = w.write_all(&out).await;
                 let _ = w.flush().await;

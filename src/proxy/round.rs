@@ -92,10 +92,16 @@ pub struct Round {
     pub close_after: bool,
     /// Hand the connection over to a pub/sub tunnel after this round.
     pub tunnel: Option<crate::proxy::tunnel::TunnelEnd>,
+    /// Fired once every reply of this round has arrived (the session's barrier after a
+    /// write to a cached key).
+    pub acked: Option<oneshot::Sender<()>>,
 }
 
 /// Builds a round while the session walks the commands of one read.
 pub struct RoundBuilder {
+    /// This round writes a key whose reads are cached: the session's later cached reads wait
+    /// until its replies are in (read-your-writes), and its own later reads go to the node.
+    pub wrote_cached: bool,
     pub jobs: SmallVec<[JobBuilder; 4]>,
     pub slots: Vec<Slot>,
     pub started: Instant,
@@ -105,6 +111,7 @@ pub struct RoundBuilder {
 impl RoundBuilder {
     pub fn new() -> Self {
         RoundBuilder {
+            wrote_cached: false,
             jobs: SmallVec::new(),
             slots: Vec::with_capacity(16),
             started: Instant::now(),
@@ -171,6 +178,7 @@ impl RoundBuilder {
             counts: self.counts,
             close_after: false,
             tunnel: None,
+            acked: None,
         }
     }
 }

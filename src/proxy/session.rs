@@ -23,9 +23,11 @@ use crate::backend::ConnHandle;
 use crate::command::{self, flags, Agg, Args, Classified, Route, Split};
 use crate::hotkey::Kind;
 use crate::metrics::Class;
+use crate::mitigate::cache::Cause;
 use crate::mitigate::combine::BatchKey;
-use crate::policy::{self, Action};
+use crate::policy::{self, Action, HotSet};
 use crate::resp::{encode_error, Proto, Request, RequestParser};
+use crate::rules::CachePolicy;
 
 impl Args for Request {
     fn argc(&self) -> usize {
@@ -244,7 +246,13 @@ async fn read_loop(
         }
         if !rb.is_empty() || close {
             wait_barrier(s, &rb).await;
+            let want_ack = rb.wrote_cached;
             let mut round = rb.send().await;
+            if want_ack {
+                let (tx, rx) = oneshot::channel();
+                round.acked = Some(tx);
+                s.barrier.push(rx);
+            }
             round.close_after = close;
             if tx.send((round, s.proto)).await.is_err() {
                 return End::Closed;
@@ -286,14 +294,24 @@ async fn handle(s: &mut Session, req: Request, rb: &mut RoundBuilder) -> Flow {
     // decide
     if s.tx.is_none() {
         let hot = s.ctx.hot.load();
-        if let Action::Combine {
-            delta,
-            field,
-            window,
-        } = policy::decide(&c, &req, &hot)
-        {
-            combine(s, &req, &c, delta, field, window, rb);
-            return Flow::Continue;
+        if class == Class::Write {
+            invalidate_cached(s, &req, &c, &hot, rb);
+        }
+        match policy::decide(&c, &req, &hot) {
+            Action::Combine {
+                delta,
+                field,
+                window,
+            } => {
+                combine(s, &req, &c, delta, field, window, rb);
+                return Flow::Continue;
+            }
+            Action::Cache(p) => {
+                if cached_read(s, &req, &c, p, rb) {
+                    return Flow::Continue;
+                }
+            }
+            Action::Forward => {}
         }
     }
     // act
@@ -375,6 +393,103 @@ fn combine(
     }
     s.barrier.push(pending.done);
     rb.slots.push(Slot::Later(pending.reply));
+}
+
+/// A write drops the key's cached replies at once (a fill that raced with it is discarded
+/// by the cache's versioning), and a FLUSHALL/FLUSHDB drops everything.
+fn invalidate_cached(
+    s: &mut Session,
+    req: &Request,
+    c: &Classified,
+    hot: &HotSet,
+    rb: &mut RoundBuilder,
+) {
+    let Some(layer) = s.ctx.cache.as_ref() else {
+        return;
+    };
+    if matches!(c.spec.name, "FLUSHALL" | "FLUSHDB") {
+        layer.cache.invalidate_all(Cause::Flush);
+        rb.wrote_cached = true;
+        return;
+    }
+    if layer.cache.is_empty() && hot.read_keys() == 0 {
+        return;
+    }
+    for &k in &c.keys {
+        let key = req.arg(k as usize);
+        layer.cache.invalidate(key, Cause::Write);
+        if hot.read_hot(key).is_some() {
+            rb.wrote_cached = true;
+        }
+    }
+}
+
+/// Serves a read of a read-hot key from the cache, filling it on a miss through the node's
+/// tracked fill connection. Returns false when the read must go to the node as usual:
+/// RESP3 or another database (cached replies are RESP2 from database 0), this session's own
+/// write to a cached key not yet acknowledged, or tracking not in force for the node.
+fn cached_read(
+    s: &mut Session,
+    req: &Request,
+    c: &Classified,
+    p: CachePolicy,
+    rb: &mut RoundBuilder,
+) -> bool {
+    let Some(layer) = s.ctx.cache.as_ref() else {
+        return false;
+    };
+    if s.proto != Proto::Resp2 || s.db != 0 || rb.wrote_cached || !s.barrier.is_empty() {
+        return false;
+    }
+    let key = req.arg_bytes(c.keys[0] as usize);
+    let node = s.ctx.backend.node_for(&key);
+    let Some(conn) = layer.fillers[node].conn() else {
+        return false;
+    };
+    let (cache, wait, timeout) = (
+        layer.cache.clone(),
+        layer.fill_wait,
+        s.ctx.backend.request_timeout,
+    );
+    let wire = req.wire();
+    let (tx, rx) = oneshot::channel();
+    tokio::spawn(async move {
+        let fill_wire = wire.clone();
+        let fill = move || fetch(conn, fill_wire, timeout);
+        let reply = match cache.get_or_fill(&key, &wire, &p, wait, fill).await {
+            Ok(r) => r,
+            Err(e) => err_bytes(&format!("ERR saltshaker: {e}")),
+        };
+        let _ = tx.send(reply);
+    });
+    rb.slots.push(Slot::Later(rx));
+    true
+}
+
+/// One command on a fill connection.
+async fn fetch(
+    conn: ConnHandle,
+    wire: Bytes,
+    timeout: Option<std::time::Duration>,
+) -> Result<Bytes, String> {
+    let (tx, rx) = oneshot::channel();
+    conn.send(crate::backend::Job {
+        data: smallvec::smallvec![wire],
+        count: 1,
+        tx,
+    })
+    .await;
+    let r = match timeout {
+        Some(t) => tokio::time::timeout(t, rx)
+            .await
+            .map_err(|_| "backend did not answer in time".to_string())?,
+        None => rx.await,
+    };
+    match r {
+        Ok(Ok(r)) => Ok(r.get(0)),
+        Ok(Err(e)) => Err(e.to_string()),
+        Err(_) => Err("backend connection lost before the reply".into()),
+    }
 }
 
 /// Before this session's next jobs leave, its combined writes must have reached their node.
