@@ -92,7 +92,13 @@ if [ ! -x "$bin" ] && command -v cargo >/dev/null 2>&1; then
     cargo build --bin saltshaker >/dev/null 2>&1 || true
 fi
 if [ -x "$bin" ]; then
-    check "saltshaker check deploy/saltshaker.prod.yaml" "$bin" check deploy/saltshaker.prod.yaml
+    # The sample names rules.yaml beside it, as installed: check it so, with the default rules.
+    tmp=$(mktemp -d)
+    cp deploy/saltshaker.prod.yaml "$tmp/saltshaker.yaml"
+    cp rules/default.yaml "$tmp/rules.yaml"
+    check "saltshaker check deploy/saltshaker.prod.yaml (with rules/default.yaml)" \
+        "$bin" check "$tmp/saltshaker.yaml"
+    rm -rf "$tmp"
 else
     bad "no saltshaker binary at $bin (cargo build failed?)"
 fi

@@ -135,6 +135,11 @@ impl HotSet {
         self.read.len()
     }
 
+    /// Whether any key may be served from the cache now (read-hot keys, or pins).
+    pub fn may_cache(&self) -> bool {
+        !self.read.is_empty() || self.has_pins
+    }
+
     /// How `key` is treated for writes, if it is write-hot or pinned.
     pub fn write_hot(&self, key: &[u8]) -> Option<WriteHot> {
         if let Some(h) = self.write.get(key) {

@@ -34,10 +34,9 @@ pub fn hand_over(path: &Path, fds: &[RawFd]) -> std::io::Result<()> {
         }
         let mut ack = [0u8; 1];
         match stream.read_exact(&mut ack) {
-            Ok(()) if ack[0] == TAKEN => {
-                let _ = std::fs::remove_file(path);
-                return Ok(());
-            }
+            // The path now belongs to the successor, which bound it afresh for the next
+            // upgrade: leave it alone.
+            Ok(()) if ack[0] == TAKEN => return Ok(()),
             // The successor died before serving: keep serving and wait for another.
             _ => tracing::warn!("upgrade: successor did not confirm; still serving"),
         }

@@ -66,7 +66,8 @@ fn a_stampede_of_readers_costs_one_fetch_per_refresh() {
             let (addr, start) = (p.addr(), start.clone());
             thread::spawn(move || {
                 let mut c = Client::connect(&addr);
-                let cmds: Vec<Vec<&str>> = (0..per).map(|_| vec!["GET", "profile:celebrity"]).collect();
+                let cmds: Vec<Vec<&str>> =
+                    (0..per).map(|_| vec!["GET", "profile:celebrity"]).collect();
                 start.wait();
                 let replies = c.pipeline(&cmds);
                 assert!(replies.iter().all(|r| r.as_str() == "hello"), "{replies:?}");
@@ -80,8 +81,16 @@ fn a_stampede_of_readers_costs_one_fetch_per_refresh() {
     let took = t0.elapsed();
     let fetches = calls(&node, "get");
     // All readers finished well inside one TTL, so one refresh: exactly one fetch.
-    assert!(took < Duration::from_millis(250), "readers took {took:?}, longer than a TTL");
-    assert_eq!(fetches, 1, "{} readers caused {fetches} backend GETs", threads * per);
+    assert!(
+        took < Duration::from_millis(250),
+        "readers took {took:?}, longer than a TTL"
+    );
+    assert_eq!(
+        fetches,
+        1,
+        "{} readers caused {fetches} backend GETs",
+        threads * per
+    );
     let (_, m) = p.admin_get("/metrics");
     assert!(m.contains("saltshaker_cache_hits_total"), "{m}");
 }
@@ -102,7 +111,11 @@ fn never_stale_after_own_write_and_fast_after_a_direct_write() {
         let v = format!("v{i}");
         let r = c.pipeline(&[vec!["SET", "profile:1", &v], vec!["GET", "profile:1"]]);
         assert_eq!(r[1].as_str(), v, "pipelined read after own write");
-        assert_eq!(c.cmd(&["GET", "profile:1"]).as_str(), v, "read after own write");
+        assert_eq!(
+            c.cmd(&["GET", "profile:1"]).as_str(),
+            v,
+            "read after own write"
+        );
     }
     // A write straight on the node: visible through the proxy within 100 ms.
     let mut direct = node.client();
@@ -116,7 +129,10 @@ fn never_stale_after_own_write_and_fast_after_a_direct_write() {
             if c.cmd(&["GET", "profile:1"]).as_str() == v {
                 break;
             }
-            assert!(t0.elapsed() < Duration::from_millis(250), "direct write not visible after 250 ms");
+            assert!(
+                t0.elapsed() < Duration::from_millis(250),
+                "direct write not visible after 250 ms"
+            );
         }
         delays.push(t0.elapsed());
     }
@@ -145,7 +161,10 @@ fn rules_without_cache_and_resp3_clients_go_to_the_node() {
     for _ in 0..20 {
         assert_eq!(c.cmd(&["GET", "nocache:1"]).as_str(), "x");
     }
-    assert!(calls(&node, "get") >= 20, "uncached key must reach the node");
+    assert!(
+        calls(&node, "get") >= 20,
+        "uncached key must reach the node"
+    );
     // A RESP3 client gets RESP3 replies (a map), never a cached RESP2 array.
     let mut c3 = p.client();
     c3.cmd(&["HELLO", "3"]);

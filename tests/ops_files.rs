@@ -394,13 +394,16 @@ fn kind<'a>(docs: &'a [(PathBuf, Yaml)], k: &str) -> &'a Yaml {
 fn deploy_files_parse_and_agree_with_the_proxy() {
     let docs = deploy_docs();
     assert!(docs.len() >= 6, "deploy/ has {} YAML documents", docs.len());
-    let out = saltshaker(&[
-        "check",
-        &support::path_str(&root().join("deploy/saltshaker.prod.yaml")),
-    ]);
+    // The sample config names `rules.yaml` beside it, as installed: check it so, with the
+    // default rules.
+    let sample = TempDir::new("ops-sample");
+    let sample_cfg = sample.0.join("saltshaker.yaml");
+    std::fs::write(&sample_cfg, read("deploy/saltshaker.prod.yaml")).expect("write");
+    std::fs::write(sample.0.join("rules.yaml"), read("rules/default.yaml")).expect("write");
+    let out = saltshaker(&["check", &support::path_str(&sample_cfg)]);
     assert!(
         out.status.success(),
-        "{}",
+        "deploy/saltshaker.prod.yaml: {}",
         String::from_utf8_lossy(&out.stderr)
     );
 
@@ -422,7 +425,10 @@ fn deploy_files_parse_and_agree_with_the_proxy() {
         String::from_utf8_lossy(&out.stderr)
     );
     let cfg: Yaml = serde_yaml_ng::from_str(cfg_text).expect("config yaml");
-    assert_eq!(cfg["rules"], "/etc/saltshaker/rules.yaml");
+    assert_eq!(
+        cfg["rules"], "rules.yaml",
+        "the rules.yaml mounted beside it"
+    );
     let admin_port: u64 = cfg["admin"]
         .as_str()
         .and_then(|a| a.rsplit(':').next()?.parse().ok())

@@ -161,8 +161,23 @@ fn upgrade_under_pipelined_load_loses_nothing() {
     // The new process serves, on the same address.
     let mut c = Client::connect(&listen);
     assert_eq!(c.cmd(&["PING"]).as_str(), "PONG");
-    let _ = new.kill();
-    let _ = new.wait();
+    // And it can itself be upgraded: the hand-over socket is in place again.
+    let mut newer = spawn(&listen, &admin, &redis.addr(), &sock, true, &dir.0, "newer");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while new.try_wait().unwrap().is_none() {
+        assert!(
+            Instant::now() < deadline,
+            "second upgrade: previous process did not exit"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let mut c = Client::connect(&listen);
+    assert_eq!(
+        c.cmd(&["INCR", "upgrade:counter"]).as_int() as u64,
+        acked + 1
+    );
+    let _ = newer.kill();
+    let _ = newer.wait();
     let stderr = std::fs::read_to_string(dir.0.join("new.stderr")).unwrap_or_default();
     assert!(stderr.contains("took over"), "new proxy log: {stderr}");
 }

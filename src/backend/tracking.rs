@@ -43,8 +43,11 @@ pub enum Invalidation {
 /// The invalidation subscriber of one node. Dropping it stops it.
 pub struct Tracker {
     ids: watch::Receiver<Option<u64>>,
+    on_event: Callback,
     task: JoinHandle<()>,
 }
+
+type Callback = Arc<dyn Fn(Invalidation) + Send + Sync>;
 
 impl Tracker {
     /// Starts tracking the node `hs` reaches; `on_event` runs on the tracker's task for each
@@ -53,6 +56,7 @@ impl Tracker {
         hs: &Handshake,
         on_event: impl Fn(Invalidation) + Send + Sync + 'static,
     ) -> Tracker {
+        let on_event: Callback = Arc::new(on_event);
         let hs = Handshake {
             proto: Proto::Resp2,
             db: 0,
@@ -60,8 +64,12 @@ impl Tracker {
             ..hs.clone()
         };
         let (tx, ids) = watch::channel(None);
-        let task = tokio::spawn(run(hs, tx, on_event));
-        Tracker { ids, task }
+        let task = tokio::spawn(run(hs, tx, on_event.clone()));
+        Tracker {
+            ids,
+            on_event,
+            task,
+        }
     }
 
     /// The client id fill connections redirect to; None while the tracker is down.
@@ -81,12 +89,12 @@ impl Drop for Tracker {
     }
 }
 
-async fn run(hs: Handshake, tx: watch::Sender<Option<u64>>, on_event: impl Fn(Invalidation)) {
+async fn run(hs: Handshake, tx: watch::Sender<Option<u64>>, on_event: Callback) {
     let min = Duration::from_millis(hs.reconnect_min_ms.max(1));
     let max = Duration::from_millis(hs.reconnect_max_ms.max(hs.reconnect_min_ms).max(1));
     let mut backoff = min;
     loop {
-        let e = subscribe_and_listen(&hs, &tx, &on_event, &mut backoff, min).await;
+        let e = subscribe_and_listen(&hs, &tx, &*on_event, &mut backoff, min).await;
         if tx.send_replace(None).is_some() {
             // Report the loss before anything else: what changed meanwhile is unknown.
             on_event(Invalidation::All);
@@ -101,7 +109,7 @@ async fn run(hs: Handshake, tx: watch::Sender<Option<u64>>, on_event: impl Fn(In
 async fn subscribe_and_listen(
     hs: &Handshake,
     tx: &watch::Sender<Option<u64>>,
-    on_event: &impl Fn(Invalidation),
+    on_event: &(dyn Fn(Invalidation) + Send + Sync),
     backoff: &mut Duration,
     min: Duration,
 ) -> BackendError {
@@ -198,8 +206,7 @@ fn invalidation(frame: &[u8]) -> Option<Invalidation> {
 ///
 /// Redis forgets what a client tracked when that client disconnects, so when the fill
 /// connection drops (and reconnects as a new client), the keys it had read would no longer
-/// be invalidated: the filler then calls `on_lost`, which must flush the node's cached keys
-/// like a tracker `All`. The drop is seen by polling `is_up` every `POLL` ms, well inside the
+/// be invalidated: the filler then reports `All` through the tracker's callback. The drop is seen by polling `is_up` every `POLL` ms, well inside the
 /// shortest reconnect delay, during which the connection reads as down.
 pub struct Filler {
     current: Arc<Mutex<Option<(u64, ConnHandle)>>>,
@@ -212,12 +219,8 @@ const POLL: Duration = Duration::from_millis(5);
 impl Filler {
     /// `hs` is the node's handshake (its database; RESP2 is forced, since a RESP3
     /// connection with tracking would get pushes, which shared connections refuse).
-    pub fn spawn(
-        tracker: &Tracker,
-        hs: &Handshake,
-        metrics: NodeMetrics,
-        on_lost: impl Fn() + Send + Sync + 'static,
-    ) -> Filler {
+    pub fn spawn(tracker: &Tracker, hs: &Handshake, metrics: NodeMetrics) -> Filler {
+        let on_event = tracker.on_event.clone();
         let current = Arc::new(Mutex::new(None));
         let mut ids = tracker.ids();
         let (cur, hs) = (current.clone(), hs.clone());
@@ -247,7 +250,7 @@ impl Filler {
                             let up = conn.as_ref().is_some_and(|c| c.is_up());
                             if was_up && !up {
                                 tracing::warn!(node = %hs.addr, "cache fill connection lost; flushing the node's cached keys");
-                                on_lost();
+                                on_event(Invalidation::All);
                             }
                             was_up = up;
                         }

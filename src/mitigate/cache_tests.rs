@@ -372,3 +372,40 @@ impl Lookup {
         matches!(self, Lookup::Miss)
     }
 }
+
+/// `cargo test --release --lib hit_path_cost -- --ignored --nocapture`: the cost of a hit.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore]
+async fn hit_path_cost() {
+    let cache = Cache::new(10_000, 64 << 20, CacheMetrics::default());
+    let p = policy(600_000, 0, 0);
+    let key = Bytes::from_static(b"user:1000:profile");
+    let req = Bytes::from_static(b"*2\r\n$3\r\nGET\r\n$17\r\nuser:1000:profile\r\n");
+    let v = Bytes::from(vec![b'x'; 200]);
+    cache
+        .get_or_fill(&key, &req, &p, WAIT, move || async move { Ok(v) })
+        .await
+        .expect("fill");
+    for threads in [1usize, 2] {
+        let n = 1_000_000;
+        let t0 = std::time::Instant::now();
+        let tasks: Vec<_> = (0..threads)
+            .map(|_| {
+                let (cache, key, req) = (cache.clone(), key.clone(), req.clone());
+                tokio::spawn(async move {
+                    for _ in 0..n {
+                        let r = cache
+                            .get_or_fill(&key, &req, &p, WAIT, || async { Err("miss".into()) })
+                            .await;
+                        assert!(r.is_ok());
+                    }
+                })
+            })
+            .collect();
+        for t in tasks {
+            t.await.expect("task");
+        }
+        let per = t0.elapsed() / (n * threads) as u32;
+        println!("{threads} thread(s) hitting one key: {per:?} per hit (wall / hits)");
+    }
+}

@@ -412,7 +412,7 @@ fn invalidate_cached(
         rb.wrote_cached = true;
         return;
     }
-    if layer.cache.is_empty() && hot.read_keys() == 0 {
+    if layer.cache.is_empty() && !hot.may_cache() {
         return;
     }
     for &k in &c.keys {
