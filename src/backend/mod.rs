@@ -250,7 +250,8 @@ pub struct Backend {
     nodes: Vec<Arc<Node>>,
     /// The single node's `databases` setting (SELECT range), learnt on first connect.
     databases: Arc<std::sync::atomic::AtomicU32>,
-    placement: Option<Placement>,
+    /// Shared with the cache's invalidation callbacks, which run on other tasks.
+    placement: Option<Arc<Placement>>,
     pub request_timeout: Option<Duration>,
 }
 
@@ -303,7 +304,7 @@ impl Backend {
                 let b = t.as_bytes();
                 [b[0], b[1]]
             });
-            Some(Placement::new(dist, hash, tag, &specs))
+            Some(Arc::new(Placement::new(dist, hash, tag, &specs)))
         } else {
             None
         };
@@ -322,6 +323,11 @@ impl Backend {
             request_timeout,
             databases,
         })
+    }
+
+    /// The pool's placement (None for a single node).
+    pub fn placement(&self) -> Option<Arc<Placement>> {
+        self.placement.clone()
     }
 
     /// The index of the node that owns `key`.

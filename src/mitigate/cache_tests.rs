@@ -73,7 +73,7 @@ async fn thousands_of_concurrent_callers_cause_one_fill_per_refresh() {
     let m = CacheMetrics::default();
     let cache = Cache::new(1000, 1 << 20, m.clone());
     let calls = Arc::new(AtomicUsize::new(0));
-    let p = policy(300, 0, 0);
+    let p = policy(1000, 0, 0);
     let d = Duration::from_millis(30);
     let out = burst(&cache, 3000, p, &calls, d, Ok(bulk("v1"))).await;
     assert!(out.iter().all(|r| r.as_deref() == Ok(&bulk("v1")[..])));
@@ -87,7 +87,7 @@ async fn thousands_of_concurrent_callers_cause_one_fill_per_refresh() {
     assert_eq!(calls.load(Ordering::SeqCst), 1);
 
     // Expired: exactly one more fill for the next burst.
-    tokio::time::sleep(Duration::from_millis(350)).await;
+    tokio::time::sleep(Duration::from_millis(1100)).await;
     let out = burst(&cache, 3000, p, &calls, d, Ok(bulk("v2"))).await;
     assert!(out.iter().all(|r| r.as_deref() == Ok(&bulk("v2")[..])));
     assert_eq!(calls.load(Ordering::SeqCst), 2);
@@ -212,23 +212,23 @@ async fn an_expired_entry_is_served_stale_while_exactly_one_refresh_runs() {
     let m = CacheMetrics::default();
     let cache = Cache::new(1000, 1 << 20, m.clone());
     let calls = Arc::new(AtomicUsize::new(0));
-    let p = policy(50, 0, 10_000);
+    let p = policy(200, 0, 10_000);
     burst(&cache, 1, p, &calls, Duration::ZERO, Ok(bulk("v1"))).await;
-    tokio::time::sleep(Duration::from_millis(80)).await;
+    tokio::time::sleep(Duration::from_millis(250)).await;
 
-    // The refresh takes 300 ms; every caller meanwhile gets v1 at once.
+    // The refresh takes a second; every caller meanwhile gets v1 at once.
     let t0 = std::time::Instant::now();
     let out = burst(
         &cache,
         2000,
         p,
         &calls,
-        Duration::from_millis(300),
+        Duration::from_millis(1000),
         Ok(bulk("v2")),
     )
     .await;
     assert!(
-        t0.elapsed() < Duration::from_millis(250),
+        t0.elapsed() < Duration::from_millis(800),
         "{:?}",
         t0.elapsed()
     );
@@ -236,7 +236,7 @@ async fn an_expired_entry_is_served_stale_while_exactly_one_refresh_runs() {
     assert_eq!(calls.load(Ordering::SeqCst), 2);
     assert_eq!(m.stale_served.get(), 2000);
 
-    // Once the refresh lands (fresh for 50 ms), it is what callers get, with no fill.
+    // Once the refresh lands (fresh for 200 ms), it is what callers get, with no fill.
     let req = b"*2\r\n$3\r\nGET\r\n$3\r\nhot\r\n";
     while !matches!(cache.inner.lookup(b"hot", req), Lookup::Fresh(_)) {
         tokio::time::sleep(Duration::from_millis(2)).await;

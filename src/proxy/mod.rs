@@ -159,14 +159,18 @@ impl CacheLayer {
         for node in backend.nodes() {
             let hs = node.handshake(crate::resp::Proto::Resp2, 0);
             let c = cache.clone();
+            let (index, placement) = (node.index, backend.placement());
             let tracker = Tracker::spawn(&hs, move |inv| match inv {
                 Invalidation::Keys(keys) => {
                     for k in keys {
                         c.invalidate(&k, Cause::Tracking);
                     }
                 }
-                // Without tracking nothing bounds staleness but the TTL: drop everything.
-                Invalidation::All => c.invalidate_all(Cause::Flush),
+                // Without tracking nothing bounds staleness but the TTL: drop the node's keys.
+                Invalidation::All => match &placement {
+                    Some(p) => c.invalidate_matching(|k| p.node_for(k) == index, Cause::Flush),
+                    None => c.invalidate_all(Cause::Flush),
+                },
             });
             fillers.push(Filler::spawn(&tracker, &hs, node.metrics.clone()));
             trackers.push(tracker);

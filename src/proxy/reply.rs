@@ -29,7 +29,15 @@ pub async fn write_loop<W: AsyncWrite + Unpin>(
         while let Some((mut round, proto)) = next.take() {
             let close = round.close_after;
             let acked = round.acked.take();
+            let again = std::mem::take(&mut round.invalidate_after);
             let tunnel = resolve(round, proto, &ctx, &mut out).await;
+            if let Some(layer) = ctx.cache.as_ref() {
+                for k in again {
+                    layer
+                        .cache
+                        .invalidate(&k, crate::mitigate::cache::Cause::Write);
+                }
+            }
             if let Some(a) = acked {
                 let _ = a.send(());
             }

@@ -95,6 +95,7 @@ pub struct Round {
     /// Fired once every reply of this round has arrived (the session's barrier after a
     /// write to a cached key).
     pub acked: Option<oneshot::Sender<()>>,
+    pub invalidate_after: Vec<Bytes>,
 }
 
 /// Builds a round while the session walks the commands of one read.
@@ -102,6 +103,9 @@ pub struct RoundBuilder {
     /// This round writes a key whose reads are cached: the session's later cached reads wait
     /// until its replies are in (read-your-writes), and its own later reads go to the node.
     pub wrote_cached: bool,
+    /// Keys whose cache entries are dropped again once this round's replies are in: a fill
+    /// that reached the node just before the write must not outlive the write's reply.
+    pub invalidate_after: Vec<Bytes>,
     pub jobs: SmallVec<[JobBuilder; 4]>,
     pub slots: Vec<Slot>,
     pub started: Instant,
@@ -112,6 +116,7 @@ impl RoundBuilder {
     pub fn new() -> Self {
         RoundBuilder {
             wrote_cached: false,
+            invalidate_after: Vec::new(),
             jobs: SmallVec::new(),
             slots: Vec::with_capacity(16),
             started: Instant::now(),
@@ -179,6 +184,7 @@ impl RoundBuilder {
             close_after: false,
             tunnel: None,
             acked: None,
+            invalidate_after: self.invalidate_after,
         }
     }
 }

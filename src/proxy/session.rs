@@ -420,6 +420,7 @@ fn invalidate_cached(
         layer.cache.invalidate(key, Cause::Write);
         if hot.read_hot(key).is_some() {
             rb.wrote_cached = true;
+            rb.invalidate_after.push(req.arg_bytes(k as usize));
         }
     }
 }
