@@ -25,6 +25,8 @@ pub struct Config {
     pub auth: AuthConfig,
     /// Path of the hot-key rules file, if any.
     pub rules: Option<PathBuf>,
+    /// How hot keys are shown on /hotkeys and /metrics.
+    pub hotkeys: HotkeysConfig,
     /// The read-hot cache's memory bounds (which keys are cached is up to the rules).
     pub cache: CacheConfig,
     /// Unix socket where this process waits to hand its listening sockets to a successor
@@ -44,6 +46,27 @@ impl Default for Config {
             rules: None,
             upgrade_socket: None,
             cache: CacheConfig::default(),
+            hotkeys: HotkeysConfig::default(),
+        }
+    }
+}
+
+/// Views of hot keys.
+#[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct HotkeysConfig {
+    /// Show key names as `h:` + a hex hash on /hotkeys and in metric labels, for keys that
+    /// carry user data. Default false.
+    pub hash_names: bool,
+    /// Most per-key series on /metrics (hottest first). Default 64.
+    pub max_key_series: usize,
+}
+
+impl Default for HotkeysConfig {
+    fn default() -> Self {
+        HotkeysConfig {
+            hash_names: false,
+            max_key_series: 64,
         }
     }
 }

@@ -139,6 +139,7 @@ pub async fn run(
         detector,
         ready: Box::new(move || ready_ctx.backend.nodes().iter().any(|n| n.is_up())),
         rules: rules.clone(),
+        views: cfg.hotkeys.clone(),
     });
     if let Some(path) = &cfg.upgrade_socket {
         use std::os::fd::AsRawFd;

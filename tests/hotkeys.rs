@@ -304,21 +304,24 @@ fn write_rules(path: &std::path::Path, text: &str) {
     std::fs::rename(&tmp, path).expect("rename rules");
 }
 
-/// INCRs on each key at `per_sec`, in batches every 100 ms, on one connection, until `stop`.
-/// Ends with the number of replies that were not integers, or why the connection failed.
+/// INCRs on each key at `per_sec`, on one connection, in a batch every `every`, until
+/// `stop`. Ends with the number of replies that were not integers, or why the connection
+/// failed.
 fn paced_incr(
     addr: String,
-    keys: Vec<String>,
+    keys: &[&str],
     per_sec: u64,
+    every: Duration,
     stop: Arc<AtomicBool>,
 ) -> JoinHandle<Result<u64, String>> {
+    let per_batch = (per_sec as f64 * every.as_secs_f64()).round().max(1.0) as usize;
+    let batch: Vec<u8> = (0..per_batch)
+        .flat_map(|_| keys.iter().map(|k| encode(&["INCR", k])))
+        .flatten()
+        .collect();
+    let n = per_batch * keys.len();
     std::thread::spawn(move || {
         let mut c = Client::try_connect(&addr).map_err(|e| e.to_string())?;
-        let batch: Vec<u8> = (0..per_sec / 10)
-            .flat_map(|_| keys.iter().map(|k| encode(&["INCR", k.as_str()])))
-            .flatten()
-            .collect();
-        let n = (per_sec / 10) as usize * keys.len();
         let mut bad = 0;
         let mut next = Instant::now();
         while !stop.load(Ordering::Relaxed) {
@@ -330,7 +333,7 @@ fn paced_incr(
                     Err(e) => return Err(format!("reply {i} of {n}: {e}")),
                 }
             }
-            next += Duration::from_millis(100);
+            next += every;
             if let Some(d) = next.checked_duration_since(Instant::now()) {
                 std::thread::sleep(d);
             }
@@ -363,10 +366,12 @@ fn rules_set_per_key_thresholds_and_reload_live_without_dropping_clients() {
     assert_eq!(idle.cmd(&["PING"]), Reply::Simple("PONG".into()));
 
     let stop = Arc::new(AtomicBool::new(false));
+    // Small batches: see the ignored test below for what larger gaps do to the rates.
     let load = paced_incr(
         p.addr(),
-        vec!["slow:x".into(), "fast:x".into()],
+        &["slow:x", "fast:x"],
         300,
+        Duration::from_millis(10),
         stop.clone(),
     );
     wait_for("slow:x hot at 300/s", Duration::from_secs(4), || {
@@ -423,4 +428,50 @@ fn rules_set_per_key_thresholds_and_reload_live_without_dropping_clients() {
     wait_for("one client connection left", Duration::from_secs(3), || {
         sample(&metrics(&p), "saltshaker_client_connections") == Some(1.0)
     });
+}
+
+/// Known defect, kept as a reproducer: a worker thread hands its window's counts to the
+/// aggregator only at its next `observe` after the window ends, and the aggregator closes a
+/// window 100 ms (a tenth of it) after its end without waiting longer. A session's task
+/// moves between worker threads, so with one client sending a batch every 100 ms a thread
+/// often sees nothing for longer than that, and its counts for the window are dropped:
+/// a steady 300/s key was shown at 90-180/s on two threads (exact with `--threads 1`, and
+/// with batches every 10 ms). Run with `cargo test --test hotkeys -- --ignored`.
+#[test]
+#[ignore = "detector drops a thread's window counts when it reports after the grace period"]
+fn bursty_client_on_several_threads_is_counted_at_its_real_rate() {
+    if !have_redis() {
+        return;
+    }
+    let _serial = one_at_a_time();
+    let dir = TempDir::new("hotkey-bursty");
+    let path = dir.0.join("rules.yaml");
+    write_rules(&path, &RULES.replace("HOT", "50"));
+    let (_nodes, p) = pool_and_proxy(&["--rules", &path_str(&path), "--threads", "4"]);
+    let stop = Arc::new(AtomicBool::new(false));
+    let load = paced_incr(
+        p.addr(),
+        &["slow:x"],
+        300,
+        Duration::from_millis(100),
+        stop.clone(),
+    );
+    wait_for("slow:x hot at 300/s", Duration::from_secs(4), || {
+        entry(&hotkeys(&p), "slow:x").is_some_and(|e| e["state"] == "hot")
+    });
+    std::thread::sleep(Duration::from_millis(2_300));
+    let mut rates = Vec::new();
+    for _ in 0..5 {
+        let snap = hotkeys(&p);
+        rates.push(
+            entry(&snap, "slow:x").map_or(0.0, |e| e["writes_per_sec"].as_f64().unwrap_or(0.0)),
+        );
+        std::thread::sleep(Duration::from_millis(1_000));
+    }
+    stop.store(true, Ordering::Relaxed);
+    assert_eq!(load.join().expect("load thread"), Ok(0));
+    assert!(
+        rates.iter().all(|r| (210.0..=390.0).contains(r)),
+        "300/s shown as {rates:?}"
+    );
 }

@@ -19,15 +19,24 @@ use tokio::sync::watch;
 use crate::hotkey::{Detector, HotSnapshot};
 use crate::metrics::{HotKeyLabel, HotKindLabel, Metrics};
 
-/// Per-key series are capped to this many keys.
-const MAX_KEY_SERIES: usize = 64;
-
 pub struct AdminState {
     pub registry: Registry,
     pub metrics: Metrics,
     pub detector: Detector,
     pub ready: Box<dyn Fn() -> bool + Send + Sync>,
     pub rules: crate::rules::RulesHandle,
+    pub views: crate::config::HotkeysConfig,
+}
+
+impl AdminState {
+    /// A key as the views show it: raw (lossy UTF-8), or hashed when configured.
+    fn show(&self, key: &[u8]) -> String {
+        if self.views.hash_names {
+            format!("h:{:016x}", xxhash_rust::xxh3::xxh3_64(key))
+        } else {
+            String::from_utf8_lossy(key).into_owned()
+        }
+    }
 }
 
 /// Serves admin requests until shutdown.
@@ -136,8 +145,8 @@ fn refresh_hot_series(state: &AdminState, snap: &HotSnapshot) {
     m.hot_keys
         .get_or_create(&HotKindLabel { kind: "write" })
         .set(writes);
-    for k in snap.keys.iter().take(MAX_KEY_SERIES) {
-        let key = String::from_utf8_lossy(&k.key).into_owned();
+    for k in snap.keys.iter().take(state.views.max_key_series) {
+        let key = state.show(&k.key);
         if k.reads_per_sec > 0.0 {
             m.hot_key_rate
                 .get_or_create(&HotKeyLabel {
@@ -154,13 +163,13 @@ fn refresh_hot_series(state: &AdminState, snap: &HotSnapshot) {
     }
 }
 
-fn hotkeys_json(snap: &HotSnapshot) -> String {
+fn hotkeys_json(state: &AdminState, snap: &HotSnapshot) -> String {
     let keys: Vec<serde_json::Value> = snap
         .keys
         .iter()
         .map(|k| {
             serde_json::json!({
-                "key": String::from_utf8_lossy(&k.key),
+                "key": state.show(&k.key),
                 "reads_per_sec": k.reads_per_sec,
                 "writes_per_sec": k.writes_per_sec,
                 "share": k.share,
@@ -172,4 +181,70 @@ fn hotkeys_json(snap: &HotSnapshot) -> String {
     let mut s = serde_json::json!({ "window_ms": snap.window_ms, "keys": keys }).to_string();
     s.push('\n');
     s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn state(hash_names: bool) -> AdminState {
+        let mut registry = Registry::default();
+        let metrics = Metrics::new(&mut registry);
+        AdminState {
+            registry,
+            metrics,
+            detector: Detector::new(Default::default()),
+            ready: Box::new(|| true),
+            rules: crate::rules::RulesHandle::new(Default::default()),
+            views: crate::config::HotkeysConfig {
+                hash_names,
+                max_key_series: 1,
+            },
+        }
+    }
+
+    fn snap() -> HotSnapshot {
+        let key = |k: &str, w: f64| crate::hotkey::HotKey {
+            key: k.as_bytes().to_vec(),
+            reads_per_sec: 0.0,
+            writes_per_sec: w,
+            share: 0.5,
+            state: crate::hotkey::HotState::Hot,
+            since_unix_ms: 1,
+            read_state: None,
+            write_state: Some(crate::hotkey::HotState::Hot),
+        };
+        HotSnapshot {
+            window_ms: 1000,
+            keys: vec![key("user:alice@example.com", 9000.0), key("b", 10.0)],
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn hashed_names_never_show_the_key_and_series_are_capped() {
+        let st = state(true);
+        let json = hotkeys_json(&st, &snap());
+        assert!(!json.contains("alice"), "{json}");
+        assert!(json.contains("\"key\":\"h:"), "{json}");
+        refresh_hot_series(&st, &snap());
+        let mut out = String::new();
+        prometheus_client::encoding::text::encode(&mut out, &st.registry).unwrap();
+        assert!(!out.contains("alice"), "{out}");
+        assert_eq!(
+            out.matches("saltshaker_hot_key_rate{").count(),
+            1,
+            "capped at max_key_series: {out}"
+        );
+        assert!(
+            out.contains("saltshaker_hot_keys{kind=\"write\"} 2"),
+            "{out}"
+        );
+    }
+
+    #[test]
+    fn raw_names_by_default() {
+        let st = state(false);
+        assert!(hotkeys_json(&st, &snap()).contains("user:alice@example.com"));
+    }
 }
