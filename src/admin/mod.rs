@@ -108,7 +108,7 @@ fn route(state: &AdminState, req: Request<Incoming>) -> Response<Full<Bytes>> {
         "/hotkeys" => text(
             StatusCode::OK,
             "application/json",
-            hotkeys_json(&state.detector.snapshot()),
+            hotkeys_json(state, &state.detector.snapshot()),
         ),
         _ => text(
             StatusCode::NOT_FOUND,
