@@ -43,9 +43,19 @@ pub fn have_tool(name: &str) -> bool {
         .unwrap_or(false)
 }
 
+/// A loopback port nobody listens on now, and that this test process has not handed out
+/// before: tests run in parallel threads, and two of them must never get the same port.
 pub fn free_port() -> u16 {
-    let l = TcpListener::bind("127.0.0.1:0").expect("bind 127.0.0.1:0");
-    l.local_addr().expect("local_addr").port()
+    static GIVEN: std::sync::Mutex<Vec<u16>> = std::sync::Mutex::new(Vec::new());
+    loop {
+        let l = TcpListener::bind("127.0.0.1:0").expect("bind 127.0.0.1:0");
+        let port = l.local_addr().expect("local_addr").port();
+        let mut given = GIVEN.lock().unwrap_or_else(|p| p.into_inner());
+        if !given.contains(&port) {
+            given.push(port);
+            return port;
+        }
+    }
 }
 
 /// A fresh directory of our own under the system temp dir (no tempfile crate).
@@ -153,11 +163,16 @@ impl Redis {
             if let Ok(Some(_)) = child.try_wait() {
                 return true; // exited: reported below
             }
+            // It must be *our* server answering: another process may hold the port.
+            let pid = format!("process_id:{}", child.id());
             Client::try_connect(&addr)
                 .ok()
-                .and_then(|mut c| c.try_cmd(&["PING"]).ok())
-                // With --requirepass, NOAUTH is as good a sign of life as PONG.
-                .map(|r| r == Reply::Simple("PONG".into()) || r.as_str().starts_with("NOAUTH"))
+                .and_then(|mut c| c.try_cmd(&["INFO", "server"]).ok())
+                // With --requirepass, NOAUTH is as good a sign of life as INFO.
+                .map(|r| match r {
+                    Reply::Error(e) => e.starts_with("NOAUTH"),
+                    r => r.as_str().contains(&pid),
+                })
                 .unwrap_or(false)
         });
         if up && matches!(child.try_wait(), Ok(None)) {
