@@ -18,7 +18,7 @@ threads=1
 bin="${CARGO_TARGET_DIR:-$root/target}/release/saltshaker"
 build=1
 write_readme=1
-argv_text="bench/detection_overhead.sh${*:+ $*}"
+argv=("$@")
 
 while [ $# -gt 0 ]; do
     case "$1" in
@@ -31,6 +31,17 @@ while [ $# -gt 0 ]; do
         -h|--help) sed -n '2,10p' "$0"; exit 0 ;;
         *) echo "detection_overhead: unknown argument $1" >&2; exit 2 ;;
     esac
+done
+
+# The command as recorded in the README: a --bin path names this machine, not the method.
+argv_text="bench/detection_overhead.sh"
+for ((i = 0; i < ${#argv[@]}; i++)); do
+    if [ "${argv[$i]}" = --bin ]; then
+        argv_text+=" --bin <release build>"
+        i=$((i + 1))
+    else
+        argv_text+=" ${argv[$i]}"
+    fi
 done
 
 for tool in redis-server redis-cli redis-benchmark python3 curl; do
@@ -82,7 +93,7 @@ pids+=($!)
 wait_for_port "$redis_port" $! redis
 
 # Identical proxies but for the switch; both stay up, only one is driven at a time.
-declare -A port_of admin_of
+declare -A port_of admin_of pid_of
 for side in on off; do
     enabled=true
     [ "$side" = off ] && enabled=false
@@ -93,6 +104,7 @@ for side in on off; do
         --admin "127.0.0.1:${admin_of[$side]}" --threads "$threads" \
         --rules "$workdir/rules-$side.yaml" --log-level warn >"$workdir/$side.log" 2>&1 &
     pids+=($!)
+    pid_of[$side]=$!
     wait_for_port "${port_of[$side]}" $! "$side"
 done
 
@@ -113,6 +125,12 @@ fi
 # Let the burst cool off before measuring.
 sleep 4
 
+# CPU time a process has run, in ns, over all its threads (the detector's aggregator too).
+# Throughput swings with whatever else the machine runs; CPU per request much less.
+cpu_ns() {
+    cat /proc/"$1"/task/*/schedstat 2>/dev/null | awk '{ s += $1 } END { printf "%d", s }'
+}
+
 commands_processed() {
     redis-cli -h 127.0.0.1 -p "$redis_port" info stats |
         sed -nE 's/^total_commands_processed:([0-9]+).*/\1/p'
@@ -129,11 +147,15 @@ for round in $(seq 1 "$rounds"); do
     if [ $((round % 2)) -eq 1 ]; then order="on off"; else order="off on"; fi
     for side in $order; do
         before=$(commands_processed)
+        cpu_before=$(cpu_ns "${pid_of[$side]}")
         redis-benchmark -h 127.0.0.1 -p "${port_of[$side]}" -t get,set -r 100000 -c 50 \
             -P 16 -n "$requests" --csv >"$workdir/out.csv" 2>"$workdir/err.log" || {
             echo "detection_overhead: redis-benchmark against $side failed:" >&2
             cat "$workdir/err.log" >&2; exit 1; }
+        cpu_after=$(cpu_ns "${pid_of[$side]}")
         after=$(commands_processed)
+        printf '%s\t%s\t%s\n' "$round" "$side" \
+            "$(((cpu_after - cpu_before) / (2 * requests)))" >>"$workdir/cpu.tsv"
         # A proxy answering errors would look fast: the backend must have served them all.
         if [ $((after - before)) -lt $((2 * requests)) ]; then
             echo "detection_overhead: $side: backend saw $((after - before)) commands," \
@@ -149,21 +171,24 @@ done
 elapsed=$(($(date +%s) - started))
 load_after=$(cut -d' ' -f1-3 /proc/loadavg)
 
-python3 - "$rows" "$here/README.md" "$write_readme" <<EOF
+python3 - "$rows" "$here/README.md" "$write_readme" "$workdir/cpu.tsv" <<EOF
 import statistics, sys
 
-rows_path, readme, write = sys.argv[1], sys.argv[2], sys.argv[3] == "1"
+rows_path, readme, write, cpu_path = sys.argv[1], sys.argv[2], sys.argv[3] == "1", sys.argv[4]
 runs = {}
+by_round = {}
 for line in open(rows_path):
     rnd, side, test, rps = line.split("\t")
     runs.setdefault((test, side), []).append(float(rps))
+    by_round.setdefault((test, rnd), {})[side] = float(rps)
 
 def fmt(x):
     return f"{x:,.0f}"
 
 lines = [
-    "| test | on: mean rps | on: min..max | off: mean rps | off: min..max | on/off | lost |",
-    "| --- | ---: | ---: | ---: | ---: | ---: | ---: |",
+    "| test | on: mean rps | on: min..max | off: mean rps | off: min..max | on/off of means"
+    " | on/off per round: median (min..max) | lost (median) |",
+    "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
 ]
 lost_all = []
 spread = []
@@ -172,13 +197,32 @@ for test in ["SET", "GET"]:
     if not on or not off:
         continue
     m_on, m_off = statistics.mean(on), statistics.mean(off)
-    ratio = m_on / m_off
-    lost_all.append(1 - ratio)
+    # The two runs of a round are back to back: their ratio cancels most of the drift.
+    pairs = [r["on"] / r["off"] for (t, _), r in by_round.items() if t == test and len(r) == 2]
+    paired = statistics.median(pairs)
+    lost_all.append(1 - paired)
     spread += [(max(v) - min(v)) / statistics.mean(v) for v in (on, off)]
     lines.append(
         f"| {test} | {fmt(m_on)} | {fmt(min(on))}..{fmt(max(on))} | {fmt(m_off)} "
-        f"| {fmt(min(off))}..{fmt(max(off))} | {ratio:.3f} | {100 * (1 - ratio):.1f}% |"
+        f"| {fmt(min(off))}..{fmt(max(off))} | {m_on / m_off:.3f} "
+        f"| {paired:.3f} ({min(pairs):.3f}..{max(pairs):.3f}) | {100 * (1 - paired):.1f}% |"
     )
+cpu = {}
+for line in open(cpu_path):
+    rnd, side, ns = line.split("\t")
+    cpu.setdefault(rnd, {})[side] = float(ns)
+cpu_on = [r["on"] for r in cpu.values() if len(r) == 2]
+cpu_off = [r["off"] for r in cpu.values() if len(r) == 2]
+cpu_pairs = [r["on"] / r["off"] for r in cpu.values() if len(r) == 2 and r["off"] > 0]
+cpu_extra = statistics.median(cpu_pairs) - 1
+lines += [
+    "",
+    "| proxy CPU per request (both tests) | on | off | on/off per round: median (min..max) |",
+    "| --- | ---: | ---: | ---: |",
+    f"| ns, mean (min..max) | {statistics.mean(cpu_on):,.0f} ({min(cpu_on):,.0f}..{max(cpu_on):,.0f})"
+    f" | {statistics.mean(cpu_off):,.0f} ({min(cpu_off):,.0f}..{max(cpu_off):,.0f})"
+    f" | {1 + cpu_extra:.3f} ({min(cpu_pairs):.3f}..{max(cpu_pairs):.3f}) |",
+]
 worst = max(lost_all) if lost_all else float("nan")
 noise = max(spread) if spread else float("nan")
 verdict = "met" if worst <= 0.03 else "not met"
@@ -200,9 +244,15 @@ body = [
     "",
     *lines,
     "",
-    f"Goal: detection on loses at most 3% of throughput: {verdict} (worst {100 * worst:.1f}%)."
+    f"Goal: detection on loses at most 3% of throughput (median of the per-round ratios):"
+    f" {verdict} (worst test {100 * worst:.1f}%)."
     f" Noise: a side's runs spread by up to {100 * noise:.0f}% of their mean (max-min), so"
     " differences smaller than that are within noise.",
+    "",
+    f"Proxy CPU per request (all its threads, from /proc schedstat) moves much less with the"
+    f" neighbours' load: detection on costs {100 * cpu_extra:+.1f}% CPU per request"
+    " (median of the per-round ratios); while the proxy is the bottleneck that is the"
+    " throughput it loses.",
 ]
 text = "\n".join(body)
 print()

@@ -24,16 +24,6 @@ fn proxy_with_rules(nodes: &[&Redis], dir: &TempDir) -> Proxy {
     Proxy::start(nodes, &["--rules", &p])
 }
 
-/// Sum of `calls=` of one command in INFO commandstats.
-fn calls(r: &Redis, cmd: &str) -> i64 {
-    let info = r.client().cmd(&["INFO", "commandstats"]).as_str();
-    info.lines()
-        .find(|l| l.starts_with(&format!("cmdstat_{cmd}:")))
-        .and_then(|l| l.split(&[':', ','][..]).nth(1))
-        .and_then(|c| c.strip_prefix("calls="))
-        .and_then(|c| c.parse().ok())
-        .unwrap_or(0)
-}
 
 #[test]
 fn concurrent_incrs_get_exact_distinct_replies_and_lose_nothing() {

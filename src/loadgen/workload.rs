@@ -226,6 +226,10 @@ impl Generator {
     }
 }
 
+/// The key's number, appended without allocating. This duplicates `resp`'s integer
+/// formatter on purpose: that one is private to `resp` (its public encoders all add a
+/// type prefix and CRLF, and write into a `BytesMut`), and `format!`/`write!` would go
+/// through `fmt` machinery once per command in the hot loop.
 fn push_decimal(mut v: u64, out: &mut Vec<u8>) {
     let mut buf = [0u8; 20];
     let mut i = buf.len();
@@ -348,6 +352,15 @@ mod tests {
         assert!((7_700..8_300).contains(&count("\r\nGET\r\n")));
         assert!((800..1_200).contains(&count("\r\nSET\r\n")));
         assert!((800..1_200).contains(&count("\r\nINCR\r\n")));
+    }
+
+    #[test]
+    fn key_numbers_are_plain_decimal_at_the_extremes() {
+        for v in [0, 9, 10, 99, 100, 12_345, u64::MAX] {
+            let mut out = b"k:".to_vec();
+            push_decimal(v, &mut out);
+            assert_eq!(out, format!("k:{v}").into_bytes());
+        }
     }
 
     #[test]

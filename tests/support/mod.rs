@@ -243,6 +243,17 @@ impl Drop for Redis {
     }
 }
 
+/// `calls=` of one command in a node's INFO commandstats (0 if never called).
+pub fn calls(r: &Redis, cmd: &str) -> i64 {
+    let info = r.client().cmd(&["INFO", "commandstats"]).as_str();
+    info.lines()
+        .find(|l| l.starts_with(&format!("cmdstat_{cmd}:")))
+        .and_then(|l| l.split(&[':', ','][..]).nth(1))
+        .and_then(|c| c.strip_prefix("calls="))
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0)
+}
+
 pub fn pool(n: usize) -> Vec<Redis> {
     (0..n).map(|_| Redis::start()).collect()
 }

@@ -6,18 +6,24 @@
 //! Simulated runs drive the detector's manual clock at 1M observations per second of detector
 //! time, so results do not depend on machine load; the real-time runs use the system clock.
 
-mod zipf;
+mod keys;
 
 use std::collections::{HashMap, HashSet};
 use std::hint::black_box;
 use std::time::{Duration, Instant};
 
+use keys::{decode, encode, key_id, zipf_probability};
 use saltshaker::hotkey::{
     Clock, Detector, DetectorConfig, HotSnapshot, HotState, Kind, ManualClock, SKETCH_BYTES,
 };
-use zipf::{decode, encode, key_id, Rng, Zipf};
+use saltshaker::loadgen::{Rng, Zipf};
 
 const PER_MS: u64 = 1000;
+
+/// The benchmark's Zipf parameters are constants, all valid.
+fn zipf(n: u64, s: f64) -> Zipf {
+    Zipf::new(n, s).expect("Zipf parameters are valid")
+}
 
 /// A detector on a manual clock that advances 1 ms every `PER_MS` observations.
 struct Sim {
@@ -117,7 +123,7 @@ impl Score {
 fn accuracy(s: f64, n: u64, top_k: usize, windows: u64) -> (Score, f64) {
     let hot = PER_MS as f64; // 0.1% of 1M/s
     let mut sim = Sim::new(cfg(top_k, hot, hot));
-    let (z, mut rng, mut buf) = (Zipf::new(n, s), Rng(n ^ top_k as u64), [0u8; 20]);
+    let (z, mut rng, mut buf) = (zipf(n, s), Rng::new(n ^ top_k as u64), [0u8; 20]);
     let mut score = Score::default();
     let mut exact: HashMap<u64, u32> = HashMap::new();
     let mut truth_keys = 0.0;
@@ -140,7 +146,7 @@ fn accuracy(s: f64, n: u64, top_k: usize, windows: u64) -> (Score, f64) {
 /// Detector-time ms from a key jumping to 10x the default threshold until it is listed hot.
 fn jump_latency(offset_ms: u64) -> Option<u64> {
     let mut sim = Sim::new(DetectorConfig::default());
-    let (z, mut rng, mut buf) = (Zipf::new(1_000_000, 0.99), Rng(offset_ms), [0u8; 20]);
+    let (z, mut rng, mut buf) = (zipf(1_000_000, 0.99), Rng::new(offset_ms), [0u8; 20]);
     let rx = sim.det.subscribe();
     let viral = key_id(0, 7);
     let jump_at = 3000 + offset_ms;
@@ -172,7 +178,7 @@ fn realtime_jump(jump_after: Duration) -> Option<f64> {
         let det = det.clone();
         std::thread::spawn(move || {
             let (z, mut rng, mut buf, mut vbuf) =
-                (Zipf::new(1_000_000, 0.99), Rng(5), [0u8; 20], [0u8; 20]);
+                (zipf(1_000_000, 0.99), Rng::new(5), [0u8; 20], [0u8; 20]);
             let (mut bg, mut vi) = (0u64, 0u64);
             while start.elapsed() < jump_after + Duration::from_millis(1000) {
                 let us = start.elapsed().as_micros() as u64;
@@ -204,7 +210,7 @@ fn realtime_jump(jump_after: Duration) -> Option<f64> {
 /// Most keys listed at any check over a uniform stream of `keys` keys at 1M/s.
 fn uniform(keys: u64, hot: f64, windows: u64) -> usize {
     let mut sim = Sim::new(cfg(64, hot, hot / 4.0));
-    let (mut rng, mut buf, mut most) = (Rng(keys), [0u8; 20], 0);
+    let (mut rng, mut buf, mut most) = (Rng::new(keys), [0u8; 20], 0);
     for _ in 0..windows {
         for _ in 0..1000 * PER_MS {
             if sim.tick(encode(key_id(rng.below(keys) + 1, 3), &mut buf)) && sim.t_ms % 10 == 0 {
@@ -222,12 +228,12 @@ fn uniform(keys: u64, hot: f64, windows: u64) -> usize {
 fn hot_set_change() -> (Vec<(u64, Score, usize)>, Option<u64>) {
     let hot = PER_MS as f64;
     let mut sim = Sim::new(cfg(128, hot, hot / 4.0));
-    let (z, mut rng, mut buf) = (Zipf::new(1_000_000, 0.99), Rng(11), [0u8; 20]);
+    let (z, mut rng, mut buf) = (zipf(1_000_000, 0.99), Rng::new(11), [0u8; 20]);
     let (mut rows, mut all_new_at) = (Vec::new(), None);
     let mut exact: HashMap<u64, u32> = HashMap::new();
     // Ranks whose expected rate is >= 10x the threshold.
     let big: Vec<u64> = (1..100)
-        .filter(|&r| Zipf::probability(1_000_000, 0.99, r) >= 0.01)
+        .filter(|&r| zipf_probability(1_000_000, 0.99, r) >= 0.01)
         .map(|r| key_id(r, 1))
         .collect();
     let old_top: HashSet<u64> = (1..10_000).map(|r| key_id(r, 0)).collect();
@@ -431,9 +437,9 @@ fn report_cost() {
     println!("\n## Cost per observation (real clock, release build, thread CPU time)\n");
     let det = Detector::new(DetectorConfig::default());
     let n = 20_000_000;
-    let z99 = Zipf::new(1_000_000, 0.99);
-    let z12 = Zipf::new(10_000_000, 1.2);
-    let mut rng = Rng(1);
+    let z99 = zipf(1_000_000, 0.99);
+    let z12 = zipf(10_000_000, 1.2);
+    let mut rng = Rng::new(1);
     let s99 = ids(n, || key_id(z99.sample(&mut rng), 0));
     let s12 = ids(n, || key_id(z12.sample(&mut rng), 0));
     let uni = ids(n, || key_id(rng.below(10_000_000) + 1, 0));
