@@ -128,7 +128,7 @@ sleep 4
 # CPU time a process has run, in ns, over all its threads (the detector's aggregator too).
 # Throughput swings with whatever else the machine runs; CPU per request much less.
 cpu_ns() {
-    cat /proc/"$1"/task/*/schedstat 2>/dev/null | awk '{ s += $1 } END { printf "%d", s }'
+    cat /proc/"$1"/task/*/schedstat 2>/dev/null | awk '{ s += $1 } END { printf "%.0f", s }'
 }
 
 commands_processed() {
