@@ -136,9 +136,12 @@ async fn await_reply(
     };
     match r {
         Ok(r) => r,
-        Err(_) => Err(BackendError::Io(format!(
-            "connection to {addr} lost before the reply"
-        ))),
+        // The node's connection broke with this job in flight: from the client's side the
+        // node is down (the supervisor now fails new jobs at once until it reconnects).
+        Err(_) => Err(BackendError::Down {
+            node: addr.to_string(),
+            reason: "connection lost before the reply; the command may or may not have run".into(),
+        }),
     }
 }
 

@@ -1,0 +1,121 @@
+#!/usr/bin/env bash
+# Read-hot benchmark: GET-only workloads over 4 redis-server nodes (Zipf 1.1, Zipf 1.3, one
+# key taking 30% of GETs, and uniform as the balance baseline), through twemproxy
+# (nutcracker), through saltshaker with the read-hot cache off, and with it on (default
+# rules), all in one run. For each: client throughput and p99, the busiest node's share of
+# backend commands and max/mean over nodes, and, with the cache on, the hit rate of cached
+# reads. Results go between the read-hot markers in bench/README.md.
+#
+#   bench/read_hot.sh [--quick]
+set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+cd "$root"
+duration=8000
+[ "${1:-}" = "--quick" ] && duration=3000
+
+cargo build --release --quiet
+bin=$root/target/release/saltshaker
+work=$(mktemp -d "${TMPDIR:-/tmp}/saltshaker-readhot.XXXXXX")
+pids=()
+cleanup() {
+    for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
+    wait 2>/dev/null || true
+    rm -rf "$work"
+}
+trap cleanup EXIT
+
+free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1]); s.close()'; }
+wait_port() { for _ in $(seq 1 200); do (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null && return 0; sleep 0.05; done; echo "port $1 never opened" >&2; return 1; }
+
+nodes=()
+for i in 1 2 3 4; do
+    p=$(free_port)
+    redis-server --port "$p" --bind 127.0.0.1 --save '' --appendonly no --dir "$work" >"$work/redis$i.log" 2>&1 &
+    pids+=($!)
+    wait_port "$p"
+    nodes+=("127.0.0.1:$p")
+done
+node_list=$(IFS=,; echo "${nodes[*]}")
+
+np=$(free_port)
+{
+    echo "pool:"
+    echo "  listen: 127.0.0.1:$np"
+    echo "  hash: fnv1a_64"
+    echo "  distribution: ketama"
+    echo "  redis: true"
+    echo "  servers:"
+    for n in "${nodes[@]}"; do echo "    - $n:1"; done
+} >"$work/nutcracker.yml"
+nutcracker -c "$work/nutcracker.yml" -o "$work/nutcracker.log" &
+pids+=($!)
+wait_port "$np"
+
+sp=$(free_port); sa=$(free_port)
+"$bin" --listen "127.0.0.1:$sp" --admin "127.0.0.1:$sa" --nodes "$node_list" --log-level warn &
+pids+=($!)
+wait_port "$sp"
+printf 'backend:\n  nodes: ["127.0.0.1:1"]\ncache:\n  enabled: false\n' >"$work/nocache.yaml"
+op=$(free_port); oa=$(free_port)
+"$bin" --config "$work/nocache.yaml" --listen "127.0.0.1:$op" --admin "127.0.0.1:$oa" --nodes "$node_list" --log-level warn &
+pids+=($!)
+wait_port "$op"
+
+flush() { for n in "${nodes[@]}"; do redis-cli -h "${n%:*}" -p "${n#*:}" flushall >/dev/null; redis-cli -h "${n%:*}" -p "${n#*:}" config resetstat >/dev/null; done; }
+metric() { curl -s "http://127.0.0.1:$sa/metrics" | awk -v m="$1" '$1 == m { print $2 }'; }
+
+run() { # name target workload: prefill every key, then GETs only
+    flush
+    "$bin" bench --target "$2" -c 20 -P 16 -n 100000 --duration-ms 0 --keyspace 100000 --workload uniform --mix set=100 >/dev/null
+    "$bin" bench --target "$2" -c 2 -P 1 -n 10 --duration-ms 0 --workload "$3" --mix set=100 >/dev/null
+    h0=$(metric saltshaker_cache_hits_total); m0=$(metric saltshaker_cache_misses_total)
+    for n in "${nodes[@]}"; do redis-cli -h "${n%:*}" -p "${n#*:}" config resetstat >/dev/null; done
+    "$bin" bench --target "$2" -c 50 -P 16 --duration-ms "$duration" --keyspace 100000 \
+        --workload "$3" --mix get=100 --nodes "$node_list" --json >"$work/$1.json"
+    h1=$(metric saltshaker_cache_hits_total); m1=$(metric saltshaker_cache_misses_total)
+    echo "$((${h1%.*} - ${h0%.*})) $((${m1%.*} - ${m0%.*}))" >"$work/$1.cache"
+}
+
+for wl in uniform zipf:1.1 zipf:1.3 viral:profile:celebrity:0.3; do
+    tag=${wl//[:.]/_}
+    run "nut_$tag" "127.0.0.1:$np" "$wl"
+    run "off_$tag" "127.0.0.1:$op" "$wl"
+    run "on_$tag" "127.0.0.1:$sp" "$wl"
+done
+
+table=$(python3 - "$work" <<'EOF2'
+import json, sys
+w = sys.argv[1]
+print("| workload | target | client ops/s | p99 ms | busiest node share | max/mean over nodes | cache hit rate |")
+print("|---|---|---|---|---|---|---|")
+for wl in ["uniform", "zipf:1.1", "zipf:1.3", "viral:profile:celebrity:0.3"]:
+    tag = wl.replace(":", "_").replace(".", "_")
+    for t, label in [("nut", "twemproxy"), ("off", "saltshaker, cache off"), ("on", "saltshaker, cache on")]:
+        r = json.load(open(f"{w}/{t}_{tag}.json"))
+        per = [n["commands"] for n in r["per_node"]]
+        total = sum(per) or 1
+        hits, misses = map(int, open(f"{w}/{t}_{tag}.cache").read().split())
+        rate = f"{hits / (hits + misses):.4f} ({hits} hits)" if t == "on" and hits + misses else "-"
+        print(f"| {wl} | {label} | {r['ops_per_sec']:.0f} | {r['p99_us']/1000:.2f} | {max(per)/total:.3f} | {max(per)/(total/len(per)):.2f} | {rate} |")
+EOF2
+)
+echo "$table"
+
+readme=bench/README.md
+block=$(printf '%s\n\n%s\n\n%s\n' \
+    "Measured $(date -u +%Y-%m-%d) on $(nproc) cores with \`bench/read_hot.sh\` (${duration} ms per run, 50 clients, pipeline 16, 4 redis-server nodes, GET only over 100k prefilled keys)." \
+    "$table" \
+    "Backend load per node from each node's INFO commandstats (reset before every run). The hit rate counts reads of keys the detector found read-hot (only those are cached); cold keys always go to their node.")
+python3 - "$readme" "$block" <<'EOF2'
+import os, sys
+path, block = sys.argv[1], sys.argv[2]
+text = open(path).read() if os.path.exists(path) else ""
+b, e = "<!-- read-hot:begin -->", "<!-- read-hot:end -->"
+new = f"{b}\n{block}\n{e}"
+if b in text and e in text:
+    text = text[:text.index(b)] + new + text[text.index(e) + len(e):]
+else:
+    text = text.rstrip() + "\n\n## Read-hot keys\n\n" + new + "\n"
+open(path, "w").write(text)
+EOF2
+echo "results written to $readme"
