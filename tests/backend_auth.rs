@@ -50,7 +50,10 @@ fn wrong_backend_password_is_a_clear_error_and_the_proxy_keeps_serving() {
     let mut c = p.client();
     let r = c.cmd(&["GET", "a"]);
     assert!(r.err().contains("saltshaker"), "{r:?}");
-    assert!(r.err().contains("WRONGPASS") || r.err().contains("down"), "{r:?}");
+    assert!(
+        r.err().contains("WRONGPASS") || r.err().contains("down"),
+        "{r:?}"
+    );
     // The proxy itself still answers, on the same connection.
     assert_eq!(c.cmd(&["PING"]).as_str(), "PONG");
 }

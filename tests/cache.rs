@@ -29,7 +29,6 @@ fn proxy(nodes: &[&Redis], dir: &TempDir) -> Proxy {
     Proxy::start(nodes, &["--rules", &path_str(&path)])
 }
 
-
 /// Waits until the proxy's fill connection is tracked (first cached read succeeds as a hit).
 fn warm(c: &mut Client, key: &str) {
     let deadline = Instant::now() + Duration::from_secs(5);
@@ -60,8 +59,7 @@ fn a_stampede_of_readers_costs_one_fetch_per_refresh() {
             let (addr, start) = (p.addr(), start.clone());
             thread::spawn(move || {
                 let mut c = Client::connect(&addr);
-                let cmds: Vec<Vec<&str>> =
-                    (0..per).map(|_| vec!["GET", "celeb:1"]).collect();
+                let cmds: Vec<Vec<&str>> = (0..per).map(|_| vec!["GET", "celeb:1"]).collect();
                 start.wait();
                 let replies = c.pipeline(&cmds);
                 assert!(replies.iter().all(|r| r.as_str() == "hello"), "{replies:?}");

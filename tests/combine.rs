@@ -24,7 +24,6 @@ fn proxy_with_rules(nodes: &[&Redis], dir: &TempDir) -> Proxy {
     Proxy::start(nodes, &["--rules", &p])
 }
 
-
 #[test]
 fn concurrent_incrs_get_exact_distinct_replies_and_lose_nothing() {
     if !have_redis() {

@@ -128,26 +128,26 @@ fn text(status: StatusCode, ctype: &str, body: String) -> Response<Full<Bytes>> 
 
 /// Rebuilds the per-key series from the snapshot: only keys hot now, at most 64.
 fn refresh_hot_series(state: &AdminState, snap: &HotSnapshot) {
+    use crate::hotkey::HotState;
     let m = &state.metrics;
     m.hot_key_rate.clear();
-    let (mut reads, mut writes) = (0i64, 0i64);
-    for k in snap.keys.iter() {
-        if k.reads_per_sec > 0.0 {
-            reads += 1;
-        }
-        if k.writes_per_sec > 0.0 {
-            writes += 1;
-        }
-    }
+    // Hot now, per kind: a key listed as cooling, or hot for the other kind only, is not.
+    let is_hot = |s: Option<HotState>| s == Some(HotState::Hot);
+    let reads = snap.keys.iter().filter(|k| is_hot(k.read_state)).count() as i64;
+    let writes = snap.keys.iter().filter(|k| is_hot(k.write_state)).count() as i64;
     m.hot_keys
         .get_or_create(&HotKindLabel { kind: "read" })
         .set(reads);
     m.hot_keys
         .get_or_create(&HotKindLabel { kind: "write" })
         .set(writes);
-    for k in snap.keys.iter().take(state.views.max_key_series) {
+    let hot = snap
+        .keys
+        .iter()
+        .filter(|k| is_hot(k.read_state) || is_hot(k.write_state));
+    for k in hot.take(state.views.max_key_series) {
         let key = state.show(&k.key);
-        if k.reads_per_sec > 0.0 {
+        if is_hot(k.read_state) {
             m.hot_key_rate
                 .get_or_create(&HotKeyLabel {
                     key: key.clone(),
@@ -155,7 +155,7 @@ fn refresh_hot_series(state: &AdminState, snap: &HotSnapshot) {
                 })
                 .set(k.reads_per_sec);
         }
-        if k.writes_per_sec > 0.0 {
+        if is_hot(k.write_state) {
             m.hot_key_rate
                 .get_or_create(&HotKeyLabel { key, kind: "write" })
                 .set(k.writes_per_sec);

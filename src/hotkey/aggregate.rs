@@ -151,7 +151,19 @@ impl Aggregator {
                 next,
                 last,
             } => {
-                if window >= self.next_window {
+                // A thread hands its window over at its next observation, so a thread that
+                // went quiet reports after the window closed. Counts at most two windows late
+                // go into the oldest open window rather than being lost (a bursty client on
+                // several threads was otherwise seen at a fraction of its rate); older ones
+                // would only distort the current rate.
+                let target = if window >= self.next_window {
+                    Some(window)
+                } else if window + 2 >= self.next_window {
+                    Some(self.next_window)
+                } else {
+                    None
+                };
+                if let Some(window) = target {
                     let acc = self.pending.entry(window).or_default();
                     acc.totals[0] += totals[0];
                     acc.totals[1] += totals[1];

@@ -84,7 +84,7 @@ pub struct Detection {
     pub enabled: bool,
     /// Counters halve every window; rates are per window. Default 1000 ms.
     pub window_ms: u64,
-    /// Keys tracked per thread and direction. Default 64.
+    /// Keys tracked per thread and direction. Default 128.
     pub top_k: usize,
 }
 
