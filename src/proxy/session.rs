@@ -447,12 +447,16 @@ fn cached_read(
     let Some(conn) = layer.fillers[node].conn() else {
         return false;
     };
+    let wire = req.wire();
+    if let Some(hit) = layer.cache.get_fresh(&key, &wire) {
+        rb.slots.push(Slot::Ready(hit));
+        return true;
+    }
     let (cache, wait, timeout) = (
         layer.cache.clone(),
         layer.fill_wait,
         s.ctx.backend.request_timeout,
     );
-    let wire = req.wire();
     let (tx, rx) = oneshot::channel();
     tokio::spawn(async move {
         let fill_wire = wire.clone();
