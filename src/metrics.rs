@@ -79,6 +79,7 @@ pub struct Metrics {
     pub rules_reloads_ok: Counter,
     pub rules_reloads_failed: Counter,
     pub rules_generation: Gauge,
+    pub rules_last_reload_failed: Gauge,
     pub mitigated_keys: Family<HotKindLabel, Gauge>,
     pub combine: crate::mitigate::combine::CombineMetrics,
     pub cache: crate::mitigate::cache::CacheMetrics,
@@ -116,6 +117,7 @@ impl Metrics {
             rules_reloads_ok: reloads_ok,
             rules_reloads_failed: reloads_failed,
             rules_generation: Gauge::default(),
+            rules_last_reload_failed: Gauge::default(),
             mitigated_keys: Family::default(),
             combine: Default::default(),
             cache: Default::default(),
@@ -189,8 +191,13 @@ impl Metrics {
         );
         r.register(
             "rules_generation",
-            "Rules generation in force (1 = as loaded at start)",
+            "Rules generation in force (0 = as loaded at start)",
             m.rules_generation.clone(),
+        );
+        r.register(
+            "rules_last_reload_failed",
+            "1 while the latest rules reload failed and the previous rules are still in force",
+            m.rules_last_reload_failed.clone(),
         );
         r.register(
             "mitigated_keys",

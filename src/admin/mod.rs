@@ -74,6 +74,10 @@ fn route(state: &AdminState, req: Request<Incoming>) -> Response<Full<Bytes>> {
     match req.uri().path() {
         "/metrics" => {
             refresh_hot_series(state, &state.detector.snapshot());
+            state
+                .metrics
+                .rules_last_reload_failed
+                .set(state.rules.last_reload_failed() as i64);
             let mut out = String::new();
             match prometheus_client::encoding::text::encode(&mut out, &state.registry) {
                 Ok(()) => text(

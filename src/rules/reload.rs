@@ -25,6 +25,8 @@ pub const POLL_INTERVAL: Duration = Duration::from_millis(500);
 pub struct RulesHandle {
     current: Arc<ArcSwap<Rules>>,
     generation: Arc<watch::Sender<u64>>,
+    /// The latest reload attempt failed (the previous rules are still in force).
+    last_failed: Arc<std::sync::atomic::AtomicBool>,
 }
 
 impl RulesHandle {
@@ -33,7 +35,18 @@ impl RulesHandle {
         RulesHandle {
             current: Arc::new(ArcSwap::from_pointee(r)),
             generation: Arc::new(tx),
+            last_failed: Arc::default(),
         }
+    }
+
+    /// Whether the latest reload attempt failed; cleared by the next successful one.
+    pub fn last_reload_failed(&self) -> bool {
+        self.last_failed.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    fn set_last_reload_failed(&self, failed: bool) {
+        self.last_failed
+            .store(failed, std::sync::atomic::Ordering::Relaxed);
     }
 
     /// The current rules; keep the `Arc` for as long as one decision needs a stable view.
@@ -166,6 +179,7 @@ impl Reloader {
         match Rules::load(&self.path) {
             Ok(new) => {
                 self.ok.inc();
+                self.handle.set_last_reload_failed(false);
                 if *self.handle.snapshot().as_ref() == new {
                     tracing::debug!(%file, why, "rules reloaded, unchanged");
                     return;
@@ -176,6 +190,7 @@ impl Reloader {
             }
             Err(e) => {
                 self.failed.inc();
+                self.handle.set_last_reload_failed(true);
                 tracing::warn!(error = %e, why, "rules reload failed; keeping the previous rules");
             }
         }
@@ -233,6 +248,7 @@ mod tests {
         until("failure counted", || failed.get() == 1).await;
         assert_eq!(handle.load(), before);
         assert_eq!((ok.get(), handle.generation()), (0, 0));
+        assert!(handle.last_reload_failed());
 
         std::fs::write(&path, FIXED).unwrap();
         until("success counted", || ok.get() == 1).await;
@@ -243,6 +259,7 @@ mod tests {
             super::super::Strategy::Combine
         );
         assert_eq!(failed.get(), 1);
+        assert!(!handle.last_reload_failed(), "a good reload clears the failure");
         task.abort();
         let _ = std::fs::remove_dir_all(path.parent().unwrap());
     }
