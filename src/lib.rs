@@ -3,26 +3,27 @@
 //!
 //! The module map follows a request (parse, classify, observe, decide, act, reply):
 //!
-//! | module     | owns                                                                  |
-//! |------------|-----------------------------------------------------------------------|
-//! | `resp`     | the wire: request parser, reply framer, value encoder (RESP2/RESP3)    |
-//! | `command`  | the command table: key positions, read/write, routing class           |
-//! | `hotkey`   | Count-Min sketch, top-k, windows, aggregation; knows nothing of Redis |
-//! | `rules`    | hot-key rules (YAML): thresholds, strategies, live reload             |
-//! | `policy`   | decide(command, hot set) -> Action; pure                              |
-//! | `mitigate` | combine (batched increments with exact replies)                       |
-//! | `backend`  | nodes, shared pipelined connections, placement (single, ketama)       |
-//! | `proxy`    | listener, session (read, classify, observe, decide, act, reply)       |
-//! | `admin`    | HTTP: /metrics /healthz /readyz /hotkeys                              |
-//! | `config`   | startup settings, units in names, strict validation                   |
-//! | `metrics`  | every Prometheus series the proxy exports                             |
-//! | `loadgen`  | `saltshaker bench`: Zipf, uniform and viral-key load, per-node load  |
-//! | `top`      | `saltshaker top`: the live terminal view of hot keys              |
-//! | `upgrade`  | zero-downtime upgrade: listening sockets handed to the new process    |
+//! | module     | owns                                                                   |
+//! |------------|------------------------------------------------------------------------|
+//! | `resp`     | the wire: request parser, reply framer, value tree and encoders         |
+//! | `command`  | the command table: key positions, read/write, routing class            |
+//! | `hotkey`   | Count-Min sketch, top-k, windows, aggregation; knows nothing of Redis  |
+//! | `rules`    | hot-key rules (YAML): thresholds, strategies, live reload              |
+//! | `policy`   | decide(command, hot set) -> Action; pure                               |
+//! | `mitigate` | combine (batched increments, exact replies); cache (read-hot replies)  |
+//! | `backend`  | nodes, shared pipelined connections, placement, tracking invalidation  |
+//! | `proxy`    | listener, session (read, classify, observe, decide, act, reply)        |
+//! | `admin`    | HTTP: /metrics /healthz /readyz /hotkeys /rules                        |
+//! | `config`   | startup settings, units in names, located errors                       |
+//! | `metrics`  | every Prometheus series the proxy exports                              |
+//! | `upgrade`  | zero-downtime upgrade: listening sockets handed to the new process     |
+//! | `loadgen`  | `saltshaker bench`: uniform, Zipf and viral-key load, per-node load    |
+//! | `top`      | `saltshaker top`: the live terminal view of hot keys                   |
 //!
-//! Imports flow one way: `proxy -> resp, command, hotkey, backend, metrics`;
-//! leaves (`resp`, `command`, `hotkey`, `config`, `metrics`) import nothing of the crate
-//! except `command -> resp`-free helpers.
+//! Imports flow one way: `main -> lib -> proxy, admin, rules::reload`;
+//! `proxy -> resp, command, policy, mitigate, backend, hotkey, metrics`;
+//! `policy -> command, hotkey, rules`. Leaves (`resp`, `command`, `hotkey`) import nothing
+//! of the crate. Nothing imports `proxy` or `admin`.
 
 pub mod admin;
 pub mod backend;

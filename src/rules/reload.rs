@@ -259,7 +259,10 @@ mod tests {
             super::super::Strategy::Combine
         );
         assert_eq!(failed.get(), 1);
-        assert!(!handle.last_reload_failed(), "a good reload clears the failure");
+        assert!(
+            !handle.last_reload_failed(),
+            "a good reload clears the failure"
+        );
         task.abort();
         let _ = std::fs::remove_dir_all(path.parent().unwrap());
     }
