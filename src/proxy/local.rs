@@ -5,10 +5,8 @@ use bytes::{Bytes, BytesMut};
 
 use super::dedicated::DedicatedWorker;
 use super::round::{Merge, RoundBuilder, Slot};
-use super::session::{
-    err_bytes, keys_node, push, push_n, ready_later, reset_conns, reset_dedicated, Flow, Session,
-    Tx,
-};
+use super::route::{keys_node, push, push_n, reset_conns};
+use super::session::{err_bytes, ready_later, reset_dedicated, Flow, Session, Tx};
 use crate::command::Classified;
 use crate::resp::{
     encode_bulk, encode_int, encode_map_header, encode_simple, Proto, Request, Value,

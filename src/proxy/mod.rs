@@ -9,8 +9,10 @@
 
 mod dedicated;
 mod local;
+mod mitigation;
 mod reply;
 mod round;
+mod route;
 mod scan;
 mod session;
 mod tunnel;

@@ -9,7 +9,6 @@
 use std::sync::Arc;
 
 use bytes::{Bytes, BytesMut};
-use smallvec::SmallVec;
 use tokio::io::AsyncReadExt;
 
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
@@ -17,17 +16,16 @@ use tokio::net::TcpStream;
 use tokio::sync::{mpsc, oneshot, watch};
 
 use super::dedicated::DedicatedWorker;
-use super::round::{Merge, Part, Round, RoundBuilder, Slot};
-use super::{local, reply, scan, tunnel, Ctx};
+use super::mitigation::{cached_read, combine, invalidate_cached, wait_barrier};
+use super::round::{Merge, Round, RoundBuilder, Slot};
+use super::route::{all_nodes, forward_keyed, keys_node, push, scan_one, split};
+use super::{local, reply, tunnel, Ctx};
 use crate::backend::ConnHandle;
-use crate::command::{self, flags, Agg, Args, Classified, Route, Split};
+use crate::command::{self, flags, Args, Classified, Route};
 use crate::hotkey::Kind;
 use crate::metrics::Class;
-use crate::mitigate::cache::Cause;
-use crate::mitigate::combine::BatchKey;
-use crate::policy::{self, Action, HotSet};
+use crate::policy::{self, Action};
 use crate::resp::{encode_error, Proto, Request, RequestParser};
-use crate::rules::CachePolicy;
 
 impl Args for Request {
     fn argc(&self) -> usize {
@@ -59,11 +57,11 @@ pub struct Session {
     /// Node of the WATCHed keys and the dedicated connection holding the WATCH.
     pub watch: Option<(usize, DedicatedWorker)>,
     blocking: Vec<(usize, DedicatedWorker)>,
-    conns: Vec<Option<Arc<[ConnHandle]>>>,
-    rr: usize,
+    pub(super) conns: Vec<Option<Arc<[ConnHandle]>>>,
+    pub(super) rr: usize,
     /// Combined writes not yet acknowledged by their node: this session's next jobs wait
     /// for them, so a read after a combined INCR sees it.
-    barrier: Vec<oneshot::Receiver<()>>,
+    pub(super) barrier: Vec<oneshot::Receiver<()>>,
     pub gone: watch::Receiver<bool>,
     /// `detection.enabled` of the rules, read once per round rather than per command.
     detect: bool,
@@ -363,150 +361,6 @@ async fn handle(s: &mut Session, req: Request, rb: &mut RoundBuilder) -> Flow {
     Flow::Continue
 }
 
-/// Sends a write-hot increment through the key's combine batch.
-fn combine(
-    s: &mut Session,
-    req: &Request,
-    c: &Classified,
-    delta: i64,
-    field: Option<usize>,
-    window: std::time::Duration,
-    rb: &mut RoundBuilder,
-) {
-    let key = req.arg_bytes(c.keys[0] as usize);
-    let node = s.ctx.backend.node_for(&key);
-    let conns = s.ctx.backend.node(node).conns(Proto::Resp2, s.db);
-    s.rr = s.rr.wrapping_add(1);
-    let conn = conns[s.rr % conns.len()].clone();
-    let bk = BatchKey {
-        node,
-        db: s.db,
-        key,
-        field: field.map(|f| req.arg_bytes(f)),
-    };
-    let pending = s.ctx.combiner.add(bk, conn, delta, req.wire(), window);
-    if s.barrier.len() >= 64 {
-        // A client that only ever increments hot keys never sends a job: forget the
-        // writes that have landed so the barrier stays small.
-        s.barrier
-            .retain_mut(|d| matches!(d.try_recv(), Err(oneshot::error::TryRecvError::Empty)));
-    }
-    s.barrier.push(pending.done);
-    rb.slots.push(Slot::Later(pending.reply));
-}
-
-/// A write drops the key's cached replies at once (a fill that raced with it is discarded
-/// by the cache's versioning), and a FLUSHALL/FLUSHDB drops everything.
-fn invalidate_cached(
-    s: &mut Session,
-    req: &Request,
-    c: &Classified,
-    hot: &HotSet,
-    rb: &mut RoundBuilder,
-) {
-    let Some(layer) = s.ctx.cache.as_ref() else {
-        return;
-    };
-    if matches!(c.spec.name, "FLUSHALL" | "FLUSHDB") {
-        layer.cache.invalidate_all(Cause::Flush);
-        rb.wrote_cached = true;
-        return;
-    }
-    if layer.cache.is_empty() && !hot.may_cache() {
-        return;
-    }
-    for &k in &c.keys {
-        let key = req.arg(k as usize);
-        layer.cache.invalidate(key, Cause::Write);
-        if hot.read_hot(key).is_some() {
-            rb.wrote_cached = true;
-            rb.invalidate_after.push(req.arg_bytes(k as usize));
-        }
-    }
-}
-
-/// Serves a read of a read-hot key from the cache, filling it on a miss through the node's
-/// tracked fill connection. Returns false when the read must go to the node as usual:
-/// RESP3 or another database (cached replies are RESP2 from database 0), this session's own
-/// write to a cached key not yet acknowledged, or tracking not in force for the node.
-fn cached_read(
-    s: &mut Session,
-    req: &Request,
-    c: &Classified,
-    p: CachePolicy,
-    rb: &mut RoundBuilder,
-) -> bool {
-    let Some(layer) = s.ctx.cache.as_ref() else {
-        return false;
-    };
-    if s.proto != Proto::Resp2 || s.db != 0 || rb.wrote_cached || !s.barrier.is_empty() {
-        return false;
-    }
-    let key = req.arg_bytes(c.keys[0] as usize);
-    let node = s.ctx.backend.node_for(&key);
-    let Some(conn) = layer.fillers[node].conn() else {
-        return false;
-    };
-    let wire = req.wire();
-    if let Some(hit) = layer.cache.get_fresh(&key, &wire) {
-        rb.slots.push(Slot::Ready(hit));
-        return true;
-    }
-    let (cache, wait, timeout) = (
-        layer.cache.clone(),
-        layer.fill_wait,
-        s.ctx.backend.request_timeout,
-    );
-    let (tx, rx) = oneshot::channel();
-    tokio::spawn(async move {
-        let fill_wire = wire.clone();
-        let fill = move || fetch(conn, fill_wire, timeout);
-        let reply = match cache.get_or_fill(&key, &wire, &p, wait, fill).await {
-            Ok(r) => r,
-            Err(e) => err_bytes(&format!("ERR saltshaker: {e}")),
-        };
-        let _ = tx.send(reply);
-    });
-    rb.slots.push(Slot::Later(rx));
-    true
-}
-
-/// One command on a fill connection.
-async fn fetch(
-    conn: ConnHandle,
-    wire: Bytes,
-    timeout: Option<std::time::Duration>,
-) -> Result<Bytes, String> {
-    let (tx, rx) = oneshot::channel();
-    conn.send(crate::backend::Job {
-        data: smallvec::smallvec![wire],
-        count: 1,
-        tx,
-    })
-    .await;
-    let r = match timeout {
-        Some(t) => tokio::time::timeout(t, rx)
-            .await
-            .map_err(|_| "backend did not answer in time".to_string())?,
-        None => rx.await,
-    };
-    match r {
-        Ok(Ok(r)) => Ok(r.get(0)),
-        Ok(Err(e)) => Err(e.to_string()),
-        Err(_) => Err("backend connection lost before the reply".into()),
-    }
-}
-
-/// Before this session's next jobs leave, its combined writes must have reached their node.
-async fn wait_barrier(s: &mut Session, rb: &RoundBuilder) {
-    if s.barrier.is_empty() || rb.jobs.is_empty() {
-        return;
-    }
-    for done in s.barrier.drain(..) {
-        let _ = done.await;
-    }
-}
-
 fn is_pubsub_command(name: &str) -> bool {
     name == "PUBLISH" || name == "SPUBLISH" || name.starts_with("PUBSUB")
 }
@@ -527,147 +381,6 @@ fn observe(s: &Session, req: &Request, c: &Classified) -> Class {
         }
     }
     class
-}
-
-/// The node of every key of a keyed command, or the error a client sees when they span nodes.
-pub fn keys_node(s: &Session, req: &Request, c: &Classified) -> Result<usize, Bytes> {
-    let b = &s.ctx.backend;
-    let mut node: Option<usize> = None;
-    for &k in &c.keys {
-        let n = b.node_for(req.arg(k as usize));
-        match node {
-            None => node = Some(n),
-            Some(m) if m != n => {
-                return Err(err_bytes(&format!(
-                    "ERR saltshaker: {} keys on different nodes ({} and {}); keep them together with a hash tag",
-                    c.spec.name,
-                    b.node(m).addr,
-                    b.node(n).addr
-                )))
-            }
-            _ => {}
-        }
-    }
-    Ok(node.unwrap_or_else(|| b.any_node()))
-}
-
-fn forward_keyed(s: &mut Session, req: &Request, c: &Classified, rb: &mut RoundBuilder) {
-    match keys_node(s, req, c) {
-        Ok(node) => {
-            let part = push(s, rb, node, req.wire());
-            rb.slots.push(Slot::Reply(part));
-        }
-        Err(e) => rb.slots.push(Slot::Ready(e)),
-    }
-}
-
-/// Adds a command to the node's job in this round.
-pub fn push(s: &mut Session, rb: &mut RoundBuilder, node: usize, wire: Bytes) -> Part {
-    push_n(s, rb, node, wire, 1)
-}
-
-pub fn push_n(
-    s: &mut Session,
-    rb: &mut RoundBuilder,
-    node: usize,
-    wire: Bytes,
-    count: u32,
-) -> Part {
-    let (proto, db) = (s.proto, s.db);
-    let ctx = &s.ctx;
-    let conns = s.conns[node]
-        .get_or_insert_with(|| ctx.backend.node(node).conns(proto, db))
-        .clone();
-    s.rr = s.rr.wrapping_add(1);
-    let pick = s.rr % conns.len();
-    rb.push(node, || conns[pick].clone(), wire, count)
-}
-
-/// Forget cached connections after a protocol or database change.
-pub fn reset_conns(s: &mut Session) {
-    for c in s.conns.iter_mut() {
-        *c = None;
-    }
-}
-
-fn split(s: &mut Session, req: &Request, c: &Classified, kind: Split, rb: &mut RoundBuilder) {
-    let b = &s.ctx.backend;
-    let step = if matches!(kind, Split::Mset) { 2 } else { 1 };
-    // Group key positions by node, keeping request order inside each group.
-    let mut groups: SmallVec<[(usize, Vec<u32>); 4]> = SmallVec::new();
-    let mut order: Vec<(u16, u32)> = Vec::with_capacity(c.keys.len());
-    for &k in &c.keys {
-        let n = b.node_for(req.arg(k as usize));
-        let g = match groups.iter().position(|(m, _)| *m == n) {
-            Some(g) => g,
-            None => {
-                groups.push((n, Vec::new()));
-                groups.len() - 1
-            }
-        };
-        order.push((g as u16, groups[g].1.len() as u32));
-        groups[g].1.push(k);
-    }
-    if groups.len() <= 1 {
-        forward_keyed(s, req, c, rb);
-        return;
-    }
-    let name = req.arg(0);
-    let mut parts = Vec::with_capacity(groups.len());
-    for (node, keys) in &groups {
-        let mut args: Vec<&[u8]> = Vec::with_capacity(1 + keys.len() * step);
-        args.push(name);
-        for &k in keys {
-            for j in 0..step {
-                args.push(req.arg(k as usize + j));
-            }
-        }
-        let wire = crate::backend::wire(&args);
-        parts.push(push(s, rb, *node, wire));
-    }
-    let merge = match kind {
-        Split::Mget => Merge::Mget { parts, order },
-        Split::Mset => Merge::AllOk(parts),
-        Split::SumInt => Merge::SumInt(parts),
-    };
-    rb.slots.push(Slot::Merge(Box::new(merge)));
-}
-
-fn all_nodes(s: &mut Session, req: &Request, _c: &Classified, agg: Agg, rb: &mut RoundBuilder) {
-    let nodes = s.ctx.backend.len();
-    if let Agg::First = agg {
-        let node = s.ctx.backend.any_node();
-        let part = push(s, rb, node, req.wire());
-        rb.slots.push(Slot::Reply(part));
-        return;
-    }
-    let parts: Vec<Part> = (0..nodes).map(|n| push(s, rb, n, req.wire())).collect();
-    let merge = match agg {
-        Agg::SumInt => Merge::SumInt(parts),
-        Agg::AllOk => Merge::AllOk(parts),
-        Agg::ConcatArrays => Merge::Concat(parts),
-        Agg::AndArrays => Merge::AndArrays(parts),
-        Agg::MinInt => Merge::MinInt(parts),
-        Agg::First => unreachable!("handled above"),
-    };
-    rb.slots.push(Slot::Merge(Box::new(merge)));
-}
-
-fn scan_one(s: &mut Session, req: &Request, rb: &mut RoundBuilder) {
-    let nodes = s.ctx.backend.len();
-    let cursor = std::str::from_utf8(req.arg(1))
-        .ok()
-        .and_then(|c| c.parse::<u64>().ok());
-    let Some(cursor) = cursor else {
-        rb.slots.push(Slot::Ready(err_bytes("ERR invalid cursor")));
-        return;
-    };
-    let (node, backend_cursor) = scan::decode_cursor(cursor, nodes);
-    let mut args: Vec<Bytes> = (0..req.argc()).map(|i| req.arg_bytes(i)).collect();
-    args[1] = Bytes::from(backend_cursor.to_string());
-    let part = push(s, rb, node, crate::backend::wire(&args));
-    rb.slots
-        .push(Slot::Merge(Box::new(Merge::Scan { part, node, nodes })));
 }
 
 /// Inside MULTI: check and queue; the client sees +QUEUED (or the error Redis would give).

@@ -1,0 +1,160 @@
+//! The session's side of mitigation: sending a hot increment through its combine batch
+//! (with the per-session barrier that keeps read-your-writes), and serving reads of
+//! read-hot keys from the cache (with invalidation by this session's own writes).
+
+use bytes::Bytes;
+use tokio::sync::oneshot;
+
+use super::round::{RoundBuilder, Slot};
+use super::session::{err_bytes, Session};
+use crate::backend::ConnHandle;
+use crate::command::Classified;
+use crate::mitigate::cache::Cause;
+use crate::mitigate::combine::BatchKey;
+use crate::policy::HotSet;
+use crate::resp::{Proto, Request};
+use crate::rules::CachePolicy;
+
+/// Sends a write-hot increment through the key's combine batch.
+pub(super) fn combine(
+    s: &mut Session,
+    req: &Request,
+    c: &Classified,
+    delta: i64,
+    field: Option<usize>,
+    window: std::time::Duration,
+    rb: &mut RoundBuilder,
+) {
+    let key = req.arg_bytes(c.keys[0] as usize);
+    let node = s.ctx.backend.node_for(&key);
+    let conns = s.ctx.backend.node(node).conns(Proto::Resp2, s.db);
+    s.rr = s.rr.wrapping_add(1);
+    let conn = conns[s.rr % conns.len()].clone();
+    let bk = BatchKey {
+        node,
+        db: s.db,
+        key,
+        field: field.map(|f| req.arg_bytes(f)),
+    };
+    let pending = s.ctx.combiner.add(bk, conn, delta, req.wire(), window);
+    if s.barrier.len() >= 64 {
+        // A client that only ever increments hot keys never sends a job: forget the
+        // writes that have landed so the barrier stays small.
+        s.barrier
+            .retain_mut(|d| matches!(d.try_recv(), Err(oneshot::error::TryRecvError::Empty)));
+    }
+    s.barrier.push(pending.done);
+    rb.slots.push(Slot::Later(pending.reply));
+}
+
+/// A write drops the key's cached replies at once (a fill that raced with it is discarded
+/// by the cache's versioning), and a FLUSHALL/FLUSHDB drops everything.
+pub(super) fn invalidate_cached(
+    s: &mut Session,
+    req: &Request,
+    c: &Classified,
+    hot: &HotSet,
+    rb: &mut RoundBuilder,
+) {
+    let Some(layer) = s.ctx.cache.as_ref() else {
+        return;
+    };
+    if matches!(c.spec.name, "FLUSHALL" | "FLUSHDB") {
+        layer.cache.invalidate_all(Cause::Flush);
+        rb.wrote_cached = true;
+        return;
+    }
+    if layer.cache.is_empty() && !hot.may_cache() {
+        return;
+    }
+    for &k in &c.keys {
+        let key = req.arg(k as usize);
+        layer.cache.invalidate(key, Cause::Write);
+        if hot.read_hot(key).is_some() {
+            rb.wrote_cached = true;
+            rb.invalidate_after.push(req.arg_bytes(k as usize));
+        }
+    }
+}
+
+/// Serves a read of a read-hot key from the cache, filling it on a miss through the node's
+/// tracked fill connection. Returns false when the read must go to the node as usual:
+/// RESP3 or another database (cached replies are RESP2 from database 0), this session's own
+/// write to a cached key not yet acknowledged, or tracking not in force for the node.
+pub(super) fn cached_read(
+    s: &mut Session,
+    req: &Request,
+    c: &Classified,
+    p: CachePolicy,
+    rb: &mut RoundBuilder,
+) -> bool {
+    let Some(layer) = s.ctx.cache.as_ref() else {
+        return false;
+    };
+    if s.proto != Proto::Resp2 || s.db != 0 || rb.wrote_cached || !s.barrier.is_empty() {
+        return false;
+    }
+    let key = req.arg_bytes(c.keys[0] as usize);
+    let node = s.ctx.backend.node_for(&key);
+    let Some(conn) = layer.fillers[node].conn() else {
+        return false;
+    };
+    let wire = req.wire();
+    if let Some(hit) = layer.cache.get_fresh(&key, &wire) {
+        rb.slots.push(Slot::Ready(hit));
+        return true;
+    }
+    let (cache, wait, timeout) = (
+        layer.cache.clone(),
+        layer.fill_wait,
+        s.ctx.backend.request_timeout,
+    );
+    let (tx, rx) = oneshot::channel();
+    tokio::spawn(async move {
+        let fill_wire = wire.clone();
+        let fill = move || fetch(conn, fill_wire, timeout);
+        let reply = match cache.get_or_fill(&key, &wire, &p, wait, fill).await {
+            Ok(r) => r,
+            Err(e) => err_bytes(&format!("ERR saltshaker: {e}")),
+        };
+        let _ = tx.send(reply);
+    });
+    rb.slots.push(Slot::Later(rx));
+    true
+}
+
+/// One command on a fill connection.
+async fn fetch(
+    conn: ConnHandle,
+    wire: Bytes,
+    timeout: Option<std::time::Duration>,
+) -> Result<Bytes, String> {
+    let (tx, rx) = oneshot::channel();
+    conn.send(crate::backend::Job {
+        data: smallvec::smallvec![wire],
+        count: 1,
+        tx,
+    })
+    .await;
+    let r = match timeout {
+        Some(t) => tokio::time::timeout(t, rx)
+            .await
+            .map_err(|_| "backend did not answer in time".to_string())?,
+        None => rx.await,
+    };
+    match r {
+        Ok(Ok(r)) => Ok(r.get(0)),
+        Ok(Err(e)) => Err(e.to_string()),
+        Err(_) => Err("backend connection lost before the reply".into()),
+    }
+}
+
+/// Before this session's next jobs leave, its combined writes must have reached their node.
+pub(super) async fn wait_barrier(s: &mut Session, rb: &RoundBuilder) {
+    if s.barrier.is_empty() || rb.jobs.is_empty() {
+        return;
+    }
+    for done in s.barrier.drain(..) {
+        let _ = done.await;
+    }
+}

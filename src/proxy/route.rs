@@ -1,0 +1,165 @@
+//! The act phase for commands that go to the nodes: which node a command's keys live on,
+//! adding a command to that node's job in the round, and fanning a command out (split per
+//! node, every node, SCAN one node at a time) with the merge its reply needs.
+
+use bytes::Bytes;
+use smallvec::SmallVec;
+
+use super::round::{Merge, Part, RoundBuilder, Slot};
+use super::scan;
+use super::session::{err_bytes, Session};
+use crate::command::{Agg, Classified, Split};
+use crate::resp::Request;
+
+/// The node of every key of a keyed command, or the error a client sees when they span nodes.
+pub fn keys_node(s: &Session, req: &Request, c: &Classified) -> Result<usize, Bytes> {
+    let b = &s.ctx.backend;
+    let mut node: Option<usize> = None;
+    for &k in &c.keys {
+        let n = b.node_for(req.arg(k as usize));
+        match node {
+            None => node = Some(n),
+            Some(m) if m != n => {
+                return Err(err_bytes(&format!(
+                    "ERR saltshaker: {} keys on different nodes ({} and {}); keep them together with a hash tag",
+                    c.spec.name,
+                    b.node(m).addr,
+                    b.node(n).addr
+                )))
+            }
+            _ => {}
+        }
+    }
+    Ok(node.unwrap_or_else(|| b.any_node()))
+}
+
+pub(super) fn forward_keyed(s: &mut Session, req: &Request, c: &Classified, rb: &mut RoundBuilder) {
+    match keys_node(s, req, c) {
+        Ok(node) => {
+            let part = push(s, rb, node, req.wire());
+            rb.slots.push(Slot::Reply(part));
+        }
+        Err(e) => rb.slots.push(Slot::Ready(e)),
+    }
+}
+
+/// Adds a command to the node's job in this round.
+pub fn push(s: &mut Session, rb: &mut RoundBuilder, node: usize, wire: Bytes) -> Part {
+    push_n(s, rb, node, wire, 1)
+}
+
+pub fn push_n(
+    s: &mut Session,
+    rb: &mut RoundBuilder,
+    node: usize,
+    wire: Bytes,
+    count: u32,
+) -> Part {
+    let (proto, db) = (s.proto, s.db);
+    let ctx = &s.ctx;
+    let conns = s.conns[node]
+        .get_or_insert_with(|| ctx.backend.node(node).conns(proto, db))
+        .clone();
+    s.rr = s.rr.wrapping_add(1);
+    let pick = s.rr % conns.len();
+    rb.push(node, || conns[pick].clone(), wire, count)
+}
+
+/// Forget cached connections after a protocol or database change.
+pub fn reset_conns(s: &mut Session) {
+    for c in s.conns.iter_mut() {
+        *c = None;
+    }
+}
+
+pub(super) fn split(
+    s: &mut Session,
+    req: &Request,
+    c: &Classified,
+    kind: Split,
+    rb: &mut RoundBuilder,
+) {
+    let b = &s.ctx.backend;
+    let step = if matches!(kind, Split::Mset) { 2 } else { 1 };
+    // Group key positions by node, keeping request order inside each group.
+    let mut groups: SmallVec<[(usize, Vec<u32>); 4]> = SmallVec::new();
+    let mut order: Vec<(u16, u32)> = Vec::with_capacity(c.keys.len());
+    for &k in &c.keys {
+        let n = b.node_for(req.arg(k as usize));
+        let g = match groups.iter().position(|(m, _)| *m == n) {
+            Some(g) => g,
+            None => {
+                groups.push((n, Vec::new()));
+                groups.len() - 1
+            }
+        };
+        order.push((g as u16, groups[g].1.len() as u32));
+        groups[g].1.push(k);
+    }
+    if groups.len() <= 1 {
+        forward_keyed(s, req, c, rb);
+        return;
+    }
+    let name = req.arg(0);
+    let mut parts = Vec::with_capacity(groups.len());
+    for (node, keys) in &groups {
+        let mut args: Vec<&[u8]> = Vec::with_capacity(1 + keys.len() * step);
+        args.push(name);
+        for &k in keys {
+            for j in 0..step {
+                args.push(req.arg(k as usize + j));
+            }
+        }
+        let wire = crate::backend::wire(&args);
+        parts.push(push(s, rb, *node, wire));
+    }
+    let merge = match kind {
+        Split::Mget => Merge::Mget { parts, order },
+        Split::Mset => Merge::AllOk(parts),
+        Split::SumInt => Merge::SumInt(parts),
+    };
+    rb.slots.push(Slot::Merge(Box::new(merge)));
+}
+
+pub(super) fn all_nodes(
+    s: &mut Session,
+    req: &Request,
+    _c: &Classified,
+    agg: Agg,
+    rb: &mut RoundBuilder,
+) {
+    let nodes = s.ctx.backend.len();
+    if let Agg::First = agg {
+        let node = s.ctx.backend.any_node();
+        let part = push(s, rb, node, req.wire());
+        rb.slots.push(Slot::Reply(part));
+        return;
+    }
+    let parts: Vec<Part> = (0..nodes).map(|n| push(s, rb, n, req.wire())).collect();
+    let merge = match agg {
+        Agg::SumInt => Merge::SumInt(parts),
+        Agg::AllOk => Merge::AllOk(parts),
+        Agg::ConcatArrays => Merge::Concat(parts),
+        Agg::AndArrays => Merge::AndArrays(parts),
+        Agg::MinInt => Merge::MinInt(parts),
+        Agg::First => unreachable!("handled above"),
+    };
+    rb.slots.push(Slot::Merge(Box::new(merge)));
+}
+
+pub(super) fn scan_one(s: &mut Session, req: &Request, rb: &mut RoundBuilder) {
+    let nodes = s.ctx.backend.len();
+    let cursor = std::str::from_utf8(req.arg(1))
+        .ok()
+        .and_then(|c| c.parse::<u64>().ok());
+    let Some(cursor) = cursor else {
+        rb.slots.push(Slot::Ready(err_bytes("ERR invalid cursor")));
+        return;
+    };
+    let (node, backend_cursor) = scan::decode_cursor(cursor, nodes);
+    let mut args: Vec<Bytes> = (0..req.argc()).map(|i| req.arg_bytes(i)).collect();
+    args[1] = Bytes::from(backend_cursor.to_string());
+    let part = push(s, rb, node, crate::backend::wire(&args));
+    rb.slots
+        .push(Slot::Merge(Box::new(Merge::Scan { part, node, nodes })));
+}
