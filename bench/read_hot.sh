@@ -13,55 +13,15 @@ cd "$root"
 duration=8000
 [ "${1:-}" = "--quick" ] && duration=3000
 
-cargo build --release --quiet
-bin=$root/target/release/saltshaker
-work=$(mktemp -d "${TMPDIR:-/tmp}/saltshaker-readhot.XXXXXX")
-pids=()
-cleanup() {
-    for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
-    wait 2>/dev/null || true
-    rm -rf "$work"
-}
-trap cleanup EXIT
-
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1]); s.close()'; }
-wait_port() { for _ in $(seq 1 200); do (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null && return 0; sleep 0.05; done; echo "port $1 never opened" >&2; return 1; }
-
-nodes=()
-for i in 1 2 3 4; do
-    p=$(free_port)
-    redis-server --port "$p" --bind 127.0.0.1 --save '' --appendonly no --dir "$work" >"$work/redis$i.log" 2>&1 &
-    pids+=($!)
-    wait_port "$p"
-    nodes+=("127.0.0.1:$p")
-done
-node_list=$(IFS=,; echo "${nodes[*]}")
-
-np=$(free_port)
-{
-    echo "pool:"
-    echo "  listen: 127.0.0.1:$np"
-    echo "  hash: fnv1a_64"
-    echo "  distribution: ketama"
-    echo "  redis: true"
-    echo "  servers:"
-    for n in "${nodes[@]}"; do echo "    - $n:1"; done
-} >"$work/nutcracker.yml"
-nutcracker -c "$work/nutcracker.yml" -o "$work/nutcracker.log" &
-pids+=($!)
-wait_port "$np"
-
-sp=$(free_port); sa=$(free_port)
-"$bin" --listen "127.0.0.1:$sp" --admin "127.0.0.1:$sa" --nodes "$node_list" --log-level warn &
-pids+=($!)
-wait_port "$sp"
+tag=readhot
+# shellcheck source=bench/pool.sh
+source "$root/bench/pool.sh"
 printf 'backend:\n  nodes: ["127.0.0.1:1"]\ncache:\n  enabled: false\n' >"$work/nocache.yaml"
 op=$(free_port); oa=$(free_port)
 "$bin" --config "$work/nocache.yaml" --listen "127.0.0.1:$op" --admin "127.0.0.1:$oa" --nodes "$node_list" --log-level warn &
 pids+=($!)
 wait_port "$op"
 
-flush() { for n in "${nodes[@]}"; do redis-cli -h "${n%:*}" -p "${n#*:}" flushall >/dev/null; redis-cli -h "${n%:*}" -p "${n#*:}" config resetstat >/dev/null; done; }
 metric() { curl -s "http://127.0.0.1:$sa/metrics" | awk -v m="$1" '$1 == m { print $2 }'; }
 
 run() { # name target workload: prefill every key, then GETs only

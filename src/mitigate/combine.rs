@@ -156,15 +156,7 @@ impl Combiner {
                     let _ = e.done.send(());
                 }
             }
-            Some(Err(err)) => {
-                let mut out = BytesMut::new();
-                encode_error(&format!("ERR saltshaker: {err}"), &mut out);
-                let out = out.freeze();
-                for e in batch.entries {
-                    let _ = e.reply.send(out.clone());
-                    let _ = e.done.send(());
-                }
-            }
+            Some(Err(err)) => fail_all(batch, &err),
             None => self.one_by_one(batch, &conn).await,
         }
     }
@@ -183,16 +175,19 @@ impl Combiner {
                     let _ = e.done.send(());
                 }
             }
-            Err(err) => {
-                let mut out = BytesMut::new();
-                encode_error(&format!("ERR saltshaker: {err}"), &mut out);
-                let out = out.freeze();
-                for e in batch.entries {
-                    let _ = e.reply.send(out.clone());
-                    let _ = e.done.send(());
-                }
-            }
+            Err(err) => fail_all(batch, &err),
         }
+    }
+}
+
+/// Every caller of the batch gets the same backend error.
+fn fail_all(batch: Batch, err: &BackendError) {
+    let mut out = BytesMut::new();
+    encode_error(&format!("ERR saltshaker: {err}"), &mut out);
+    let out = out.freeze();
+    for e in batch.entries {
+        let _ = e.reply.send(out.clone());
+        let _ = e.done.send(());
     }
 }
 
