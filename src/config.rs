@@ -206,14 +206,7 @@ impl std::error::Error for ConfigError {}
 impl Config {
     /// Reads, parses and validates a config file.
     pub fn load(path: &Path) -> Result<Config, ConfigError> {
-        let file = path.display().to_string();
-        let text = std::fs::read_to_string(path).map_err(|e| ConfigError {
-            file: file.clone(),
-            line: 0,
-            column: 0,
-            field: String::new(),
-            message: format!("cannot read: {e}"),
-        })?;
+        let (text, file) = read_file(path)?;
         let mut cfg = Config::parse(&text, &file)?;
         // Paths in the file are relative to the file's folder, not to where we run.
         if let Some(dir) = path.parent() {
@@ -346,6 +339,21 @@ fn check_addr(field: &str, v: &str) -> Result<(), (String, String)> {
             format!("{v:?} is not HOST:PORT with a numeric IP and port"),
         )
     })
+}
+
+/// Reads a YAML file for `load`: its text and the name errors give it.
+pub fn read_file(path: &Path) -> Result<(String, String), ConfigError> {
+    let file = path.display().to_string();
+    match std::fs::read_to_string(path) {
+        Ok(text) => Ok((text, file)),
+        Err(e) => Err(ConfigError {
+            file,
+            line: 0,
+            column: 0,
+            field: String::new(),
+            message: format!("cannot read: {e}"),
+        }),
+    }
 }
 
 /// Deserializes YAML into `T`, turning the first error into a located `ConfigError`.

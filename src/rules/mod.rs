@@ -83,14 +83,7 @@ impl Default for Rules {
 impl Rules {
     /// Reads, parses and validates a rules file.
     pub fn load(path: &Path) -> Result<Rules, ConfigError> {
-        let file = path.display().to_string();
-        let text = std::fs::read_to_string(path).map_err(|e| ConfigError {
-            file: file.clone(),
-            line: 0,
-            column: 0,
-            field: String::new(),
-            message: format!("cannot read: {e}"),
-        })?;
+        let (text, file) = crate::config::read_file(path)?;
         Rules::parse(&text, &file)
     }
 
