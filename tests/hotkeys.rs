@@ -483,16 +483,17 @@ fn bursty_client_on_several_threads_is_counted_at_its_real_rate() {
     }
     stop.store(true, Ordering::Relaxed);
     assert_eq!(load.join().expect("load thread"), Ok(0));
-    // Nothing is lost: over five windows the mean is the real rate. A late report lands in
-    // the next window, so single windows may swing (seen: 420, 180, 360, 180, 390), but
-    // never down to the 90-180/s that dropping late counts produced.
+    // Nothing is lost: over five windows the mean is the real rate (dropping late counts gave
+    // a mean of 90-180/s). A late report lands in the next window, so single windows swing
+    // (seen: 420, 180, 360, 180, 390 and 210, 510, 150, 300, 240); they only have to be
+    // neither empty nor doubled.
     let mean = rates.iter().sum::<f64>() / rates.len() as f64;
     assert!(
         (255.0..=345.0).contains(&mean),
         "300/s shown as {rates:?} (mean {mean:.0})"
     );
     assert!(
-        rates.iter().all(|r| (120.0..=480.0).contains(r)),
+        rates.iter().all(|r| (60.0..=600.0).contains(r)),
         "300/s shown as {rates:?}"
     );
 }
