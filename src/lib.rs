@@ -11,6 +11,7 @@
 //! | `rules`    | hot-key rules (YAML): thresholds, strategies, live reload              |
 //! | `policy`   | decide(command, hot set) -> Action; pure                               |
 //! | `mitigate` | combine (batched increments, exact replies); cache (read-hot replies)  |
+//! | `salt`     | salted counters: shards, merged reads, registry, epochs, journaled fold |
 //! | `backend`  | nodes, shared pipelined connections, placement, tracking invalidation  |
 //! | `proxy`    | listener, session (read, classify, observe, decide, act, reply)        |
 //! | `admin`    | HTTP: /metrics /healthz /readyz /hotkeys /rules                        |
@@ -21,7 +22,8 @@
 //! | `top`      | `saltshaker top`: the live terminal view of hot keys                   |
 //!
 //! Imports flow one way: `main -> lib -> proxy, admin, rules::reload`;
-//! `proxy -> resp, command, policy, mitigate, backend, hotkey, metrics`;
+//! `proxy -> resp, command, policy, mitigate, salt, backend, hotkey, metrics`;
+//! `salt -> backend, mitigate, hotkey, rules, resp`;
 //! `policy -> command, hotkey, rules`. Leaves (`resp`, `command`, `hotkey`) import nothing
 //! of the crate. Nothing imports `proxy` or `admin`.
 
@@ -37,6 +39,7 @@ pub mod policy;
 pub mod proxy;
 pub mod resp;
 pub mod rules;
+pub mod salt;
 pub mod top;
 pub mod upgrade;
 
@@ -108,6 +111,7 @@ pub async fn run(
     }
     let ctx = Arc::new(ctx);
     proxy::spawn_hot_updater(ctx.clone());
+    proxy::spawn_salt_coordinator(ctx.clone());
     {
         // Detector thresholds and the generation gauge follow the rules.
         let (mut gens, rules, detector, gauge) = (
@@ -141,6 +145,7 @@ pub async fn run(
         ready: Box::new(move || ready_ctx.backend.nodes().iter().any(|n| n.is_up())),
         rules: rules.clone(),
         views: cfg.hotkeys.clone(),
+        salt: Some(ctx.clone() as Arc<dyn salt::Control>),
     });
     if let Some(path) = &cfg.upgrade_socket {
         use std::os::fd::AsRawFd;

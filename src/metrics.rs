@@ -83,6 +83,7 @@ pub struct Metrics {
     pub mitigated_keys: Family<HotKindLabel, Gauge>,
     pub combine: crate::mitigate::combine::CombineMetrics,
     pub cache: crate::mitigate::cache::CacheMetrics,
+    pub salt: crate::salt::SaltMetrics,
 }
 
 impl Metrics {
@@ -121,6 +122,7 @@ impl Metrics {
             mitigated_keys: Family::default(),
             combine: Default::default(),
             cache: Default::default(),
+            salt: Default::default(),
         };
 
         let r = registry.sub_registry_with_prefix("saltshaker");
@@ -218,6 +220,52 @@ impl Metrics {
             "combine_fallbacks",
             "Combine batches sent one by one after an error reply or an overflowing sum",
             m.combine.fallbacks.clone(),
+        );
+        let s = &m.salt;
+        r.register(
+            "salted_keys",
+            "Keys salted over shard keys now (as the registry in the backend says)",
+            s.salted_keys.clone(),
+        );
+        r.register(
+            "salt_promotions",
+            "Keys this proxy promoted to salted (detected or by an SRE)",
+            s.promotions.clone(),
+        );
+        r.register(
+            "salt_demotions",
+            "Salted keys this proxy demoted (cooled, or by an SRE)",
+            s.demotions.clone(),
+        );
+        r.register(
+            "salt_folds",
+            "Demoted keys whose shards this proxy folded back into the base key",
+            s.folds.clone(),
+        );
+        r.register(
+            "salt_fold_moves",
+            "Shard values moved into a base key (journaled, exactly once)",
+            s.fold_moves.clone(),
+        );
+        r.register(
+            "salt_shard_writes",
+            "Client increments written to a shard key",
+            s.shard_writes.clone(),
+        );
+        r.register(
+            "salt_merged_reads",
+            "Commands on a salted key answered by merging base and shards",
+            s.merged_reads.clone(),
+        );
+        r.register(
+            "salt_registry_up",
+            "1 while the salt registry in the backend answers; 0 means no new promotions",
+            s.registry_up.clone(),
+        );
+        r.register(
+            "salt_registry_errors",
+            "Coordinator ticks that could not read or write the salt registry",
+            s.registry_errors.clone(),
         );
         let c = &m.cache;
         r.register(

@@ -1,4 +1,5 @@
-//! Admin HTTP: `/metrics` (Prometheus text), `/healthz`, `/readyz`, `/hotkeys` and `/rules` (JSON).
+//! Admin HTTP: `/metrics` (Prometheus text), `/healthz`, `/readyz`, `/hotkeys` and `/rules` (JSON),
+//! and `POST /hotkeys/promote|demote?key=K` (see `salt`).
 //!
 //! It reads only what it is handed: the metric registry, the detector's snapshot and a
 //! readiness probe. Bound to localhost unless configured otherwise.
@@ -16,6 +17,8 @@ use prometheus_client::registry::Registry;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 
+mod salt;
+
 use crate::hotkey::{Detector, HotSnapshot};
 use crate::metrics::{HotKeyLabel, HotKindLabel, Metrics};
 
@@ -26,6 +29,8 @@ pub struct AdminState {
     pub ready: Box<dyn Fn() -> bool + Send + Sync>,
     pub rules: crate::rules::RulesHandle,
     pub views: crate::config::HotkeysConfig,
+    /// Promote/demote endpoints and the salted-key listing; None in unit tests.
+    pub salt: Option<Arc<dyn crate::salt::Control>>,
 }
 
 impl AdminState {
@@ -57,7 +62,7 @@ pub async fn serve(
         tokio::spawn(async move {
             let svc = hyper::service::service_fn(move |req| {
                 let state = state.clone();
-                async move { Ok::<_, Infallible>(route(&state, req)) }
+                async move { Ok::<_, Infallible>(route(&state, req).await) }
             });
             let _ = hyper::server::conn::http1::Builder::new()
                 .serve_connection(TokioIo::new(stream), svc)
@@ -70,7 +75,11 @@ pub async fn bind(addr: SocketAddr) -> std::io::Result<TcpListener> {
     TcpListener::bind(addr).await
 }
 
-fn route(state: &AdminState, req: Request<Incoming>) -> Response<Full<Bytes>> {
+async fn route(state: &AdminState, req: Request<Incoming>) -> Response<Full<Bytes>> {
+    if let Some(action) = req.uri().path().strip_prefix("/hotkeys/") {
+        let (status, body) = salt::action(state, req.method(), action, req.uri().query()).await;
+        return text(status, "application/json", body);
+    }
     match req.uri().path() {
         "/metrics" => {
             refresh_hot_series(state, &state.detector.snapshot());
@@ -182,7 +191,9 @@ fn hotkeys_json(state: &AdminState, snap: &HotSnapshot) -> String {
             })
         })
         .collect();
-    let mut s = serde_json::json!({ "window_ms": snap.window_ms, "keys": keys }).to_string();
+    let salted = state.salt.as_ref().map(|c| salt::listing(state, &c.table()));
+    let mut s = serde_json::json!({ "window_ms": snap.window_ms, "keys": keys, "salted": salted })
+        .to_string();
     s.push('\n');
     s
 }
@@ -204,6 +215,7 @@ mod tests {
                 hash_names,
                 max_key_series: 1,
             },
+            salt: None,
         }
     }
 

@@ -138,6 +138,16 @@ impl Placement {
         }
     }
 
+    /// The pool's hash-tag delimiters, if any: salted shard names carry their own tag.
+    pub fn tag(&self) -> Option<[u8; 2]> {
+        self.tag
+    }
+
+    /// Random placement puts a key anywhere: a shard could not be found again.
+    pub fn is_random(&self) -> bool {
+        matches!(self.kind, Kind::Random) && self.len > 1
+    }
+
     /// The index of the node that holds `key`. Never allocates. With `Random`, a fresh
     /// node per call with weights ignored, as twemproxy does.
     pub fn node_for(&self, key: &[u8]) -> usize {

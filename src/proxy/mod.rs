@@ -13,6 +13,7 @@ mod mitigation;
 mod reply;
 mod round;
 mod route;
+mod salted;
 mod scan;
 mod session;
 mod tunnel;
@@ -56,6 +57,8 @@ pub struct Ctx {
     pub combiner: Arc<Combiner>,
     /// The read-hot cache and its per-node fill connections; None when disabled.
     pub cache: Option<CacheLayer>,
+    /// Salted keys (shared with every proxy through the backend's registry).
+    pub salt: Arc<crate::salt::Salt>,
     next_id: AtomicU64,
 }
 
@@ -73,7 +76,9 @@ impl Ctx {
         rules: RulesHandle,
     ) -> Ctx {
         let combiner = Combiner::new(metrics.combine.clone());
+        let salt = Arc::new(crate::salt::Salt::new(&backend, metrics.salt.clone()));
         Ctx {
+            salt,
             hot: ArcSwap::from_pointee(HotSet::default()),
             rules,
             combiner,
@@ -207,6 +212,51 @@ pub fn spawn_hot_updater(ctx: Arc<Ctx>) {
             }
         }
     });
+}
+
+/// Keeps the salt table in step with the registry in the backend (see `salt::registry`).
+pub fn spawn_salt_coordinator(ctx: Arc<Ctx>) {
+    tokio::spawn(async move {
+        crate::salt::registry::run(
+            &ctx.backend,
+            &ctx.salt,
+            ctx.detector.subscribe(),
+            &ctx.rules,
+            ctx.shutdown.clone(),
+        )
+        .await;
+    });
+}
+
+impl crate::salt::Control for Ctx {
+    fn promote(
+        &self,
+        key: Vec<u8>,
+        shards: u32,
+    ) -> std::pin::Pin<
+        Box<dyn std::future::Future<Output = Result<crate::salt::record::Record, String>> + Send + '_>,
+    > {
+        Box::pin(async move {
+            crate::salt::registry::promote(&self.backend, &self.salt, &key, shards, true).await
+        })
+    }
+
+    fn demote(
+        &self,
+        key: Vec<u8>,
+    ) -> std::pin::Pin<
+        Box<
+            dyn std::future::Future<Output = Result<Option<crate::salt::record::Record>, String>>
+                + Send
+                + '_,
+        >,
+    > {
+        Box::pin(async move { crate::salt::registry::demote(&self.backend, &self.salt, &key).await })
+    }
+
+    fn table(&self) -> Arc<crate::salt::SaltTable> {
+        self.salt.table.load_full()
+    }
 }
 
 async fn refuse(mut stream: tokio::net::TcpStream) {

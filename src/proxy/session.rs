@@ -72,6 +72,9 @@ pub enum Flow {
     Continue,
     Close,
     Tunnel(tunnel::Start),
+    /// Send the round built so far and wait for its replies before this command: it
+    /// names a salted key and runs as a task, which must not overtake earlier commands.
+    Flush(Request),
 }
 
 /// Serves one client connection until it closes.
@@ -213,7 +216,23 @@ async fn read_loop(
         let mut close = false;
         let mut reqs_iter = reqs.drain(..);
         while let Some(req) = reqs_iter.next() {
-            match handle(s, req, &mut rb).await {
+            let mut flow = handle(s, req, &mut rb).await;
+            if let Flow::Flush(req) = flow {
+                wait_barrier(s, &rb).await;
+                let mut round = std::mem::take(&mut rb).send().await;
+                let (ack_tx, ack_rx) = oneshot::channel();
+                round.acked = Some(ack_tx);
+                s.barrier.push(ack_rx);
+                if tx.send((round, s.proto)).await.is_err() {
+                    return End::Closed;
+                }
+                flow = handle(s, req, &mut rb).await;
+            }
+            match flow {
+                // A fresh round has no jobs, so this cannot happen; answer rather than panic.
+                Flow::Flush(_) => rb.slots.push(Slot::Ready(err_bytes(
+                    "ERR saltshaker: internal: command could not be ordered",
+                ))),
                 Flow::Continue => {}
                 Flow::Close => {
                     close = true;
@@ -286,6 +305,10 @@ async fn handle(s: &mut Session, req: Request, rb: &mut RoundBuilder) -> Flow {
             .push(Slot::Ready(err_bytes("NOAUTH Authentication required.")));
         return Flow::Continue;
     }
+    let salted = super::salted::touched(s, &req, &c);
+    if salted.is_some() && !rb.jobs.is_empty() {
+        return Flow::Flush(req);
+    }
     // observe
     let class = observe(s, &req, &c);
     rb.count(class);
@@ -295,6 +318,14 @@ async fn handle(s: &mut Session, req: Request, rb: &mut RoundBuilder) -> Flow {
         if class == Class::Write {
             invalidate_cached(s, &req, &c, &hot, rb);
         }
+    }
+    if let Some(table) = salted {
+        if let super::salted::Next::Done = super::salted::act(s, &req, &c, table, rb).await {
+            return Flow::Continue;
+        }
+    }
+    if s.tx.is_none() {
+        let hot = s.ctx.hot.load();
         match policy::decide(&c, &req, &hot) {
             Action::Combine {
                 delta,

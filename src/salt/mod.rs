@@ -1,0 +1,272 @@
+//! Salting: a write-hot counter spread over N shard keys on N nodes, merged back on read,
+//! shared by every proxy through a registry in the backend, and folded back when it cools.
+//!
+//! - `record`: the registry record of one key and the epoch arithmetic (pure).
+//! - `names`: shard and marker names; salts chosen by the node they land on (pure).
+//! - `ops`: one command on a salted key: shard writes with an estimated reply, merged reads.
+//! - `fold`: the journaled, idempotent move of shards into the base key.
+//! - `registry`: the coordinator: resync, announcements, promotion, demotion, the fold.
+//!
+//! The data path reads `Salt::table` (an immutable snapshot swapped by the coordinator), so
+//! a command on a key that is not salted costs one hash lookup, and nothing at all when no
+//! key is salted.
+
+pub mod fold;
+pub mod names;
+pub mod ops;
+pub mod record;
+pub mod registry;
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use arc_swap::ArcSwap;
+use bytes::Bytes;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::gauge::Gauge;
+use tokio::sync::{oneshot, Notify};
+
+use crate::backend::{Backend, Job};
+use crate::resp::{parse_value, Proto, Value};
+use names::Place;
+use record::Record;
+
+/// Metric handles of salting.
+#[derive(Clone, Default)]
+pub struct SaltMetrics {
+    pub salted_keys: Gauge,
+    pub promotions: Counter,
+    pub demotions: Counter,
+    pub folds: Counter,
+    pub fold_moves: Counter,
+    pub shard_writes: Counter,
+    pub merged_reads: Counter,
+    pub registry_up: Gauge,
+    pub registry_errors: Counter,
+}
+
+/// A salted key as the data path sees it.
+pub struct Salted {
+    pub key: Bytes,
+    pub rec: Record,
+    /// `parts[0]` is the base key, `parts[1 + i]` shard `i`.
+    pub parts: Vec<Bytes>,
+    pub nodes: Vec<usize>,
+    rr: AtomicUsize,
+    /// Last value seen per part, per hash field (None for a string), for the estimated
+    /// reply of a shard write. Bounded: a hash with many fields keeps the first 1024.
+    last: Mutex<HashMap<Option<Bytes>, Vec<i64>>>,
+}
+
+impl Salted {
+    pub fn new(key: Bytes, rec: Record, place: &dyn Place) -> Salted {
+        let mut parts = vec![key.clone()];
+        parts.extend(
+            rec.salts
+                .iter()
+                .map(|&s| names::shard_name(&key, s, place.tag())),
+        );
+        let nodes = parts.iter().map(|p| place.node_of(p)).collect();
+        Salted {
+            key,
+            rec,
+            parts,
+            nodes,
+            rr: AtomicUsize::new(0),
+            last: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// The shard index the next write goes to, if writers use shards now.
+    pub fn write_shard(&self, now_ms: u64) -> Option<usize> {
+        let n = self.rec.writers(now_ms)? as usize;
+        Some(self.rr.fetch_add(1, Ordering::Relaxed) % n)
+    }
+
+    /// Records `v` as part `part`'s value of `field` and returns the estimate of the whole:
+    /// `v` plus the last known values of the other parts.
+    pub fn estimate(&self, field: Option<&Bytes>, part: usize, v: i64) -> i64 {
+        let mut last = self.last.lock().unwrap_or_else(|p| p.into_inner());
+        let n = self.parts.len();
+        if !last.contains_key(&field.cloned()) && last.len() >= 1024 {
+            return v;
+        }
+        let row = last.entry(field.cloned()).or_insert_with(|| vec![0; n]);
+        row[part] = v;
+        row.iter().fold(0i64, |a, &x| a.saturating_add(x))
+    }
+
+    /// Remembers every part's value after a merged read.
+    pub fn remember(&self, field: Option<&Bytes>, values: &[i64]) {
+        let mut last = self.last.lock().unwrap_or_else(|p| p.into_inner());
+        if last.len() < 1024 || last.contains_key(&field.cloned()) {
+            last.insert(field.cloned(), values.to_vec());
+        }
+    }
+}
+
+/// The salted keys this proxy knows of.
+#[derive(Default)]
+pub struct SaltTable {
+    keys: HashMap<Bytes, Arc<Salted>>,
+}
+
+impl SaltTable {
+    pub fn get(&self, key: &[u8]) -> Option<&Arc<Salted>> {
+        self.keys.get(key)
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.keys.is_empty()
+    }
+
+    pub fn len(&self) -> usize {
+        self.keys.len()
+    }
+
+    pub fn iter(&self) -> impl Iterator<Item = &Arc<Salted>> {
+        self.keys.values()
+    }
+}
+
+/// What every session and the coordinator share.
+pub struct Salt {
+    pub table: ArcSwap<SaltTable>,
+    pub metrics: SaltMetrics,
+    /// This proxy's name in the registry (host, pid and start time).
+    pub id: String,
+    /// Unix ms of the last successful registry read. A proxy that has not heard from the
+    /// registry for an epoch writes base keys only (always safe: reads merge the base).
+    synced_ms: AtomicU64,
+    pub epoch_ms: AtomicU64,
+    /// False when the pool places keys at random: a shard could not be found again.
+    pub enabled: bool,
+    /// Wakes the coordinator (an announcement, an admin request).
+    pub kick: Arc<Notify>,
+    pub registry_ok: AtomicBool,
+}
+
+impl Salt {
+    pub fn new(backend: &Backend, metrics: SaltMetrics) -> Salt {
+        let enabled = !backend.placement().is_some_and(|p| p.is_random());
+        let host = std::env::var("HOSTNAME").unwrap_or_else(|_| "proxy".into());
+        Salt {
+            table: ArcSwap::from_pointee(SaltTable::default()),
+            metrics,
+            id: format!("{host}:{}:{}", std::process::id(), now_ms()),
+            synced_ms: AtomicU64::new(0),
+            epoch_ms: AtomicU64::new(5000),
+            enabled,
+            kick: Arc::new(Notify::new()),
+            registry_ok: AtomicBool::new(false),
+        }
+    }
+
+    /// Whether writers may use shards: the registry was read within the last epoch.
+    pub fn fresh(&self, now_ms: u64) -> bool {
+        now_ms.saturating_sub(self.synced_ms.load(Ordering::Relaxed))
+            < self.epoch_ms.load(Ordering::Relaxed)
+    }
+
+    fn synced(&self, now_ms: u64) {
+        self.synced_ms.store(now_ms, Ordering::Relaxed);
+    }
+}
+
+pub fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
+impl Place for Backend {
+    fn node_of(&self, key: &[u8]) -> usize {
+        self.node_for(key)
+    }
+    fn nodes(&self) -> usize {
+        self.len()
+    }
+    fn tag(&self) -> [u8; 2] {
+        self.placement().and_then(|p| p.tag()).unwrap_or(*b"{}")
+    }
+}
+
+/// Sends `cmds` (node, command) with one job per node, all in flight at once, and returns
+/// the replies in order. Any node failing fails the whole call: a merged answer is never
+/// built from some of the parts.
+pub async fn call(backend: &Backend, cmds: &[(usize, Bytes)]) -> Result<Vec<Value>, String> {
+    let mut per_node: Vec<(usize, Vec<usize>)> = Vec::new();
+    for (i, (node, _)) in cmds.iter().enumerate() {
+        match per_node.iter_mut().find(|(n, _)| n == node) {
+            Some((_, idx)) => idx.push(i),
+            None => per_node.push((*node, vec![i])),
+        }
+    }
+    let mut waits = Vec::with_capacity(per_node.len());
+    for (node, idx) in &per_node {
+        let conns = backend.node(*node).conns(Proto::Resp2, 0);
+        let conn = conns[idx[0] % conns.len()].clone();
+        let (tx, rx) = oneshot::channel();
+        conn.send(Job {
+            data: idx.iter().map(|&i| cmds[i].1.clone()).collect(),
+            count: idx.len() as u32,
+            tx,
+        })
+        .await;
+        waits.push(rx);
+    }
+    let mut out = vec![Value::Nil; cmds.len()];
+    let timeout = backend.request_timeout.unwrap_or(Duration::from_secs(5));
+    for ((node, idx), rx) in per_node.iter().zip(waits) {
+        let addr = &backend.node(*node).addr;
+        let replies = match tokio::time::timeout(timeout, rx).await {
+            Err(_) => return Err(format!("backend {addr} did not answer in time")),
+            Ok(Err(_)) => return Err(format!("backend {addr}: connection lost")),
+            Ok(Ok(Err(e))) => return Err(e.to_string()),
+            Ok(Ok(Ok(r))) => r,
+        };
+        for (j, &i) in idx.iter().enumerate() {
+            if j >= replies.len() {
+                return Err(format!("backend {addr}: missing reply"));
+            }
+            match parse_value(&replies.get(j)) {
+                Ok(Some((v, _))) => out[i] = v,
+                _ => return Err(format!("backend {addr}: unreadable reply")),
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// Kills the process at a named point when `SALTSHAKER_FAILPOINT` names it: the crash
+/// tests of the fold use it to die between two journaled steps. Not for production use.
+pub fn failpoint(name: &str) {
+    static WANT: std::sync::OnceLock<Option<String>> = std::sync::OnceLock::new();
+    let want = WANT.get_or_init(|| std::env::var("SALTSHAKER_FAILPOINT").ok());
+    if want.as_deref() == Some(name) {
+        tracing::error!(failpoint = name, "failpoint reached: aborting the process");
+        std::process::abort();
+    }
+}
+
+/// An integer reply or bulk, as i64.
+pub fn as_i64(v: &Value) -> Option<i64> {
+    match v {
+        Value::Integer(i) => Some(*i),
+        Value::Bulk(b) => std::str::from_utf8(b).ok()?.parse().ok(),
+        _ => None,
+    }
+}
+
+type Fut<'a, T> = std::pin::Pin<Box<dyn std::future::Future<Output = T> + Send + 'a>>;
+
+/// What the admin endpoints may ask of salting (the proxy implements it: it owns the backend).
+pub trait Control: Send + Sync {
+    /// Salts `key` over `shards` from the next safe boundary, pinned until demoted.
+    fn promote(&self, key: Vec<u8>, shards: u32) -> Fut<'_, Result<Record, String>>;
+    /// Ends salting at the next safe boundary; None if the key was not salted.
+    fn demote(&self, key: Vec<u8>) -> Fut<'_, Result<Option<Record>, String>>;
+    fn table(&self) -> Arc<SaltTable>;
+}

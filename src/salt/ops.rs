@@ -1,0 +1,407 @@
+//! One command on a salted key: a counter write goes to one shard and is answered with an
+//! estimate of the whole; the reads and key commands that can be merged run on the base
+//! key and every shard in one pipelined round per node and are merged exactly.
+//!
+//! What cannot be merged (`Op::Other`) is not handled here: the session moves the shards
+//! into the base key first (`fold::move_all`) and then forwards the command unchanged.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+
+use super::{as_i64, call, now_ms, Salted, SaltTable};
+use crate::backend::{wire, Backend};
+use crate::mitigate::combine::{BatchKey, Combiner};
+use crate::resp::{Proto, Value};
+
+/// What a command does to a salted key.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Op {
+    /// INCR/INCRBY/DECR/DECRBY (field None) or HINCRBY.
+    Write { delta: i64, field: Option<Bytes> },
+    Get,
+    HGet(Bytes),
+    HMGet(Vec<Bytes>),
+    HGetAll,
+    /// DEL / UNLINK: every part; 1 if any part existed.
+    Del,
+    /// EXISTS / TOUCH: 1 if any part exists.
+    Exists,
+    /// EXPIRE, PEXPIRE, EXPIREAT, PEXPIREAT (with their options), PERSIST: every part.
+    Expire,
+    /// TTL, PTTL, TYPE: the first part that exists answers.
+    FirstExisting,
+    /// Anything else: fold the shards into the base key, then run it there.
+    Other,
+}
+
+/// What `args` (command name first, the salted key second) does to a salted key.
+pub fn classify(name: &str, args: &[Bytes]) -> Op {
+    let int = |i: usize| -> Option<i64> { std::str::from_utf8(args.get(i)?).ok()?.parse().ok() };
+    let n = args.len();
+    let write = |delta: Option<i64>, field: Option<Bytes>| match delta {
+        Some(delta) => Op::Write { delta, field },
+        // Not an integer: the base key's node gives Redis's own error.
+        None => Op::Other,
+    };
+    match (name, n) {
+        ("INCR", 2) => write(Some(1), None),
+        ("DECR", 2) => write(Some(-1), None),
+        ("INCRBY", 3) => write(int(2), None),
+        ("DECRBY", 3) => write(int(2).and_then(i64::checked_neg), None),
+        ("HINCRBY", 4) => write(int(3), Some(args[2].clone())),
+        ("GET", 2) => Op::Get,
+        ("HGET", 3) => Op::HGet(args[2].clone()),
+        ("HMGET", n) if n >= 3 => Op::HMGet(args[2..].to_vec()),
+        ("HGETALL", 2) => Op::HGetAll,
+        ("DEL" | "UNLINK", 2) => Op::Del,
+        ("EXISTS" | "TOUCH", 2) => Op::Exists,
+        ("EXPIRE" | "PEXPIRE" | "EXPIREAT" | "PEXPIREAT", n) if n >= 3 => Op::Expire,
+        ("PERSIST", 2) => Op::Expire,
+        ("TTL" | "PTTL" | "TYPE", 2) => Op::FirstExisting,
+        _ => Op::Other,
+    }
+}
+
+fn err(msg: &str) -> Value {
+    Value::Error(Bytes::from(format!("ERR saltshaker: {msg}")))
+}
+
+/// The command `args` with its key (position 1) replaced by `part`.
+fn on(args: &[Bytes], part: &Bytes) -> Bytes {
+    let mut a = args.to_vec();
+    a[1] = part.clone();
+    wire(&a)
+}
+
+/// Runs `op` on every part: one job per node, all at once.
+async fn each(backend: &Backend, e: &Salted, args: &[Bytes]) -> Result<Vec<Value>, Value> {
+    let cmds: Vec<(usize, Bytes)> = e
+        .parts
+        .iter()
+        .zip(&e.nodes)
+        .map(|(p, &n)| (n, on(args, p)))
+        .collect();
+    let r = call(backend, &cmds).await.map_err(|e| err(&e))?;
+    if let Some(e) = r.iter().find(|v| matches!(v, Value::Error(_))) {
+        return Err(e.clone());
+    }
+    Ok(r)
+}
+
+/// The sum over parts of one counter; None when no part holds it. A single part holding a
+/// non-integer (a value SET before the key was salted) is returned as it is.
+fn sum(vals: &[Value]) -> Result<Option<(Value, Vec<i64>)>, Value> {
+    let mut total: i64 = 0;
+    let mut per = Vec::with_capacity(vals.len());
+    let mut present: Vec<&Value> = Vec::new();
+    let mut odd = None;
+    for v in vals {
+        match v {
+            Value::Nil => per.push(0),
+            v => {
+                present.push(v);
+                match as_i64(v) {
+                    Some(n) => {
+                        per.push(n);
+                        total = total
+                            .checked_add(n)
+                            .ok_or_else(|| err("salted counter overflows a 64-bit integer"))?;
+                    }
+                    None => {
+                        per.push(0);
+                        odd = Some(v.clone());
+                    }
+                }
+            }
+        }
+    }
+    match (present.len(), odd) {
+        (0, _) => Ok(None),
+        (1, Some(v)) => Ok(Some((v, per))),
+        (_, Some(_)) => Err(err("a salted key holds a value that is not an integer")),
+        _ => Ok(Some((Value::Bulk(Bytes::from(total.to_string())), per))),
+    }
+}
+
+/// The array element `i` of a reply (HMGET), or Nil.
+fn nth(v: &Value, i: usize) -> Value {
+    match v {
+        Value::Array(a) => a.get(i).cloned().unwrap_or(Value::Nil),
+        _ => Value::Nil,
+    }
+}
+
+/// Field/value pairs of an HGETALL reply in either protocol.
+fn pairs(v: &Value) -> Vec<(Bytes, Value)> {
+    match v {
+        Value::Array(a) => a
+            .chunks(2)
+            .filter_map(|c| match (&c[0], c.get(1)) {
+                (Value::Bulk(f), Some(v)) => Some((f.clone(), v.clone())),
+                _ => None,
+            })
+            .collect(),
+        Value::Map(m) => m
+            .iter()
+            .filter_map(|(f, v)| match f {
+                Value::Bulk(f) => Some((f.clone(), v.clone())),
+                _ => None,
+            })
+            .collect(),
+        _ => vec![],
+    }
+}
+
+/// Combining for shard writes (salt+combine): the combiner and its window.
+pub type CombineWith = Option<(Arc<Combiner>, Duration)>;
+
+/// Runs a mergeable `op` on salted key `e`; returns the reply in the client's protocol.
+pub async fn run(
+    backend: &Backend,
+    e: &Salted,
+    op: Op,
+    args: &[Bytes],
+    proto: Proto,
+    combine: CombineWith,
+    metrics: &super::SaltMetrics,
+) -> Bytes {
+    let v = match op {
+        Op::Write { delta, field } => write(backend, e, delta, field, combine, metrics).await,
+        op => {
+            metrics.merged_reads.inc();
+            merged(backend, e, op, args).await
+        }
+    };
+    v.unwrap_or_else(|e| e).to_bytes(proto)
+}
+
+async fn write(
+    backend: &Backend,
+    e: &Salted,
+    delta: i64,
+    field: Option<Bytes>,
+    combine: CombineWith,
+    metrics: &super::SaltMetrics,
+) -> Result<Value, Value> {
+    let now = now_ms();
+    // The session checked that writers use shards; if an epoch passed since, the base
+    // key is still right (reads merge it).
+    let part = e.write_shard(now).map_or(0, |i| i + 1);
+    let (shard, node) = (e.parts[part].clone(), e.nodes[part]);
+    let d = Bytes::from(delta.to_string());
+    let cmd = match &field {
+        None => wire(&[&b"INCRBY"[..], &shard, &d]),
+        Some(f) => wire(&[&b"HINCRBY"[..], &shard, f, &d]),
+    };
+    let reply = match combine {
+        Some((combiner, window)) => {
+            let conns = backend.node(node).conns(Proto::Resp2, 0);
+            let conn = conns[part % conns.len()].clone();
+            let bk = BatchKey {
+                node,
+                db: 0,
+                key: shard.clone(),
+                field: field.clone(),
+            };
+            let pending = combiner.add(bk, conn, delta, cmd, window);
+            let raw = pending
+                .reply
+                .await
+                .map_err(|_| err("combined shard write lost"))?;
+            match crate::resp::parse_value(&raw) {
+                Ok(Some((v, _))) => v,
+                _ => return Err(err("unreadable shard reply")),
+            }
+        }
+        None => call(backend, &[(node, cmd)])
+            .await
+            .map_err(|e| err(&e))?
+            .remove(0),
+    };
+    let Value::Integer(v) = reply else {
+        return Err(reply);
+    };
+    metrics.shard_writes.inc();
+    if v == delta && part > 0 {
+        inherit_expiry(backend, e, part).await;
+    }
+    Ok(Value::Integer(e.estimate(field.as_ref(), part, v)))
+}
+
+/// A shard just created takes the expiry the key's other parts have, so the key expires
+/// as one.
+async fn inherit_expiry(backend: &Backend, e: &Salted, part: usize) {
+    let cmds: Vec<(usize, Bytes)> = e
+        .parts
+        .iter()
+        .zip(&e.nodes)
+        .enumerate()
+        .filter(|(i, _)| *i != part)
+        .map(|(_, (p, &n))| (n, wire(&[&b"PTTL"[..], p])))
+        .collect();
+    let Ok(ttls) = call(backend, &cmds).await else {
+        return;
+    };
+    if let Some(ms) = ttls.iter().filter_map(as_i64).filter(|&t| t > 0).max() {
+        let cmd = wire(&[
+            &b"PEXPIRE"[..],
+            &e.parts[part],
+            ms.to_string().as_bytes(),
+        ]);
+        let _ = call(backend, &[(e.nodes[part], cmd)]).await;
+    }
+}
+
+async fn merged(backend: &Backend, e: &Salted, op: Op, args: &[Bytes]) -> Result<Value, Value> {
+    let r = each(backend, e, args).await?;
+    Ok(match op {
+        Op::Get | Op::HGet(_) => {
+            let field = match &op {
+                Op::HGet(f) => Some(f),
+                _ => None,
+            };
+            match sum(&r)? {
+                None => Value::Nil,
+                Some((v, per)) => {
+                    e.remember(field, &per);
+                    v
+                }
+            }
+        }
+        Op::HMGet(fields) => {
+            let mut out = Vec::with_capacity(fields.len());
+            for (i, f) in fields.iter().enumerate() {
+                let col: Vec<Value> = r.iter().map(|v| nth(v, i)).collect();
+                out.push(match sum(&col)? {
+                    None => Value::Nil,
+                    Some((v, per)) => {
+                        e.remember(Some(f), &per);
+                        v
+                    }
+                });
+            }
+            Value::Array(out)
+        }
+        Op::HGetAll => {
+            let mut order: Vec<Bytes> = Vec::new();
+            let mut cols: std::collections::HashMap<Bytes, Vec<Value>> = Default::default();
+            for (i, v) in r.iter().enumerate() {
+                for (f, x) in pairs(v) {
+                    let col = cols.entry(f.clone()).or_insert_with(|| {
+                        order.push(f);
+                        vec![Value::Nil; r.len()]
+                    });
+                    col[i] = x;
+                }
+            }
+            let mut out = Vec::with_capacity(order.len());
+            for f in order {
+                if let Some((v, _)) = sum(&cols[&f])? {
+                    out.push((Value::Bulk(f), v));
+                }
+            }
+            Value::Map(out)
+        }
+        Op::Del | Op::Exists | Op::Expire => {
+            Value::Integer(r.iter().any(|v| as_i64(v).unwrap_or(0) > 0) as i64)
+        }
+        Op::FirstExisting => r
+            .iter()
+            .find(|v| !matches!(v, Value::Integer(-2)) && !is_none_type(v))
+            .cloned()
+            .unwrap_or_else(|| r[0].clone()),
+        Op::Write { .. } | Op::Other => err("internal: not a merged command"),
+    })
+}
+
+fn is_none_type(v: &Value) -> bool {
+    matches!(v, Value::Simple(t) if &t[..] == b"none")
+}
+
+/// MGET, DEL, UNLINK, EXISTS, TOUCH over several keys of which some are salted: each key
+/// answered as on its own, then put together as the command would.
+pub async fn multi(
+    backend: &Backend,
+    table: &SaltTable,
+    args: &[Bytes],
+    name: &str,
+    proto: Proto,
+    metrics: &super::SaltMetrics,
+) -> Bytes {
+    let mut out = Vec::with_capacity(args.len() - 1);
+    for key in &args[1..] {
+        let one = [Bytes::copy_from_slice(if name == "MGET" { b"GET" } else { name.as_bytes() }), key.clone()];
+        let v = match table.get(key) {
+            Some(e) => {
+                metrics.merged_reads.inc();
+                let op = classify(if name == "MGET" { "GET" } else { name }, &one);
+                merged(backend, e, op, &one).await
+            }
+            None => call(backend, &[(backend.node_for(key), wire(&one))])
+                .await
+                .map(|mut r| r.remove(0))
+                .map_err(|e| err(&e)),
+        };
+        match v {
+            Ok(v) => out.push(v),
+            Err(e) => return e.to_bytes(proto),
+        }
+    }
+    if name == "MGET" {
+        // A salted key holding a hash reads as nil under MGET, as Redis does for non-strings.
+        let vals = out
+            .into_iter()
+            .map(|v| if matches!(v, Value::Error(_)) { Value::Nil } else { v })
+            .collect();
+        return Value::Array(vals).to_bytes(proto);
+    }
+    let n: i64 = out.iter().filter_map(as_i64).sum();
+    Value::Integer(n).to_bytes(proto)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn b(s: &str) -> Bytes {
+        Bytes::copy_from_slice(s.as_bytes())
+    }
+
+    fn args(line: &str) -> Vec<Bytes> {
+        line.split(' ').map(b).collect()
+    }
+
+    #[test]
+    fn counter_commands_become_shard_writes_others_fold() {
+        let c = |l: &str| {
+            let a = args(l);
+            classify(std::str::from_utf8(&a[0]).unwrap(), &a)
+        };
+        assert_eq!(c("INCR k"), Op::Write { delta: 1, field: None });
+        assert_eq!(c("DECRBY k 5"), Op::Write { delta: -5, field: None });
+        assert_eq!(c("HINCRBY k f 3"), Op::Write { delta: 3, field: Some(b("f")) });
+        assert_eq!(c("INCRBY k x"), Op::Other);
+        assert_eq!(c("DECRBY k -9223372036854775808"), Op::Other);
+        assert_eq!(c("INCRBYFLOAT k 1.5"), Op::Other);
+        assert_eq!(c("SET k 1"), Op::Other);
+        assert_eq!(c("GET k"), Op::Get);
+        assert_eq!(c("HMGET k a b"), Op::HMGet(vec![b("a"), b("b")]));
+        assert_eq!(c("EXPIRE k 10 NX"), Op::Expire);
+        assert_eq!(c("TYPE k"), Op::FirstExisting);
+    }
+
+    #[test]
+    fn sums_are_exact_absent_parts_count_as_nothing() {
+        let v = |s: &str| Value::Bulk(b(s));
+        assert_eq!(sum(&[Value::Nil, Value::Nil]).unwrap(), None);
+        let (total, per) = sum(&[v("10"), Value::Nil, v("-3"), v("5")]).unwrap().unwrap();
+        assert_eq!(total, v("12"));
+        assert_eq!(per, vec![10, 0, -3, 5]);
+        // A string SET before salting, with no shard written, reads back as it was.
+        assert_eq!(sum(&[v("hello"), Value::Nil]).unwrap().unwrap().0, v("hello"));
+        assert!(sum(&[v("hello"), v("1")]).is_err());
+        assert!(sum(&[v(&i64::MAX.to_string()), v("1")]).is_err());
+    }
+}

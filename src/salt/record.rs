@@ -1,0 +1,185 @@
+//! The registry record of one salted key, as every proxy reads it from the backend, and
+//! the epoch arithmetic that says which shards writers use at a given instant.
+//!
+//! A record is JSON in one field of the registry hash (field = the key). It only ever
+//! changes by compare-and-set of the whole value, so two proxies never interleave edits.
+
+use serde::{Deserialize, Serialize};
+
+/// What the key holds: a string counter (INCR family) or a hash of counters (HINCRBY).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Kind {
+    String,
+    Hash,
+}
+
+/// From `from_ms` on, writers spread over the first `n` salts.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Step {
+    pub from_ms: u64,
+    pub n: u32,
+}
+
+/// One shard's move into the base key, journaled before it starts. `delta` holds
+/// `(hex(field), value)`; a string shard has one entry with an empty field.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Move {
+    pub id: u64,
+    pub shard: u32,
+    pub delta: Vec<(String, i64)>,
+}
+
+/// The fold journal: who folds, until when its claim holds, and the move in flight.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Fold {
+    pub owner: String,
+    pub lease_until_ms: u64,
+    #[serde(default)]
+    pub moving: Option<Move>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Record {
+    pub kind: Kind,
+    /// Shard `i` is named after `salts[i]`. Readers merge every salt listed.
+    pub salts: Vec<u32>,
+    /// Increasing `from_ms`; N only grows while the key is salted.
+    pub steps: Vec<Step>,
+    /// The last time any proxy saw the key write-hot (or an SRE promoted it).
+    pub hot_ms: u64,
+    /// Promoted by an SRE: not demoted for cooling, only by `POST /hotkeys/demote`.
+    #[serde(default)]
+    pub pinned: bool,
+    /// From this instant writers use the base key again; the fold follows.
+    #[serde(default)]
+    pub demote_ms: Option<u64>,
+    #[serde(default)]
+    pub fold: Option<Fold>,
+    /// The proxy that promoted the key, for the log and /hotkeys.
+    pub by: String,
+}
+
+/// The first epoch boundary at least one whole epoch after `now_ms`: every proxy resyncs
+/// the registry several times per epoch, so all of them know of a change before it applies.
+pub fn boundary_after(now_ms: u64, epoch_ms: u64) -> u64 {
+    let e = epoch_ms.max(1);
+    (now_ms / e + 2) * e
+}
+
+impl Record {
+    pub fn new(kind: Kind, salts: Vec<u32>, from_ms: u64, now_ms: u64, by: &str) -> Record {
+        let n = salts.len() as u32;
+        Record {
+            kind,
+            salts,
+            steps: vec![Step { from_ms, n }],
+            hot_ms: now_ms,
+            pinned: false,
+            demote_ms: None,
+            fold: None,
+            by: by.to_string(),
+        }
+    }
+
+    /// How many salts writers use at `now_ms`; None means write the base key (promotion
+    /// not yet in force, or demoted).
+    pub fn writers(&self, now_ms: u64) -> Option<u32> {
+        if self.demote_ms.is_some_and(|d| now_ms >= d) {
+            return None;
+        }
+        self.steps
+            .iter()
+            .rev()
+            .find(|s| s.from_ms <= now_ms)
+            .map(|s| s.n.min(self.salts.len() as u32))
+            .filter(|&n| n > 0)
+    }
+
+    /// The shard count writers will use last (for growth decisions).
+    pub fn target_n(&self) -> u32 {
+        self.steps.last().map_or(0, |s| s.n)
+    }
+
+    /// Writers have been off the shards for `grace_ms`: the fold may start.
+    pub fn foldable(&self, now_ms: u64, grace_ms: u64) -> bool {
+        self.demote_ms
+            .is_some_and(|d| now_ms >= d.saturating_add(grace_ms))
+    }
+
+    pub fn encode(&self) -> String {
+        serde_json::to_string(self).unwrap_or_default()
+    }
+
+    pub fn decode(b: &[u8]) -> Option<Record> {
+        serde_json::from_slice(b).ok()
+    }
+}
+
+pub fn hex(b: &[u8]) -> String {
+    b.iter().map(|x| format!("{x:02x}")).collect()
+}
+
+pub fn unhex(s: &str) -> Option<Vec<u8>> {
+    if s.len() % 2 != 0 {
+        return None;
+    }
+    (0..s.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(s.get(i..i + 2)?, 16).ok())
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_boundary_is_at_least_one_whole_epoch_ahead() {
+        assert_eq!(boundary_after(0, 5000), 10_000);
+        assert_eq!(boundary_after(4999, 5000), 10_000);
+        assert_eq!(boundary_after(5000, 5000), 15_000);
+        for now in [1u64, 777, 12_345, 99_999] {
+            let b = boundary_after(now, 1000);
+            assert!(b >= now + 1000 && b % 1000 == 0, "{now} -> {b}");
+        }
+    }
+
+    #[test]
+    fn writers_use_the_base_before_the_promotion_and_after_demotion() {
+        let mut r = Record::new(Kind::String, vec![1, 2, 3, 4], 10_000, 0, "p");
+        assert_eq!(r.writers(9_999), None);
+        assert_eq!(r.writers(10_000), Some(4));
+        r.salts.extend([5, 6]);
+        r.steps.push(Step {
+            from_ms: 20_000,
+            n: 6,
+        });
+        assert_eq!(r.writers(19_999), Some(4));
+        assert_eq!(r.writers(20_000), Some(6));
+        r.demote_ms = Some(30_000);
+        assert_eq!(r.writers(29_999), Some(6));
+        assert_eq!(r.writers(30_000), None);
+        assert!(!r.foldable(34_999, 5000));
+        assert!(r.foldable(35_000, 5000));
+    }
+
+    #[test]
+    fn records_round_trip_and_garbage_is_refused() {
+        let mut r = Record::new(Kind::Hash, vec![7, 9], 5, 1, "proxy-a");
+        r.fold = Some(Fold {
+            owner: "b".into(),
+            lease_until_ms: 3,
+            moving: Some(Move {
+                id: 42,
+                shard: 1,
+                delta: vec![(hex(b"f\x00"), -5)],
+            }),
+        });
+        assert_eq!(Record::decode(r.encode().as_bytes()), Some(r));
+        assert_eq!(Record::decode(b"{not json"), None);
+        assert_eq!(unhex(&hex(b"\x00\xffab")), Some(b"\x00\xffab".to_vec()));
+        assert_eq!(unhex("abc"), None);
+        assert_eq!(unhex("zz"), None);
+    }
+}

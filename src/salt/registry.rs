@@ -1,0 +1,446 @@
+//! The registry in the backend and the coordinator that keeps this proxy in step with it.
+//!
+//! The registry is one hash (`saltshaker:registry`, on whichever node the pool places it):
+//! field = salted key, value = its JSON `Record`. Every change is a compare-and-set of the
+//! whole value (a Lua script on that node), then a `PUBLISH` on `saltshaker:registry:changed`
+//! so the other proxies resync at once; they also resync several times per epoch, and on
+//! start, in case they missed it. Live proxies note themselves in `saltshaker:proxies`, so
+//! `auto` can size the fleet's rate on a key from one proxy's view of it.
+//!
+//! Each tick the coordinator: reads the registry and swaps the table the data path reads;
+//! promotes this proxy's write-hot keys whose rule salts; notes in each salted key's record
+//! that it is still hot here (at most twice per epoch) and grows N at the next boundary if
+//! `shards: auto` asks for more; demotes keys no proxy has seen hot for a whole epoch; and
+//! folds demoted keys whose grace period has passed.
+
+use std::collections::HashMap;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use tokio::sync::watch;
+
+use super::names::{choose_salts, Place, CHANNEL, PREFIX, REGISTRY_KEY};
+use super::record::{boundary_after, Kind, Record, Step};
+use super::{as_i64, call, fold, now_ms, Salt, SaltTable, Salted};
+use crate::backend::{wire, Backend, Dedicated};
+use crate::hotkey::{HotSnapshot, HotState};
+use crate::resp::{Proto, Value};
+use crate::rules::{RulesHandle, Shards, Strategy, WritePolicy};
+
+const PROXIES_KEY: &str = "saltshaker:proxies";
+
+/// Compare-and-set of one record: ARGV = field, expected ('' = absent), new ('' = delete).
+const CAS: &str = r#"
+local cur = redis.call('HGET', KEYS[1], ARGV[1])
+if (cur == false and ARGV[2] == '') or cur == ARGV[2] then
+  if ARGV[3] == '' then redis.call('HDEL', KEYS[1], ARGV[1]) else redis.call('HSET', KEYS[1], ARGV[1], ARGV[3]) end
+  return 1
+end
+return 0
+"#;
+
+fn node(backend: &Backend) -> usize {
+    backend.node_for(REGISTRY_KEY.as_bytes())
+}
+
+/// The key's record and its raw value, if the key is salted.
+pub async fn get(backend: &Backend, key: &[u8]) -> Result<Option<(Bytes, Record)>, String> {
+    let cmd = wire(&[b"HGET", REGISTRY_KEY.as_bytes(), key]);
+    let r = call(backend, &[(node(backend), cmd)]).await?;
+    match &r[0] {
+        Value::Bulk(b) => Record::decode(b)
+            .map(|rec| Some((b.clone(), rec)))
+            .ok_or_else(|| "unreadable registry record".into()),
+        Value::Nil => Ok(None),
+        v => Err(format!("registry read failed: {v:?}")),
+    }
+}
+
+/// Replaces `old` (None = absent) with `new` (None = delete); false if the value was not `old`.
+pub async fn cas(
+    backend: &Backend,
+    key: &[u8],
+    old: Option<&[u8]>,
+    new: Option<&[u8]>,
+) -> Result<bool, String> {
+    let cmd = wire(&[
+        b"EVAL",
+        CAS.as_bytes(),
+        b"1",
+        REGISTRY_KEY.as_bytes(),
+        key,
+        old.unwrap_or(b""),
+        new.unwrap_or(b""),
+    ]);
+    let r = call(backend, &[(node(backend), cmd)]).await?;
+    match &r[0] {
+        Value::Integer(n) => Ok(*n == 1),
+        v => Err(format!("registry update failed: {v:?}")),
+    }
+}
+
+/// Tells the other proxies to resync now (best effort: they resync on a timer anyway).
+pub async fn announce(backend: &Backend, key: &[u8]) {
+    let _ = call(
+        backend,
+        &[(node(backend), wire(&[b"PUBLISH", CHANNEL.as_bytes(), key]))],
+    )
+    .await;
+}
+
+/// Every record in the registry.
+async fn load_all(backend: &Backend) -> Result<Vec<(Bytes, Record)>, String> {
+    let cmd = wire(&[b"HGETALL", REGISTRY_KEY.as_bytes()]);
+    let r = call(backend, &[(node(backend), cmd)]).await?;
+    let Value::Array(items) = &r[0] else {
+        return Err(format!("registry read failed: {:?}", r[0]));
+    };
+    let mut out = Vec::new();
+    for pair in items.chunks(2) {
+        if let (Value::Bulk(k), Some(Value::Bulk(v))) = (&pair[0], pair.get(1)) {
+            match Record::decode(v) {
+                Some(rec) => out.push((k.clone(), rec)),
+                None => tracing::warn!(key = %String::from_utf8_lossy(k), "skipping an unreadable registry record"),
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// Notes this proxy as alive and returns how many proxies were alive in the last 3 epochs.
+async fn heartbeat(backend: &Backend, salt: &Salt, now: u64, epoch: u64) -> Result<usize, String> {
+    let n = node(backend);
+    let r = call(
+        backend,
+        &[
+            (
+                n,
+                wire(&[
+                    b"HSET",
+                    PROXIES_KEY.as_bytes(),
+                    salt.id.as_bytes(),
+                    now.to_string().as_bytes(),
+                ]),
+            ),
+            (n, wire(&[b"HGETALL", PROXIES_KEY.as_bytes()])),
+        ],
+    )
+    .await?;
+    let Value::Array(items) = &r[1] else {
+        return Ok(1);
+    };
+    let mut live = 0;
+    for pair in items.chunks(2) {
+        let seen = pair.get(1).and_then(as_i64).unwrap_or(0) as u64;
+        if now.saturating_sub(seen) < 3 * epoch {
+            live += 1;
+        } else if now.saturating_sub(seen) > 100 * epoch {
+            // A proxy long gone: forget it so the hash stays small.
+            let _ = call(backend, &[(n, wire(&[&b"HDEL"[..], PROXIES_KEY.as_bytes(), pair[0].bulk()]))]).await;
+        }
+    }
+    Ok(live.max(1))
+}
+
+trait BulkOf {
+    fn bulk(&self) -> &[u8];
+}
+impl BulkOf for Value {
+    fn bulk(&self) -> &[u8] {
+        match self {
+            Value::Bulk(b) => b,
+            _ => b"",
+        }
+    }
+}
+
+/// How many shards a key writing `rate` per second on each of `proxies` proxies should have
+/// under `p`, or None when its rule does not salt it at that rate.
+pub fn wanted_shards(p: &WritePolicy, rate: f64, proxies: usize) -> Option<u32> {
+    let per_batch_max = 1e6 / (p.combine.window_us.max(1) as f64);
+    let fleet = rate * proxies as f64;
+    let combined = rate.min(per_batch_max) * proxies as f64;
+    let sized_on = match p.strategy {
+        Strategy::Off | Strategy::Combine => return None,
+        Strategy::Salt => fleet,
+        Strategy::SaltCombine => combined,
+        // combine first; salt only when what combining leaves is more than a shard carries.
+        Strategy::Auto if combined > p.salt.per_shard_per_sec => combined,
+        Strategy::Auto => return None,
+    };
+    let max = p.salt.max_shards.max(1);
+    Some(match p.salt.shards {
+        Shards::Fixed(n) => n.clamp(1, max),
+        Shards::Auto => {
+            ((sized_on / p.salt.per_shard_per_sec.max(1.0)).ceil() as u32).clamp(2, max)
+        }
+    })
+}
+
+/// Records a promotion of `key` to `n` shards from the next safe boundary. Returns the
+/// record (the existing one if the key was already salted).
+pub async fn promote(
+    backend: &Backend,
+    salt: &Salt,
+    key: &[u8],
+    n: u32,
+    pinned: bool,
+) -> Result<Record, String> {
+    if key.starts_with(PREFIX) {
+        return Err("keys starting with saltshaker: belong to saltshaker".into());
+    }
+    if !salt.enabled {
+        return Err("salting needs a pool that places keys by hash (not random)".into());
+    }
+    let kind = match key_type(backend, key).await?.as_str() {
+        "string" | "none" => Kind::String,
+        "hash" => Kind::Hash,
+        t => return Err(format!("a {t} cannot be salted (counters and hashes of counters only)")),
+    };
+    let now = now_ms();
+    let epoch = salt.epoch_ms.load(Ordering::Relaxed);
+    let salts = choose_salts(backend, key, &[], n.max(1) as usize);
+    let mut rec = Record::new(kind, salts, boundary_after(now, epoch), now, &salt.id);
+    rec.pinned = pinned;
+    let new = rec.encode();
+    if cas(backend, key, None, Some(new.as_bytes())).await? {
+        salt.metrics.promotions.inc();
+        tracing::info!(key = %String::from_utf8_lossy(key), shards = n, from_ms = rec.steps[0].from_ms, pinned, "salting a write-hot key from the next epoch");
+        announce(backend, key).await;
+        salt.kick.notify_one();
+        return Ok(rec);
+    }
+    match get(backend, key).await? {
+        Some((raw, mut cur)) if pinned && !cur.pinned => {
+            cur.pinned = true;
+            cur.demote_ms = None;
+            cas(backend, key, Some(&raw), Some(cur.encode().as_bytes())).await?;
+            Ok(cur)
+        }
+        Some((_, cur)) => Ok(cur),
+        None => Err("the registry changed during the promotion; try again".into()),
+    }
+}
+
+/// Ends salting of `key` at the next safe boundary (the fold follows after a grace epoch).
+pub async fn demote(backend: &Backend, salt: &Salt, key: &[u8]) -> Result<Option<Record>, String> {
+    for _ in 0..5 {
+        let Some((raw, mut rec)) = get(backend, key).await? else {
+            return Ok(None);
+        };
+        if rec.demote_ms.is_some() {
+            return Ok(Some(rec));
+        }
+        rec.pinned = false;
+        rec.demote_ms = Some(boundary_after(now_ms(), salt.epoch_ms.load(Ordering::Relaxed)));
+        if cas(backend, key, Some(&raw), Some(rec.encode().as_bytes())).await? {
+            salt.metrics.demotions.inc();
+            tracing::info!(key = %String::from_utf8_lossy(key), demote_ms = rec.demote_ms, "demoting a salted key: writers return to the base key at the next epoch");
+            announce(backend, key).await;
+            salt.kick.notify_one();
+            return Ok(Some(rec));
+        }
+    }
+    Err("the registry keeps changing; try again".into())
+}
+
+async fn key_type(backend: &Backend, key: &[u8]) -> Result<String, String> {
+    let r = call(backend, &[(backend.node_for(key), wire(&[b"TYPE", key]))]).await?;
+    match &r[0] {
+        Value::Simple(t) => Ok(String::from_utf8_lossy(t).into_owned()),
+        v => Err(format!("TYPE failed: {v:?}")),
+    }
+}
+
+/// Keeps this proxy's salt table in step with the registry until shutdown.
+pub async fn run(
+    backend: &Backend,
+    salt: &Salt,
+    mut snaps: watch::Receiver<Arc<HotSnapshot>>,
+    rules: &RulesHandle,
+    mut shutdown: watch::Receiver<bool>,
+) {
+    if !salt.enabled {
+        tracing::warn!("salting is off: the pool places keys at random");
+        return;
+    }
+    let listener = tokio::spawn(listen(
+        backend.node(node(backend)).handshake(Proto::Resp2, 0),
+        Arc::clone(&salt.kick),
+    ));
+    let mut warned = false;
+    loop {
+        let epoch = rules.snapshot().epoch_ms();
+        salt.epoch_ms.store(epoch, Ordering::Relaxed);
+        let snap = snaps.borrow_and_update().clone();
+        match tick(backend, salt, &snap, rules, epoch).await {
+            Ok(()) => {
+                if warned {
+                    tracing::info!("salt registry reachable again");
+                }
+                warned = false;
+                salt.registry_ok.store(true, Ordering::Relaxed);
+                salt.metrics.registry_up.set(1);
+            }
+            Err(e) => {
+                salt.metrics.registry_errors.inc();
+                salt.metrics.registry_up.set(0);
+                salt.registry_ok.store(false, Ordering::Relaxed);
+                if !warned {
+                    tracing::warn!(error = %e, "salt registry unreachable: no new promotions; salted keys are written to their base key once the last registry read is an epoch old");
+                }
+                warned = true;
+            }
+        }
+        let period = Duration::from_millis((epoch / 5).clamp(50, 1000));
+        tokio::select! {
+            _ = tokio::time::sleep(period) => {}
+            _ = salt.kick.notified() => {}
+            _ = shutdown.wait_for(|v| *v) => break,
+        }
+    }
+    listener.abort();
+}
+
+/// Subscribes to the announcement channel and wakes the coordinator on every message.
+async fn listen(hs: crate::backend::Handshake, kick: Arc<tokio::sync::Notify>) {
+    loop {
+        if let Ok(mut d) = Dedicated::open(&hs).await {
+            let sub = [wire(&[b"SUBSCRIBE", CHANNEL.as_bytes()])];
+            if d.call(&sub, 1).await.is_ok() {
+                while d.call(&[], 1).await.is_ok() {
+                    kick.notify_one();
+                }
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+}
+
+async fn tick(
+    backend: &Backend,
+    salt: &Salt,
+    snap: &HotSnapshot,
+    rules: &RulesHandle,
+    epoch: u64,
+) -> Result<(), String> {
+    let now = now_ms();
+    let proxies = heartbeat(backend, salt, now, epoch).await?;
+    let records = load_all(backend).await?;
+    install(backend, salt, &records, now);
+
+    let rules = rules.load();
+    let mut hot: HashMap<&[u8], f64> = HashMap::new();
+    for k in &snap.keys {
+        if matches!(k.write_state, Some(HotState::Hot) | Some(HotState::Cooling)) {
+            hot.insert(&k.key, k.writes_per_sec);
+        }
+    }
+    let salted: HashMap<&[u8], &(Bytes, Record)> =
+        records.iter().map(|r| (&r.0[..], r)).collect();
+
+    // Promotions: this proxy's hot keys (and pinned exact keys) whose rule salts them.
+    let mut want: Vec<(Vec<u8>, u32, bool)> = Vec::new();
+    for k in &snap.keys {
+        if k.write_state != Some(HotState::Hot) || salted.contains_key(&k.key[..]) {
+            continue;
+        }
+        let r = rules.resolve(&k.key);
+        if let Some(n) = wanted_shards(&r.write, k.writes_per_sec, proxies) {
+            want.push((k.key.clone(), n, false));
+        }
+    }
+    for rule in rules.rules() {
+        let pat = rule.pattern.as_str();
+        let literal = !pat.contains(['*', '?', '[', '\\']);
+        if rule.pin && literal && !salted.contains_key(pat.as_bytes()) {
+            if let Some(n) = wanted_shards(&rule.write, rule.write.salt.per_shard_per_sec * 2.0, 1)
+            {
+                want.push((pat.as_bytes().to_vec(), n, true));
+            }
+        }
+    }
+    for (key, n, pinned) in want {
+        if let Err(e) = promote(backend, salt, &key, n, pinned).await {
+            tracing::debug!(key = %String::from_utf8_lossy(&key), error = %e, "not salted");
+        }
+    }
+
+    for (key, rec) in &records {
+        let r = rules.resolve(key);
+        if let Some(&rate) = hot.get(&key[..]) {
+            // Still hot here: say so (at most twice an epoch), and grow N if it should.
+            let grow = wanted_shards(&r.write, rate, proxies).filter(|&n| n > rec.target_n());
+            if rec.demote_ms.is_none() && (now.saturating_sub(rec.hot_ms) > epoch / 2 || grow.is_some()) {
+                let _ = refresh(backend, key, now, epoch, grow).await;
+            }
+            continue;
+        }
+        if rec.demote_ms.is_none()
+            && !rec.pinned
+            && now.saturating_sub(rec.hot_ms) > epoch
+            && rec.steps.first().is_some_and(|s| now > s.from_ms)
+        {
+            demote(backend, salt, key).await?;
+            continue;
+        }
+        let lease_free = rec.fold.as_ref().map_or(true, |f| f.lease_until_ms <= now);
+        if rec.foldable(now, epoch) && lease_free {
+            match fold::fold_key(backend, salt, key).await {
+                Ok(true) => tracing::info!(key = %String::from_utf8_lossy(key), "salted key folded back into its base key"),
+                Ok(false) => {}
+                Err(e) => tracing::warn!(key = %String::from_utf8_lossy(key), error = %e, "fold interrupted; it resumes on the next tick"),
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Notes that the key is still hot and, with `grow`, adds shards from the next boundary.
+async fn refresh(
+    backend: &Backend,
+    key: &[u8],
+    now: u64,
+    epoch: u64,
+    grow: Option<u32>,
+) -> Result<(), String> {
+    let Some((raw, mut rec)) = get(backend, key).await? else {
+        return Ok(());
+    };
+    if rec.demote_ms.is_some() {
+        return Ok(());
+    }
+    rec.hot_ms = now;
+    if let Some(n) = grow {
+        let salts = choose_salts(backend, key, &rec.salts, n as usize);
+        rec.salts = salts;
+        rec.steps.push(Step {
+            from_ms: boundary_after(now, epoch),
+            n,
+        });
+        tracing::info!(key = %String::from_utf8_lossy(key), shards = n, "growing a salted key's shard count from the next epoch");
+    }
+    if cas(backend, key, Some(&raw), Some(rec.encode().as_bytes())).await? && grow.is_some() {
+        announce(backend, key).await;
+    }
+    Ok(())
+}
+
+/// Swaps in the table built from `records`, reusing entries whose record did not change
+/// (they keep their write rotation and last-known values).
+fn install(backend: &Backend, salt: &Salt, records: &[(Bytes, Record)], now: u64) {
+    let old = salt.table.load();
+    let mut keys = HashMap::with_capacity(records.len());
+    for (k, rec) in records {
+        let e = match old.get(k) {
+            Some(e) if e.rec == *rec => Arc::clone(e),
+            _ => Arc::new(Salted::new(k.clone(), rec.clone(), backend as &dyn Place)),
+        };
+        keys.insert(k.clone(), e);
+    }
+    salt.metrics.salted_keys.set(keys.len() as i64);
+    salt.table.store(Arc::new(SaltTable { keys }));
+    salt.synced(now);
+}
