@@ -300,6 +300,12 @@ impl Proxy {
         Proxy::launch(nodes, None, extra_args)
     }
 
+    /// Start with extra environment variables (e.g. a fail point).
+    pub fn start_env(nodes: &[&Redis], extra_args: &[&str], env: &[(&str, &str)]) -> Proxy {
+        let list = nodes.iter().map(|r| r.addr()).collect();
+        Proxy::launch_env(list, None, extra_args, env)
+    }
+
     /// Start with a config file made of the listen/admin/nodes settings plus `extra_yaml`
     /// (top-level YAML such as `limits: { max_bulk_bytes: 1048576 }`); the same settings are
     /// also passed as flags, which the contract says override the file.
@@ -318,6 +324,15 @@ impl Proxy {
     }
 
     fn launch_spec(node_list: Vec<String>, yaml: Option<&str>, extra_args: &[&str]) -> Proxy {
+        Proxy::launch_env(node_list, yaml, extra_args, &[])
+    }
+
+    fn launch_env(
+        node_list: Vec<String>,
+        yaml: Option<&str>,
+        extra_args: &[&str],
+        env: &[(&str, &str)],
+    ) -> Proxy {
         let node_arg = node_list.join(",");
         let mut last_err = String::new();
         for _ in 0..4 {
@@ -339,6 +354,7 @@ impl Proxy {
             }
             cmd.args(["--listen", &listen, "--admin", &admin, "--nodes", &node_arg])
                 .args(extra_args)
+                .envs(env.iter().copied())
                 .stdin(Stdio::null())
                 .stdout(std::fs::File::create(dir.join("stdout")).expect("stdout file"))
                 .stderr(std::fs::File::create(dir.join("stderr")).expect("stderr file"));
@@ -436,6 +452,10 @@ impl Proxy {
     pub fn admin_get(&self, path: &str) -> (u16, String) {
         http_get(&self.admin_addr(), path)
     }
+
+    pub fn admin_post(&self, path: &str) -> (u16, String) {
+        http_request(&self.admin_addr(), "POST", path)
+    }
 }
 
 impl Drop for Proxy {
@@ -446,9 +466,16 @@ impl Drop for Proxy {
 }
 
 pub fn http_get(addr: &str, path: &str) -> (u16, String) {
+    http_request(addr, "GET", path)
+}
+
+/// One HTTP/1.1 request without a body: (status, body).
+pub fn http_request(addr: &str, method: &str, path: &str) -> (u16, String) {
     let mut s = TcpStream::connect(addr).unwrap_or_else(|e| panic!("connect admin {addr}: {e}"));
-    s.set_read_timeout(Some(Duration::from_secs(5))).ok();
-    let req = format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n");
+    s.set_read_timeout(Some(Duration::from_secs(10))).ok();
+    let req = format!(
+        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+    );
     s.write_all(req.as_bytes()).expect("write http request");
     let mut raw = Vec::new();
     let _ = s.read_to_end(&mut raw);

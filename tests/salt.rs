@@ -1,0 +1,323 @@
+//! Salted counters against a real 4-node pool with two proxy processes: writes spread over
+//! shards on different nodes, reads through either proxy merge exactly, and after demotion
+//! the fold leaves the base key holding every acknowledged increment, even when the proxy
+//! folding is killed between two journaled steps, and across a node restart.
+
+mod support;
+
+use std::collections::BTreeSet;
+use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
+use std::sync::Arc;
+use std::thread;
+use std::time::{Duration, Instant};
+
+use support::*;
+
+/// Fast epochs so a test sees promotion, demotion and fold in seconds.
+const RULES: &str = r#"version: 1
+detection: { window_ms: 200 }
+epoch_ms: 1000
+rules:
+  - match: "ctr:*"
+    write:
+      hot_at_per_sec: 300
+      cool_below_per_sec: 100
+      strategy: salt
+      salt: { shards: 4 }
+  - match: "hctr:*"
+    write: { strategy: salt, salt: { shards: 3 } }
+"#;
+
+fn rules_file(dir: &TempDir) -> String {
+    let path = dir.0.join("rules.yaml");
+    std::fs::write(&path, RULES).unwrap();
+    path_str(&path)
+}
+
+fn proxy(nodes: &[Redis], rules: &str, env: &[(&str, &str)]) -> Proxy {
+    let refs: Vec<&Redis> = nodes.iter().collect();
+    Proxy::start_env(&refs, &["--rules", rules], env)
+}
+
+fn wait_for(what: &str, timeout: Duration, mut f: impl FnMut() -> bool) {
+    let end = Instant::now() + timeout;
+    while Instant::now() < end {
+        if f() {
+            return;
+        }
+        thread::sleep(Duration::from_millis(50));
+    }
+    panic!("timed out waiting for {what}");
+}
+
+/// The salted entry of `key` in the proxy's /hotkeys, if any.
+fn salted(p: &Proxy, key: &str) -> Option<serde_json::Value> {
+    let (code, body) = p.admin_get("/hotkeys");
+    assert_eq!(code, 200, "{body}");
+    let v: serde_json::Value = serde_json::from_str(&body).unwrap();
+    v["salted"]
+        .as_array()?
+        .iter()
+        .find(|e| e["key"] == key)
+        .cloned()
+}
+
+fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as u64
+}
+
+/// Waits until both proxies know of the promotion and it is in force.
+fn wait_in_force(proxies: &[&Proxy], key: &str) {
+    wait_for("the promotion to reach every proxy and take effect", Duration::from_secs(15), || {
+        proxies.iter().all(|p| {
+            salted(p, key).is_some_and(|e| e["from_ms"].as_u64().is_some_and(|f| now_ms() > f + 50))
+        })
+    });
+}
+
+fn shard_keys(nodes: &[Redis]) -> Vec<(usize, String)> {
+    let mut out = Vec::new();
+    for (i, n) in nodes.iter().enumerate() {
+        for k in n.keys() {
+            if k.starts_with("saltshaker:s:") {
+                out.push((i, k));
+            }
+        }
+    }
+    out
+}
+
+/// `threads` clients per proxy INCR `key` until `stop`; returns the acknowledged count.
+fn hammer(proxies: &[&Proxy], key: &str, threads: usize, stop: Arc<AtomicBool>) -> Vec<thread::JoinHandle<i64>> {
+    let mut hs = Vec::new();
+    for p in proxies {
+        for _ in 0..threads {
+            let (addr, key, stop) = (p.addr(), key.to_string(), stop.clone());
+            hs.push(thread::spawn(move || {
+                let mut c = Client::connect(&addr);
+                let mut acked = 0i64;
+                while !stop.load(Ordering::Relaxed) {
+                    let cmds: Vec<Vec<&str>> = (0..10).map(|_| vec!["INCR", key.as_str()]).collect();
+                    match c.try_pipeline(&cmds) {
+                        Ok(rs) => acked += rs.iter().filter(|r| !r.is_error()).count() as i64,
+                        Err(_) => c = Client::connect(&addr),
+                    }
+                }
+                acked
+            }));
+        }
+    }
+    hs
+}
+
+fn get_int(p: &Proxy, key: &str) -> i64 {
+    let r = p.client().cmd(&["GET", key]);
+    assert!(!r.is_error(), "GET {key}: {r}");
+    r.as_str().parse().unwrap_or_else(|_| panic!("GET {key}: {r}"))
+}
+
+#[test]
+fn promoted_key_spreads_over_four_nodes_and_reads_through_either_proxy_are_exact() {
+    if !have_redis() {
+        return;
+    }
+    let nodes = pool(4);
+    let dir = TempDir::new("salt-promote");
+    let rules = rules_file(&dir);
+    let (a, b) = (proxy(&nodes, &rules, &[]), proxy(&nodes, &rules, &[]));
+    let key = "ctr:final";
+    assert_eq!(a.client().cmd(&["INCRBY", key, "100"]).as_int(), 100);
+    let (code, body) = a.admin_post("/hotkeys/promote?key=ctr%3Afinal&shards=4");
+    assert_eq!(code, 200, "{body}");
+    wait_in_force(&[&a, &b], key);
+
+    let stop = Arc::new(AtomicBool::new(false));
+    let hs = hammer(&[&a, &b], key, 3, stop.clone());
+    thread::sleep(Duration::from_millis(1500));
+    stop.store(true, Ordering::Relaxed);
+    let acked: i64 = hs.into_iter().map(|h| h.join().unwrap()).sum();
+    assert!(acked > 100, "too few writes to say anything: {acked}");
+
+    // The writes sit on four shards, one per node.
+    let shards = shard_keys(&nodes);
+    let on: BTreeSet<usize> = shards.iter().map(|(n, _)| *n).collect();
+    assert_eq!(on.len(), 4, "shards on every node: {shards:?}");
+    // Exact through either proxy, and the same key commands mean what they mean on one key.
+    assert_eq!(get_int(&a, key), 100 + acked);
+    assert_eq!(get_int(&b, key), 100 + acked);
+    let mut c = b.client();
+    assert_eq!(c.cmd(&["EXISTS", key]).as_int(), 1);
+    assert_eq!(c.cmd(&["TYPE", key]).as_str(), "string");
+    assert_eq!(c.cmd(&["TTL", key]).as_int(), -1);
+    assert_eq!(c.cmd(&["EXPIRE", key, "600"]).as_int(), 1);
+    let ttl = c.cmd(&["TTL", key]).as_int();
+    assert!((590..=600).contains(&ttl), "{ttl}");
+    for (n, k) in &shards {
+        let t = nodes[*n].client().cmd(&["TTL", k]).as_int();
+        assert!(t > 0, "shard {k} has no expiry: {t}");
+    }
+    assert_eq!(c.cmd(&["PERSIST", key]).as_int(), 1);
+    let m = c.cmd(&["MGET", key, "other"]);
+    assert_eq!(m.as_array()[0].as_str(), (100 + acked).to_string());
+    assert!(m.as_array()[1].is_nil());
+    // INCR answers with an estimate; it is never below what this client last read.
+    let est = c.cmd(&["INCR", key]).as_int();
+    assert!(est >= 100 + acked + 1 - 4 * 1000, "estimate far off: {est}");
+    assert_eq!(get_int(&a, key), 101 + acked);
+
+    // A command that cannot be merged folds the key first and then runs on the whole.
+    assert_eq!(c.cmd(&["INCRBYFLOAT", key, "0.5"]).as_str(), format!("{}.5", 101 + acked));
+    assert_eq!(c.cmd(&["SET", key, "7"]), Reply::ok());
+    assert_eq!(get_int(&a, key), 7);
+    assert_eq!(c.cmd(&["DEL", key]).as_int(), 1);
+    assert!(a.client().cmd(&["GET", key]).is_nil());
+    assert_eq!(c.cmd(&["EXISTS", key]).as_int(), 0);
+}
+
+#[test]
+fn demotion_folds_every_shard_into_the_base_key_and_nothing_is_lost() {
+    if !have_redis() {
+        return;
+    }
+    let nodes = pool(4);
+    let dir = TempDir::new("salt-fold");
+    let rules = rules_file(&dir);
+    let (a, b) = (proxy(&nodes, &rules, &[]), proxy(&nodes, &rules, &[]));
+    let key = "ctr:votes";
+    // Hot by detection alone: no admin request.
+    let stop = Arc::new(AtomicBool::new(false));
+    let hs = hammer(&[&a, &b], key, 2, stop.clone());
+    wait_in_force(&[&a, &b], key);
+    wait_for("writes on the shards", Duration::from_secs(5), || shard_keys(&nodes).len() >= 3);
+    stop.store(true, Ordering::Relaxed);
+    let acked: i64 = hs.into_iter().map(|h| h.join().unwrap()).sum();
+    assert_eq!(get_int(&a, key), acked);
+
+    // Cooled: demoted at an epoch boundary, then folded after a grace epoch.
+    wait_for("the fold to finish", Duration::from_secs(20), || {
+        salted(&a, key).is_none() && salted(&b, key).is_none()
+    });
+    assert!(shard_keys(&nodes).is_empty(), "{:?}", shard_keys(&nodes));
+    let base = owner(&nodes, key);
+    let direct: i64 = nodes[base].client().cmd(&["GET", key]).as_str().parse().unwrap();
+    assert_eq!(direct, acked, "base key after the fold");
+    assert_eq!(get_int(&b, key), acked);
+    assert!(a.stderr().contains("folded back"), "{}", a.stderr() + &b.stderr());
+}
+
+#[test]
+fn a_proxy_killed_between_fold_steps_leaves_a_fold_the_next_proxy_completes() {
+    if !have_redis() {
+        return;
+    }
+    let nodes = pool(4);
+    let dir = TempDir::new("salt-crash");
+    let rules = rules_file(&dir);
+    for (i, point) in ["fold-after-journal", "fold-after-add", "fold-after-sub"]
+        .iter()
+        .enumerate()
+    {
+        let key = format!("ctr:crash{i}");
+        let mut dying = proxy(&nodes, &rules, &[("SALTSHAKER_FAILPOINT", point)]);
+        let mut other = proxy(&nodes, &rules, &[]);
+        let enc = key.replace(':', "%3A");
+        let (code, body) = dying.admin_post(&format!("/hotkeys/promote?key={enc}&shards=4"));
+        assert_eq!(code, 200, "{body}");
+        wait_in_force(&[&dying, &other], &key);
+        let stop = Arc::new(AtomicBool::new(false));
+        let hs = hammer(&[&dying, &other], &key, 2, stop.clone());
+        thread::sleep(Duration::from_millis(800));
+        stop.store(true, Ordering::Relaxed);
+        let acked: i64 = hs.into_iter().map(|h| h.join().unwrap()).sum();
+        assert_eq!(get_int(&other, &key), acked);
+        // Only the proxy with the fail point may fold.
+        other.kill();
+        let (code, body) = dying.admin_post(&format!("/hotkeys/demote?key={enc}"));
+        assert_eq!(code, 200, "{body}");
+        let st = dying.wait_exit(Duration::from_secs(20));
+        assert!(st.is_some(), "the proxy did not reach fail point {point}");
+        assert!(dying.stderr().contains(point), "{}", dying.stderr());
+        // A fresh proxy finds the journal, completes the move once, and ends the fold.
+        let next = proxy(&nodes, &rules, &[]);
+        wait_for("the next proxy to complete the fold", Duration::from_secs(20), || {
+            salted(&next, &key).is_none()
+        });
+        assert_eq!(get_int(&next, &key), acked, "after a crash at {point}");
+        assert!(shard_keys(&nodes).iter().all(|(_, k)| !k.ends_with(&key)));
+        assert!(next.stderr().contains("completing a fold move"), "{point}: {}", next.stderr());
+    }
+}
+
+#[test]
+fn hash_counters_merge_field_by_field() {
+    if !have_redis() {
+        return;
+    }
+    let nodes = pool(4);
+    let dir = TempDir::new("salt-hash");
+    let rules = rules_file(&dir);
+    let a = proxy(&nodes, &rules, &[]);
+    let mut c = a.client();
+    c.cmd(&["HINCRBY", "hctr:poll", "yes", "10"]);
+    let (code, body) = a.admin_post("/hotkeys/promote?key=hctr%3Apoll&shards=3");
+    assert_eq!(code, 200, "{body}");
+    assert!(body.contains("\"kind\":\"hash\""), "{body}");
+    wait_in_force(&[&a], "hctr:poll");
+    for i in 0..30 {
+        c.cmd(&["HINCRBY", "hctr:poll", if i % 3 == 0 { "no" } else { "yes" }, "1"]);
+    }
+    assert_eq!(c.cmd(&["HGET", "hctr:poll", "yes"]).as_str(), "30");
+    assert_eq!(c.cmd(&["HGET", "hctr:poll", "no"]).as_str(), "10");
+    let all = c.cmd(&["HGETALL", "hctr:poll"]).pairs();
+    assert_eq!(all.len(), 2, "{all:?}");
+    let m = c.cmd(&["HMGET", "hctr:poll", "no", "maybe", "yes"]);
+    assert_eq!(m.strings(), vec!["10".to_string(), String::new(), "30".to_string()]);
+    assert!(shard_keys(&nodes).len() >= 2);
+    // HLEN cannot be merged: the key is folded, then HLEN runs on the whole hash.
+    assert_eq!(c.cmd(&["HLEN", "hctr:poll"]).as_int(), 2);
+    assert!(shard_keys(&nodes).is_empty());
+    assert_eq!(c.cmd(&["HGET", "hctr:poll", "yes"]).as_str(), "30");
+}
+
+#[test]
+fn a_node_down_gives_an_error_never_a_partial_sum_and_a_restart_with_aof_loses_nothing() {
+    if !have_redis() {
+        return;
+    }
+    let mut nodes: Vec<Redis> = (0..4)
+        .map(|_| Redis::start_with(&["--appendonly", "yes", "--appendfsync", "always"]))
+        .collect();
+    let dir = TempDir::new("salt-restart");
+    let rules = rules_file(&dir);
+    let (a, b) = (proxy(&nodes, &rules, &[]), proxy(&nodes, &rules, &[]));
+    let key = "ctr:restart";
+    assert_eq!(a.admin_post("/hotkeys/promote?key=ctr%3Arestart&shards=4").0, 200);
+    wait_in_force(&[&a, &b], key);
+    let total = Arc::new(AtomicI64::new(0));
+    let stop = Arc::new(AtomicBool::new(false));
+    let hs = hammer(&[&a, &b], key, 2, stop.clone());
+    thread::sleep(Duration::from_millis(500));
+    // Take down a node holding a shard (not the registry's node, which the test also needs).
+    let shards = shard_keys(&nodes);
+    let registry = owner(&nodes, "saltshaker:registry");
+    let victim = shards.iter().map(|(n, _)| *n).find(|&n| n != registry).unwrap();
+    nodes[victim].stop();
+    let r = a.client().cmd(&["GET", key]);
+    assert!(r.is_error(), "a read with a shard's node down must fail, got {r}");
+    assert!(r.err().contains("saltshaker"), "{r}");
+    thread::sleep(Duration::from_millis(300));
+    nodes[victim].restart();
+    thread::sleep(Duration::from_millis(1500));
+    stop.store(true, Ordering::Relaxed);
+    total.fetch_add(hs.into_iter().map(|h| h.join().unwrap()).sum(), Ordering::Relaxed);
+    let acked = total.load(Ordering::Relaxed);
+    wait_for("reads to work again", Duration::from_secs(5), || !a.client().cmd(&["GET", key]).is_error());
+    assert_eq!(get_int(&a, key), acked);
+    assert_eq!(get_int(&b, key), acked);
+    assert_eq!(b.admin_post("/hotkeys/demote?key=ctr%3Arestart").0, 200);
+    wait_for("the fold", Duration::from_secs(20), || salted(&a, key).is_none());
+    assert_eq!(get_int(&b, key), acked);
+}
