@@ -287,6 +287,63 @@ fn promtool_checks_and_unit_tests_the_alert_rules() {
     }
 }
 
+/// The anchor GitHub gives a Markdown heading: lower case, spaces to dashes, and
+/// punctuation other than `-` and `_` dropped.
+fn heading_anchor(heading: &str) -> String {
+    heading
+        .trim()
+        .to_lowercase()
+        .chars()
+        .filter_map(|c| match c {
+            ' ' => Some('-'),
+            c if c.is_alphanumeric() || c == '-' || c == '_' => Some(c),
+            _ => None,
+        })
+        .collect()
+}
+
+#[test]
+fn runbook_annotations_point_at_sections_of_the_operations_doc() {
+    let alerts: Yaml = serde_yaml_ng::from_str(&read("rules/alerts.yaml")).expect("alerts.yaml");
+    let doc = read("docs/operations.md");
+    let anchors: BTreeSet<String> = doc
+        .lines()
+        .filter_map(|l| l.strip_prefix('#'))
+        .map(|l| heading_anchor(l.trim_start_matches('#')))
+        .collect();
+    let rules = alerts["groups"]
+        .as_sequence()
+        .into_iter()
+        .flatten()
+        .flat_map(|g| g["rules"].as_sequence().cloned().unwrap_or_default());
+    let mut with_runbook = 0;
+    for r in rules {
+        let name = r["alert"].as_str().unwrap_or("?").to_string();
+        let expr = r["expr"].as_str().unwrap_or("");
+        let runbook = r["annotations"]["runbook"].as_str();
+        // The cache and combine alerts carry one; any alert that has one must resolve.
+        if expr.contains("saltshaker_cache_") || expr.contains("saltshaker_combine") {
+            assert!(runbook.is_some(), "{name} has no runbook annotation");
+        }
+        let Some(runbook) = runbook else { continue };
+        let (file, anchor) = runbook
+            .split_once('#')
+            .unwrap_or_else(|| panic!("{name}: runbook {runbook:?} names no section"));
+        assert_eq!(file, "docs/operations.md", "{name}: runbook {runbook:?}");
+        assert!(
+            anchors.contains(anchor),
+            "{name}: runbook {runbook:?}: no such heading in docs/operations.md"
+        );
+        assert_eq!(
+            anchor,
+            name.to_lowercase(),
+            "{name}: the runbook section is named after the alert"
+        );
+        with_runbook += 1;
+    }
+    assert!(with_runbook >= 4, "{with_runbook} alerts have a runbook");
+}
+
 fn panels(d: &Json) -> Vec<&Json> {
     let mut out = Vec::new();
     for p in d["panels"].as_array().into_iter().flatten() {
@@ -347,7 +404,12 @@ fn dashboards_are_current_grafana_json_on_a_datasource_variable() {
             for t in targets {
                 assert_eq!(t["datasource"]["uid"], "${datasource}", "{name}: {title}");
                 let expr = t["expr"].as_str().unwrap_or("");
-                assert!(expr.contains("saltshaker_"), "{name}: {title}: {expr}");
+                // Every query names a saltshaker series (which
+                // every_metric_in_alerts_and_dashboards_is_exported checks against /metrics).
+                assert!(
+                    !metric_names(expr).is_empty(),
+                    "{name}: {title}: no saltshaker_ metric in {expr}"
+                );
                 assert!(
                     expr.contains("instance=~\"$instance\""),
                     "{name}: {title}: {expr}"
@@ -498,6 +560,22 @@ mod tests {
             "saltshaker_request_duration_seconds_bucket",
         ];
         assert_eq!(n.into_iter().collect::<Vec<_>>(), want);
+    }
+
+    #[test]
+    fn heading_anchors_follow_github() {
+        assert_eq!(
+            heading_anchor(" SaltshakerCacheFlushing"),
+            "saltshakercacheflushing"
+        );
+        assert_eq!(
+            heading_anchor("Cache and combine counters"),
+            "cache-and-combine-counters"
+        );
+        assert_eq!(
+            heading_anchor("`max_clients`: a metric?"),
+            "max_clients-a-metric"
+        );
     }
 
     #[test]

@@ -1,5 +1,7 @@
 //! The shipped alert rules under a real Prometheus: it scrapes a live proxy during a viral
-//! workload and reports the hot-key alert firing for that key through its HTTP API.
+//! workload and reports the hot-key alert firing for that key through its HTTP API; during
+//! increments on a combined key that holds text it reports the combine-fallback alert firing,
+//! while the cache alerts stay quiet for a healthy cache and every dashboard query evaluates.
 //!
 //! Only the `for:` durations of the shipped rules are shortened (a plain text substitution
 //! checked line by line), so every expression Prometheus evaluates here is the shipped one.
@@ -9,7 +11,7 @@ mod support;
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -20,6 +22,13 @@ use support::*;
 const VIRAL: &str = "likes:viral";
 const HOT_ALERT: &str = "SaltshakerKeyHotTooLong";
 const JOB: &str = "saltshaker";
+const FALLBACK_ALERT: &str = "SaltshakerCombineFallbacks";
+const HIT_RATIO_ALERT: &str = "SaltshakerCacheHitRatioLow";
+
+/// One Prometheus and one load at a time: two would slow each other's scrapes on a small
+/// machine.
+static SERIAL: Mutex<()> = Mutex::new(());
+
 /// What every `for:` becomes: one evaluation interval, so the alert still passes through
 /// `pending` on its way to `firing`.
 const SHORT_FOR: &str = "1s";
@@ -199,6 +208,29 @@ fn wait_for(what: &str, timeout: Duration, mut f: impl FnMut() -> bool) {
     }
 }
 
+/// Waits until Prometheus has scraped `proxy` successfully.
+fn wait_target_up(prom: &Prometheus, proxy: &Proxy) {
+    wait_for(
+        "the saltshaker target is up",
+        Duration::from_secs(15),
+        || {
+            let t = prom.api("/api/v1/targets?state=active");
+            t["activeTargets"].as_array().is_some_and(|ts| {
+                ts.iter().any(|t| {
+                    t["labels"]["job"] == JOB
+                        && t["labels"]["instance"] == proxy.admin_addr().as_str()
+                        && t["health"] == "up"
+                })
+            })
+        },
+    );
+}
+
+/// The active alert named `name`, if any.
+fn active<'a>(alerts: &'a [Value], name: &str) -> Option<&'a Value> {
+    alerts.iter().find(|a| a["labels"]["alertname"] == name)
+}
+
 /// Load in one-second runs until `stop` is set or `max` has passed.
 fn load_until(stop: Arc<AtomicBool>, max: Duration, args: BenchArgs) -> JoinHandle<(u64, u64)> {
     std::thread::spawn(move || {
@@ -241,6 +273,7 @@ fn prometheus_fires_the_shipped_hot_key_alert_for_a_viral_key() {
         );
         return;
     }
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let started = Instant::now();
     let shipped_path = Path::new(env!("CARGO_MANIFEST_DIR")).join("rules/alerts.yaml");
     let shipped = std::fs::read_to_string(&shipped_path).expect("read the shipped alert rules");
@@ -261,20 +294,7 @@ fn prometheus_fires_the_shipped_hot_key_alert_for_a_viral_key() {
         .unwrap_or_else(|| panic!("no {HOT_ALERT} among {loaded:?}"));
     assert_eq!(hot_rule["duration"], 1, "{hot_rule}");
 
-    wait_for(
-        "the saltshaker target is up",
-        Duration::from_secs(15),
-        || {
-            let t = prom.api("/api/v1/targets?state=active");
-            t["activeTargets"].as_array().is_some_and(|ts| {
-                ts.iter().any(|t| {
-                    t["labels"]["job"] == JOB
-                        && t["labels"]["instance"] == proxy.admin_addr().as_str()
-                        && t["health"] == "up"
-                })
-            })
-        },
-    );
+    wait_target_up(&prom, &proxy);
 
     // Uniform traffic under the hot threshold, for a few scrapes and evaluations: no hot-key
     // alert in any state (a rule that fired on every key would fail here).
@@ -385,6 +405,238 @@ fn prometheus_fires_the_shipped_hot_key_alert_for_a_viral_key() {
             r["health"], "err",
             "rule {} errs: {}",
             r["name"], r["lastError"]
+        );
+    }
+    eprintln!("total {:?}", started.elapsed());
+}
+
+/// Rules for the combine and cache test: increments on `fallback:*` are combined from the
+/// first one, reads of `cached:*` are cached from the first one.
+const PINNED_RULES: &str = r#"version: 1
+rules:
+  - match: "fallback:*"
+    pin: true
+    write: { strategy: combine, combine: { window_us: 2000 } }
+  - match: "cached:*"
+    pin: true
+    write: { strategy: off }
+"#;
+
+/// Every target expression of the shipped dashboard, with its title, and Grafana's variables
+/// replaced by what selects everything.
+fn dashboard_queries() -> Vec<(String, String)> {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("dashboards/saltshaker.json");
+    let d: Value =
+        serde_json::from_str(&std::fs::read_to_string(path).expect("read the dashboard"))
+            .expect("dashboard JSON");
+    let mut out = Vec::new();
+    for p in d["panels"].as_array().into_iter().flatten() {
+        for t in p["targets"].as_array().into_iter().flatten() {
+            let expr = t["expr"].as_str().unwrap_or_default();
+            let expr = expr
+                .replace("$__rate_interval", "1m")
+                .replace("$job", ".*")
+                .replace("$instance", ".*");
+            out.push((p["title"].as_str().unwrap_or("?").to_string(), expr));
+        }
+    }
+    out
+}
+
+/// The instant vector `expr` evaluates to now: (labels, value) pairs.
+fn query(prom: &Prometheus, expr: &str) -> Vec<(Value, f64)> {
+    let mut enc = String::new();
+    for b in expr.bytes() {
+        match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => {
+                enc.push(b as char)
+            }
+            _ => enc.push_str(&format!("%{b:02X}")),
+        }
+    }
+    let data = prom.api(&format!("/api/v1/query?query={enc}"));
+    assert_eq!(data["resultType"], "vector", "{expr}: {data}");
+    data["result"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|r| {
+            let v = r["value"][1].as_str().and_then(|v| v.parse().ok());
+            (r["metric"].clone(), v.unwrap_or(f64::NAN))
+        })
+        .collect()
+}
+
+#[test]
+fn prometheus_fires_the_combine_fallback_alert_and_keeps_a_healthy_cache_quiet() {
+    if !have_redis() {
+        return;
+    }
+    if !have_tool("prometheus") {
+        eprintln!(
+            "\n!!!!!! prometheus is not installed: SKIPPING the Prometheus alert test !!!!!!\n"
+        );
+        return;
+    }
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let started = Instant::now();
+    let shipped =
+        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("rules/alerts.yaml"))
+            .expect("read the shipped alert rules");
+    let (rules, _) = shortened_rules(&shipped);
+
+    let node = Redis::start();
+    let dir = TempDir::new("prom-combine");
+    let rules_path = dir.0.join("rules.yaml");
+    std::fs::write(&rules_path, PINNED_RULES).expect("write rules");
+    let proxy = Proxy::start(&[&node], &["--rules", &path_str(&rules_path)]);
+    // A counter someone overwrote with text: every combined INCRBY on it fails.
+    assert!(!node
+        .client()
+        .cmd(&["SET", "fallback:text", "not a number"])
+        .is_error());
+    assert!(!node.client().cmd(&["SET", "cached:page", "v1"]).is_error());
+    let prom = Prometheus::start(&rules, &proxy.admin_addr());
+    wait_target_up(&prom, &proxy);
+
+    // Eight clients INCR the text key one command at a time, so their increments meet in
+    // batches; two clients read the cached key in pipelines.
+    let stop = Arc::new(AtomicBool::new(false));
+    let mut writers = Vec::new();
+    for _ in 0..8 {
+        let (addr, stop) = (proxy.addr(), stop.clone());
+        writers.push(std::thread::spawn(move || {
+            let mut c = Client::connect(&addr);
+            let mut n = 0u64;
+            while !stop.load(Ordering::Relaxed) {
+                let r = c.cmd(&["INCR", "fallback:text"]);
+                assert!(r.err().contains("not an integer"), "{r:?}");
+                n += 1;
+            }
+            n
+        }));
+    }
+    let mut readers = Vec::new();
+    for _ in 0..2 {
+        let (addr, stop) = (proxy.addr(), stop.clone());
+        readers.push(std::thread::spawn(move || {
+            let mut c = Client::connect(&addr);
+            let gets = vec![["GET", "cached:page"]; 64];
+            let mut n = 0u64;
+            while !stop.load(Ordering::Relaxed) {
+                for r in c.pipeline(&gets) {
+                    assert_eq!(r.as_str(), "v1");
+                    n += 1;
+                }
+                std::thread::sleep(Duration::from_millis(2));
+            }
+            n
+        }));
+    }
+
+    let load_start = Instant::now();
+    let mut states: Vec<String> = Vec::new();
+    let mut fired = None;
+    while load_start.elapsed() < Duration::from_secs(30) {
+        let alerts = prom.alerts();
+        let a = active(&alerts, FALLBACK_ALERT);
+        if let Some(s) = a.and_then(|a| a["state"].as_str()) {
+            if states.last().map(String::as_str) != Some(s) {
+                states.push(s.to_string());
+            }
+        }
+        // The cache serves the reads: its hit-ratio alert must not even be pending.
+        assert!(
+            active(&alerts, HIT_RATIO_ALERT).is_none(),
+            "{HIT_RATIO_ALERT} on a healthy cache: {:?}",
+            names(&alerts)
+        );
+        if a.is_some_and(|a| a["state"] == "firing") {
+            fired = a.cloned();
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let to_firing = load_start.elapsed();
+    let (_, metrics) = proxy.admin_get("/metrics");
+    let fired = fired.unwrap_or_else(|| {
+        panic!(
+                "{FALLBACK_ALERT} not firing after {to_firing:?}; states seen {states:?}; \
+             active {:?}; proxy counters:\n{}",
+                names(&prom.alerts()),
+                metrics
+                    .lines()
+                    .filter(|l| l.starts_with("saltshaker_combine")
+                        || l.starts_with("saltshaker_cache"))
+                    .collect::<Vec<_>>()
+                    .join("\n")
+            )
+    });
+    assert_eq!(fired["labels"]["job"], JOB, "{fired}");
+    assert_eq!(
+        fired["labels"]["instance"],
+        proxy.admin_addr().as_str(),
+        "{fired}"
+    );
+    assert_eq!(fired["labels"]["severity"], "warning", "{fired}");
+    assert_eq!(
+        fired["annotations"]["runbook"], "docs/operations.md#saltshakercombinefallbacks",
+        "{fired}"
+    );
+    let value: f64 = fired["value"]
+        .as_str()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0.0);
+    assert!(value > 1.0, "alert value {value}: {fired}");
+    eprintln!(
+        "{FALLBACK_ALERT} firing {to_firing:?} after the load began (states {states:?}, \
+         value {value:.1} batches/s)"
+    );
+
+    // Every dashboard query evaluates on the real series; the cache and combine panels show
+    // what the load did.
+    let mut shown = Vec::new();
+    for (title, expr) in dashboard_queries() {
+        let result = query(&prom, &expr);
+        if title == "Cache hit ratio" {
+            let ratio = result.first().map(|r| r.1).unwrap_or(f64::NAN);
+            assert!(ratio > 0.9, "{title} {ratio}: {expr}");
+            shown.push(format!("{title} {ratio:.3}"));
+        }
+        if title == "Combine reduction factor" {
+            // Every batch of two or more fell back: one failed INCRBY plus one write per
+            // increment, so fewer increments than backend writes.
+            let factor = result.first().map(|r| r.1).unwrap_or(f64::NAN);
+            assert!(factor < 1.0, "{title} {factor}: {expr}");
+            shown.push(format!("{title} {factor:.3}"));
+        }
+        if title == "Combine fallbacks" {
+            let rate = result.first().map(|r| r.1).unwrap_or(0.0);
+            assert!(rate > 1.0, "{title} {rate}: {expr}");
+            shown.push(format!("{title} {rate:.0}/s"));
+        }
+    }
+    assert_eq!(shown.len(), 3, "panels not found: {shown:?}");
+    // The quiet hit-ratio alert meant something: its traffic floor (100 cached reads/s over
+    // 5m) was met, so only the ratio kept it from firing.
+    let cached_reads = query(&prom, "sum(rate(saltshaker_cache_hits_total[5m]))");
+    let cached_reads = cached_reads.first().map(|r| r.1).unwrap_or(0.0);
+    assert!(cached_reads > 100.0, "{cached_reads} cached reads/s");
+    shown.push(format!("{cached_reads:.0} cache hits/s over 5m"));
+    eprintln!("dashboard: {}", shown.join(", "));
+
+    stop.store(true, Ordering::Relaxed);
+    let incrs: u64 = writers.into_iter().map(|h| h.join().expect("writer")).sum();
+    let gets: u64 = readers.into_iter().map(|h| h.join().expect("reader")).sum();
+    eprintln!("{incrs} INCRs, {gets} GETs");
+    assert!(incrs > 0 && gets > 0);
+
+    // Every shipped rule has been evaluated against these series, without error.
+    for r in prom.alerting_rules() {
+        assert_eq!(
+            r["health"], "ok",
+            "rule {} is {}: {}",
+            r["name"], r["health"], r["lastError"]
         );
     }
     eprintln!("total {:?}", started.elapsed());
