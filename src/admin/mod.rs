@@ -191,7 +191,10 @@ fn hotkeys_json(state: &AdminState, snap: &HotSnapshot) -> String {
             })
         })
         .collect();
-    let salted = state.salt.as_ref().map(|c| salt::listing(state, &c.table()));
+    let salted = state
+        .salt
+        .as_ref()
+        .map(|c| salt::listing(state, &c.table()));
     let mut s = serde_json::json!({ "window_ms": snap.window_ms, "keys": keys, "salted": salted })
         .to_string();
     s.push('\n');

@@ -25,7 +25,10 @@ pub async fn action(
         )
     };
     if !matches!(action, "promote" | "demote") {
-        return fail(StatusCode::NOT_FOUND, "try POST /hotkeys/promote or /hotkeys/demote");
+        return fail(
+            StatusCode::NOT_FOUND,
+            "try POST /hotkeys/promote or /hotkeys/demote",
+        );
     }
     if method != Method::POST {
         return fail(StatusCode::METHOD_NOT_ALLOWED, "use POST");
@@ -47,7 +50,10 @@ pub async fn action(
         }
     }
     let Some(key) = key.filter(|k| !k.is_empty()) else {
-        return fail(StatusCode::BAD_REQUEST, "give the key: ?key=NAME (percent-encoded)");
+        return fail(
+            StatusCode::BAD_REQUEST,
+            "give the key: ?key=NAME (percent-encoded)",
+        );
     };
     let shown = state.show(&key);
     let result = if action == "promote" {

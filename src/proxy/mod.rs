@@ -234,7 +234,11 @@ impl crate::salt::Control for Ctx {
         key: Vec<u8>,
         shards: u32,
     ) -> std::pin::Pin<
-        Box<dyn std::future::Future<Output = Result<crate::salt::record::Record, String>> + Send + '_>,
+        Box<
+            dyn std::future::Future<Output = Result<crate::salt::record::Record, String>>
+                + Send
+                + '_,
+        >,
     > {
         Box::pin(async move {
             crate::salt::registry::promote(&self.backend, &self.salt, &key, shards, true).await
@@ -251,7 +255,9 @@ impl crate::salt::Control for Ctx {
                 + '_,
         >,
     > {
-        Box::pin(async move { crate::salt::registry::demote(&self.backend, &self.salt, &key).await })
+        Box::pin(
+            async move { crate::salt::registry::demote(&self.backend, &self.salt, &key).await },
+        )
     }
 
     fn table(&self) -> Arc<crate::salt::SaltTable> {

@@ -24,7 +24,12 @@ pub(super) fn touched(s: &Session, req: &Request, c: &Classified) -> Option<Arc<
         return None;
     }
     let table = s.ctx.salt.table.load();
-    if table.is_empty() || !c.keys.iter().any(|&k| table.get(req.arg(k as usize)).is_some()) {
+    if table.is_empty()
+        || !c
+            .keys
+            .iter()
+            .any(|&k| table.get(req.arg(k as usize)).is_some())
+    {
         return None;
     }
     Some(table.clone())
@@ -52,7 +57,9 @@ pub(super) async fn act(
         if let Some(e) = e {
             match ops::classify(name, &args) {
                 Op::Other => {}
-                Op::Write { .. } if e.write_shard(now_ms()).is_none() || !s.ctx.salt.fresh(now_ms()) => {
+                Op::Write { .. }
+                    if e.write_shard(now_ms()).is_none() || !s.ctx.salt.fresh(now_ms()) =>
+                {
                     // Promotion not in force yet, or demoted: the base key takes writes.
                     return Next::Forward;
                 }
@@ -61,7 +68,16 @@ pub(super) async fn act(
                     let ctx = s.ctx.clone();
                     let proto = s.proto;
                     later(s, rb, async move {
-                        ops::run(&ctx.backend, &e, op, &args, proto, combine, &ctx.salt.metrics).await
+                        ops::run(
+                            &ctx.backend,
+                            &e,
+                            op,
+                            &args,
+                            proto,
+                            combine,
+                            &ctx.salt.metrics,
+                        )
+                        .await
                     });
                     return Next::Done;
                 }

@@ -191,7 +191,12 @@ async fn apply(backend: &Backend, key: &[u8], rec: &Record, mv: &Move) -> Result
     let kind = if rec.kind == Kind::String { "s" } else { "h" };
     for (target, side) in [(Bytes::copy_from_slice(key), "+"), (shard, "-")] {
         let node = backend.node_of(&target);
-        let marker = marker_name(backend, node, mv.id, if side == "+" { "add" } else { "sub" });
+        let marker = marker_name(
+            backend,
+            node,
+            mv.id,
+            if side == "+" { "add" } else { "sub" },
+        );
         let mut args: Vec<Bytes> = vec![
             Bytes::from_static(b"EVAL"),
             Bytes::from_static(MOVE_ONCE.as_bytes()),

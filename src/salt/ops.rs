@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 
-use super::{as_i64, call, now_ms, Salted, SaltTable};
+use super::{as_i64, call, now_ms, SaltTable, Salted};
 use crate::backend::{wire, Backend};
 use crate::mitigate::combine::{BatchKey, Combiner};
 use crate::resp::{Proto, Value};
@@ -19,7 +19,10 @@ use crate::resp::{Proto, Value};
 #[derive(Clone, Debug, PartialEq)]
 pub enum Op {
     /// INCR/INCRBY/DECR/DECRBY (field None) or HINCRBY.
-    Write { delta: i64, field: Option<Bytes> },
+    Write {
+        delta: i64,
+        field: Option<Bytes>,
+    },
     Get,
     HGet(Bytes),
     HMGet(Vec<Bytes>),
@@ -245,11 +248,7 @@ async fn inherit_expiry(backend: &Backend, e: &Salted, part: usize) {
         return;
     };
     if let Some(ms) = ttls.iter().filter_map(as_i64).filter(|&t| t > 0).max() {
-        let cmd = wire(&[
-            &b"PEXPIRE"[..],
-            &e.parts[part],
-            ms.to_string().as_bytes(),
-        ]);
+        let cmd = wire(&[&b"PEXPIRE"[..], &e.parts[part], ms.to_string().as_bytes()]);
         let _ = call(backend, &[(e.nodes[part], cmd)]).await;
     }
 }
@@ -332,7 +331,14 @@ pub async fn multi(
 ) -> Bytes {
     let mut out = Vec::with_capacity(args.len() - 1);
     for key in &args[1..] {
-        let one = [Bytes::copy_from_slice(if name == "MGET" { b"GET" } else { name.as_bytes() }), key.clone()];
+        let one = [
+            Bytes::copy_from_slice(if name == "MGET" {
+                b"GET"
+            } else {
+                name.as_bytes()
+            }),
+            key.clone(),
+        ];
         let v = match table.get(key) {
             Some(e) => {
                 metrics.merged_reads.inc();
@@ -353,7 +359,13 @@ pub async fn multi(
         // A salted key holding a hash reads as nil under MGET, as Redis does for non-strings.
         let vals = out
             .into_iter()
-            .map(|v| if matches!(v, Value::Error(_)) { Value::Nil } else { v })
+            .map(|v| {
+                if matches!(v, Value::Error(_)) {
+                    Value::Nil
+                } else {
+                    v
+                }
+            })
             .collect();
         return Value::Array(vals).to_bytes(proto);
     }
@@ -379,9 +391,27 @@ mod tests {
             let a = args(l);
             classify(std::str::from_utf8(&a[0]).unwrap(), &a)
         };
-        assert_eq!(c("INCR k"), Op::Write { delta: 1, field: None });
-        assert_eq!(c("DECRBY k 5"), Op::Write { delta: -5, field: None });
-        assert_eq!(c("HINCRBY k f 3"), Op::Write { delta: 3, field: Some(b("f")) });
+        assert_eq!(
+            c("INCR k"),
+            Op::Write {
+                delta: 1,
+                field: None
+            }
+        );
+        assert_eq!(
+            c("DECRBY k 5"),
+            Op::Write {
+                delta: -5,
+                field: None
+            }
+        );
+        assert_eq!(
+            c("HINCRBY k f 3"),
+            Op::Write {
+                delta: 3,
+                field: Some(b("f"))
+            }
+        );
         assert_eq!(c("INCRBY k x"), Op::Other);
         assert_eq!(c("DECRBY k -9223372036854775808"), Op::Other);
         assert_eq!(c("INCRBYFLOAT k 1.5"), Op::Other);
@@ -396,11 +426,16 @@ mod tests {
     fn sums_are_exact_absent_parts_count_as_nothing() {
         let v = |s: &str| Value::Bulk(b(s));
         assert_eq!(sum(&[Value::Nil, Value::Nil]).unwrap(), None);
-        let (total, per) = sum(&[v("10"), Value::Nil, v("-3"), v("5")]).unwrap().unwrap();
+        let (total, per) = sum(&[v("10"), Value::Nil, v("-3"), v("5")])
+            .unwrap()
+            .unwrap();
         assert_eq!(total, v("12"));
         assert_eq!(per, vec![10, 0, -3, 5]);
         // A string SET before salting, with no shard written, reads back as it was.
-        assert_eq!(sum(&[v("hello"), Value::Nil]).unwrap().unwrap().0, v("hello"));
+        assert_eq!(
+            sum(&[v("hello"), Value::Nil]).unwrap().unwrap().0,
+            v("hello")
+        );
         assert!(sum(&[v("hello"), v("1")]).is_err());
         assert!(sum(&[v(&i64::MAX.to_string()), v("1")]).is_err());
     }

@@ -102,7 +102,9 @@ async fn load_all(backend: &Backend) -> Result<Vec<(Bytes, Record)>, String> {
         if let (Value::Bulk(k), Some(Value::Bulk(v))) = (&pair[0], pair.get(1)) {
             match Record::decode(v) {
                 Some(rec) => out.push((k.clone(), rec)),
-                None => tracing::warn!(key = %String::from_utf8_lossy(k), "skipping an unreadable registry record"),
+                None => {
+                    tracing::warn!(key = %String::from_utf8_lossy(k), "skipping an unreadable registry record")
+                }
             }
         }
     }
@@ -138,7 +140,14 @@ async fn heartbeat(backend: &Backend, salt: &Salt, now: u64, epoch: u64) -> Resu
             live += 1;
         } else if now.saturating_sub(seen) > 100 * epoch {
             // A proxy long gone: forget it so the hash stays small.
-            let _ = call(backend, &[(n, wire(&[&b"HDEL"[..], PROXIES_KEY.as_bytes(), pair[0].bulk()]))]).await;
+            let _ = call(
+                backend,
+                &[(
+                    n,
+                    wire(&[&b"HDEL"[..], PROXIES_KEY.as_bytes(), pair[0].bulk()]),
+                )],
+            )
+            .await;
         }
     }
     Ok(live.max(1))
@@ -197,7 +206,11 @@ pub async fn promote(
     let kind = match key_type(backend, key).await?.as_str() {
         "string" | "none" => Kind::String,
         "hash" => Kind::Hash,
-        t => return Err(format!("a {t} cannot be salted (counters and hashes of counters only)")),
+        t => {
+            return Err(format!(
+                "a {t} cannot be salted (counters and hashes of counters only)"
+            ))
+        }
     };
     let now = now_ms();
     let epoch = salt.epoch_ms.load(Ordering::Relaxed);
@@ -234,7 +247,10 @@ pub async fn demote(backend: &Backend, salt: &Salt, key: &[u8]) -> Result<Option
             return Ok(Some(rec));
         }
         rec.pinned = false;
-        rec.demote_ms = Some(boundary_after(now_ms(), salt.epoch_ms.load(Ordering::Relaxed)));
+        rec.demote_ms = Some(boundary_after(
+            now_ms(),
+            salt.epoch_ms.load(Ordering::Relaxed),
+        ));
         if cas(backend, key, Some(&raw), Some(rec.encode().as_bytes())).await? {
             salt.metrics.demotions.inc();
             tracing::info!(key = %String::from_utf8_lossy(key), demote_ms = rec.demote_ms, "demoting a salted key: writers return to the base key at the next epoch");
@@ -338,8 +354,7 @@ async fn tick(
             hot.insert(&k.key, k.writes_per_sec);
         }
     }
-    let salted: HashMap<&[u8], &(Bytes, Record)> =
-        records.iter().map(|r| (&r.0[..], r)).collect();
+    let salted: HashMap<&[u8], &(Bytes, Record)> = records.iter().map(|r| (&r.0[..], r)).collect();
 
     // Promotions: this proxy's hot keys (and pinned exact keys) whose rule salts them.
     let mut want: Vec<(Vec<u8>, u32, bool)> = Vec::new();
@@ -373,7 +388,9 @@ async fn tick(
         if let Some(&rate) = hot.get(&key[..]) {
             // Still hot here: say so (at most twice an epoch), and grow N if it should.
             let grow = wanted_shards(&r.write, rate, proxies).filter(|&n| n > rec.target_n());
-            if rec.demote_ms.is_none() && (now.saturating_sub(rec.hot_ms) > epoch / 2 || grow.is_some()) {
+            if rec.demote_ms.is_none()
+                && (now.saturating_sub(rec.hot_ms) > epoch / 2 || grow.is_some())
+            {
                 let _ = refresh(backend, key, now, epoch, grow).await;
             }
             continue;
@@ -389,9 +406,13 @@ async fn tick(
         let lease_free = rec.fold.as_ref().map_or(true, |f| f.lease_until_ms <= now);
         if rec.foldable(now, epoch) && lease_free {
             match fold::fold_key(backend, salt, key).await {
-                Ok(true) => tracing::info!(key = %String::from_utf8_lossy(key), "salted key folded back into its base key"),
+                Ok(true) => {
+                    tracing::info!(key = %String::from_utf8_lossy(key), "salted key folded back into its base key")
+                }
                 Ok(false) => {}
-                Err(e) => tracing::warn!(key = %String::from_utf8_lossy(key), error = %e, "fold interrupted; it resumes on the next tick"),
+                Err(e) => {
+                    tracing::warn!(key = %String::from_utf8_lossy(key), error = %e, "fold interrupted; it resumes on the next tick")
+                }
             }
         }
     }

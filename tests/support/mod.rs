@@ -735,6 +735,28 @@ impl Client {
             .collect()
     }
 
+    /// Like `pipeline`, but an I/O error ends it: Err carries the replies read before it.
+    pub fn try_pipeline<C: AsRef<[A]>, A: AsRef<[u8]>>(
+        &mut self,
+        cmds: &[C],
+    ) -> Result<Vec<Reply>, Vec<Reply>> {
+        let mut buf = Vec::new();
+        for c in cmds {
+            buf.extend_from_slice(&encode(c.as_ref()));
+        }
+        if self.writer.write_all(&buf).is_err() {
+            return Err(vec![]);
+        }
+        let mut out = Vec::with_capacity(cmds.len());
+        for _ in cmds {
+            match self.try_read_reply() {
+                Ok(r) => out.push(r),
+                Err(_) => return Err(out),
+            }
+        }
+        Ok(out)
+    }
+
     pub fn send_raw(&mut self, bytes: &[u8]) {
         self.writer
             .write_all(bytes)
