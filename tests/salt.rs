@@ -25,7 +25,7 @@ rules:
       strategy: salt
       salt: { shards: 4 }
   - match: "hctr:*"
-    write: { strategy: salt, salt: { shards: 3 } }
+    write: { strategy: salt, salt: { shards: 3, families: [hashes] } }
 "#;
 
 fn rules_file(dir: &TempDir) -> String {
@@ -322,6 +322,20 @@ fn hash_counters_merge_field_by_field() {
     assert_eq!(c.cmd(&["HLEN", "hctr:poll"]).as_int(), 2);
     assert!(shard_keys(&nodes).is_empty());
     assert_eq!(c.cmd(&["HGET", "hctr:poll", "yes"]).as_str(), "30");
+
+    // Keys of a type the rule does not let the proxy salt are refused, with the reason.
+    c.cmd(&["HSET", "ctr:ahash", "f", "1"]);
+    let (code, body) = a.admin_post("/hotkeys/promote?key=ctr%3Aahash");
+    assert_eq!(code, 409, "{body}");
+    assert!(body.contains("families is [counters]"), "{body}");
+    c.cmd(&["LPUSH", "hctr:list", "x"]);
+    let (code, body) = a.admin_post("/hotkeys/promote?key=hctr%3Alist");
+    assert_eq!(code, 409, "{body}");
+    assert!(body.contains("a list cannot be salted"), "{body}");
+    let (code, body) = a.admin_post("/hotkeys/promote?key=saltshaker%3Aregistry");
+    assert_eq!(code, 409, "{body}");
+    assert_eq!(a.admin_post("/hotkeys/promote").0, 400);
+    assert_eq!(a.admin_get("/hotkeys/promote?key=x").0, 405);
 }
 
 #[test]

@@ -241,7 +241,9 @@ impl crate::salt::Control for Ctx {
         >,
     > {
         Box::pin(async move {
-            crate::salt::registry::promote(&self.backend, &self.salt, &key, shards, true).await
+            let families = self.rules.load().resolve(&key).write.salt.families;
+            crate::salt::registry::promote(&self.backend, &self.salt, &key, shards, true, families)
+                .await
         })
     }
 

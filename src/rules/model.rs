@@ -75,6 +75,66 @@ impl<'de> Deserialize<'de> for Shards {
     }
 }
 
+/// What a key holds, as far as salting cares. A rule lists the families it lets the proxy
+/// salt; only those with an exact merge are accepted (see `SALTABLE`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Families(pub u8);
+
+/// Every family name a rule may write, with its bit.
+pub const FAMILY_NAMES: [(&str, u8); 7] = [
+    ("counters", 1),
+    ("hashes", 2),
+    ("sets", 4),
+    ("hyperloglogs", 8),
+    ("sorted_sets", 16),
+    ("lists", 32),
+    ("strings", 64),
+];
+
+/// Families salting can merge exactly today: integer counters (INCR family) and hashes of
+/// integer counters (HINCRBY).
+pub const SALTABLE: u8 = 1 | 2;
+
+impl Families {
+    pub fn contains(self, name: &str) -> bool {
+        FAMILY_NAMES
+            .iter()
+            .any(|(n, bit)| *n == name && self.0 & bit != 0)
+    }
+
+    pub fn names(self) -> Vec<&'static str> {
+        FAMILY_NAMES
+            .iter()
+            .filter(|(_, bit)| self.0 & bit != 0)
+            .map(|(n, _)| *n)
+            .collect()
+    }
+}
+
+impl Serialize for Families {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        self.names().serialize(s)
+    }
+}
+
+impl<'de> Deserialize<'de> for Families {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let names = Vec::<String>::deserialize(d)?;
+        let mut bits = 0;
+        for n in &names {
+            match FAMILY_NAMES.iter().find(|(f, _)| f == n) {
+                Some((_, b)) => bits |= b,
+                None => {
+                    return Err(de::Error::custom(format!(
+                        "unknown family `{n}` (one of counters, hashes, sets, hyperloglogs, sorted_sets, lists, strings)"
+                    )))
+                }
+            }
+        }
+        Ok(Families(bits))
+    }
+}
+
 /// How hot keys are found.
 #[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -160,18 +220,23 @@ impl Default for CombinePolicy {
 pub struct SaltPolicy {
     /// `auto` or a fixed count. Default auto.
     pub shards: Shards,
-    /// Write rate one shard (one node) should carry, for `auto`. Default 1000 per second.
+    /// Write rate one shard (one node) should carry, for `auto`. Default 5000 per second:
+    /// one proxy's combined writes (at most one per `window_us`, 2000/s by default) stay
+    /// combined; salting starts when several proxies together exceed it.
     pub per_shard_per_sec: f64,
     /// Ceiling for `auto` and for a fixed count. Default 64.
     pub max_shards: u32,
+    /// What the key may hold for the proxy to salt it. Default [counters].
+    pub families: Families,
 }
 
 impl Default for SaltPolicy {
     fn default() -> Self {
         SaltPolicy {
             shards: Shards::Auto,
-            per_shard_per_sec: 1000.0,
+            per_shard_per_sec: 5000.0,
             max_shards: 64,
+            families: Families(1),
         }
     }
 }
@@ -240,6 +305,7 @@ pub(crate) struct SaltPatch {
     shards: Option<Shards>,
     per_shard_per_sec: Option<f64>,
     max_shards: Option<u32>,
+    families: Option<Families>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -287,6 +353,7 @@ impl WritePatch {
             set(&mut w.salt.shards, s.shards);
             set(&mut w.salt.per_shard_per_sec, s.per_shard_per_sec);
             set(&mut w.salt.max_shards, s.max_shards);
+            set(&mut w.salt.families, s.families);
         }
         w
     }

@@ -11,7 +11,7 @@ defaults:
   write: { hot_at_per_sec: 2000, cool_below_per_sec: 500,
            strategy: auto,            # off | combine | salt | salt+combine | auto
            combine: { window_us: 500 },
-           salt: { shards: auto, per_shard_per_sec: 1000, max_shards: 64 } }
+           salt: { shards: auto, per_shard_per_sec: 1000, max_shards: 64, families: [counters, hashes] } }
 rules:                                # first match wins; glob patterns
   - match: "likes:*"
     write: { strategy: salt, salt: { shards: 8 } }
@@ -196,6 +196,9 @@ fn semantic_errors_point_at_the_line_to_edit() {
         ("version: 1\nrules:\n  - { match: a }\n  - { match: a }\n", 4, "rules[1].match"),
         ("version: 1\nrules:\n  - match: a\n    write: { combine: { window_us: 0 } }\n", 4, "rules[0].write.combine.window_us"),
         ("version: 1\nrules:\n  - match: a\n    write: { salt: { per_shard_per_sec: .nan } }\n", 4, "rules[0].write.salt.per_shard_per_sec"),
+        // Lists have no exact merge: a rule may not let the proxy salt them.
+        ("version: 1\nrules:\n  - match: q\n  - match: a\n    write:\n      salt: { families: [counters, lists] }\n", 6, "rules[1].write.salt.families"),
+        ("version: 1\ndefaults:\n  write:\n    salt:\n      families: [queues]\n", 5, "defaults.write.salt.families"),
     ];
     for (text, line, field) in cases {
         let e = err(text);

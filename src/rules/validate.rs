@@ -150,6 +150,17 @@ pub fn write(base: &str, w: &WritePolicy) -> Result<(), Problem> {
             format!("{per} must be a positive rate per second"),
         ));
     }
+    let bad = super::model::Families(w.salt.families.0 & !super::model::SALTABLE);
+    if bad.0 != 0 {
+        return Err(problem(
+            &s,
+            &["families"],
+            format!(
+                "{} cannot be salted: only counters and hashes of counters have an exact merge",
+                bad.names().join(", ")
+            ),
+        ));
+    }
     Ok(())
 }
 

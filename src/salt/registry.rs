@@ -27,7 +27,7 @@ use super::{as_i64, call, fold, now_ms, Salt, SaltTable, Salted};
 use crate::backend::{wire, Backend, Dedicated};
 use crate::hotkey::{HotSnapshot, HotState};
 use crate::resp::{Proto, Value};
-use crate::rules::{RulesHandle, Shards, Strategy, WritePolicy};
+use crate::rules::{Families, RulesHandle, Shards, Strategy, WritePolicy};
 
 const PROXIES_KEY: &str = "saltshaker:proxies";
 
@@ -196,6 +196,7 @@ pub async fn promote(
     key: &[u8],
     n: u32,
     pinned: bool,
+    families: Families,
 ) -> Result<Record, String> {
     if key.starts_with(PREFIX) {
         return Err("keys starting with saltshaker: belong to saltshaker".into());
@@ -203,15 +204,21 @@ pub async fn promote(
     if !salt.enabled {
         return Err("salting needs a pool that places keys by hash (not random)".into());
     }
-    let kind = match key_type(backend, key).await?.as_str() {
-        "string" | "none" => Kind::String,
-        "hash" => Kind::Hash,
+    let (kind, family) = match key_type(backend, key).await?.as_str() {
+        "string" | "none" => (Kind::String, "counters"),
+        "hash" => (Kind::Hash, "hashes"),
         t => {
             return Err(format!(
                 "a {t} cannot be salted (counters and hashes of counters only)"
             ))
         }
     };
+    if !families.contains(family) {
+        return Err(format!(
+            "the key holds {family}, and its rule's write.salt.families is [{}]",
+            families.names().join(", ")
+        ));
+    }
     let now = now_ms();
     let epoch = salt.epoch_ms.load(Ordering::Relaxed);
     let salts = choose_salts(backend, key, &[], n.max(1) as usize);
@@ -357,14 +364,14 @@ async fn tick(
     let salted: HashMap<&[u8], &(Bytes, Record)> = records.iter().map(|r| (&r.0[..], r)).collect();
 
     // Promotions: this proxy's hot keys (and pinned exact keys) whose rule salts them.
-    let mut want: Vec<(Vec<u8>, u32, bool)> = Vec::new();
+    let mut want: Vec<(Vec<u8>, u32, bool, Families)> = Vec::new();
     for k in &snap.keys {
         if k.write_state != Some(HotState::Hot) || salted.contains_key(&k.key[..]) {
             continue;
         }
         let r = rules.resolve(&k.key);
         if let Some(n) = wanted_shards(&r.write, k.writes_per_sec, proxies) {
-            want.push((k.key.clone(), n, false));
+            want.push((k.key.clone(), n, false, r.write.salt.families));
         }
     }
     for rule in rules.rules() {
@@ -373,12 +380,12 @@ async fn tick(
         if rule.pin && literal && !salted.contains_key(pat.as_bytes()) {
             if let Some(n) = wanted_shards(&rule.write, rule.write.salt.per_shard_per_sec * 2.0, 1)
             {
-                want.push((pat.as_bytes().to_vec(), n, true));
+                want.push((pat.as_bytes().to_vec(), n, true, rule.write.salt.families));
             }
         }
     }
-    for (key, n, pinned) in want {
-        if let Err(e) = promote(backend, salt, &key, n, pinned).await {
+    for (key, n, pinned, families) in want {
+        if let Err(e) = promote(backend, salt, &key, n, pinned, families).await {
             tracing::debug!(key = %String::from_utf8_lossy(&key), error = %e, "not salted");
         }
     }
