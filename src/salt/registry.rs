@@ -4,8 +4,10 @@
 //! field = salted key, value = its JSON `Record`. Every change is a compare-and-set of the
 //! whole value (a Lua script on that node), then a `PUBLISH` on `saltshaker:registry:changed`
 //! so the other proxies resync at once; they also resync several times per epoch, and on
-//! start, in case they missed it. Live proxies note themselves in `saltshaker:proxies`, so
-//! `auto` can size the fleet's rate on a key from one proxy's view of it.
+//! start, in case they missed it. Every proxy stays subscribed to that channel, so its
+//! subscriber count (`PUBSUB NUMSUB`) is the number of live proxies: `auto` sizes the
+//! fleet's rate on a key from one proxy's view of it, and no key is written for it. A pool
+//! with nothing salted holds no saltshaker key at all.
 //!
 //! Each tick the coordinator: reads the registry and swaps the table the data path reads;
 //! promotes this proxy's write-hot keys whose rule salts; notes in each salted key's record
@@ -28,8 +30,6 @@ use crate::backend::{wire, Backend, Dedicated};
 use crate::hotkey::{HotSnapshot, HotState};
 use crate::resp::{Proto, Value};
 use crate::rules::{Families, RulesHandle, Shards, Strategy, WritePolicy};
-
-const PROXIES_KEY: &str = "saltshaker:proxies";
 
 /// Compare-and-set of one record: ARGV = field, expected ('' = absent), new ('' = delete).
 const CAS: &str = r#"
@@ -111,58 +111,17 @@ async fn load_all(backend: &Backend) -> Result<Vec<(Bytes, Record)>, String> {
     Ok(out)
 }
 
-/// Notes this proxy as alive and returns how many proxies were alive in the last 3 epochs.
-async fn heartbeat(backend: &Backend, salt: &Salt, now: u64, epoch: u64) -> Result<usize, String> {
-    let n = node(backend);
-    let r = call(
-        backend,
-        &[
-            (
-                n,
-                wire(&[
-                    b"HSET",
-                    PROXIES_KEY.as_bytes(),
-                    salt.id.as_bytes(),
-                    now.to_string().as_bytes(),
-                ]),
-            ),
-            (n, wire(&[b"HGETALL", PROXIES_KEY.as_bytes()])),
-        ],
-    )
-    .await?;
-    let Value::Array(items) = &r[1] else {
-        return Ok(1);
+/// How many proxies are live: each keeps one subscription to the announcement channel on
+/// the registry's node, so the channel's subscriber count is the fleet, and no key is
+/// written for it.
+async fn live_proxies(backend: &Backend) -> Result<usize, String> {
+    let cmd = wire(&[b"PUBSUB", &b"NUMSUB"[..], CHANNEL.as_bytes()]);
+    let r = call(backend, &[(node(backend), cmd)]).await?;
+    let n = match &r[0] {
+        Value::Array(a) => a.get(1).and_then(as_i64).unwrap_or(1),
+        _ => 1,
     };
-    let mut live = 0;
-    for pair in items.chunks(2) {
-        let seen = pair.get(1).and_then(as_i64).unwrap_or(0) as u64;
-        if now.saturating_sub(seen) < 3 * epoch {
-            live += 1;
-        } else if now.saturating_sub(seen) > 100 * epoch {
-            // A proxy long gone: forget it so the hash stays small.
-            let _ = call(
-                backend,
-                &[(
-                    n,
-                    wire(&[&b"HDEL"[..], PROXIES_KEY.as_bytes(), pair[0].bulk()]),
-                )],
-            )
-            .await;
-        }
-    }
-    Ok(live.max(1))
-}
-
-trait BulkOf {
-    fn bulk(&self) -> &[u8];
-}
-impl BulkOf for Value {
-    fn bulk(&self) -> &[u8] {
-        match self {
-            Value::Bulk(b) => b,
-            _ => b"",
-        }
-    }
+    Ok((n.max(1)) as usize)
 }
 
 /// How many shards a key writing `rate` per second on each of `proxies` proxies should have
@@ -350,7 +309,7 @@ async fn tick(
     epoch: u64,
 ) -> Result<(), String> {
     let now = now_ms();
-    let proxies = heartbeat(backend, salt, now, epoch).await?;
+    let proxies = live_proxies(backend).await?;
     let records = load_all(backend).await?;
     install(backend, salt, &records, now);
 
