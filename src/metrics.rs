@@ -253,6 +253,11 @@ impl Metrics {
             s.shard_writes.clone(),
         );
         r.register(
+            "salt_base_writes",
+            "Writes to a salted key sent to its base key (promotion not yet in force, demoted, or registry stale)",
+            s.base_writes.clone(),
+        );
+        r.register(
             "salt_merged_reads",
             "Commands on a salted key answered by merging base and shards",
             s.merged_reads.clone(),

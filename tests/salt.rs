@@ -24,6 +24,8 @@ rules:
       cool_below_per_sec: 100
       strategy: salt
       salt: { shards: 4 }
+  - match: "cc:*"
+    write: { strategy: salt+combine, combine: { window_us: 2000 }, salt: { shards: 4 } }
   - match: "hctr:*"
     write: { strategy: salt, salt: { shards: 3, families: [hashes] } }
 "#;
@@ -150,11 +152,29 @@ fn promoted_key_spreads_over_four_nodes_and_reads_through_either_proxy_are_exact
     assert_eq!(code, 200, "{body}");
     wait_in_force(&[&a, &b], key);
 
+    // One client, one INCR at a time: the writes rotate over the four shards evenly.
+    let mut one = a.client();
+    for _ in 0..400 {
+        assert!(!one.cmd(&["INCR", key]).is_error());
+    }
+    let per: Vec<i64> = shard_keys(&nodes)
+        .iter()
+        .map(|(n, k)| {
+            nodes[*n]
+                .client()
+                .cmd(&["GET", k])
+                .as_str()
+                .parse()
+                .unwrap()
+        })
+        .collect();
+    assert_eq!(per, vec![100; 4], "writes per shard");
+
     let stop = Arc::new(AtomicBool::new(false));
     let hs = hammer(&[&a, &b], key, 3, stop.clone());
     thread::sleep(Duration::from_millis(1500));
     stop.store(true, Ordering::Relaxed);
-    let acked: i64 = hs.into_iter().map(|h| h.join().unwrap()).sum();
+    let acked: i64 = 400 + hs.into_iter().map(|h| h.join().unwrap()).sum::<i64>();
     assert!(acked > 100, "too few writes to say anything: {acked}");
 
     // The writes sit on four shards, one per node.
@@ -282,6 +302,36 @@ fn a_proxy_killed_between_fold_steps_leaves_a_fold_the_next_proxy_completes() {
             next.stderr()
         );
     }
+}
+
+#[test]
+fn salt_plus_combine_batches_each_shard_and_loses_nothing() {
+    if !have_redis() {
+        return;
+    }
+    let nodes = pool(4);
+    let dir = TempDir::new("salt-combine");
+    let rules = rules_file(&dir);
+    let (a, b) = (proxy(&nodes, &rules, &[]), proxy(&nodes, &rules, &[]));
+    let key = "cc:likes";
+    assert_eq!(
+        a.admin_post("/hotkeys/promote?key=cc%3Alikes&shards=4").0,
+        200
+    );
+    wait_in_force(&[&a, &b], key);
+    let stop = Arc::new(AtomicBool::new(false));
+    let hs = hammer(&[&a, &b], key, 3, stop.clone());
+    thread::sleep(Duration::from_millis(1500));
+    stop.store(true, Ordering::Relaxed);
+    let acked: i64 = hs.into_iter().map(|h| h.join().unwrap()).sum();
+    assert_eq!(get_int(&a, key), acked);
+    assert_eq!(get_int(&b, key), acked);
+    let incrby: i64 = nodes.iter().map(|n| calls(n, "incrby")).sum();
+    assert!(
+        incrby * 3 < acked,
+        "combining should send far fewer shard writes than increments: {incrby} for {acked}"
+    );
+    assert_eq!(shard_keys(&nodes).len(), 4);
 }
 
 #[test]

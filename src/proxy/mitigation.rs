@@ -37,14 +37,19 @@ pub(super) fn combine(
         field: field.map(|f| req.arg_bytes(f)),
     };
     let pending = s.ctx.combiner.add(bk, conn, delta, req.wire(), window);
+    note_combined(s, pending.done);
+    rb.slots.push(Slot::Later(pending.reply));
+}
+
+/// The session's next jobs wait until this combined write has reached its node.
+pub(super) fn note_combined(s: &mut Session, done: oneshot::Receiver<()>) {
     if s.barrier.len() >= 64 {
         // A client that only ever increments hot keys never sends a job: forget the
         // writes that have landed so the barrier stays small.
         s.barrier
             .retain_mut(|d| matches!(d.try_recv(), Err(oneshot::error::TryRecvError::Empty)));
     }
-    s.barrier.push(pending.done);
-    rb.slots.push(Slot::Later(pending.reply));
+    s.barrier.push(done);
 }
 
 /// A write drops the key's cached replies at once (a fill that raced with it is discarded
@@ -151,7 +156,13 @@ async fn fetch(
 
 /// Before this session's next jobs leave, its combined writes must have reached their node.
 pub(super) async fn wait_barrier(s: &mut Session, rb: &RoundBuilder) {
-    if s.barrier.is_empty() || rb.jobs.is_empty() {
+    if rb.jobs.is_empty() {
+        return;
+    }
+    if !s.salt_order.is_empty() {
+        s.salt_order.wait_all().await;
+    }
+    if s.barrier.is_empty() {
         return;
     }
     for done in s.barrier.drain(..) {

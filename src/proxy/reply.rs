@@ -105,6 +105,10 @@ async fn resolve(
                 Ok(b) => out.extend_from_slice(&b),
                 Err(_) => encode_error("ERR saltshaker: internal error (request abandoned)", out),
             },
+            Slot::LaterThen(rx, then) => match rx.await {
+                Ok(b) => out.extend_from_slice(&then(b)),
+                Err(_) => encode_error("ERR saltshaker: internal error (request abandoned)", out),
+            },
         }
     }
     record(ctx, &round.started, &round.counts, n);
@@ -221,6 +225,27 @@ fn merge(m: Merge, replies: &[Result<Replies, BackendError>], proto: Proto, out:
         Merge::AllOk(parts) => values(replies, &parts).map(|vs| match vs.first() {
             Some(v) => v.encode(proto, out),
             None => encode_error("ERR saltshaker: no node answered", out),
+        }),
+        Merge::Salted {
+            parts,
+            op,
+            entry,
+            part: written,
+            ctx,
+        } => values(replies, &parts).map(|vs| {
+            let v = match (&op, ctx) {
+                (crate::salt::ops::Op::Write { .. }, Some(ctx)) => {
+                    let (v, created) = crate::salt::ops::written(&entry, &op, written, &vs[0]);
+                    if created {
+                        tokio::spawn(async move {
+                            crate::salt::ops::inherit_expiry(&ctx.backend, &entry, written).await
+                        });
+                    }
+                    v
+                }
+                _ => crate::salt::ops::merge(&entry, &op, &vs).unwrap_or_else(|e| e),
+            };
+            v.encode(proto, out);
         }),
         Merge::Exec(p) => match part(replies, p) {
             Ok(b) => {

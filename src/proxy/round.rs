@@ -21,7 +21,6 @@ pub struct Part {
 }
 
 /// How the replies of a fanned-out command become one reply.
-#[derive(Debug)]
 pub enum Merge {
     /// Sum of integer replies (DEL, UNLINK, EXISTS, TOUCH, DBSIZE).
     SumInt(Vec<Part>),
@@ -54,6 +53,16 @@ pub enum Merge {
     },
     /// MULTI ... EXEC sent as one unit: the client wants EXEC's reply, the last one.
     Exec(Part),
+    /// A command on a salted key: the replies of its parts (base first, or the one shard
+    /// written) merged by `salt::ops`.
+    Salted {
+        parts: Vec<Part>,
+        op: crate::salt::ops::Op,
+        entry: std::sync::Arc<crate::salt::Salted>,
+        /// For a write: the part written, and the proxy (a new shard takes the key's expiry).
+        part: usize,
+        ctx: Option<std::sync::Arc<super::Ctx>>,
+    },
 }
 
 /// The reply to one command.
@@ -66,6 +75,11 @@ pub enum Slot {
     Merge(Box<Merge>),
     /// Answered later by a task of the session (blocking command, dedicated connection).
     Later(oneshot::Receiver<Bytes>),
+    /// Answered later, then rewritten (a combined shard write's reply becomes the estimate).
+    LaterThen(
+        oneshot::Receiver<Bytes>,
+        Box<dyn FnOnce(Bytes) -> Bytes + Send + Sync>,
+    ),
 }
 
 /// A job being filled for one node.

@@ -62,6 +62,11 @@ pub struct Session {
     /// Combined writes not yet acknowledged by their node: this session's next jobs wait
     /// for them, so a read after a combined INCR sees it.
     pub(super) barrier: Vec<oneshot::Receiver<()>>,
+    /// Salted-key tasks in flight; this session's next jobs wait for them too.
+    pub(super) salt_order: super::salted::Order,
+    /// Fired when the last round's replies are in, kept while any key is salted: a salted
+    /// task must not overtake the commands of earlier rounds.
+    pub(super) last_ack: Option<oneshot::Receiver<()>>,
     pub gone: watch::Receiver<bool>,
     /// `detection.enabled` of the rules, read once per round rather than per command.
     detect: bool,
@@ -107,6 +112,8 @@ pub async fn run(stream: TcpStream, ctx: Arc<Ctx>, id: u64) {
         blocking: Vec::new(),
         rr: 0,
         barrier: Vec::new(),
+        salt_order: Default::default(),
+        last_ack: None,
         gone: gone_rx,
         detect: true,
     };
@@ -269,6 +276,10 @@ async fn read_loop(
                 let (tx, rx) = oneshot::channel();
                 round.acked = Some(tx);
                 s.barrier.push(rx);
+            } else if !s.ctx.salt.table.load().is_empty() {
+                let (tx, rx) = oneshot::channel();
+                round.acked = Some(tx);
+                s.last_ack = Some(rx);
             }
             round.close_after = close;
             if tx.send((round, s.proto)).await.is_err() {
@@ -305,8 +316,8 @@ async fn handle(s: &mut Session, req: Request, rb: &mut RoundBuilder) -> Flow {
             .push(Slot::Ready(err_bytes("NOAUTH Authentication required.")));
         return Flow::Continue;
     }
-    let salted = super::salted::touched(s, &req, &c);
-    if salted.is_some() && !rb.jobs.is_empty() {
+    let salted = super::salted::plan(s, &req, &c);
+    if salted.as_ref().is_some_and(|p| p.needs_flush()) && !rb.jobs.is_empty() {
         return Flow::Flush(req);
     }
     // observe
@@ -319,8 +330,8 @@ async fn handle(s: &mut Session, req: Request, rb: &mut RoundBuilder) -> Flow {
             invalidate_cached(s, &req, &c, &hot, rb);
         }
     }
-    if let Some(table) = salted {
-        if let super::salted::Next::Done = super::salted::act(s, &req, &c, table, rb).await {
+    if let Some(plan) = salted {
+        if let super::salted::Next::Done = super::salted::act(s, &req, &c, plan, rb).await {
             return Flow::Continue;
         }
     }

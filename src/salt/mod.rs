@@ -42,6 +42,9 @@ pub struct SaltMetrics {
     pub folds: Counter,
     pub fold_moves: Counter,
     pub shard_writes: Counter,
+    /// Writes to a salted key sent to its base key: promotion not yet in force, demoted,
+    /// or the registry not read for too long.
+    pub base_writes: Counter,
     pub merged_reads: Counter,
     pub registry_up: Gauge,
     pub registry_errors: Counter,

@@ -2,6 +2,8 @@
 //! estimate of the whole; the reads and key commands that can be merged run on the base
 //! key and every shard in one pipelined round per node and are merged exactly.
 //!
+//! Pure parts (`classify`, `plan`, `merge`, `written`) serve the session, which puts the
+//! part commands in its round; `multi` answers multi-key commands over salted keys.
 //! What cannot be merged (`Op::Other`) is not handled here: the session moves the shards
 //! into the base key first (`fold::move_all`) and then forwards the command unchanged.
 
@@ -10,9 +12,9 @@ use std::time::Duration;
 
 use bytes::Bytes;
 
-use super::{as_i64, call, now_ms, SaltTable, Salted};
+use super::{as_i64, call, SaltTable, Salted};
 use crate::backend::{wire, Backend};
-use crate::mitigate::combine::{BatchKey, Combiner};
+use crate::mitigate::combine::Combiner;
 use crate::resp::{Proto, Value};
 
 /// What a command does to a salted key.
@@ -160,82 +162,9 @@ fn pairs(v: &Value) -> Vec<(Bytes, Value)> {
 /// Combining for shard writes (salt+combine): the combiner and its window.
 pub type CombineWith = Option<(Arc<Combiner>, Duration)>;
 
-/// Runs a mergeable `op` on salted key `e`; returns the reply in the client's protocol.
-pub async fn run(
-    backend: &Backend,
-    e: &Salted,
-    op: Op,
-    args: &[Bytes],
-    proto: Proto,
-    combine: CombineWith,
-    metrics: &super::SaltMetrics,
-) -> Bytes {
-    let v = match op {
-        Op::Write { delta, field } => write(backend, e, delta, field, combine, metrics).await,
-        op => {
-            metrics.merged_reads.inc();
-            merged(backend, e, op, args).await
-        }
-    };
-    v.unwrap_or_else(|e| e).to_bytes(proto)
-}
-
-async fn write(
-    backend: &Backend,
-    e: &Salted,
-    delta: i64,
-    field: Option<Bytes>,
-    combine: CombineWith,
-    metrics: &super::SaltMetrics,
-) -> Result<Value, Value> {
-    let now = now_ms();
-    // The session checked that writers use shards; if an epoch passed since, the base
-    // key is still right (reads merge it).
-    let part = e.write_shard(now).map_or(0, |i| i + 1);
-    let (shard, node) = (e.parts[part].clone(), e.nodes[part]);
-    let d = Bytes::from(delta.to_string());
-    let cmd = match &field {
-        None => wire(&[&b"INCRBY"[..], &shard, &d]),
-        Some(f) => wire(&[&b"HINCRBY"[..], &shard, f, &d]),
-    };
-    let reply = match combine {
-        Some((combiner, window)) => {
-            let conns = backend.node(node).conns(Proto::Resp2, 0);
-            let conn = conns[part % conns.len()].clone();
-            let bk = BatchKey {
-                node,
-                db: 0,
-                key: shard.clone(),
-                field: field.clone(),
-            };
-            let pending = combiner.add(bk, conn, delta, cmd, window);
-            let raw = pending
-                .reply
-                .await
-                .map_err(|_| err("combined shard write lost"))?;
-            match crate::resp::parse_value(&raw) {
-                Ok(Some((v, _))) => v,
-                _ => return Err(err("unreadable shard reply")),
-            }
-        }
-        None => call(backend, &[(node, cmd)])
-            .await
-            .map_err(|e| err(&e))?
-            .remove(0),
-    };
-    let Value::Integer(v) = reply else {
-        return Err(reply);
-    };
-    metrics.shard_writes.inc();
-    if v == delta && part > 0 {
-        inherit_expiry(backend, e, part).await;
-    }
-    Ok(Value::Integer(e.estimate(field.as_ref(), part, v)))
-}
-
 /// A shard just created takes the expiry the key's other parts have, so the key expires
 /// as one.
-async fn inherit_expiry(backend: &Backend, e: &Salted, part: usize) {
+pub async fn inherit_expiry(backend: &Backend, e: &Salted, part: usize) {
     let cmds: Vec<(usize, Bytes)> = e
         .parts
         .iter()
@@ -255,6 +184,48 @@ async fn inherit_expiry(backend: &Backend, e: &Salted, part: usize) {
 
 async fn merged(backend: &Backend, e: &Salted, op: Op, args: &[Bytes]) -> Result<Value, Value> {
     let r = each(backend, e, args).await?;
+    merge(e, &op, &r)
+}
+
+/// What to send for a mergeable `op`: the command on every part (a read or key command),
+/// or on the shard writers use now (a write; the index of that part comes back too).
+pub fn plan(e: &Salted, op: &Op, args: &[Bytes], now_ms: u64) -> (Vec<(usize, Bytes)>, usize) {
+    if let Op::Write { delta, field } = op {
+        let part = e.write_shard(now_ms).map_or(0, |i| i + 1);
+        let d = Bytes::from(delta.to_string());
+        let shard = &e.parts[part];
+        let cmd = match field {
+            None => wire(&[&b"INCRBY"[..], shard, &d]),
+            Some(f) => wire(&[&b"HINCRBY"[..], shard, f, &d]),
+        };
+        return (vec![(e.nodes[part], cmd)], part);
+    }
+    let cmds = e
+        .parts
+        .iter()
+        .zip(&e.nodes)
+        .map(|(p, &n)| (n, on(args, p)))
+        .collect();
+    (cmds, 0)
+}
+
+/// The reply to a shard write `v` of part `part`: the estimate of the whole, and whether
+/// the shard was just created (its expiry then follows the key's: `inherit_expiry`).
+pub fn written(e: &Salted, op: &Op, part: usize, v: &Value) -> (Value, bool) {
+    let (Op::Write { delta, field }, Value::Integer(v)) = (op, v) else {
+        return (v.clone(), false);
+    };
+    (
+        Value::Integer(e.estimate(field.as_ref(), part, *v)),
+        *v == *delta && part > 0,
+    )
+}
+
+/// Merges the replies of every part (base first) into the reply one key would give.
+pub fn merge(e: &Salted, op: &Op, r: &[Value]) -> Result<Value, Value> {
+    if let Some(err) = r.iter().find(|v| matches!(v, Value::Error(_))) {
+        return Err(err.clone());
+    }
     Ok(match op {
         Op::Get | Op::HGet(_) => {
             let field = match &op {
@@ -270,6 +241,7 @@ async fn merged(backend: &Backend, e: &Salted, op: Op, args: &[Bytes]) -> Result
             }
         }
         Op::HMGet(fields) => {
+            let fields = fields.clone();
             let mut out = Vec::with_capacity(fields.len());
             for (i, f) in fields.iter().enumerate() {
                 let col: Vec<Value> = r.iter().map(|v| nth(v, i)).collect();
