@@ -26,6 +26,13 @@ rules:
       salt: { shards: 4 }
   - match: "cc:*"
     write: { strategy: salt+combine, combine: { window_us: 2000 }, salt: { shards: 4 } }
+  - match: "auto:*"
+    write:
+      hot_at_per_sec: 300
+      cool_below_per_sec: 100
+      strategy: auto
+      combine: { window_us: 1000 }
+      salt: { per_shard_per_sec: 1500 }
   - match: "hctr:*"
     write: { strategy: salt, salt: { shards: 3, families: [hashes] } }
 "#;
@@ -332,6 +339,43 @@ fn salt_plus_combine_batches_each_shard_and_loses_nothing() {
         "combining should send far fewer shard writes than increments: {incrby} for {acked}"
     );
     assert_eq!(shard_keys(&nodes).len(), 4);
+}
+
+#[test]
+fn auto_combines_on_one_proxy_and_salts_when_several_proxies_together_are_too_much() {
+    if !have_redis() {
+        return;
+    }
+    let nodes = pool(4);
+    let dir = TempDir::new("salt-auto");
+    let rules = rules_file(&dir);
+    let a = proxy(&nodes, &rules, &[]);
+    let key = "auto:votes";
+    // One proxy combines to at most 1000 writes/s (window 1000 us): under the 1500/s a
+    // shard carries, so it stays combined.
+    let stop = Arc::new(AtomicBool::new(false));
+    let mut hs = hammer(&[&a], key, 3, stop.clone());
+    thread::sleep(Duration::from_millis(3000));
+    assert!(salted(&a, key).is_none(), "one proxy alone must not salt");
+    let metrics = a.admin_get("/metrics").1;
+    let combined = metrics
+        .lines()
+        .find_map(|l| l.strip_prefix("saltshaker_combined_writes_total "))
+        .and_then(|v| v.trim().parse::<f64>().ok())
+        .unwrap_or(0.0);
+    assert!(combined > 1000.0, "the key was combined meanwhile: {combined}");
+    // Two proxies: 2000/s combined would reach the key's node; the key is salted.
+    let b = proxy(&nodes, &rules, &[]);
+    hs.extend(hammer(&[&b], key, 3, stop.clone()));
+    wait_for("auto to salt the key", Duration::from_secs(15), || {
+        salted(&a, key).is_some()
+    });
+    wait_in_force(&[&a, &b], key);
+    thread::sleep(Duration::from_millis(500));
+    stop.store(true, Ordering::Relaxed);
+    let acked: i64 = hs.into_iter().map(|h| h.join().unwrap()).sum();
+    assert_eq!(get_int(&a, key), acked);
+    assert!(!shard_keys(&nodes).is_empty());
 }
 
 #[test]

@@ -431,3 +431,51 @@ fn install(backend: &Backend, salt: &Salt, records: &[(Bytes, Record)], now: u64
     salt.table.store(Arc::new(SaltTable { keys }));
     salt.synced(now);
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn policy(strategy: Strategy, shards: Shards) -> WritePolicy {
+        let mut p = WritePolicy {
+            strategy,
+            ..Default::default()
+        };
+        p.salt.shards = shards;
+        p
+    }
+
+    #[test]
+    fn salt_sizes_on_the_fleet_rate_and_auto_only_when_combining_is_not_enough() {
+        let salt = policy(Strategy::Salt, Shards::Auto);
+        // 100k/s on one proxy at 5000 per shard: 20 shards.
+        assert_eq!(wanted_shards(&salt, 100_000.0, 1), Some(20));
+        // The same rate seen on each of 4 proxies is 400k/s: capped at max_shards.
+        assert_eq!(wanted_shards(&salt, 100_000.0, 4), Some(64));
+        // Never fewer than two shards: one shard is the base key again.
+        assert_eq!(wanted_shards(&salt, 10.0, 1), Some(2));
+        assert_eq!(
+            wanted_shards(&policy(Strategy::Salt, Shards::Fixed(8)), 1.0, 1),
+            Some(8)
+        );
+        assert_eq!(
+            wanted_shards(&policy(Strategy::Combine, Shards::Auto), 1e6, 9),
+            None
+        );
+        assert_eq!(
+            wanted_shards(&policy(Strategy::Off, Shards::Auto), 1e6, 9),
+            None
+        );
+
+        // auto: one proxy's combined writes are at most one per 500 us window (2000/s),
+        // under the 5000/s a shard carries: combining is enough.
+        let auto = policy(Strategy::Auto, Shards::Auto);
+        assert_eq!(wanted_shards(&auto, 100_000.0, 1), None);
+        // Four proxies each combining to 2000/s put 8000/s on one node: salt, sized on
+        // the combined rate.
+        assert_eq!(wanted_shards(&auto, 100_000.0, 4), Some(2));
+        assert_eq!(wanted_shards(&auto, 100_000.0, 16), Some(7));
+        // A key below the window rate gains nothing from salting.
+        assert_eq!(wanted_shards(&auto, 1000.0, 4), None);
+    }
+}
