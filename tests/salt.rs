@@ -33,6 +33,9 @@ rules:
       strategy: auto
       combine: { window_us: 1000 }
       salt: { per_shard_per_sec: 1500 }
+  - match: "final:votes"
+    pin: true
+    write: { strategy: salt, salt: { shards: 3 } }
   - match: "hctr:*"
     write: { strategy: salt, salt: { shards: 3, families: [hashes] } }
 "#;
@@ -301,7 +304,14 @@ fn a_proxy_killed_between_fold_steps_leaves_a_fold_the_next_proxy_completes() {
             Duration::from_secs(20),
             || salted(&next, &key).is_none(),
         );
-        assert_eq!(get_int(&next, &key), acked, "after a crash at {point}");
+        let got = get_int(&next, &key);
+        assert_eq!(
+            got,
+            acked,
+            "after a crash at {point}\n--- dying:\n{}\n--- next:\n{}",
+            dying.stderr(),
+            next.stderr()
+        );
         assert!(shard_keys(&nodes).iter().all(|(_, k)| !k.ends_with(&key)));
         assert!(
             next.stderr().contains("completing a fold move"),
@@ -363,7 +373,10 @@ fn auto_combines_on_one_proxy_and_salts_when_several_proxies_together_are_too_mu
         .find_map(|l| l.strip_prefix("saltshaker_combined_writes_total "))
         .and_then(|v| v.trim().parse::<f64>().ok())
         .unwrap_or(0.0);
-    assert!(combined > 1000.0, "the key was combined meanwhile: {combined}");
+    assert!(
+        combined > 1000.0,
+        "the key was combined meanwhile: {combined}"
+    );
     // Two proxies: 2000/s combined would reach the key's node; the key is salted.
     let b = proxy(&nodes, &rules, &[]);
     hs.extend(hammer(&[&b], key, 3, stop.clone()));
@@ -376,6 +389,96 @@ fn auto_combines_on_one_proxy_and_salts_when_several_proxies_together_are_too_mu
     let acked: i64 = hs.into_iter().map(|h| h.join().unwrap()).sum();
     assert_eq!(get_int(&a, key), acked);
     assert!(!shard_keys(&nodes).is_empty());
+}
+
+#[test]
+fn an_unreachable_registry_means_no_promotions_and_the_proxy_keeps_serving() {
+    if !have_redis() {
+        return;
+    }
+    let mut nodes = pool(4);
+    let dir = TempDir::new("salt-registry-down");
+    let rules = rules_file(&dir);
+    let a = proxy(&nodes, &rules, &[]);
+    let registry = node_of(&a, &nodes, "saltshaker:registry");
+    // A hot key on another node: detected, but not salted while the registry is away.
+    let key = (0..1000)
+        .map(|i| format!("ctr:{i}"))
+        .find(|k| node_of(&a, &nodes, k) != registry)
+        .unwrap();
+    nodes[registry].stop();
+    let stop = Arc::new(AtomicBool::new(false));
+    let hs = hammer(&[&a], &key, 2, stop.clone());
+    wait_for(
+        "the registry outage in metrics",
+        Duration::from_secs(10),
+        || {
+            a.admin_get("/metrics")
+                .1
+                .contains("saltshaker_salt_registry_up 0")
+        },
+    );
+    thread::sleep(Duration::from_millis(1500));
+    stop.store(true, Ordering::Relaxed);
+    let acked: i64 = hs.into_iter().map(|h| h.join().unwrap()).sum();
+    assert!(acked > 500, "the proxy kept serving: {acked}");
+    assert_eq!(get_int(&a, &key), acked);
+    assert!(salted(&a, &key).is_none());
+    assert!(
+        a.stderr().contains("salt registry unreachable"),
+        "{}",
+        a.stderr()
+    );
+    let (code, body) = a.admin_post("/hotkeys/promote?key=ctr%3A1");
+    assert_eq!(code, 409, "{body}");
+    // Back: promotions work again.
+    nodes[registry].restart();
+    wait_for("the registry to be back", Duration::from_secs(10), || {
+        a.admin_get("/metrics")
+            .1
+            .contains("saltshaker_salt_registry_up 1")
+    });
+    let enc = key.replace(':', "%3A");
+    // The proxy reconnects with backoff: the first attempts may still find the node down.
+    wait_for("a promotion to work again", Duration::from_secs(10), || {
+        a.admin_post(&format!("/hotkeys/promote?key={enc}")).0 == 200
+    });
+}
+
+/// The node the proxy places `key` on: written through the proxy, found, removed.
+fn node_of(p: &Proxy, nodes: &[Redis], key: &str) -> usize {
+    let mut c = p.client();
+    c.cmd(&["SET", key, "probe"]);
+    let at = owner(nodes, key);
+    c.cmd(&["DEL", key]);
+    at
+}
+
+#[test]
+fn a_pinned_rule_salts_its_key_before_any_traffic_and_cooling_does_not_demote_it() {
+    if !have_redis() {
+        return;
+    }
+    let nodes = pool(4);
+    let dir = TempDir::new("salt-pin");
+    let rules = rules_file(&dir);
+    let a = proxy(&nodes, &rules, &[]);
+    wait_in_force(&[&a], "final:votes");
+    let e = salted(&a, "final:votes").unwrap();
+    assert_eq!((e["shards"].as_u64(), e["pinned"].as_bool()), (Some(3), Some(true)));
+    let mut c = a.client();
+    for _ in 0..30 {
+        c.cmd(&["INCR", "final:votes"]);
+    }
+    assert_eq!(shard_keys(&nodes).len(), 3);
+    // Three epochs without traffic: a pinned key stays salted.
+    thread::sleep(Duration::from_millis(3000));
+    assert!(salted(&a, "final:votes").is_some());
+    assert_eq!(get_int(&a, "final:votes"), 30);
+    // The pin is the rules': an admin demote is refused and says where to end it.
+    let (code, body) = a.admin_post("/hotkeys/demote?key=final%3Avotes");
+    assert_eq!(code, 409, "{body}");
+    assert!(body.contains("remove `pin: true`"), "{body}");
 }
 
 #[test]

@@ -257,9 +257,15 @@ impl crate::salt::Control for Ctx {
                 + '_,
         >,
     > {
-        Box::pin(
-            async move { crate::salt::registry::demote(&self.backend, &self.salt, &key).await },
-        )
+        Box::pin(async move {
+            let rules = self.rules.load();
+            if let Some(rule) = crate::salt::registry::pinning_rule(&rules, &key) {
+                return Err(format!(
+                    "the rules pin this key (rule `{rule}`); remove `pin: true` there to end its salting"
+                ));
+            }
+            crate::salt::registry::demote(&self.backend, &self.salt, &key).await
+        })
     }
 
     fn table(&self) -> Arc<crate::salt::SaltTable> {

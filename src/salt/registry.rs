@@ -29,7 +29,7 @@ use super::{as_i64, call, fold, now_ms, Salt, SaltTable, Salted};
 use crate::backend::{wire, Backend, Dedicated};
 use crate::hotkey::{HotSnapshot, HotState};
 use crate::resp::{Proto, Value};
-use crate::rules::{Families, RulesHandle, Shards, Strategy, WritePolicy};
+use crate::rules::{Families, Rules, RulesHandle, Shards, Strategy, WritePolicy};
 
 /// Compare-and-set of one record: ARGV = field, expected ('' = absent), new ('' = delete).
 const CAS: &str = r#"
@@ -236,6 +236,21 @@ async fn key_type(backend: &Backend, key: &[u8]) -> Result<String, String> {
     }
 }
 
+/// The pattern of the rule that pins `key` for salting (a literal pattern naming it, with
+/// `pin: true` and a salting strategy): such a key is salted from the start, and only a
+/// rules change ends it.
+pub fn pinning_rule(rules: &Rules, key: &[u8]) -> Option<String> {
+    rules.rules().iter().find_map(|rule| {
+        let pat = rule.pattern.as_str();
+        let salts = matches!(rule.write.strategy, Strategy::Salt | Strategy::SaltCombine);
+        (rule.pin && salts && is_literal(pat) && pat.as_bytes() == key).then(|| pat.to_string())
+    })
+}
+
+fn is_literal(pattern: &str) -> bool {
+    !pattern.contains(['*', '?', '[', '\\'])
+}
+
 /// Keeps this proxy's salt table in step with the registry until shutdown.
 pub async fn run(
     backend: &Backend,
@@ -335,8 +350,7 @@ async fn tick(
     }
     for rule in rules.rules() {
         let pat = rule.pattern.as_str();
-        let literal = !pat.contains(['*', '?', '[', '\\']);
-        if rule.pin && literal && !salted.contains_key(pat.as_bytes()) {
+        if pinning_rule(&rules, pat.as_bytes()).is_some() && !salted.contains_key(pat.as_bytes()) {
             if let Some(n) = wanted_shards(&rule.write, rule.write.salt.per_shard_per_sec * 2.0, 1)
             {
                 want.push((pat.as_bytes().to_vec(), n, true, rule.write.salt.families));
