@@ -1,24 +1,36 @@
 //! Moving shard values into the base key without losing or doubling an increment, even
-//! when the proxy doing it dies between any two steps.
+//! when the proxy doing it dies between any two steps, and without a merged read ever
+//! counting a moved value twice or not at all.
 //!
 //! A move of shard `i` is: read its value `v`; journal `{id, i, v}` in the key's registry
-//! record (compare-and-set, which also renews this proxy's claim); add `v` to the base
-//! key *once*; subtract `v` from the shard *once*; clear the journal. "Once" is a Lua
-//! script on the node that holds the key: it sets a marker named after the move (placed on
-//! that same node by `names::marker_name`) with `SET NX` and only then applies the change,
-//! atomically. A proxy that finds a journaled move whose claimant's lease ran out re-runs
-//! both halves; the markers make the re-run add and subtract nothing twice.
+//! record (compare-and-set, which also renews this proxy's claim); take `v` out of the
+//! shard; add `v` to the base key; clear the journal. Each middle step is one Lua script on
+//! the node that holds the data, and runs at most once per move id:
+//!
+//! - *take* (shard's node): unless the stash hash already lists the move, record
+//!   `id:field -> v` in it (`names::stash_name`, on the shard's node) and subtract `v` from
+//!   the shard, atomically;
+//! - *add* (base key's node): unless the applied hash lists the move
+//!   (`names::applied_name`, on the base key's node), list it and add `v` to the base key,
+//!   atomically.
+//!
+//! A merged read reads each part together with its bookkeeping hash in one script, and
+//! counts a stash entry only if its move is not in the base key's applied list. Whatever
+//! order the reads reach the two nodes in, a moved value is counted once: in the shard
+//! (before the take), in the stash (after the take, until the add), or in the base key.
+//! A proxy that finds a journaled move whose claimant's lease ran out re-runs both steps;
+//! the lists make the re-run change nothing twice. Both hashes expire an hour after their
+//! last move.
 //!
 //! Subtracting `v` (rather than deleting the shard) keeps increments that landed on the
-//! shard after it was read: they stay in the shard for the next pass, and the sum over
-//! base plus shards never changes at any step.
+//! shard after it was read: they stay in the shard for the next pass.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use bytes::Bytes;
 
-use super::names::{marker_name, shard_name, Place};
+use super::names::{applied_name, shard_name, stash_name, Place};
 use super::record::{hex, unhex, Fold, Kind, Move, Record};
 use super::{as_i64, call, failpoint, now_ms, registry, Salt};
 use crate::backend::{wire, Backend};
@@ -27,21 +39,37 @@ use crate::resp::Value;
 /// How long a claim on a key's fold slot holds without being renewed.
 pub const LEASE_MS: u64 = 5000;
 
-/// Adds (or subtracts) a journaled move to a key once. KEYS: marker, target.
-/// ARGV: `s` or `h`, `-` to delete what reaches zero (the shard side) or `+`, then the
-/// increment (string) or field/increment pairs (hash). Values stay strings end to end, so
-/// Lua's doubles never touch them.
-const MOVE_ONCE: &str = r#"
-if not redis.call('SET', KEYS[1], '1', 'NX', 'EX', 604800) then return 0 end
-if ARGV[1] == 's' then
-  local v = redis.call('INCRBY', KEYS[2], ARGV[3])
-  if ARGV[2] == '-' and v == 0 then redis.call('DEL', KEYS[2]) end
-else
-  for i = 3, #ARGV, 2 do
-    local v = redis.call('HINCRBY', KEYS[2], ARGV[i], ARGV[i + 1])
-    if ARGV[2] == '-' and v == 0 then redis.call('HDEL', KEYS[2], ARGV[i]) end
+/// Takes a journaled move out of a shard once. KEYS: stash, shard. ARGV: `s` or `h`, the
+/// move id, then per entry: hex(field), field, amount, minus amount. Values stay strings
+/// end to end, so Lua's doubles never touch them.
+const TAKE_ONCE: &str = r#"
+if redis.call('HSETNX', KEYS[1], ARGV[2], '1') == 0 then return 0 end
+for i = 3, #ARGV, 4 do
+  redis.call('HSET', KEYS[1], ARGV[2] .. ':' .. ARGV[i], ARGV[i + 2])
+  if ARGV[1] == 's' then
+    if redis.call('INCRBY', KEYS[2], ARGV[i + 3]) == 0 then redis.call('DEL', KEYS[2]) end
+  else
+    if redis.call('HINCRBY', KEYS[2], ARGV[i + 1], ARGV[i + 3]) == 0 then
+      redis.call('HDEL', KEYS[2], ARGV[i + 1])
+    end
   end
 end
+redis.call('EXPIRE', KEYS[1], 3600)
+return 1
+"#;
+
+/// Adds a journaled move to the base key once. KEYS: applied list, base key. ARGV: `s` or
+/// `h`, the move id, then per entry: field, amount.
+const ADD_ONCE: &str = r#"
+if redis.call('HSETNX', KEYS[1], ARGV[2], '1') == 0 then return 0 end
+for i = 3, #ARGV, 2 do
+  if ARGV[1] == 's' then
+    redis.call('INCRBY', KEYS[2], ARGV[i + 1])
+  else
+    redis.call('HINCRBY', KEYS[2], ARGV[i], ARGV[i + 1])
+  end
+end
+redis.call('EXPIRE', KEYS[1], 3600)
 return 1
 "#;
 
@@ -181,51 +209,53 @@ pub async fn move_shard(
     Ok(())
 }
 
-/// Both halves of a journaled move, each at most once.
+/// Both steps of a journaled move, each at most once: the take, then the add.
 async fn apply(backend: &Backend, key: &[u8], rec: &Record, mv: &Move) -> Result<(), String> {
     let salt = *rec
         .salts
         .get(mv.shard as usize)
         .ok_or("a journaled move names a shard the record does not have")?;
     let shard = shard_name(key, salt, backend.tag());
-    let kind = if rec.kind == Kind::String { "s" } else { "h" };
-    for (target, side) in [(Bytes::copy_from_slice(key), "+"), (shard, "-")] {
-        let node = backend.node_of(&target);
-        let marker = marker_name(
-            backend,
-            node,
-            mv.id,
-            if side == "+" { "add" } else { "sub" },
-        );
-        let mut args: Vec<Bytes> = vec![
-            Bytes::from_static(b"EVAL"),
-            Bytes::from_static(MOVE_ONCE.as_bytes()),
-            Bytes::from_static(b"2"),
-            marker,
-            target,
-            Bytes::from_static(kind.as_bytes()),
-            Bytes::from_static(side.as_bytes()),
-        ];
-        for (f, v) in &mv.delta {
-            let v = if side == "-" {
-                v.checked_neg().ok_or("a shard value cannot be negated")?
-            } else {
-                *v
-            };
-            if kind == "h" {
-                args.push(Bytes::from(unhex(f).ok_or("bad field in the journal")?));
-            }
-            args.push(Bytes::from(v.to_string()));
-        }
-        let r = call(backend, &[(node, wire(&args))]).await?;
+    let kind = Bytes::from_static(if rec.kind == Kind::String { b"s" } else { b"h" });
+    let id = Bytes::from(mv.id.to_string());
+    let mut take = vec![
+        Bytes::from_static(b"EVAL"),
+        Bytes::from_static(TAKE_ONCE.as_bytes()),
+        Bytes::from_static(b"2"),
+        stash_name(backend, key, salt),
+        shard.clone(),
+        kind.clone(),
+        id.clone(),
+    ];
+    let mut add = vec![
+        Bytes::from_static(b"EVAL"),
+        Bytes::from_static(ADD_ONCE.as_bytes()),
+        Bytes::from_static(b"2"),
+        applied_name(backend, key),
+        Bytes::copy_from_slice(key),
+        kind,
+        id,
+    ];
+    for (f, v) in &mv.delta {
+        let field = Bytes::from(unhex(f).ok_or("bad field in the journal")?);
+        let neg = v.checked_neg().ok_or("a shard value cannot be negated")?;
+        take.extend([
+            Bytes::from(f.clone()),
+            field.clone(),
+            Bytes::from(v.to_string()),
+            Bytes::from(neg.to_string()),
+        ]);
+        add.extend([field, Bytes::from(v.to_string())]);
+    }
+    for (node, cmd, point) in [
+        (backend.node_of(&shard), wire(&take), "fold-after-take"),
+        (backend.node_of(key), wire(&add), "fold-after-add"),
+    ] {
+        let r = call(backend, &[(node, cmd)]).await?;
         if let Value::Error(e) = &r[0] {
             return Err(format!("fold step failed: {}", String::from_utf8_lossy(e)));
         }
-        failpoint(if side == "+" {
-            "fold-after-add"
-        } else {
-            "fold-after-sub"
-        });
+        failpoint(point);
     }
     Ok(())
 }

@@ -57,6 +57,9 @@ pub struct Salted {
     /// `parts[0]` is the base key, `parts[1 + i]` shard `i`.
     pub parts: Vec<Bytes>,
     pub nodes: Vec<usize>,
+    /// Fold bookkeeping beside each part: `aux[0]` the base key's applied list, `aux[1 + i]`
+    /// shard `i`'s stash (see `fold`).
+    pub aux: Vec<Bytes>,
     rr: AtomicUsize,
     /// Last value seen per part, per hash field (None for a string), for the estimated
     /// reply of a shard write. Bounded: a hash with many fields keeps the first 1024.
@@ -72,11 +75,14 @@ impl Salted {
                 .map(|&s| names::shard_name(&key, s, place.tag())),
         );
         let nodes = parts.iter().map(|p| place.node_of(p)).collect();
+        let mut aux = vec![names::applied_name(place, &key)];
+        aux.extend(rec.salts.iter().map(|&s| names::stash_name(place, &key, s)));
         Salted {
             key,
             rec,
             parts,
             nodes,
+            aux,
             rr: AtomicUsize::new(0),
             last: Mutex::new(HashMap::new()),
         }

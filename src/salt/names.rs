@@ -40,19 +40,38 @@ pub fn shard_name(key: &[u8], salt: u32, tag: [u8; 2]) -> Bytes {
     b.freeze()
 }
 
-/// A name on `node` for a fold marker: `saltshaker:m:{SALT}:ID:WHAT`.
-pub fn marker_name(p: &dyn Place, node: usize, id: u64, what: &str) -> Bytes {
+/// The first of `saltshaker:KIND:{N}:KEY` (N = 0, 1, ...) that lands on `node`: a name
+/// every proxy derives alike, on the node whose script must update it atomically with data.
+fn on_node(p: &dyn Place, node: usize, kind: &str, key: &[u8]) -> Bytes {
     let t = p.tag();
-    let name = |salt: u32| {
-        Bytes::from(format!(
-            "saltshaker:m:{}{salt}{}:{id}:{what}",
-            t[0] as char, t[1] as char
-        ))
+    let name = |n: u32| {
+        let mut b = BytesMut::with_capacity(key.len() + 24);
+        b.put_slice(b"saltshaker:");
+        b.put_slice(kind.as_bytes());
+        b.put_u8(b':');
+        b.put_u8(t[0]);
+        b.put_slice(n.to_string().as_bytes());
+        b.put_u8(t[1]);
+        b.put_u8(b':');
+        b.put_slice(key);
+        b.freeze()
     };
     (0..SEARCH)
         .map(name)
         .find(|n| p.node_of(n) == node)
         .unwrap_or_else(|| name(0))
+}
+
+/// The hash on the base key's node listing the fold moves already added to the base key.
+pub fn applied_name(p: &dyn Place, key: &[u8]) -> Bytes {
+    on_node(p, p.node_of(key), "a", key)
+}
+
+/// The hash on a shard's node holding what fold moves took out of that shard (`t` for
+/// "in transit"), so a merged read counts a move exactly once at every step.
+pub fn stash_name(p: &dyn Place, key: &[u8], salt: u32) -> Bytes {
+    let node = p.node_of(&shard_name(key, salt, p.tag()));
+    on_node(p, node, &format!("t:{salt}"), key)
 }
 
 /// Salts for shards `have.len()..n`, keeping the ones in `have`.
@@ -155,12 +174,19 @@ mod tests {
     }
 
     #[test]
-    fn markers_land_on_the_asked_node() {
-        let p = pool(4, None);
-        for node in 0..4 {
-            let m = marker_name(&p, node, 99, "add");
-            assert_eq!(p.node_of(&m), node);
-            assert!(m.starts_with(PREFIX));
+    fn fold_bookkeeping_lands_beside_the_data_it_describes() {
+        for tag in [None, Some(*b"{}")] {
+            let p = pool(4, tag);
+            for key in [&b"likes:1"[..], b"user:{7}:votes"] {
+                let a = applied_name(&p, key);
+                assert_eq!(p.node_of(&a), p.node_of(key));
+                assert!(a.starts_with(PREFIX));
+                for s in choose_salts(&p, key, &[], 4) {
+                    let t = stash_name(&p, key, s);
+                    assert_eq!(p.node_of(&t), p.node_of(&shard_name(key, s, p.tag())));
+                    assert_ne!(t, stash_name(&p, key, s + 1));
+                }
+            }
         }
     }
 }

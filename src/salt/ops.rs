@@ -12,6 +12,9 @@ use std::time::Duration;
 
 use bytes::Bytes;
 
+use std::collections::HashMap;
+
+use super::record::{hex, unhex};
 use super::{as_i64, call, SaltTable, Salted};
 use crate::backend::{wire, Backend};
 use crate::mitigate::combine::Combiner;
@@ -78,21 +81,6 @@ fn on(args: &[Bytes], part: &Bytes) -> Bytes {
     let mut a = args.to_vec();
     a[1] = part.clone();
     wire(&a)
-}
-
-/// Runs `op` on every part: one job per node, all at once.
-async fn each(backend: &Backend, e: &Salted, args: &[Bytes]) -> Result<Vec<Value>, Value> {
-    let cmds: Vec<(usize, Bytes)> = e
-        .parts
-        .iter()
-        .zip(&e.nodes)
-        .map(|(p, &n)| (n, on(args, p)))
-        .collect();
-    let r = call(backend, &cmds).await.map_err(|e| err(&e))?;
-    if let Some(e) = r.iter().find(|v| matches!(v, Value::Error(_))) {
-        return Err(e.clone());
-    }
-    Ok(r)
 }
 
 /// The sum over parts of one counter; None when no part holds it. A single part holding a
@@ -183,7 +171,8 @@ pub async fn inherit_expiry(backend: &Backend, e: &Salted, part: usize) {
 }
 
 async fn merged(backend: &Backend, e: &Salted, op: Op, args: &[Bytes]) -> Result<Value, Value> {
-    let r = each(backend, e, args).await?;
+    let (cmds, _) = plan(e, &op, args, 0);
+    let r = call(backend, &cmds).await.map_err(|e| err(&e))?;
     merge(e, &op, &r)
 }
 
@@ -200,13 +189,87 @@ pub fn plan(e: &Salted, op: &Op, args: &[Bytes], now_ms: u64) -> (Vec<(usize, By
         };
         return (vec![(e.nodes[part], cmd)], part);
     }
+    let sums = matches!(op, Op::Get | Op::HGet(_) | Op::HMGet(_) | Op::HGetAll);
     let cmds = e
         .parts
         .iter()
         .zip(&e.nodes)
-        .map(|(p, &n)| (n, on(args, p)))
+        .enumerate()
+        .map(|(i, (p, &n))| {
+            if !sums {
+                return (n, on(args, p));
+            }
+            // The part and its fold bookkeeping in one script: read atomically together.
+            let aux_cmd: &[u8] = if i == 0 { b"HKEYS" } else { b"HGETALL" };
+            let mut a: Vec<&[u8]> = vec![b"EVAL", READ_WITH_AUX.as_bytes(), b"2", p, &e.aux[i]];
+            a.push(&args[0]);
+            a.push(aux_cmd);
+            a.extend(args[2..].iter().map(|x| &x[..]));
+            (n, wire(&a))
+        })
         .collect();
     (cmds, 0)
+}
+
+/// A summing read of one part with its fold bookkeeping: `{reply, aux}`. KEYS: part, aux
+/// hash. ARGV: the command, the aux command (HKEYS of the base key's applied list, HGETALL
+/// of a shard's stash), then the command's arguments after the key.
+const READ_WITH_AUX: &str =
+    "return {redis.call(ARGV[1], KEYS[1], unpack(ARGV, 3)), redis.call(ARGV[2], KEYS[2])}";
+
+/// Splits the replies of a summing read into the parts' own replies and, per hex field,
+/// the amounts fold moves have taken out of shards but not yet added to the base key.
+fn unwrap_aux(r: &[Value]) -> (Vec<Value>, HashMap<Vec<u8>, i64>) {
+    let mut vals = Vec::with_capacity(r.len());
+    let mut applied: Vec<&[u8]> = Vec::new();
+    let mut stash: Vec<(&[u8], i64)> = Vec::new();
+    for (i, v) in r.iter().enumerate() {
+        let (own, aux) = match v {
+            Value::Array(a) if a.len() == 2 => (a[0].clone(), Some(&a[1])),
+            v => (v.clone(), None),
+        };
+        vals.push(own);
+        let Some(Value::Array(items)) = aux else {
+            continue;
+        };
+        if i == 0 {
+            applied.extend(items.iter().filter_map(|x| match x {
+                Value::Bulk(b) => Some(&b[..]),
+                _ => None,
+            }));
+        } else {
+            for pair in items.chunks(2) {
+                if let (Value::Bulk(f), Some(n)) = (&pair[0], pair.get(1).and_then(as_i64)) {
+                    stash.push((&f[..], n));
+                }
+            }
+        }
+    }
+    let mut pending: HashMap<Vec<u8>, i64> = HashMap::new();
+    for (f, n) in stash {
+        // `id` alone is the take's marker; `id:hexfield` an amount in transit.
+        let Some(colon) = f.iter().position(|&c| c == b':') else {
+            continue;
+        };
+        if !applied.contains(&&f[..colon]) {
+            let slot = pending.entry(f[colon + 1..].to_vec()).or_insert(0);
+            *slot = slot.saturating_add(n);
+        }
+    }
+    (vals, pending)
+}
+
+/// `vals` plus the amount in transit for `hexfield`, as one more part.
+fn with_pending(
+    mut vals: Vec<Value>,
+    pending: &HashMap<Vec<u8>, i64>,
+    hexfield: &str,
+) -> Vec<Value> {
+    match pending.get(hexfield.as_bytes()) {
+        Some(&n) if n != 0 => vals.push(Value::Bulk(Bytes::from(n.to_string()))),
+        _ => vals.push(Value::Nil),
+    }
+    vals
 }
 
 /// The reply to a shard write `v` of part `part`: the estimate of the whole, and whether
@@ -226,13 +289,18 @@ pub fn merge(e: &Salted, op: &Op, r: &[Value]) -> Result<Value, Value> {
     if let Some(err) = r.iter().find(|v| matches!(v, Value::Error(_))) {
         return Err(err.clone());
     }
+    let (r, pending) = match op {
+        Op::Get | Op::HGet(_) | Op::HMGet(_) | Op::HGetAll => unwrap_aux(r),
+        _ => (r.to_vec(), HashMap::new()),
+    };
     Ok(match op {
         Op::Get | Op::HGet(_) => {
             let field = match &op {
                 Op::HGet(f) => Some(f),
                 _ => None,
             };
-            match sum(&r)? {
+            let hexfield = field.map(|f| hex(f)).unwrap_or_default();
+            match sum(&with_pending(r, &pending, &hexfield))? {
                 None => Value::Nil,
                 Some((v, per)) => {
                     e.remember(field, &per);
@@ -245,7 +313,7 @@ pub fn merge(e: &Salted, op: &Op, r: &[Value]) -> Result<Value, Value> {
             let mut out = Vec::with_capacity(fields.len());
             for (i, f) in fields.iter().enumerate() {
                 let col: Vec<Value> = r.iter().map(|v| nth(v, i)).collect();
-                out.push(match sum(&col)? {
+                out.push(match sum(&with_pending(col, &pending, &hex(f)))? {
                     None => Value::Nil,
                     Some((v, per)) => {
                         e.remember(Some(f), &per);
@@ -267,9 +335,20 @@ pub fn merge(e: &Salted, op: &Op, r: &[Value]) -> Result<Value, Value> {
                     col[i] = x;
                 }
             }
+            for hf in pending.keys() {
+                let Some(f) = std::str::from_utf8(hf).ok().and_then(unhex) else {
+                    continue;
+                };
+                let f = Bytes::from(f);
+                cols.entry(f.clone()).or_insert_with(|| {
+                    order.push(f);
+                    vec![Value::Nil; r.len()]
+                });
+            }
             let mut out = Vec::with_capacity(order.len());
             for f in order {
-                if let Some((v, _)) = sum(&cols[&f])? {
+                let col = with_pending(cols[&f].clone(), &pending, &hex(&f));
+                if let Some((v, _)) = sum(&col)? {
                     out.push((Value::Bulk(f), v));
                 }
             }
@@ -392,6 +471,35 @@ mod tests {
         assert_eq!(c("HMGET k a b"), Op::HMGet(vec![b("a"), b("b")]));
         assert_eq!(c("EXPIRE k 10 NX"), Op::Expire);
         assert_eq!(c("TYPE k"), Op::FirstExisting);
+    }
+
+    #[test]
+    fn a_value_in_transit_counts_until_its_move_is_applied() {
+        let arr = |v: Vec<Value>| Value::Array(v);
+        let base = |applied: &[&str]| {
+            arr(vec![
+                Value::Bulk(b("10")),
+                arr(applied.iter().map(|a| Value::Bulk(b(a))).collect()),
+            ])
+        };
+        // Shard 1 had 5 taken out by move 7 (marker `7`, amount under `7:`).
+        let shard = arr(vec![
+            Value::Nil,
+            arr(vec![
+                Value::Bulk(b("7")),
+                Value::Bulk(b("1")),
+                Value::Bulk(b("7:")),
+                Value::Bulk(b("5")),
+            ]),
+        ]);
+        let (vals, pending) = unwrap_aux(&[base(&[]), shard.clone()]);
+        assert_eq!(vals, vec![Value::Bulk(b("10")), Value::Nil]);
+        assert_eq!(pending.get(&b""[..].to_vec()), Some(&5));
+        let (_, pending) = unwrap_aux(&[base(&["7"]), shard]);
+        assert!(
+            pending.is_empty(),
+            "applied moves are in the base key already"
+        );
     }
 
     #[test]
