@@ -321,8 +321,11 @@ fn runbook_annotations_point_at_sections_of_the_operations_doc() {
         let name = r["alert"].as_str().unwrap_or("?").to_string();
         let expr = r["expr"].as_str().unwrap_or("");
         let runbook = r["annotations"]["runbook"].as_str();
-        // The cache and combine alerts carry one; any alert that has one must resolve.
-        if expr.contains("saltshaker_cache_") || expr.contains("saltshaker_combine") {
+        // The cache, combine and salt alerts carry one; any alert that has one must resolve.
+        if expr.contains("saltshaker_cache_")
+            || expr.contains("saltshaker_combine")
+            || expr.contains("saltshaker_salt")
+        {
             assert!(runbook.is_some(), "{name} has no runbook annotation");
         }
         let Some(runbook) = runbook else { continue };
@@ -341,7 +344,7 @@ fn runbook_annotations_point_at_sections_of_the_operations_doc() {
         );
         with_runbook += 1;
     }
-    assert!(with_runbook >= 4, "{with_runbook} alerts have a runbook");
+    assert!(with_runbook >= 8, "{with_runbook} alerts have a runbook");
 }
 
 fn panels(d: &Json) -> Vec<&Json> {
