@@ -2,7 +2,7 @@
 //! shared by every proxy through a registry in the backend, and folded back when it cools.
 //!
 //! - `record`: the registry record of one key and the epoch arithmetic (pure).
-//! - `names`: shard and marker names; salts chosen by the node they land on (pure).
+//! - `names`: shard and fold bookkeeping names; salts chosen by the node they land on (pure).
 //! - `ops`: one command on a salted key: shard writes with an estimated reply, merged reads.
 //! - `fold`: the journaled, idempotent move of shards into the base key.
 //! - `registry`: the coordinator: resync, announcements, promotion, demotion, the fold.
