@@ -231,6 +231,7 @@ fn merge(m: Merge, replies: &[Result<Replies, BackendError>], proto: Proto, out:
             op,
             entry,
             part: written,
+            careful,
             ctx,
         } => values(replies, &parts).map(|vs| {
             let v = match (&op, ctx) {
@@ -243,7 +244,7 @@ fn merge(m: Merge, replies: &[Result<Replies, BackendError>], proto: Proto, out:
                     }
                     v
                 }
-                _ => crate::salt::ops::merge(&entry, &op, &vs).unwrap_or_else(|e| e),
+                _ => crate::salt::ops::merge(&entry, &op, &vs, careful).unwrap_or_else(|e| e),
             };
             v.encode(proto, out);
         }),

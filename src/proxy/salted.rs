@@ -116,7 +116,9 @@ pub(super) async fn act(
     let table = match plan {
         Plan::Forward => return Next::Forward,
         Plan::Inline(e, op) => {
-            let (cmds, part) = ops::plan(&e, &op, &args, now_ms());
+            let now = now_ms();
+            let careful = s.ctx.salt.careful(&e, now);
+            let (cmds, part) = ops::plan(&e, &op, &args, now, careful);
             let parts = cmds.into_iter().map(|(n, w)| push(s, rb, n, w)).collect();
             let write = matches!(op, Op::Write { .. });
             let m = &s.ctx.salt.metrics;
@@ -130,6 +132,7 @@ pub(super) async fn act(
                 op,
                 entry: e,
                 part,
+                careful,
                 ctx: write.then(|| s.ctx.clone()),
             })));
             return Next::Done;
@@ -143,7 +146,7 @@ pub(super) async fn act(
             let proto = s.proto;
             let write = name != "MGET" && name != "EXISTS";
             later(s, rb, write, async move {
-                ops::multi(&ctx.backend, &table, &args, name, proto, &ctx.salt.metrics).await
+                ops::multi(&ctx.backend, &ctx.salt, &table, &args, name, proto).await
             });
             return Next::Done;
         }
@@ -186,7 +189,7 @@ fn combine(s: &mut Session, e: Arc<Salted>, op: Op, args: &[Bytes], rb: &mut Rou
     let Some((combiner, window)) = combine_with(s, &e.key) else {
         return;
     };
-    let (mut cmds, part) = ops::plan(&e, &op, args, now_ms());
+    let (mut cmds, part) = ops::plan(&e, &op, args, now_ms(), false);
     let (node, cmd) = cmds.remove(0);
     let conns = s.ctx.backend.node(node).conns(Proto::Resp2, 0);
     s.rr = s.rr.wrapping_add(1);

@@ -276,6 +276,13 @@ pub async fn move_all(backend: &Backend, salt: &Salt, key: &[u8]) -> Result<(), 
             }
         }
     };
+    if c.rec.demote_ms.is_none() {
+        // Readers of a salted key skip the fold's bookkeeping until they see a fold: give
+        // every proxy three registry ticks to see this claim before anything moves.
+        registry::announce(backend, key).await;
+        tokio::time::sleep(Duration::from_millis(3 * salt.tick_ms())).await;
+        update(backend, key, &mut c).await?;
+    }
     for i in 0..c.rec.salts.len() {
         move_shard(backend, salt, key, &mut c, i).await?;
     }

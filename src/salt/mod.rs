@@ -88,6 +88,12 @@ impl Salted {
         }
     }
 
+    /// Takes over `old`'s place in the write rotation.
+    pub fn continue_rotation(&self, old: &Salted) {
+        self.rr
+            .store(old.rr.load(Ordering::Relaxed), Ordering::Relaxed);
+    }
+
     /// The shard index the next write goes to, if writers use shards now.
     pub fn write_shard(&self, now_ms: u64) -> Option<usize> {
         let n = self.rec.writers(now_ms)? as usize;
@@ -171,6 +177,23 @@ impl Salt {
             kick: Arc::new(Notify::new()),
             registry_ok: AtomicBool::new(false),
         }
+    }
+
+    /// How often the coordinator reads the registry: ten times an epoch, at most every
+    /// half second.
+    pub fn tick_ms(&self) -> u64 {
+        (self.epoch_ms.load(Ordering::Relaxed) / 10).clamp(50, 500)
+    }
+
+    /// Whether a summing read of `e` must read the fold's bookkeeping too: a fold may be
+    /// moving values (the record says so, or the key is demoted), or this proxy's view of
+    /// the registry is older than two ticks and might miss a move starting. A move that
+    /// starts on a salted key waits three ticks after announcing itself (`fold::move_all`),
+    /// so a proxy with a fresh view always knows of it in time.
+    pub fn careful(&self, e: &Salted, now_ms: u64) -> bool {
+        e.rec.fold.is_some()
+            || e.rec.demote_ms.is_some()
+            || now_ms.saturating_sub(self.synced_ms.load(Ordering::Relaxed)) >= 2 * self.tick_ms()
     }
 
     /// Whether writers may use shards: the registry was read within the last epoch.

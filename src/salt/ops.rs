@@ -170,15 +170,30 @@ pub async fn inherit_expiry(backend: &Backend, e: &Salted, part: usize) {
     }
 }
 
-async fn merged(backend: &Backend, e: &Salted, op: Op, args: &[Bytes]) -> Result<Value, Value> {
-    let (cmds, _) = plan(e, &op, args, 0);
+async fn merged(
+    backend: &Backend,
+    e: &Salted,
+    op: Op,
+    args: &[Bytes],
+    careful: bool,
+) -> Result<Value, Value> {
+    let (cmds, _) = plan(e, &op, args, 0, careful);
     let r = call(backend, &cmds).await.map_err(|e| err(&e))?;
-    merge(e, &op, &r)
+    merge(e, &op, &r, careful)
 }
 
 /// What to send for a mergeable `op`: the command on every part (a read or key command),
 /// or on the shard writers use now (a write; the index of that part comes back too).
-pub fn plan(e: &Salted, op: &Op, args: &[Bytes], now_ms: u64) -> (Vec<(usize, Bytes)>, usize) {
+///
+/// With `careful`, a summing read reads each part together with its fold bookkeeping
+/// (`Salt::careful` says when); otherwise it is the plain command on each part.
+pub fn plan(
+    e: &Salted,
+    op: &Op,
+    args: &[Bytes],
+    now_ms: u64,
+    careful: bool,
+) -> (Vec<(usize, Bytes)>, usize) {
     if let Op::Write { delta, field } = op {
         let part = e.write_shard(now_ms).map_or(0, |i| i + 1);
         let d = Bytes::from(delta.to_string());
@@ -189,7 +204,7 @@ pub fn plan(e: &Salted, op: &Op, args: &[Bytes], now_ms: u64) -> (Vec<(usize, By
         };
         return (vec![(e.nodes[part], cmd)], part);
     }
-    let sums = matches!(op, Op::Get | Op::HGet(_) | Op::HMGet(_) | Op::HGetAll);
+    let sums = careful && matches!(op, Op::Get | Op::HGet(_) | Op::HMGet(_) | Op::HGetAll);
     let cmds = e
         .parts
         .iter()
@@ -285,12 +300,12 @@ pub fn written(e: &Salted, op: &Op, part: usize, v: &Value) -> (Value, bool) {
 }
 
 /// Merges the replies of every part (base first) into the reply one key would give.
-pub fn merge(e: &Salted, op: &Op, r: &[Value]) -> Result<Value, Value> {
+pub fn merge(e: &Salted, op: &Op, r: &[Value], careful: bool) -> Result<Value, Value> {
     if let Some(err) = r.iter().find(|v| matches!(v, Value::Error(_))) {
         return Err(err.clone());
     }
     let (r, pending) = match op {
-        Op::Get | Op::HGet(_) | Op::HMGet(_) | Op::HGetAll => unwrap_aux(r),
+        Op::Get | Op::HGet(_) | Op::HMGet(_) | Op::HGetAll if careful => unwrap_aux(r),
         _ => (r.to_vec(), HashMap::new()),
     };
     Ok(match op {
@@ -374,12 +389,13 @@ fn is_none_type(v: &Value) -> bool {
 /// answered as on its own, then put together as the command would.
 pub async fn multi(
     backend: &Backend,
+    salt: &super::Salt,
     table: &SaltTable,
     args: &[Bytes],
     name: &str,
     proto: Proto,
-    metrics: &super::SaltMetrics,
 ) -> Bytes {
+    let metrics = &salt.metrics;
     let mut out = Vec::with_capacity(args.len() - 1);
     for key in &args[1..] {
         let one = [
@@ -394,7 +410,7 @@ pub async fn multi(
             Some(e) => {
                 metrics.merged_reads.inc();
                 let op = classify(if name == "MGET" { "GET" } else { name }, &one);
-                merged(backend, e, op, &one).await
+                merged(backend, e, op, &one, salt.careful(e, super::now_ms())).await
             }
             None => call(backend, &[(backend.node_for(key), wire(&one))])
                 .await

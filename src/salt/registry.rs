@@ -291,7 +291,7 @@ pub async fn run(
                 warned = true;
             }
         }
-        let period = Duration::from_millis((epoch / 5).clamp(50, 1000));
+        let period = Duration::from_millis(salt.tick_ms());
         tokio::select! {
             _ = tokio::time::sleep(period) => {}
             _ = salt.kick.notified() => {}
@@ -437,7 +437,14 @@ fn install(backend: &Backend, salt: &Salt, records: &[(Bytes, Record)], now: u64
     for (k, rec) in records {
         let e = match old.get(k) {
             Some(e) if e.rec == *rec => Arc::clone(e),
-            _ => Arc::new(Salted::new(k.clone(), rec.clone(), backend as &dyn Place)),
+            // A record that changed (a heartbeat, growth, demotion) keeps the write
+            // rotation where it was, so writes stay even over the shards.
+            Some(e) => {
+                let new = Salted::new(k.clone(), rec.clone(), backend as &dyn Place);
+                new.continue_rotation(e);
+                Arc::new(new)
+            }
+            None => Arc::new(Salted::new(k.clone(), rec.clone(), backend as &dyn Place)),
         };
         keys.insert(k.clone(), e);
     }
