@@ -497,6 +497,83 @@ fn a_pinned_rule_salts_its_key_before_any_traffic_and_cooling_does_not_demote_it
 }
 
 #[test]
+fn reads_stay_exact_while_commands_fold_a_live_salted_key_over_and_over() {
+    if !have_redis() {
+        return;
+    }
+    let nodes = pool(4);
+    let dir = TempDir::new("salt-live-fold");
+    let rules = rules_file(&dir);
+    let (a, b) = (proxy(&nodes, &rules, &[]), proxy(&nodes, &rules, &[]));
+    let key = "ctr:live";
+    assert_eq!(
+        a.admin_post("/hotkeys/promote?key=ctr%3Alive&shards=4").0,
+        200
+    );
+    wait_in_force(&[&a, &b], key);
+    let sent = Arc::new(AtomicI64::new(0));
+    let stop = Arc::new(AtomicBool::new(false));
+    let writer = {
+        let (addr, sent, stop) = (a.addr(), sent.clone(), stop.clone());
+        thread::spawn(move || {
+            let mut c = Client::connect(&addr);
+            let mut acked = 0i64;
+            while !stop.load(Ordering::Relaxed) {
+                sent.fetch_add(1, Ordering::SeqCst);
+                if !c.cmd(&["INCR", "ctr:live"]).is_error() {
+                    acked += 1;
+                }
+            }
+            acked
+        })
+    };
+    let folder = {
+        let (addr, stop) = (b.addr(), stop.clone());
+        thread::spawn(move || {
+            let mut c = Client::connect(&addr);
+            let mut folds = 0;
+            while !stop.load(Ordering::Relaxed) {
+                // STRLEN cannot be merged: every call moves all shards into the base key.
+                let r = c.cmd(&["STRLEN", "ctr:live"]);
+                assert!(!r.is_error(), "STRLEN: {r}");
+                folds += 1;
+            }
+            folds
+        })
+    };
+    // Reads through the proxy that is not folding: never more than was sent, never less
+    // than the read before.
+    let mut r = b.client();
+    let mut last = 0;
+    let end = Instant::now() + Duration::from_secs(4);
+    let mut reads = 0;
+    while Instant::now() < end {
+        let v = get_int_from(&mut r, key);
+        let ceiling = sent.load(Ordering::SeqCst);
+        assert!(
+            v <= ceiling,
+            "read {v} but only {ceiling} increments were sent"
+        );
+        assert!(v >= last, "read {v} after {last}");
+        last = v;
+        reads += 1;
+    }
+    stop.store(true, Ordering::Relaxed);
+    let acked = writer.join().unwrap();
+    let folds = folder.join().unwrap();
+    assert!(folds >= 3 && reads >= 50, "folds {folds}, reads {reads}");
+    assert_eq!(get_int(&a, key), acked);
+    assert_eq!(get_int(&b, key), acked);
+}
+
+fn get_int_from(c: &mut Client, key: &str) -> i64 {
+    let r = c.cmd(&["GET", key]);
+    r.as_str()
+        .parse()
+        .unwrap_or_else(|_| panic!("GET {key}: {r}"))
+}
+
+#[test]
 fn hash_counters_merge_field_by_field() {
     if !have_redis() {
         return;

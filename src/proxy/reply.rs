@@ -231,7 +231,6 @@ fn merge(m: Merge, replies: &[Result<Replies, BackendError>], proto: Proto, out:
             op,
             entry,
             part: written,
-            careful,
             ctx,
         } => values(replies, &parts).map(|vs| {
             let v = match (&op, ctx) {
@@ -244,7 +243,7 @@ fn merge(m: Merge, replies: &[Result<Replies, BackendError>], proto: Proto, out:
                     }
                     v
                 }
-                _ => crate::salt::ops::merge(&entry, &op, &vs, careful).unwrap_or_else(|e| e),
+                _ => crate::salt::ops::merge(&entry, &op, &vs, false).unwrap_or_else(|e| e),
             };
             v.encode(proto, out);
         }),

@@ -61,8 +61,6 @@ pub enum Merge {
         entry: std::sync::Arc<crate::salt::Salted>,
         /// For a write: the part written, and the proxy (a new shard takes the key's expiry).
         part: usize,
-        /// The reads carry the fold's bookkeeping (`Salt::careful`).
-        careful: bool,
         ctx: Option<std::sync::Arc<super::Ctx>>,
     },
 }

@@ -33,6 +33,9 @@ pub(super) enum Plan {
     /// In this round, like any command: the part commands join the round's node jobs and a
     /// merge slot puts the replies together (reads, key commands, plain shard writes).
     Inline(Arc<Salted>, Op),
+    /// A summing read while a fold may move values: base key first, then the shards
+    /// (`ops::careful_read`), by a task.
+    Careful(Arc<Salted>, Op),
     /// Through the shard's combine batch (salt+combine), ordered like any combined write.
     Combine(Arc<Salted>, Op),
     /// By a task: multi-key commands over salted keys.
@@ -47,7 +50,7 @@ pub(super) enum Plan {
 impl Plan {
     /// Tasks and folds run outside the round, so the round built so far must go first.
     pub(super) fn needs_flush(&self) -> bool {
-        matches!(self, Plan::Task(_) | Plan::Fold(_))
+        matches!(self, Plan::Task(_) | Plan::Fold(_) | Plan::Careful(..))
     }
 }
 
@@ -92,6 +95,7 @@ pub(super) fn plan(s: &Session, req: &Request, c: &Classified) -> Option<Plan> {
                 Plan::Inline(e, ops::classify(name, &args))
             }
         }
+        op if ops::sums(&op) && s.ctx.salt.careful(&e, now_ms()) => Plan::Careful(e, op),
         op => Plan::Inline(e, op),
     })
 }
@@ -116,9 +120,7 @@ pub(super) async fn act(
     let table = match plan {
         Plan::Forward => return Next::Forward,
         Plan::Inline(e, op) => {
-            let now = now_ms();
-            let careful = s.ctx.salt.careful(&e, now);
-            let (cmds, part) = ops::plan(&e, &op, &args, now, careful);
+            let (cmds, part) = ops::plan(&e, &op, &args, now_ms(), false);
             let parts = cmds.into_iter().map(|(n, w)| push(s, rb, n, w)).collect();
             let write = matches!(op, Op::Write { .. });
             let m = &s.ctx.salt.metrics;
@@ -132,9 +134,19 @@ pub(super) async fn act(
                 op,
                 entry: e,
                 part,
-                careful,
                 ctx: write.then(|| s.ctx.clone()),
             })));
+            return Next::Done;
+        }
+        Plan::Careful(e, op) => {
+            let ctx = s.ctx.clone();
+            let proto = s.proto;
+            s.ctx.salt.metrics.merged_reads.inc();
+            later(s, rb, false, async move {
+                ops::careful(&ctx.backend, &e, op, &args)
+                    .await
+                    .to_bytes(proto)
+            });
             return Next::Done;
         }
         Plan::Combine(e, op) => {

@@ -14,10 +14,11 @@
 //!   (`names::applied_name`, on the base key's node), list it and add `v` to the base key,
 //!   atomically.
 //!
-//! A merged read reads each part together with its bookkeeping hash in one script, and
-//! counts a stash entry only if its move is not in the base key's applied list. Whatever
-//! order the reads reach the two nodes in, a moved value is counted once: in the shard
-//! (before the take), in the stash (after the take, until the add), or in the base key.
+//! While a fold may be moving values, a summing read reads the base key with its applied
+//! list first, then each shard with its stash (each part and its hash in one script), and
+//! counts a stash entry only if its move is not in the applied list. A moved value is then
+//! counted once: in the shard (read before the take), in the stash (the add came after
+//! the base key was read), or in the base key (both steps done).
 //! A proxy that finds a journaled move whose claimant's lease ran out re-runs both steps;
 //! the lists make the re-run change nothing twice. Both hashes expire an hour after their
 //! last move.
@@ -92,15 +93,29 @@ fn move_id(salt: &Salt) -> u64 {
 
 /// Writes `c.rec` over `c.raw`; fails if anyone changed the record in between.
 async fn update(backend: &Backend, key: &[u8], c: &mut Claimed) -> Result<(), String> {
-    if let Some(f) = c.rec.fold.as_mut() {
-        f.lease_until_ms = now_ms() + LEASE_MS;
+    let mine = c.rec.fold.as_ref().map(|f| f.owner.clone());
+    for _ in 0..5 {
+        if let Some(f) = c.rec.fold.as_mut() {
+            f.lease_until_ms = now_ms() + LEASE_MS;
+        }
+        let new = Bytes::from(c.rec.encode());
+        if registry::cas(backend, key, Some(&c.raw), Some(&new)).await? {
+            c.raw = new;
+            return Ok(());
+        }
+        // Another proxy changed the record meanwhile (a heartbeat, a growth of N): keep
+        // its change and write our fold state over it, as long as the claim is still ours.
+        let Some((raw, mut fresh)) = registry::get(backend, key).await? else {
+            return Err("the key's registry record vanished under the fold".into());
+        };
+        if fresh.fold.as_ref().map(|f| f.owner.clone()) != mine {
+            return Err("another proxy took over the fold".into());
+        }
+        fresh.fold = c.rec.fold.take();
+        c.rec = fresh;
+        c.raw = raw;
     }
-    let new = Bytes::from(c.rec.encode());
-    if !registry::cas(backend, key, Some(&c.raw), Some(&new)).await? {
-        return Err("the key's registry record changed under the fold".into());
-    }
-    c.raw = new;
-    Ok(())
+    Err("the key's registry record keeps changing under the fold".into())
 }
 
 /// Takes the key's fold slot, finishing the move a dead claimant left journaled. None when
@@ -142,10 +157,23 @@ pub async fn claim(backend: &Backend, salt: &Salt, key: &[u8]) -> Result<Option<
 
 /// Gives the fold slot back.
 pub async fn release(backend: &Backend, key: &[u8], mut c: Claimed) -> Result<(), String> {
-    c.rec.fold = None;
-    let new = Bytes::from(c.rec.encode());
-    registry::cas(backend, key, Some(&c.raw), Some(&new)).await?;
-    Ok(())
+    for _ in 0..5 {
+        let mut rec = c.rec.clone();
+        rec.fold = None;
+        let new = Bytes::from(rec.encode());
+        if registry::cas(backend, key, Some(&c.raw), Some(&new)).await? {
+            return Ok(());
+        }
+        match registry::get(backend, key).await? {
+            Some((raw, fresh)) if fresh.fold == c.rec.fold || fresh.fold.is_none() => {
+                c.rec = fresh;
+                c.raw = raw;
+            }
+            // Gone, or someone else's claim now: nothing of ours to release.
+            _ => return Ok(()),
+        }
+    }
+    Err("the key's registry record keeps changing".into())
 }
 
 /// Moves shard `i` into the base key (nothing to do if it is empty).

@@ -178,8 +178,40 @@ async fn merged(
     careful: bool,
 ) -> Result<Value, Value> {
     let (cmds, _) = plan(e, &op, args, 0, careful);
+    if careful && sums(&op) {
+        return careful_read(backend, e, &op, &cmds).await;
+    }
     let r = call(backend, &cmds).await.map_err(|e| err(&e))?;
     merge(e, &op, &r, careful)
+}
+
+/// Whether `op` adds up its parts (and so must count values in transit during a fold).
+pub fn sums(op: &Op) -> bool {
+    matches!(op, Op::Get | Op::HGet(_) | Op::HMGet(_) | Op::HGetAll)
+}
+
+/// A summing read while a fold may be moving values: the base key (with its applied list)
+/// is read first, the shards (with their stashes) after it has answered. In that order a
+/// moved value is counted exactly once: were a shard read before its take and the base
+/// key after the add, it would be counted twice, and only reading the base key first rules
+/// that out. The cost, a second round trip, is paid only while `Salt::careful` holds.
+pub async fn careful_read(
+    backend: &Backend,
+    e: &Salted,
+    op: &Op,
+    cmds: &[(usize, Bytes)],
+) -> Result<Value, Value> {
+    let mut r = call(backend, &cmds[..1]).await.map_err(|e| err(&e))?;
+    r.extend(call(backend, &cmds[1..]).await.map_err(|e| err(&e))?);
+    merge(e, op, &r, true)
+}
+
+/// `careful_read` from a command's arguments.
+pub async fn careful(backend: &Backend, e: &Salted, op: Op, args: &[Bytes]) -> Value {
+    let (cmds, _) = plan(e, &op, args, 0, true);
+    careful_read(backend, e, &op, &cmds)
+        .await
+        .unwrap_or_else(|e| e)
 }
 
 /// What to send for a mergeable `op`: the command on every part (a read or key command),
@@ -204,7 +236,7 @@ pub fn plan(
         };
         return (vec![(e.nodes[part], cmd)], part);
     }
-    let sums = careful && matches!(op, Op::Get | Op::HGet(_) | Op::HMGet(_) | Op::HGetAll);
+    let sums = careful && sums(op);
     let cmds = e
         .parts
         .iter()
