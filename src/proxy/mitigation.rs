@@ -97,8 +97,7 @@ pub(super) fn cached_read(
     p: CachePolicy,
     rb: &mut RoundBuilder,
 ) -> bool {
-    let ctx = s.ctx.clone();
-    let Some(layer) = ctx.cache.as_ref().filter(|_| may_serve_cached(s, rb)) else {
+    let Some(layer) = s.ctx.cache.as_ref().filter(|_| may_serve_cached(s, rb)) else {
         return false;
     };
     let key = req.arg_bytes(c.keys[0] as usize);
@@ -121,6 +120,7 @@ pub(super) fn cached_mget(
     per_key: &[Option<CachePolicy>],
     rb: &mut RoundBuilder,
 ) -> bool {
+    // A clone: the layer is used while cold keys are added to `s`'s jobs.
     let ctx = s.ctx.clone();
     let Some(layer) = ctx.cache.as_ref().filter(|_| may_serve_cached(s, rb)) else {
         return false;
