@@ -28,6 +28,9 @@ pub enum Action {
     },
     /// Serve from the proxy cache (single-flight fill on a miss).
     Cache(CachePolicy),
+    /// MGET with read-hot keys: the policy of each key in order, `None` for a cold one.
+    /// Hot keys are served from the cache like a `GET` of the key, cold ones by their node.
+    CachePerKey(Vec<Option<CachePolicy>>),
 }
 
 /// Read commands whose replies may be cached for a read-hot key: single-key reads whose
@@ -171,7 +174,13 @@ fn write_hot(p: &WritePolicy) -> Option<WriteHot> {
 
 /// Decides what to do with a command.
 pub fn decide<A: Args + ?Sized>(c: &Classified, args: &A, hot: &HotSet) -> Action {
-    if hot.is_empty() || c.keys.len() != 1 {
+    if hot.is_empty() {
+        return Action::Forward;
+    }
+    if c.spec.name == "MGET" {
+        return cache_per_key(c, args, hot);
+    }
+    if c.keys.len() != 1 {
         return Action::Forward;
     }
     if c.spec.flags & flags::WRITE == 0 {
@@ -207,6 +216,22 @@ pub fn decide<A: Args + ?Sized>(c: &Classified, args: &A, hot: &HotSet) -> Actio
         // Not a valid integer: let the node give its own error.
         None => Action::Forward,
     }
+}
+
+/// An MGET is cached per key when at least one of its keys is read-hot.
+fn cache_per_key<A: Args + ?Sized>(c: &Classified, args: &A, hot: &HotSet) -> Action {
+    if !hot.may_cache() {
+        return Action::Forward;
+    }
+    let per_key: Vec<Option<CachePolicy>> = c
+        .keys
+        .iter()
+        .map(|&k| hot.read_hot(args.arg(k as usize)))
+        .collect();
+    if per_key.iter().all(Option::is_none) {
+        return Action::Forward;
+    }
+    Action::CachePerKey(per_key)
 }
 
 /// Redis's string2ll: optional minus, digits, no leading zeros or plus, within i64.
@@ -321,6 +346,13 @@ mod tests {
         assert_eq!(act("SET profile:1 x", &hot), Action::Forward);
         assert_eq!(act("GET profile:2", &hot), Action::Forward);
         assert_eq!(act("GETDEL profile:1", &hot), Action::Forward);
+        let Action::CachePerKey(per_key) = act("MGET a profile:1 b profile:1", &hot) else {
+            panic!("MGET with a read-hot key is cached per key");
+        };
+        let hot_keys: Vec<bool> = per_key.iter().map(Option::is_some).collect();
+        assert_eq!(hot_keys, [false, true, false, true]);
+        assert_eq!(act("MGET a b", &hot), Action::Forward);
+        assert_eq!(act("MSET profile:1 x a y", &hot), Action::Forward);
     }
 
     #[test]

@@ -114,7 +114,7 @@ fn never_stale_after_own_write_and_fast_after_a_direct_write() {
     let mut delays = Vec::new();
     for i in 0..100 {
         let v = format!("direct{i}");
-        assert_eq!(c.cmd(&["GET", "profile:1"]).is_error(), false);
+        assert!(!c.cmd(&["GET", "profile:1"]).is_error());
         direct.cmd(&["SET", "profile:1", &v]);
         let t0 = Instant::now();
         loop {
@@ -163,4 +163,158 @@ fn rules_without_cache_and_resp3_clients_go_to_the_node() {
     warm(&mut p.client(), "profile:h");
     let r = c3.cmd(&["HGETALL", "profile:h"]);
     assert!(!r.as_map().is_empty(), "{r:?}");
+}
+
+/// A counter of the proxy's /metrics, summed over its label sets.
+fn metric(p: &Proxy, name: &str) -> f64 {
+    let (_, m) = p.admin_get("/metrics");
+    m.lines()
+        .filter(|l| l.split(['{', ' ']).next() == Some(name))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+/// An MGET's reply as strings, nil as "(nil)".
+fn values(r: &Reply) -> Vec<String> {
+    r.as_array()
+        .iter()
+        .map(|v| {
+            if v.is_nil() {
+                "(nil)".into()
+            } else {
+                v.as_str()
+            }
+        })
+        .collect()
+}
+
+#[test]
+fn mget_serves_read_hot_keys_from_the_cache_and_cold_keys_from_their_nodes() {
+    if !have_redis() {
+        return;
+    }
+    let nodes = pool(2);
+    let dir = TempDir::new("cache-mget");
+    let p = proxy(&nodes.iter().collect::<Vec<_>>(), &dir);
+    let mut c = p.client();
+    let cold = spread_keys("plain:", 4);
+    for k in cold.iter().chain(
+        ["celeb:1", "celeb:2"]
+            .iter()
+            .map(|s| s.to_string())
+            .collect::<Vec<_>>()
+            .iter(),
+    ) {
+        c.cmd(&["SET", k, &format!("v-{k}")]);
+    }
+    // A hash under a cached pattern: GET says WRONGTYPE, MGET says nil.
+    c.cmd(&["HSET", "celeb:h", "f", "1"]);
+    warm(&mut c, "celeb:1");
+    let keys = [
+        cold[0].as_str(),
+        "celeb:1",
+        cold[1].as_str(),
+        "celeb:2",
+        "celeb:missing",
+        "celeb:h",
+        cold[2].as_str(),
+        "celeb:1",
+        cold[3].as_str(),
+    ];
+    let want: Vec<String> = keys
+        .iter()
+        .map(|k| match *k {
+            "celeb:missing" | "celeb:h" => "(nil)".to_string(),
+            k => format!("v-{k}"),
+        })
+        .collect();
+    let mut mget = vec!["MGET"];
+    mget.extend(keys);
+    assert_eq!(values(&c.cmd(&mget)), want, "first MGET (fills)");
+    for n in &nodes {
+        n.client().cmd(&["CONFIG", "RESETSTAT"]);
+    }
+    let hits0 = metric(&p, "saltshaker_cache_hits_total");
+    let rounds = 50;
+    for _ in 0..rounds {
+        assert_eq!(values(&c.cmd(&mget)), want);
+    }
+    // Pipelined with GETs of the same keys, in order.
+    let r = c.pipeline(&[
+        vec!["GET", "celeb:2"],
+        mget.clone(),
+        vec!["GET", cold[1].as_str()],
+    ]);
+    assert_eq!(r[0].as_str(), "v-celeb:2");
+    assert_eq!(values(&r[1]), want);
+    assert_eq!(r[2].as_str(), format!("v-{}", cold[1]));
+    // Per MGET: celeb:1 twice, celeb:2 and celeb:missing are hits; celeb:h (an error reply,
+    // never cached) is fetched each time.
+    let hits = metric(&p, "saltshaker_cache_hits_total") - hits0;
+    assert!(
+        hits >= (4 * (rounds + 1) + 1) as f64,
+        "{hits} cache hits over {} MGETs",
+        rounds + 1
+    );
+    let gets: i64 = nodes.iter().map(|n| calls(n, "get")).sum();
+    let mgets: i64 = nodes.iter().map(|n| calls(n, "mget")).sum();
+    // Only celeb:h reaches a node as a GET (once per MGET), the other read-hot keys none.
+    assert!(
+        (rounds as i64 + 1..=rounds as i64 + 3).contains(&gets),
+        "read-hot keys reached the nodes as {gets} GETs"
+    );
+    // The cold keys still go to their nodes, one MGET per node holding any.
+    assert!(mgets >= rounds as i64, "cold keys fetched by {mgets} MGETs");
+}
+
+#[test]
+fn mget_sees_a_write_to_a_read_hot_key_at_once() {
+    if !have_redis() {
+        return;
+    }
+    let nodes = pool(2);
+    let dir = TempDir::new("cache-mget-ryw");
+    let p = proxy(&nodes.iter().collect::<Vec<_>>(), &dir);
+    let mut c = p.client();
+    let mut other = p.client();
+    let cold = spread_keys("plain:", 2);
+    c.cmd(&["SET", &cold[0], "a"]);
+    c.cmd(&["SET", &cold[1], "b"]);
+    c.cmd(&["SET", "celeb:1", "v0"]);
+    warm(&mut c, "celeb:1");
+    let hits0 = metric(&p, "saltshaker_cache_hits_total");
+    for i in 1..100 {
+        // Own write, pipelined with the read.
+        let v = format!("v{i}");
+        let r = c.pipeline(&[
+            vec!["SET", "celeb:1", &v],
+            vec!["MGET", &cold[0], "celeb:1", &cold[1]],
+        ]);
+        assert_eq!(
+            values(&r[1]),
+            ["a", v.as_str(), "b"],
+            "pipelined MGET after own write"
+        );
+        // Own write, then the read.
+        let v = format!("w{i}");
+        c.cmd(&["SET", "celeb:1", &v]);
+        let r = c.cmd(&["MGET", "celeb:1", &cold[0]]);
+        assert_eq!(values(&r), [v.as_str(), "a"], "MGET after own write");
+        // Another client's write through the proxy, answered before this read.
+        let v = format!("x{i}");
+        other.cmd(&["SET", "celeb:1", &v]);
+        assert_eq!(
+            values(&c.cmd(&["MGET", "celeb:1", &cold[1]])),
+            [v.as_str(), "b"]
+        );
+        // And read again: now from the cache.
+        assert_eq!(
+            values(&c.cmd(&["MGET", "celeb:1", &cold[1]])),
+            [v.as_str(), "b"]
+        );
+    }
+    assert!(
+        metric(&p, "saltshaker_cache_hits_total") - hits0 >= 50.0,
+        "repeated MGETs of the unchanged key were not served from the cache"
+    );
 }

@@ -138,6 +138,114 @@ fn jitter_spreads_ttls_uniformly_over_plus_minus_jitter() {
     assert_eq!(cache.inner.ttl(&none), Duration::from_millis(1000));
 }
 
+/// Fills `n` keys with `p` one after another; returns each key and when its fill started.
+async fn fill_many(cache: &Arc<Cache>, n: usize, p: CachePolicy) -> Vec<(Bytes, Instant)> {
+    let mut out = Vec::with_capacity(n);
+    for i in 0..n {
+        let key = Bytes::from(format!("k{i}"));
+        let req = Bytes::from(format!("GET k{i}"));
+        let t0 = Instant::now();
+        cache
+            .get_or_fill(&key, &req, &p, WAIT, || async { Ok(bulk("v")) })
+            .await
+            .expect("fill");
+        out.push((key, t0));
+    }
+    out
+}
+
+/// The TTL a stored entry got: from the start of its fill to its `fresh_until`.
+fn stored_ttl(cache: &Cache, key: &Bytes, filled: Instant) -> Duration {
+    let b = cache.inner.store.get(key).expect("stored");
+    b.entries[0].fresh_until - filled
+}
+
+#[tokio::test]
+async fn stored_entries_get_ttls_within_jitter_spread_over_the_range() {
+    let cache = Cache::new(10_000, 64 << 20, CacheMetrics::default());
+    let filled = fill_many(&cache, 2000, policy(1000, 20, 0)).await;
+    let mut bins = [0usize; 10]; // 40 ms bins over 800..1200 ms
+    for (key, t0) in &filled {
+        let ms = stored_ttl(&cache, key, *t0).as_secs_f64() * 1000.0;
+        // The fill itself takes a little: the stored TTL starts a few ms after t0 at most.
+        assert!((800.0..=1205.0).contains(&ms), "{ms} ms");
+        bins[(((ms - 800.0) / 40.0) as usize).min(9)] += 1;
+    }
+    // Uniform: 200 per bin expected; no bin empty or holding a crowd.
+    assert!(
+        bins.iter().all(|&n| (100..=300).contains(&n)),
+        "TTLs not spread over +/-20%: {bins:?}"
+    );
+}
+
+/// `cargo test --lib jitter_histogram -- --ignored --nocapture`: fills 2000 keys back to
+/// back with `ttl_ms: 1000, jitter_pct: 20` and watches when each one actually stops being
+/// served fresh, printing the histogram of those expiries (and of the TTLs drawn).
+#[tokio::test]
+#[ignore]
+async fn jitter_histogram() {
+    let n = 2000;
+    let cache = Cache::new(10_000, 64 << 20, CacheMetrics::default());
+    let filled = fill_many(&cache, n, policy(1000, 20, 0)).await;
+    let drawn: Vec<f64> = filled
+        .iter()
+        .map(|(k, t0)| stored_ttl(&cache, k, *t0).as_secs_f64() * 1000.0)
+        .collect();
+    let mut pending: Vec<usize> = (0..n).collect();
+    let mut expired = vec![0f64; n];
+    let mut sweep_max = Duration::ZERO;
+    while !pending.is_empty() {
+        let s0 = Instant::now();
+        pending.retain(|&i| {
+            let (key, t0) = &filled[i];
+            let req = format!("GET k{i}");
+            if cache.inner.lookup(key, req.as_bytes()).is_fresh() {
+                return true;
+            }
+            expired[i] = t0.elapsed().as_secs_f64() * 1000.0;
+            false
+        });
+        sweep_max = sweep_max.max(s0.elapsed());
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    let fill_span = filled[n - 1].1 - filled[0].1;
+    println!(
+        "{n} entries, ttl_ms 1000, jitter_pct 20, filled over {fill_span:?}; expiry seen within \
+         one sweep (2 ms sleep + at most {sweep_max:?})"
+    );
+    for (name, v) in [
+        ("TTL drawn (stored fresh_until - fill start)", &drawn),
+        (
+            "observed expiry (first lookup not fresh - fill start)",
+            &expired,
+        ),
+    ] {
+        println!("\n{name}:");
+        print!("{}", histogram(v, 760.0, 1240.0, 40.0));
+    }
+}
+
+/// A text histogram of `v` (ms) in `step` bins from `lo` to `hi`, one `#` per 1% of values.
+fn histogram(v: &[f64], lo: f64, hi: f64, step: f64) -> String {
+    let bins = ((hi - lo) / step) as usize;
+    let mut counts = vec![0usize; bins];
+    for &x in v {
+        let i = ((x - lo) / step).floor().clamp(0.0, (bins - 1) as f64) as usize;
+        counts[i] += 1;
+    }
+    let (min, max) = v
+        .iter()
+        .fold((f64::MAX, f64::MIN), |(a, b), &x| (a.min(x), b.max(x)));
+    let mean = v.iter().sum::<f64>() / v.len() as f64;
+    let mut out = format!("  min {min:.1} ms, mean {mean:.1} ms, max {max:.1} ms\n");
+    for (i, c) in counts.iter().enumerate() {
+        let from = lo + i as f64 * step;
+        let bar = "#".repeat(c * 100 / v.len());
+        out += &format!("  {from:>6.0}-{:<6.0} ms {c:>5}  {bar}\n", from + step);
+    }
+    out
+}
+
 #[tokio::test]
 async fn a_fill_overtaken_by_invalidate_answers_its_callers_but_is_not_stored() {
     let cache = Cache::new(1000, 1 << 20, CacheMetrics::default());
@@ -370,6 +478,10 @@ async fn a_disabled_policy_always_fetches() {
 impl Lookup {
     fn is_miss(&self) -> bool {
         matches!(self, Lookup::Miss)
+    }
+
+    fn is_fresh(&self) -> bool {
+        matches!(self, Lookup::Fresh(_))
     }
 }
 

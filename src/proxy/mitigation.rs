@@ -5,13 +5,17 @@
 use bytes::Bytes;
 use tokio::sync::oneshot;
 
-use super::round::{RoundBuilder, Slot};
+use smallvec::SmallVec;
+
+use super::round::{CachedGet, MgetFrom, MgetPerKey, RoundBuilder, Slot};
+use super::route::push;
 use super::session::{err_bytes, Session};
 use crate::backend::ConnHandle;
 use crate::command::Classified;
 use crate::mitigate::cache::Cause;
 use crate::mitigate::combine::BatchKey;
 use crate::policy::HotSet;
+use crate::proxy::CacheLayer;
 use crate::resp::{Proto, Request};
 use crate::rules::CachePolicy;
 
@@ -93,21 +97,92 @@ pub(super) fn cached_read(
     p: CachePolicy,
     rb: &mut RoundBuilder,
 ) -> bool {
-    let Some(layer) = s.ctx.cache.as_ref() else {
+    let Some(layer) = s.ctx.cache.as_ref().filter(|_| may_serve_cached(s, rb)) else {
         return false;
     };
-    if s.proto != Proto::Resp2 || s.db != 0 || rb.wrote_cached || !s.barrier.is_empty() {
-        return false;
-    }
     let key = req.arg_bytes(c.keys[0] as usize);
-    let node = s.ctx.backend.node_for(&key);
-    let Some(conn) = layer.fillers[node].conn() else {
+    match from_cache(s, layer, key, req.wire(), p) {
+        Some(CachedGet::Ready(hit)) => rb.slots.push(Slot::Ready(hit)),
+        Some(CachedGet::Later(rx)) => rb.slots.push(Slot::Later(rx)),
+        None => return false,
+    }
+    true
+}
+
+/// Serves an MGET with read-hot keys key by key: each read-hot key from the cache, keyed
+/// as a `GET` of it (so MGET and GET share entries), the other keys by one MGET per node;
+/// the reply keeps the request's order. Returns false (plain MGET) in the cases where
+/// `cached_read` does.
+pub(super) fn cached_mget(
+    s: &mut Session,
+    req: &Request,
+    c: &Classified,
+    per_key: &[Option<CachePolicy>],
+    rb: &mut RoundBuilder,
+) -> bool {
+    // A clone: the layer is used while cold keys are added to `s`'s jobs.
+    let ctx = s.ctx.clone();
+    let Some(layer) = ctx.cache.as_ref().filter(|_| may_serve_cached(s, rb)) else {
         return false;
     };
-    let wire = req.wire();
-    if let Some(hit) = layer.cache.get_fresh(&key, &wire) {
-        rb.slots.push(Slot::Ready(hit));
-        return true;
+    // Cold keys grouped by node, in request order inside each group.
+    let mut groups: SmallVec<[(usize, Vec<Bytes>); 4]> = SmallVec::new();
+    let mut from = Vec::with_capacity(c.keys.len());
+    for (&k, p) in c.keys.iter().zip(per_key) {
+        let key = req.arg_bytes(k as usize);
+        if let Some(p) = p {
+            let get = crate::backend::wire(&[&b"GET"[..], &key]);
+            if let Some(cached) = from_cache(s, layer, key.clone(), get, *p) {
+                from.push(MgetFrom::Cache(cached));
+                continue;
+            }
+        }
+        let node = s.ctx.backend.node_for(&key);
+        let g = match groups.iter().position(|(n, _)| *n == node) {
+            Some(g) => g,
+            None => {
+                groups.push((node, Vec::new()));
+                groups.len() - 1
+            }
+        };
+        from.push(MgetFrom::Node {
+            part: g as u16,
+            pos: groups[g].1.len() as u32,
+        });
+        groups[g].1.push(key);
+    }
+    let mut parts = Vec::with_capacity(groups.len());
+    for (node, keys) in groups {
+        let mut args: Vec<&[u8]> = Vec::with_capacity(1 + keys.len());
+        args.push(b"MGET");
+        args.extend(keys.iter().map(|k| &k[..]));
+        parts.push(push(s, rb, node, crate::backend::wire(&args)));
+    }
+    rb.slots
+        .push(Slot::MgetPerKey(Box::new(MgetPerKey { parts, from })));
+    true
+}
+
+/// Whether this session may be served from the cache now: RESP2 on database 0 (cached
+/// replies are RESP2 from database 0), and no write of its own to a cached key pending.
+fn may_serve_cached(s: &Session, rb: &RoundBuilder) -> bool {
+    s.proto == Proto::Resp2 && s.db == 0 && !rb.wrote_cached && s.barrier.is_empty()
+}
+
+/// `request` on `key` from the cache: the reply at once on a hit, else a receiver for the
+/// (single-flight) fill through the node's tracked fill connection. None when tracking is
+/// not in force for the node: the read must go to the node as usual.
+fn from_cache(
+    s: &Session,
+    layer: &CacheLayer,
+    key: Bytes,
+    request: Bytes,
+    p: CachePolicy,
+) -> Option<CachedGet> {
+    let node = s.ctx.backend.node_for(&key);
+    let conn = layer.fillers[node].conn()?;
+    if let Some(hit) = layer.cache.get_fresh(&key, &request) {
+        return Some(CachedGet::Ready(hit));
     }
     let (cache, wait, timeout) = (
         layer.cache.clone(),
@@ -116,16 +191,15 @@ pub(super) fn cached_read(
     );
     let (tx, rx) = oneshot::channel();
     tokio::spawn(async move {
-        let fill_wire = wire.clone();
+        let fill_wire = request.clone();
         let fill = move || fetch(conn, fill_wire, timeout);
-        let reply = match cache.get_or_fill(&key, &wire, &p, wait, fill).await {
+        let reply = match cache.get_or_fill(&key, &request, &p, wait, fill).await {
             Ok(r) => r,
             Err(e) => err_bytes(&format!("ERR saltshaker: {e}")),
         };
         let _ = tx.send(reply);
     });
-    rb.slots.push(Slot::Later(rx));
-    true
+    Some(CachedGet::Later(rx))
 }
 
 /// One command on a fill connection.

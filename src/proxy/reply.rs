@@ -8,7 +8,7 @@ use bytes::{Bytes, BytesMut};
 use tokio::io::{AsyncWrite, AsyncWriteExt};
 use tokio::sync::mpsc;
 
-use super::round::{Merge, Part, Round, Slot};
+use super::round::{CachedGet, Merge, MgetFrom, MgetPerKey, Part, Round, Slot};
 use super::Ctx;
 use crate::backend::{BackendError, Replies};
 use crate::resp::{
@@ -109,6 +109,7 @@ async fn resolve(
                 Ok(b) => out.extend_from_slice(&then(b)),
                 Err(_) => encode_error("ERR saltshaker: internal error (request abandoned)", out),
             },
+            Slot::MgetPerKey(m) => mget_per_key(*m, &replies, proto, out).await,
         }
     }
     record(ctx, &round.started, &round.counts, n);
@@ -186,6 +187,52 @@ fn values(replies: &[Result<Replies, BackendError>], parts: &[Part]) -> Result<V
         }
     }
     Ok(vals)
+}
+
+/// An MGET answered key by key. A cached value is the reply to `GET key`, used as the
+/// key's element as it is, except WRONGTYPE, which MGET answers with nil. The node's
+/// failure or another error reply (a failed fill) answers the whole command, as it would
+/// a plain MGET.
+async fn mget_per_key(
+    m: MgetPerKey,
+    replies: &[Result<Replies, BackendError>],
+    proto: Proto,
+    out: &mut BytesMut,
+) {
+    let from_nodes = match values(replies, &m.parts) {
+        Ok(vs) => vs,
+        Err(e) => return out.extend_from_slice(&e),
+    };
+    let n = m.from.len();
+    let mut items = BytesMut::new();
+    for from in m.from {
+        let get = match from {
+            MgetFrom::Node { part, pos } => {
+                let v = match &from_nodes[part as usize] {
+                    Value::Array(vs) => vs.get(pos as usize).unwrap_or(&Value::Nil),
+                    _ => &Value::Nil,
+                };
+                v.encode(proto, &mut items);
+                continue;
+            }
+            MgetFrom::Cache(CachedGet::Ready(b)) => b,
+            MgetFrom::Cache(CachedGet::Later(rx)) => match rx.await {
+                Ok(b) => b,
+                Err(_) => {
+                    return encode_error("ERR saltshaker: internal error (request abandoned)", out)
+                }
+            },
+        };
+        if get.starts_with(b"-WRONGTYPE") {
+            Value::Nil.encode(proto, &mut items);
+        } else if get.starts_with(b"-") {
+            return out.extend_from_slice(&get);
+        } else {
+            items.extend_from_slice(&get);
+        }
+    }
+    encode_array_header(n, out);
+    out.extend_from_slice(&items);
 }
 
 fn merge(m: Merge, replies: &[Result<Replies, BackendError>], proto: Proto, out: &mut BytesMut) {

@@ -80,6 +80,29 @@ pub enum Slot {
         oneshot::Receiver<Bytes>,
         Box<dyn FnOnce(Bytes) -> Bytes + Send + Sync>,
     ),
+    /// An MGET with read-hot keys: some values from the cache, the rest from the nodes.
+    MgetPerKey(Box<MgetPerKey>),
+}
+
+/// An MGET answered key by key: `from[i]` is where key i's value is.
+pub struct MgetPerKey {
+    /// The MGET of the cold keys sent to each of their nodes.
+    pub parts: Vec<Part>,
+    pub from: Vec<MgetFrom>,
+}
+
+/// Where one key's value of an MGET comes from.
+pub enum MgetFrom {
+    /// Position `pos` in the array reply of `parts[part]`.
+    Node { part: u16, pos: u32 },
+    /// The reply to `GET key`, from the cache (`Ready`) or its fill (`Later`).
+    Cache(CachedGet),
+}
+
+/// A `GET key` reply served by the cache: at once on a hit, or when its fill answers.
+pub enum CachedGet {
+    Ready(Bytes),
+    Later(oneshot::Receiver<Bytes>),
 }
 
 /// A job being filled for one node.

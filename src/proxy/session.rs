@@ -16,7 +16,7 @@ use tokio::net::TcpStream;
 use tokio::sync::{mpsc, oneshot, watch};
 
 use super::dedicated::DedicatedWorker;
-use super::mitigation::{cached_read, combine, invalidate_cached, wait_barrier};
+use super::mitigation::{cached_mget, cached_read, combine, invalidate_cached, wait_barrier};
 use super::round::{Merge, Round, RoundBuilder, Slot};
 use super::route::{all_nodes, forward_keyed, keys_node, push, scan_one, split};
 use super::{local, reply, tunnel, Ctx};
@@ -348,6 +348,11 @@ async fn handle(s: &mut Session, req: Request, rb: &mut RoundBuilder) -> Flow {
             }
             Action::Cache(p) => {
                 if cached_read(s, &req, &c, p, rb) {
+                    return Flow::Continue;
+                }
+            }
+            Action::CachePerKey(per_key) => {
+                if cached_mget(s, &req, &c, &per_key, rb) {
                     return Flow::Continue;
                 }
             }
