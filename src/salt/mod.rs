@@ -60,7 +60,9 @@ pub struct Salted {
     /// Fold bookkeeping beside each part: `aux[0]` the base key's applied list, `aux[1 + i]`
     /// shard `i`'s stash (see `fold`).
     pub aux: Vec<Bytes>,
-    rr: AtomicUsize,
+    /// Shared with the entry this one replaced, so a session still holding the old entry
+    /// advances the same rotation.
+    rr: Arc<AtomicUsize>,
     /// Last value seen per part, per hash field (None for a string), for the estimated
     /// reply of a shard write. Bounded: a hash with many fields keeps the first 1024.
     last: Mutex<HashMap<Option<Bytes>, Vec<i64>>>,
@@ -83,15 +85,15 @@ impl Salted {
             parts,
             nodes,
             aux,
-            rr: AtomicUsize::new(0),
+            rr: Arc::new(AtomicUsize::new(0)),
             last: Mutex::new(HashMap::new()),
         }
     }
 
-    /// Takes over `old`'s place in the write rotation.
-    pub fn continue_rotation(&self, old: &Salted) {
-        self.rr
-            .store(old.rr.load(Ordering::Relaxed), Ordering::Relaxed);
+    /// This entry, continuing `old`'s write rotation.
+    pub fn continuing(mut self, old: &Salted) -> Salted {
+        self.rr = Arc::clone(&old.rr);
+        self
     }
 
     /// The shard index the next write goes to, if writers use shards now.

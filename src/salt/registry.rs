@@ -441,8 +441,7 @@ fn install(backend: &Backend, salt: &Salt, records: &[(Bytes, Record)], now: u64
             // rotation where it was, so writes stay even over the shards.
             Some(e) => {
                 let new = Salted::new(k.clone(), rec.clone(), backend as &dyn Place);
-                new.continue_rotation(e);
-                Arc::new(new)
+                Arc::new(new.continuing(e))
             }
             None => Arc::new(Salted::new(k.clone(), rec.clone(), backend as &dyn Place)),
         };
