@@ -36,6 +36,12 @@ rules:
   - match: "final:votes"
     pin: true
     write: { strategy: salt, salt: { shards: 3 } }
+  - match: "grow:*"
+    write:
+      hot_at_per_sec: 300
+      cool_below_per_sec: 100
+      strategy: salt
+      salt: { shards: auto, per_shard_per_sec: 100, max_shards: 6 }
   - match: "hctr:*"
     write: { strategy: salt, salt: { shards: 3, families: [hashes] } }
 "#;
@@ -206,6 +212,29 @@ fn promoted_key_spreads_over_four_nodes_and_reads_through_either_proxy_are_exact
         assert!(t > 0, "shard {k} has no expiry: {t}");
     }
     assert_eq!(c.cmd(&["PERSIST", key]).as_int(), 1);
+    // A shard created after EXPIRE takes the key's expiry.
+    let before = get_int(&a, key);
+    assert_eq!(c.cmd(&["DEL", key]).as_int(), 1);
+    assert!(shard_keys(&nodes).is_empty());
+    c.cmd(&["INCR", key]);
+    assert_eq!(c.cmd(&["EXPIRE", key, "900"]).as_int(), 1);
+    for _ in 0..3 {
+        c.cmd(&["INCR", key]);
+    }
+    wait_for(
+        "new shards to take the key's expiry",
+        Duration::from_secs(2),
+        || {
+            let shards = shard_keys(&nodes);
+            shards.len() == 4
+                && shards
+                    .iter()
+                    .all(|(n, k)| nodes[*n].client().cmd(&["TTL", k]).as_int() > 800)
+        },
+    );
+    assert_eq!(get_int(&a, key), 4);
+    assert_eq!(c.cmd(&["PERSIST", key]).as_int(), 1);
+    c.cmd(&["INCRBY", key, &(before - 4).to_string()]);
     let m = c.cmd(&["MGET", key, "other"]);
     assert_eq!(m.as_array()[0].as_str(), (100 + acked).to_string());
     assert!(m.as_array()[1].is_nil());
@@ -566,11 +595,51 @@ fn reads_stay_exact_while_commands_fold_a_live_salted_key_over_and_over() {
     assert_eq!(get_int(&b, key), acked);
 }
 
+/// GET as a number; a key not written yet reads as 0.
 fn get_int_from(c: &mut Client, key: &str) -> i64 {
     let r = c.cmd(&["GET", key]);
+    if r.is_nil() {
+        return 0;
+    }
     r.as_str()
         .parse()
         .unwrap_or_else(|_| panic!("GET {key}: {r}"))
+}
+
+#[test]
+fn shards_auto_grows_n_at_an_epoch_boundary_and_nothing_is_lost() {
+    if !have_redis() {
+        return;
+    }
+    let nodes = pool(4);
+    let dir = TempDir::new("salt-grow");
+    let rules = rules_file(&dir);
+    let (a, b) = (proxy(&nodes, &rules, &[]), proxy(&nodes, &rules, &[]));
+    let key = "grow:likes";
+    assert_eq!(
+        a.admin_post("/hotkeys/promote?key=grow%3Alikes&shards=2").0,
+        200
+    );
+    wait_in_force(&[&a, &b], key);
+    let stop = Arc::new(AtomicBool::new(false));
+    let hs = hammer(&[&a, &b], key, 2, stop.clone());
+    // Thousands of writes a second at 100 per shard: N grows to max_shards, 6.
+    wait_for("N to grow", Duration::from_secs(15), || {
+        salted(&a, key).is_some_and(|e| e["shards"] == 6)
+    });
+    thread::sleep(Duration::from_millis(2500));
+    stop.store(true, Ordering::Relaxed);
+    let acked: i64 = hs.into_iter().map(|h| h.join().unwrap()).sum();
+    assert_eq!(shard_keys(&nodes).len(), 6, "{:?}", shard_keys(&nodes));
+    assert_eq!(get_int(&a, key), acked);
+    assert_eq!(get_int(&b, key), acked);
+    // Demoted (an admin promotion is pinned) and folded, every shard of both sizes.
+    assert_eq!(b.admin_post("/hotkeys/demote?key=grow%3Alikes").0, 200);
+    wait_for("the fold", Duration::from_secs(20), || {
+        salted(&a, key).is_none()
+    });
+    assert!(shard_keys(&nodes).is_empty());
+    assert_eq!(get_int(&b, key), acked);
 }
 
 #[test]
