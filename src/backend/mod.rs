@@ -207,6 +207,9 @@ impl NodeMetrics {
     }
 }
 
+/// Shared connections per (RESP3?, database), started on first use.
+type ConnSets = Mutex<HashMap<(bool, u32), Arc<[ConnHandle]>>>;
+
 /// One backend node and its shared connections.
 pub struct Node {
     pub addr: String,
@@ -214,7 +217,7 @@ pub struct Node {
     base: Handshake,
     per_node: usize,
     pub metrics: NodeMetrics,
-    conns: Mutex<HashMap<(bool, u32), Arc<[ConnHandle]>>>,
+    conns: ConnSets,
 }
 
 impl Node {

@@ -260,7 +260,6 @@ fn client(s: &mut Session, req: &Request, name: &str, rb: &mut RoundBuilder) -> 
         "CLIENT ID" => encode_int(s.id as i64, &mut out),
         "CLIENT INFO" | "CLIENT LIST" => {
             let line = client_line(s);
-            let line = if name == "CLIENT INFO" { line } else { line };
             if s.proto == Proto::Resp3 && name == "CLIENT INFO" {
                 Value::Verbatim(Bytes::from(format!("txt:{line}"))).encode(s.proto, &mut out);
             } else {
@@ -376,7 +375,8 @@ fn exec(s: &mut Session, rb: &mut RoundBuilder) {
     if tx.dirty {
         if let Some((_, w)) = watch {
             // Release the watch on the node as EXEC would.
-            let _ = w.call(vec![crate::backend::wire(&["UNWATCH"])], 1);
+            // Sent at once; nobody waits for the reply.
+            drop(w.call(vec![crate::backend::wire(&["UNWATCH"])], 1));
         }
         error(
             rb,

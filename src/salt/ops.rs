@@ -542,7 +542,7 @@ mod tests {
         ]);
         let (vals, pending) = unwrap_aux(&[base(&[]), shard.clone()]);
         assert_eq!(vals, vec![Value::Bulk(b("10")), Value::Nil]);
-        assert_eq!(pending.get(&b""[..].to_vec()), Some(&5));
+        assert_eq!(pending.get(&b""[..]), Some(&5));
         let (_, pending) = unwrap_aux(&[base(&["7"]), shard]);
         assert!(
             pending.is_empty(),
