@@ -217,7 +217,7 @@ pub fn spawn_hot_updater(ctx: Arc<Ctx>) {
 /// Keeps the salt table in step with the registry in the backend (see `salt::registry`).
 pub fn spawn_salt_coordinator(ctx: Arc<Ctx>) {
     tokio::spawn(async move {
-        crate::salt::registry::run(
+        crate::salt::coordinator::run(
             &ctx.backend,
             &ctx.salt,
             ctx.detector.subscribe(),

@@ -221,7 +221,7 @@ fn combine(s: &mut Session, e: Arc<Salted>, op: Op, args: &[Bytes], rb: &mut Rou
             Ok(Some((v, _))) => v,
             _ => return raw,
         };
-        let (v, created) = ops::written(&e, &op, part, &v);
+        let (v, created) = crate::salt::merge::written(&e, &op, part, &v);
         if created {
             tokio::spawn(async move { ops::inherit_expiry(&ctx.backend, &e, part).await });
         }

@@ -3,15 +3,20 @@
 //!
 //! - `record`: the registry record of one key and the epoch arithmetic (pure).
 //! - `names`: shard and fold bookkeeping names; salts chosen by the node they land on (pure).
-//! - `ops`: one command on a salted key: shard writes with an estimated reply, merged reads.
+//! - `ops`: one command on a salted key: what to send (shard write, or every part).
+//! - `merge`: the parts' replies made into one key's reply; values a fold has in transit.
 //! - `fold`: the journaled, idempotent move of shards into the base key.
-//! - `registry`: the coordinator: resync, announcements, promotion, demotion, the fold.
+//! - `registry`: the registry in the backend: compare-and-set, announcements, promotion,
+//!   demotion, and how many shards a rule wants.
+//! - `coordinator`: the per-proxy task: resync, promote, heartbeat and grow, demote, fold.
 //!
 //! The data path reads `Salt::table` (an immutable snapshot swapped by the coordinator), so
 //! a command on a key that is not salted costs one hash lookup, and nothing at all when no
 //! key is salted.
 
+pub mod coordinator;
 pub mod fold;
+pub mod merge;
 pub mod names;
 pub mod ops;
 pub mod record;

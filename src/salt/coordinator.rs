@@ -1,0 +1,228 @@
+//! The coordinator: one task per proxy that keeps the salt table in step with the registry.
+//!
+//! Each tick (ten per epoch, and at once on an announcement or an admin request) it: reads
+//! the registry and swaps the table the data path reads; promotes this proxy's write-hot
+//! keys whose rule salts them; notes in each salted key's record that it is still hot here
+//! (at most twice per epoch) and grows N at the next boundary if `shards: auto` asks for
+//! more; demotes keys no proxy has seen hot for a whole epoch; and folds demoted keys whose
+//! grace period has passed.
+
+use std::collections::HashMap;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use tokio::sync::watch;
+
+use super::names::{choose_salts, Place, CHANNEL};
+use super::record::{boundary_after, Record, Step};
+use super::registry::{
+    announce, cas, demote, get, live_proxies, load_all, node, pinning_rule, promote, wanted_shards,
+};
+use super::{fold, now_ms, Salt, SaltTable, Salted};
+use crate::backend::{wire, Backend, Dedicated};
+use crate::hotkey::{HotSnapshot, HotState};
+use crate::resp::Proto;
+use crate::rules::{Families, RulesHandle};
+
+/// Keeps this proxy's salt table in step with the registry until shutdown.
+pub async fn run(
+    backend: &Backend,
+    salt: &Salt,
+    mut snaps: watch::Receiver<Arc<HotSnapshot>>,
+    rules: &RulesHandle,
+    mut shutdown: watch::Receiver<bool>,
+) {
+    if !salt.enabled {
+        tracing::warn!("salting is off: the pool places keys at random");
+        return;
+    }
+    let listener = tokio::spawn(listen(
+        backend.node(node(backend)).handshake(Proto::Resp2, 0),
+        Arc::clone(&salt.kick),
+    ));
+    let mut warned = false;
+    loop {
+        let epoch = rules.snapshot().epoch_ms();
+        salt.epoch_ms.store(epoch, Ordering::Relaxed);
+        let snap = snaps.borrow_and_update().clone();
+        match tick(backend, salt, &snap, rules, epoch).await {
+            Ok(()) => {
+                if warned {
+                    tracing::info!("salt registry reachable again");
+                }
+                warned = false;
+                salt.registry_ok.store(true, Ordering::Relaxed);
+                salt.metrics.registry_up.set(1);
+            }
+            Err(e) => {
+                salt.metrics.registry_errors.inc();
+                salt.metrics.registry_up.set(0);
+                salt.registry_ok.store(false, Ordering::Relaxed);
+                if !warned {
+                    tracing::warn!(error = %e, "salt registry unreachable: no new promotions; salted keys are written to their base key once the last registry read is an epoch old");
+                }
+                warned = true;
+            }
+        }
+        let period = Duration::from_millis(salt.tick_ms());
+        tokio::select! {
+            _ = tokio::time::sleep(period) => {}
+            _ = salt.kick.notified() => {}
+            _ = shutdown.wait_for(|v| *v) => break,
+        }
+    }
+    listener.abort();
+}
+
+/// Subscribes to the announcement channel and wakes the coordinator on every message.
+async fn listen(hs: crate::backend::Handshake, kick: Arc<tokio::sync::Notify>) {
+    loop {
+        if let Ok(mut d) = Dedicated::open(&hs).await {
+            let sub = [wire(&[b"SUBSCRIBE", CHANNEL.as_bytes()])];
+            if d.call(&sub, 1).await.is_ok() {
+                while d.call(&[], 1).await.is_ok() {
+                    kick.notify_one();
+                }
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+}
+
+async fn tick(
+    backend: &Backend,
+    salt: &Salt,
+    snap: &HotSnapshot,
+    rules: &RulesHandle,
+    epoch: u64,
+) -> Result<(), String> {
+    let now = now_ms();
+    let proxies = live_proxies(backend).await?;
+    let records = load_all(backend).await?;
+    install(backend, salt, &records, now);
+
+    let rules = rules.load();
+    let mut hot: HashMap<&[u8], f64> = HashMap::new();
+    for k in &snap.keys {
+        if matches!(k.write_state, Some(HotState::Hot) | Some(HotState::Cooling)) {
+            hot.insert(&k.key, k.writes_per_sec);
+        }
+    }
+    let salted: HashMap<&[u8], &(Bytes, Record)> = records.iter().map(|r| (&r.0[..], r)).collect();
+
+    // Promotions: this proxy's hot keys (and pinned exact keys) whose rule salts them.
+    let mut want: Vec<(Vec<u8>, u32, bool, Families)> = Vec::new();
+    for k in &snap.keys {
+        if k.write_state != Some(HotState::Hot) || salted.contains_key(&k.key[..]) {
+            continue;
+        }
+        let r = rules.resolve(&k.key);
+        if let Some(n) = wanted_shards(&r.write, k.writes_per_sec, proxies) {
+            want.push((k.key.clone(), n, false, r.write.salt.families));
+        }
+    }
+    for rule in rules.rules() {
+        let pat = rule.pattern.as_str();
+        if pinning_rule(&rules, pat.as_bytes()).is_some() && !salted.contains_key(pat.as_bytes()) {
+            if let Some(n) = wanted_shards(&rule.write, rule.write.salt.per_shard_per_sec * 2.0, 1)
+            {
+                want.push((pat.as_bytes().to_vec(), n, true, rule.write.salt.families));
+            }
+        }
+    }
+    for (key, n, pinned, families) in want {
+        if let Err(e) = promote(backend, salt, &key, n, pinned, families).await {
+            tracing::debug!(key = %String::from_utf8_lossy(&key), error = %e, "not salted");
+        }
+    }
+
+    for (key, rec) in &records {
+        let r = rules.resolve(key);
+        if let Some(&rate) = hot.get(&key[..]) {
+            // Still hot here: say so (at most twice an epoch), and grow N if it should.
+            let grow = wanted_shards(&r.write, rate, proxies).filter(|&n| n > rec.target_n());
+            if rec.demote_ms.is_none()
+                && (now.saturating_sub(rec.hot_ms) > epoch / 2 || grow.is_some())
+            {
+                let _ = refresh(backend, key, now, epoch, grow).await;
+            }
+            continue;
+        }
+        if rec.demote_ms.is_none()
+            && !rec.pinned
+            && now.saturating_sub(rec.hot_ms) > epoch
+            && rec.steps.first().is_some_and(|s| now > s.from_ms)
+        {
+            demote(backend, salt, key).await?;
+            continue;
+        }
+        let lease_free = rec.fold.as_ref().map_or(true, |f| f.lease_until_ms <= now);
+        if rec.foldable(now, epoch) && lease_free {
+            match fold::fold_key(backend, salt, key).await {
+                Ok(true) => {
+                    tracing::info!(key = %String::from_utf8_lossy(key), "salted key folded back into its base key")
+                }
+                Ok(false) => {}
+                Err(e) => {
+                    tracing::warn!(key = %String::from_utf8_lossy(key), error = %e, "fold interrupted; it resumes on the next tick")
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Notes that the key is still hot and, with `grow`, adds shards from the next boundary.
+async fn refresh(
+    backend: &Backend,
+    key: &[u8],
+    now: u64,
+    epoch: u64,
+    grow: Option<u32>,
+) -> Result<(), String> {
+    let Some((raw, mut rec)) = get(backend, key).await? else {
+        return Ok(());
+    };
+    if rec.demote_ms.is_some() {
+        return Ok(());
+    }
+    rec.hot_ms = now;
+    if let Some(n) = grow {
+        let salts = choose_salts(backend, key, &rec.salts, n as usize);
+        rec.salts = salts;
+        rec.steps.push(Step {
+            from_ms: boundary_after(now, epoch),
+            n,
+        });
+        tracing::info!(key = %String::from_utf8_lossy(key), shards = n, "growing a salted key's shard count from the next epoch");
+    }
+    if cas(backend, key, Some(&raw), Some(rec.encode().as_bytes())).await? && grow.is_some() {
+        announce(backend, key).await;
+    }
+    Ok(())
+}
+
+/// Swaps in the table built from `records`, reusing entries whose record did not change
+/// (they keep their write rotation and last-known values).
+fn install(backend: &Backend, salt: &Salt, records: &[(Bytes, Record)], now: u64) {
+    let old = salt.table.load();
+    let mut keys = HashMap::with_capacity(records.len());
+    for (k, rec) in records {
+        let e = match old.get(k) {
+            Some(e) if e.rec == *rec => Arc::clone(e),
+            // A record that changed (a heartbeat, growth, demotion) keeps the write
+            // rotation where it was, so writes stay even over the shards.
+            Some(e) => {
+                let new = Salted::new(k.clone(), rec.clone(), backend as &dyn Place);
+                Arc::new(new.continuing(e))
+            }
+            None => Arc::new(Salted::new(k.clone(), rec.clone(), backend as &dyn Place)),
+        };
+        keys.insert(k.clone(), e);
+    }
+    salt.metrics.salted_keys.set(keys.len() as i64);
+    salt.table.store(Arc::new(SaltTable { keys }));
+    salt.synced(now);
+}
