@@ -2,6 +2,7 @@
 # binary, starts 4 redis-server nodes, a nutcracker pool over them (ketama, fnv1a_64) and one
 # saltshaker over them, on free loopback ports, and kills everything on exit.
 # Sets: bin, work, nodes, node_list, np (nutcracker port), sp/sa (saltshaker port/admin port).
+# Gives: start_proxy (one more saltshaker over the nodes), write_readme_block, flush.
 # The caller sets `tag` (names the temp dir) before sourcing.
 
 cargo build --release --quiet
@@ -42,9 +43,29 @@ nutcracker -c "$work/nutcracker.yml" -o "$work/nutcracker.log" &
 pids+=($!)
 wait_port "$np"
 
-sp=$(free_port); sa=$(free_port)
-"$bin" --listen "127.0.0.1:$sp" --admin "127.0.0.1:$sa" --nodes "$node_list" --log-level warn &
-pids+=($!)
-wait_port "$sp"
+start_proxy() { # extra saltshaker args... -> proxy_port, proxy_admin
+    proxy_port=$(free_port); proxy_admin=$(free_port)
+    "$bin" --listen "127.0.0.1:$proxy_port" --admin "127.0.0.1:$proxy_admin" --nodes "$node_list" --log-level warn "$@" &
+    pids+=($!)
+    wait_port "$proxy_port"
+}
+start_proxy
+sp=$proxy_port; sa=$proxy_admin
+
+write_readme_block() { # marker heading block: replace the block between the marker's comments
+    python3 - "$root/bench/README.md" "$1" "$2" "$3" <<'PY'
+import os, sys
+path, marker, heading, block = sys.argv[1:5]
+text = open(path).read() if os.path.exists(path) else ""
+b, e = f"<!-- {marker}:begin -->", f"<!-- {marker}:end -->"
+new = f"{b}\n{block}\n{e}"
+if b in text and e in text:
+    text = text[:text.index(b)] + new + text[text.index(e) + len(e):]
+else:
+    text = text.rstrip() + f"\n\n## {heading}\n\n" + new + "\n"
+open(path, "w").write(text)
+PY
+    echo "results written to bench/README.md"
+}
 
 flush() { for n in "${nodes[@]}"; do redis-cli -h "${n%:*}" -p "${n#*:}" flushall >/dev/null; redis-cli -h "${n%:*}" -p "${n#*:}" config resetstat >/dev/null; done; }

@@ -23,20 +23,16 @@ tag=readhot
 # shellcheck source=bench/pool.sh
 source "$root/bench/pool.sh"
 printf 'backend:\n  nodes: ["127.0.0.1:1"]\ncache:\n  enabled: false\n' >"$work/nocache.yaml"
-op=$(free_port); oa=$(free_port)
-"$bin" --config "$work/nocache.yaml" --listen "127.0.0.1:$op" --admin "127.0.0.1:$oa" --nodes "$node_list" --log-level warn &
-pids+=($!)
-wait_port "$op"
+start_proxy --config "$work/nocache.yaml"
+op=$proxy_port; oa=$proxy_admin
 
 # Tuned rules: a lower read threshold, so the Zipf tail's warm keys are cached too, and
 # room in the detector for the keys above it.
 printf 'version: 1\ndetection:\n  top_k: %s\ndefaults:\n  read:\n    hot_at_per_sec: %s\n    cool_below_per_sec: %s\n' \
     "$tuned_top_k" "$tuned_hot" "$tuned_cool" >"$work/tuned.yaml"
 "$bin" check "$work/tuned.yaml" >/dev/null
-tp=$(free_port); ta=$(free_port)
-"$bin" --listen "127.0.0.1:$tp" --admin "127.0.0.1:$ta" --nodes "$node_list" --rules "$work/tuned.yaml" --log-level warn &
-pids+=($!)
-wait_port "$tp"
+start_proxy --rules "$work/tuned.yaml"
+tp=$proxy_port; ta=$proxy_admin
 
 metric() { # admin-port name
     curl -s "http://127.0.0.1:$1/metrics" | awk -v m="$2" '$1 == m { s += $2 } END { printf "%d\n", s }'
@@ -83,21 +79,8 @@ EOF2
 )
 echo "$table"
 
-readme=bench/README.md
 block=$(printf '%s\n\n%s\n\n%s\n' \
     "Measured $(date -u +%Y-%m-%d) on $(nproc) cores with \`bench/read_hot.sh\` (${duration} ms per run, 50 clients, pipeline 16, 4 redis-server nodes, GET only over 100k prefilled keys)." \
     "$table" \
     "Backend load per node from each node's INFO commandstats (reset before every run). The hit rate counts reads of keys the detector found read-hot (only those are cached); cold keys always go to their node. \"cache on\" runs the default rules (read-hot from 2000 reads/s, cooling below 500/s); \"read-hot from ${tuned_hot}/s\" is a second proxy whose rules set \`defaults.read.hot_at_per_sec: ${tuned_hot}\`, \`cool_below_per_sec: ${tuned_cool}\` and \`detection.top_k: ${tuned_top_k}\`.")
-python3 - "$readme" "$block" <<'EOF2'
-import os, sys
-path, block = sys.argv[1], sys.argv[2]
-text = open(path).read() if os.path.exists(path) else ""
-b, e = "<!-- read-hot:begin -->", "<!-- read-hot:end -->"
-new = f"{b}\n{block}\n{e}"
-if b in text and e in text:
-    text = text[:text.index(b)] + new + text[text.index(e) + len(e):]
-else:
-    text = text.rstrip() + "\n\n## Read-hot keys\n\n" + new + "\n"
-open(path, "w").write(text)
-EOF2
-echo "results written to $readme"
+write_readme_block read-hot "Read-hot keys" "$block"

@@ -38,15 +38,13 @@ run() { # name target workload
 # (strategy salt), one salts and combines per shard (salt+combine). The promotion is an
 # admin request after each flush (FLUSHALL also empties the registry), and the run starts
 # once it is in force. The read cache is off so a plain GET of a hot key reaches its node.
-start_salted() { # strategy -> "port admin"
-    local rules="$work/rules-$1.yaml" p a
+start_salted() { # strategy -> proxy_port, proxy_admin
+    local rules="$work/rules-$1.yaml"
     printf 'version: 1\nepoch_ms: 1000\ndefaults:\n  read: { cache: { enabled: false } }\nrules:\n  - match: "counter:hot"\n    write: { strategy: %s, salt: { shards: 4 } }\n' "$1" >"$rules"
-    p=$(free_port); a=$(free_port)
-    "$bin" --listen "127.0.0.1:$p" --admin "127.0.0.1:$a" --nodes "$node_list" --rules "$rules" --log-level warn >"$work/salted-$1.log" 2>&1 &
-    echo "$! $p $a"
+    start_proxy --rules "$rules"
 }
-read -r pid salt_p salt_a < <(start_salted salt); pids+=("$pid"); wait_port "$salt_p"
-read -r pid sc_p sc_a < <(start_salted salt+combine); pids+=("$pid"); wait_port "$sc_p"
+start_salted salt; salt_p=$proxy_port; salt_a=$proxy_admin
+start_salted salt+combine; sc_p=$proxy_port; sc_a=$proxy_admin
 promote() { # admin port: salt counter:hot over 4 shards, wait until in force
     python3 - "$1" <<'PY'
 import json, sys, time, urllib.request
@@ -117,21 +115,8 @@ EOF
 )
 echo "$table"
 
-readme=bench/README.md
 block=$(printf '%s\n\n%s\n\n%s\n' \
     "Measured $(date -u +%Y-%m-%d) on $(nproc) cores with \`bench/write_hot.sh\` (${duration} ms per run, 50 clients, pipeline 16, 4 redis-server nodes, INCR only, 100k uniform keys plus one key taking 30%)." \
     "$table" \
     "Backend load per node comes from each node's INFO commandstats (reset before every run). Combining makes the hot key cost its node about one INCRBY per batch window per proxy instead of one write per increment; it does not spread the key over nodes. Salting spreads the key's writes over 4 shard keys, one per node (promoted by an admin request before the run; the salted proxies run with epoch_ms 1000). Salted INCR replies are estimates; combine keeps them exact. A salted GET reads the base key and every shard, one pipelined round per node.")
-python3 - "$readme" "$block" <<'EOF'
-import sys
-path, block = sys.argv[1], sys.argv[2]
-text = open(path).read() if __import__("os").path.exists(path) else ""
-b, e = "<!-- write-hot:begin -->", "<!-- write-hot:end -->"
-new = f"{b}\n{block}\n{e}"
-if b in text and e in text:
-    text = text[:text.index(b)] + new + text[text.index(e) + len(e):]
-else:
-    text = text.rstrip() + "\n\n## Write-hot keys\n\n" + new + "\n"
-open(path, "w").write(text)
-EOF
-echo "results written to $readme"
+write_readme_block write-hot "Write-hot keys" "$block"
