@@ -262,21 +262,33 @@ fn bench(target: &str, rate: u64, workload: Workload, mix: Mix) -> BenchArgs {
     }
 }
 
-#[test]
-fn prometheus_fires_the_shipped_hot_key_alert_for_a_viral_key() {
+/// The lock that runs the Prometheus tests one at a time, or None (the test is skipped)
+/// when redis-server or prometheus is missing.
+fn serial_with_prometheus() -> Option<std::sync::MutexGuard<'static, ()>> {
     if !have_redis() {
-        return;
+        return None;
     }
     if !have_tool("prometheus") {
         eprintln!(
             "\n!!!!!! prometheus is not installed: SKIPPING the Prometheus alert test !!!!!!\n"
         );
-        return;
+        return None;
     }
-    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    Some(SERIAL.lock().unwrap_or_else(|e| e.into_inner()))
+}
+
+fn shipped_rules() -> String {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("rules/alerts.yaml");
+    std::fs::read_to_string(path).expect("read the shipped alert rules")
+}
+
+#[test]
+fn prometheus_fires_the_shipped_hot_key_alert_for_a_viral_key() {
+    let Some(_serial) = serial_with_prometheus() else {
+        return;
+    };
     let started = Instant::now();
-    let shipped_path = Path::new(env!("CARGO_MANIFEST_DIR")).join("rules/alerts.yaml");
-    let shipped = std::fs::read_to_string(&shipped_path).expect("read the shipped alert rules");
+    let shipped = shipped_rules();
     let (rules, changed) = shortened_rules(&shipped);
     assert!(changed > 0, "the shipped rules have no `for:` to shorten");
 
@@ -469,21 +481,11 @@ fn query(prom: &Prometheus, expr: &str) -> Vec<(Value, f64)> {
 
 #[test]
 fn prometheus_fires_the_combine_fallback_alert_and_keeps_a_healthy_cache_quiet() {
-    if !have_redis() {
+    let Some(_serial) = serial_with_prometheus() else {
         return;
-    }
-    if !have_tool("prometheus") {
-        eprintln!(
-            "\n!!!!!! prometheus is not installed: SKIPPING the Prometheus alert test !!!!!!\n"
-        );
-        return;
-    }
-    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    };
     let started = Instant::now();
-    let shipped =
-        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("rules/alerts.yaml"))
-            .expect("read the shipped alert rules");
-    let (rules, _) = shortened_rules(&shipped);
+    let (rules, _) = shortened_rules(&shipped_rules());
 
     let node = Redis::start();
     let dir = TempDir::new("prom-combine");

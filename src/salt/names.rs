@@ -29,33 +29,28 @@ pub trait Place {
     fn tag(&self) -> [u8; 2];
 }
 
-pub fn shard_name(key: &[u8], salt: u32, tag: [u8; 2]) -> Bytes {
+/// `saltshaker:KIND:{N}:KEY`, with N in the pool's hash-tag delimiters.
+fn owned_name(kind: &str, n: u32, tag: [u8; 2], key: &[u8]) -> Bytes {
     let mut b = BytesMut::with_capacity(key.len() + 24);
-    b.put_slice(b"saltshaker:s:");
+    b.put_slice(b"saltshaker:");
+    b.put_slice(kind.as_bytes());
+    b.put_u8(b':');
     b.put_u8(tag[0]);
-    b.put_slice(salt.to_string().as_bytes());
+    b.put_slice(n.to_string().as_bytes());
     b.put_u8(tag[1]);
     b.put_u8(b':');
     b.put_slice(key);
     b.freeze()
 }
 
+pub fn shard_name(key: &[u8], salt: u32, tag: [u8; 2]) -> Bytes {
+    owned_name("s", salt, tag, key)
+}
+
 /// The first of `saltshaker:KIND:{N}:KEY` (N = 0, 1, ...) that lands on `node`: a name
 /// every proxy derives alike, on the node whose script must update it atomically with data.
 fn on_node(p: &dyn Place, node: usize, kind: &str, key: &[u8]) -> Bytes {
-    let t = p.tag();
-    let name = |n: u32| {
-        let mut b = BytesMut::with_capacity(key.len() + 24);
-        b.put_slice(b"saltshaker:");
-        b.put_slice(kind.as_bytes());
-        b.put_u8(b':');
-        b.put_u8(t[0]);
-        b.put_slice(n.to_string().as_bytes());
-        b.put_u8(t[1]);
-        b.put_u8(b':');
-        b.put_slice(key);
-        b.freeze()
-    };
+    let name = |n: u32| owned_name(kind, n, p.tag(), key);
     (0..SEARCH)
         .map(name)
         .find(|n| p.node_of(n) == node)
