@@ -46,6 +46,13 @@ rules:
     write: { strategy: salt, salt: { shards: 3, families: [hashes] } }
 "#;
 
+/// Four redis-server nodes and the rules file, kept in a directory of the test's own.
+fn setup(tag: &str) -> (Vec<Redis>, TempDir, String) {
+    let dir = TempDir::new(tag);
+    let rules = rules_file(&dir);
+    (pool(4), dir, rules)
+}
+
 fn rules_file(dir: &TempDir) -> String {
     let path = dir.0.join("rules.yaml");
     std::fs::write(&path, RULES).unwrap();
@@ -146,11 +153,7 @@ fn hammer(
 }
 
 fn get_int(p: &Proxy, key: &str) -> i64 {
-    let r = p.client().cmd(&["GET", key]);
-    assert!(!r.is_error(), "GET {key}: {r}");
-    r.as_str()
-        .parse()
-        .unwrap_or_else(|_| panic!("GET {key}: {r}"))
+    get_int_from(&mut p.client(), key)
 }
 
 #[test]
@@ -158,9 +161,7 @@ fn promoted_key_spreads_over_four_nodes_and_reads_through_either_proxy_are_exact
     if !have_redis() {
         return;
     }
-    let nodes = pool(4);
-    let dir = TempDir::new("salt-promote");
-    let rules = rules_file(&dir);
+    let (nodes, _dir, rules) = setup("salt-promote");
     let (a, b) = (proxy(&nodes, &rules, &[]), proxy(&nodes, &rules, &[]));
     let key = "ctr:final";
     assert_eq!(a.client().cmd(&["INCRBY", key, "100"]).as_int(), 100);
@@ -260,9 +261,7 @@ fn demotion_folds_every_shard_into_the_base_key_and_nothing_is_lost() {
     if !have_redis() {
         return;
     }
-    let nodes = pool(4);
-    let dir = TempDir::new("salt-fold");
-    let rules = rules_file(&dir);
+    let (nodes, _dir, rules) = setup("salt-fold");
     let (a, b) = (proxy(&nodes, &rules, &[]), proxy(&nodes, &rules, &[]));
     let key = "ctr:votes";
     // Hot by detection alone: no admin request.
@@ -299,9 +298,7 @@ fn a_proxy_killed_between_fold_steps_leaves_a_fold_the_next_proxy_completes() {
     if !have_redis() {
         return;
     }
-    let nodes = pool(4);
-    let dir = TempDir::new("salt-crash");
-    let rules = rules_file(&dir);
+    let (nodes, _dir, rules) = setup("salt-crash");
     for (i, point) in ["fold-after-journal", "fold-after-take", "fold-after-add"]
         .iter()
         .enumerate()
@@ -367,9 +364,7 @@ fn salt_plus_combine_batches_each_shard_and_loses_nothing() {
     if !have_redis() {
         return;
     }
-    let nodes = pool(4);
-    let dir = TempDir::new("salt-combine");
-    let rules = rules_file(&dir);
+    let (nodes, _dir, rules) = setup("salt-combine");
     let (a, b) = (proxy(&nodes, &rules, &[]), proxy(&nodes, &rules, &[]));
     let key = "cc:likes";
     assert_eq!(
@@ -397,9 +392,7 @@ fn auto_combines_on_one_proxy_and_salts_when_several_proxies_together_are_too_mu
     if !have_redis() {
         return;
     }
-    let nodes = pool(4);
-    let dir = TempDir::new("salt-auto");
-    let rules = rules_file(&dir);
+    let (nodes, _dir, rules) = setup("salt-auto");
     let a = proxy(&nodes, &rules, &[]);
     let key = "auto:votes";
     // One proxy combines to at most 1000 writes/s (window 1000 us): under the 1500/s a
@@ -437,9 +430,7 @@ fn an_unreachable_registry_means_no_promotions_and_the_proxy_keeps_serving() {
     if !have_redis() {
         return;
     }
-    let mut nodes = pool(4);
-    let dir = TempDir::new("salt-registry-down");
-    let rules = rules_file(&dir);
+    let (mut nodes, _dir, rules) = setup("salt-registry-down");
     let a = proxy(&nodes, &rules, &[]);
     let registry = node_of(&a, &nodes, "saltshaker:registry");
     // A hot key on another node: detected, but not salted while the registry is away.
@@ -500,9 +491,7 @@ fn a_pinned_rule_salts_its_key_before_any_traffic_and_cooling_does_not_demote_it
     if !have_redis() {
         return;
     }
-    let nodes = pool(4);
-    let dir = TempDir::new("salt-pin");
-    let rules = rules_file(&dir);
+    let (nodes, _dir, rules) = setup("salt-pin");
     let a = proxy(&nodes, &rules, &[]);
     wait_in_force(&[&a], "final:votes");
     let e = salted(&a, "final:votes").unwrap();
@@ -530,9 +519,7 @@ fn reads_stay_exact_while_commands_fold_a_live_salted_key_over_and_over() {
     if !have_redis() {
         return;
     }
-    let nodes = pool(4);
-    let dir = TempDir::new("salt-live-fold");
-    let rules = rules_file(&dir);
+    let (nodes, _dir, rules) = setup("salt-live-fold");
     let (a, b) = (proxy(&nodes, &rules, &[]), proxy(&nodes, &rules, &[]));
     let key = "ctr:live";
     assert_eq!(
@@ -611,9 +598,7 @@ fn shards_auto_grows_n_at_an_epoch_boundary_and_nothing_is_lost() {
     if !have_redis() {
         return;
     }
-    let nodes = pool(4);
-    let dir = TempDir::new("salt-grow");
-    let rules = rules_file(&dir);
+    let (nodes, _dir, rules) = setup("salt-grow");
     let (a, b) = (proxy(&nodes, &rules, &[]), proxy(&nodes, &rules, &[]));
     let key = "grow:likes";
     assert_eq!(
@@ -647,9 +632,7 @@ fn hash_counters_merge_field_by_field() {
     if !have_redis() {
         return;
     }
-    let nodes = pool(4);
-    let dir = TempDir::new("salt-hash");
-    let rules = rules_file(&dir);
+    let (nodes, _dir, rules) = setup("salt-hash");
     let a = proxy(&nodes, &rules, &[]);
     let mut c = a.client();
     c.cmd(&["HINCRBY", "hctr:poll", "yes", "10"]);
