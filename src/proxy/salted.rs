@@ -5,18 +5,17 @@
 //! node, not one per command (measured in `bench/write_hot.sh`: a first version with one
 //! task per command served salted GETs at a tenth of plain GETs' rate).
 //!
-//! Combined shard writes and multi-key commands over salted keys are answered by tasks.
-//! A task starts after the session's earlier commands have landed (the round built so far
-//! is flushed first, and the last round's replies awaited), a read task after the earlier
-//! salted write tasks and a write task after the earlier read tasks; tasks of one kind do
-//! not wait for each other (increments commute). The session's later jobs wait for all.
-//! A command that cannot be merged first moves the shards into the base key, then goes on
-//! as usual.
+//! Combined shard writes go through the shard's combine batch, ordered by the session's
+//! barrier like any combined write. Multi-key commands over salted keys, and summing reads
+//! while a fold may move values, are answered by tasks: a task starts after the session's
+//! earlier commands have landed (the round built so far is flushed first, and the last
+//! round's replies awaited), and the session's later commands wait for it. A command that
+//! cannot be merged first moves the shards into the base key, then goes on as usual.
 
 use std::sync::Arc;
 
 use bytes::Bytes;
-use tokio::sync::{oneshot, watch};
+use tokio::sync::oneshot;
 
 use super::round::{Merge, RoundBuilder, Slot};
 use super::route::push;
@@ -82,21 +81,17 @@ pub(super) fn plan(s: &Session, req: &Request, c: &Classified) -> Option<Plan> {
     }
     let e = table.get(req.arg(c.keys[0] as usize))?.clone();
     let args: Vec<Bytes> = (0..req.argc()).map(|i| req.arg_bytes(i)).collect();
-    Some(match ops::classify(name, &args) {
+    let op = ops::classify(name, &args);
+    let now = now_ms();
+    Some(match op {
         Op::Other => Plan::Fold(table),
-        Op::Write { .. } => {
-            let now = now_ms();
-            if e.rec.writers(now).is_none() || !s.ctx.salt.fresh(now) {
-                s.ctx.salt.metrics.base_writes.inc();
-                Plan::Forward
-            } else if combine_with(s, &e.key).is_some() {
-                Plan::Combine(e, ops::classify(name, &args))
-            } else {
-                Plan::Inline(e, ops::classify(name, &args))
-            }
+        Op::Write { .. } if e.rec.writers(now).is_none() || !s.ctx.salt.fresh(now) => {
+            s.ctx.salt.metrics.base_writes.inc();
+            Plan::Forward
         }
-        op if ops::sums(&op) && s.ctx.salt.careful(&e, now_ms()) => Plan::Careful(e, op),
-        op => Plan::Inline(e, op),
+        Op::Write { .. } if combine_with(s, &e.key).is_some() => Plan::Combine(e, op),
+        _ if ops::sums(&op) && s.ctx.salt.careful(&e, now) => Plan::Careful(e, op),
+        _ => Plan::Inline(e, op),
     })
 }
 
@@ -142,7 +137,7 @@ pub(super) async fn act(
             let ctx = s.ctx.clone();
             let proto = s.proto;
             s.ctx.salt.metrics.merged_reads.inc();
-            later(s, rb, false, async move {
+            later(s, rb, async move {
                 ops::careful(&ctx.backend, &e, op, &args)
                     .await
                     .to_bytes(proto)
@@ -156,8 +151,7 @@ pub(super) async fn act(
         Plan::Task(table) => {
             let ctx = s.ctx.clone();
             let proto = s.proto;
-            let write = name != "MGET" && name != "EXISTS";
-            later(s, rb, write, async move {
+            later(s, rb, async move {
                 ops::multi(&ctx.backend, &ctx.salt, &table, &args, name, proto).await
             });
             return Next::Done;
@@ -171,7 +165,6 @@ pub(super) async fn act(
     if let Some(a) = s.last_ack.take() {
         let _ = a.await;
     }
-    s.salt_order.wait_all().await;
     for &k in &c.keys {
         let key = req.arg(k as usize);
         if table.get(key).is_none() {
@@ -242,70 +235,24 @@ fn combine_with(s: &Session, key: &[u8]) -> ops::CombineWith {
     })
 }
 
-/// The salted tasks of one session still running, by kind, and what they wait for first.
-#[derive(Default)]
-pub struct Order {
-    /// Done once every non-salted command before the latest salted task has landed.
-    prior: Option<watch::Receiver<bool>>,
-    writes: Vec<watch::Receiver<bool>>,
-    reads: Vec<watch::Receiver<bool>>,
-}
-
-impl Order {
-    pub fn is_empty(&self) -> bool {
-        self.prior.is_none() && self.writes.is_empty() && self.reads.is_empty()
-    }
-
-    /// Waits for every salted task of the session (before a job leaves, or a fold).
-    pub async fn wait_all(&mut self) {
-        let all = self.prior.take().into_iter();
-        for mut w in all.chain(self.writes.drain(..)).chain(self.reads.drain(..)) {
-            let _ = w.wait_for(|d| *d).await;
-        }
-    }
-}
-
-/// Answers the command with a task ordered as the module says.
-fn later<F>(s: &mut Session, rb: &mut RoundBuilder, write: bool, work: F)
+/// Answers the command with a task that starts once everything the session sent before
+/// has landed (its barrier: combined writes, earlier tasks, the last round's replies); the
+/// session's later jobs and tasks wait for it in turn, through the same barrier.
+fn later<F>(s: &mut Session, rb: &mut RoundBuilder, work: F)
 where
     F: std::future::Future<Output = Bytes> + Send + 'static,
 {
-    let o = &mut s.salt_order;
-    if !s.barrier.is_empty() || s.last_ack.is_some() {
-        // Earlier non-salted commands (combined writes, earlier rounds): one watch for all
-        // of them (and the previous prior).
-        let mut waits: Vec<oneshot::Receiver<()>> = s.barrier.drain(..).collect();
-        waits.extend(s.last_ack.take());
-        let before = o.prior.take();
-        let (tx, rx) = watch::channel(false);
-        tokio::spawn(async move {
-            if let Some(mut b) = before {
-                let _ = b.wait_for(|d| *d).await;
-            }
-            for w in waits {
-                let _ = w.await;
-            }
-            let _ = tx.send(true);
-        });
-        o.prior = Some(rx);
-    }
-    let mut first: Vec<watch::Receiver<bool>> = o.prior.iter().cloned().collect();
-    first.extend(if write { &o.reads } else { &o.writes }.iter().cloned());
-    let (done_tx, done_rx) = watch::channel(false);
-    let mine = if write { &mut o.writes } else { &mut o.reads };
-    if mine.len() >= 64 {
-        // A client that only ever touches salted keys never sends a job: forget the
-        // tasks that finished so the lists stay small.
-        mine.retain(|w| !*w.borrow());
-    }
-    mine.push(done_rx);
+    let mut prior: Vec<oneshot::Receiver<()>> = s.barrier.drain(..).collect();
+    prior.extend(s.last_ack.take());
+    let (done_tx, done_rx) = oneshot::channel();
+    s.barrier.push(done_rx);
     let (tx, rx) = oneshot::channel();
     tokio::spawn(async move {
-        for mut w in first {
-            let _ = w.wait_for(|d| *d).await;
+        for p in prior {
+            let _ = p.await;
         }
         let _ = tx.send(work.await);
-        let _ = done_tx.send(true);
+        let _ = done_tx.send(());
     });
     rb.slots.push(Slot::Later(rx));
 }

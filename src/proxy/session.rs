@@ -62,8 +62,6 @@ pub struct Session {
     /// Combined writes not yet acknowledged by their node: this session's next jobs wait
     /// for them, so a read after a combined INCR sees it.
     pub(super) barrier: Vec<oneshot::Receiver<()>>,
-    /// Salted-key tasks in flight; this session's next jobs wait for them too.
-    pub(super) salt_order: super::salted::Order,
     /// Fired when the last round's replies are in, kept while any key is salted: a salted
     /// task must not overtake the commands of earlier rounds.
     pub(super) last_ack: Option<oneshot::Receiver<()>>,
@@ -112,7 +110,6 @@ pub async fn run(stream: TcpStream, ctx: Arc<Ctx>, id: u64) {
         blocking: Vec::new(),
         rr: 0,
         barrier: Vec::new(),
-        salt_order: Default::default(),
         last_ack: None,
         gone: gone_rx,
         detect: true,

@@ -23,7 +23,7 @@ pub mod record;
 pub mod registry;
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -167,7 +167,6 @@ pub struct Salt {
     pub enabled: bool,
     /// Wakes the coordinator (an announcement, an admin request).
     pub kick: Arc<Notify>,
-    pub registry_ok: AtomicBool,
 }
 
 impl Salt {
@@ -182,7 +181,6 @@ impl Salt {
             epoch_ms: AtomicU64::new(5000),
             enabled,
             kick: Arc::new(Notify::new()),
-            registry_ok: AtomicBool::new(false),
         }
     }
 
