@@ -320,7 +320,7 @@ fn seed() -> u64 {
 }
 
 /// xorshift64*: node choice for `random` needs spread, not secrecy.
-fn next_random() -> u64 {
+pub(crate) fn next_random() -> u64 {
     RANDOM.with(|s| {
         let mut x = s.get();
         x ^= x >> 12;

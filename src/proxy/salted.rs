@@ -24,6 +24,7 @@ use crate::command::Classified;
 use crate::mitigate::combine::BatchKey;
 use crate::resp::{Proto, Request};
 use crate::rules::Strategy;
+use crate::salt::members::{self, MOp};
 use crate::salt::ops::{self, Op};
 use crate::salt::{fold, now_ms, SaltTable, Salted};
 
@@ -37,6 +38,9 @@ pub(super) enum Plan {
     Careful(Arc<Salted>, Op),
     /// Through the shard's combine batch (salt+combine), ordered like any combined write.
     Combine(Arc<Salted>, Op),
+    /// By a task: whole reads of a set or HyperLogLog, and its point reads while a fold
+    /// may move members (`members::read`); the flag says whether one may.
+    Members(Arc<Salted>, MOp, bool),
     /// By a task: multi-key commands over salted keys.
     Task(Arc<SaltTable>),
     /// Fold the shards into the base key first, then go on as usual.
@@ -49,7 +53,10 @@ pub(super) enum Plan {
 impl Plan {
     /// Tasks and folds run outside the round, so the round built so far must go first.
     pub(super) fn needs_flush(&self) -> bool {
-        matches!(self, Plan::Task(_) | Plan::Fold(_) | Plan::Careful(..))
+        matches!(
+            self,
+            Plan::Task(_) | Plan::Fold(_) | Plan::Careful(..) | Plan::Members(..)
+        )
     }
 }
 
@@ -81,8 +88,11 @@ pub(super) fn plan(s: &Session, req: &Request, c: &Classified) -> Option<Plan> {
     }
     let e = table.get(req.arg(c.keys[0] as usize))?.clone();
     let args: Vec<Bytes> = (0..req.argc()).map(|i| req.arg_bytes(i)).collect();
-    let op = ops::classify(name, &args);
+    let op = ops::classify(e.rec.kind, name, &args);
     let now = now_ms();
+    if let Op::Member(m) = op {
+        return Some(member_plan(s, e, m, now, table));
+    }
     Some(match op {
         Op::Other => Plan::Fold(table),
         Op::Write { .. } if e.rec.writers(now).is_none() || !s.ctx.salt.fresh(now) => {
@@ -93,6 +103,37 @@ pub(super) fn plan(s: &Session, req: &Request, c: &Classified) -> Option<Plan> {
         _ if ops::sums(&op) && s.ctx.salt.careful(&e, now) => Plan::Careful(e, op),
         _ => Plan::Inline(e, op),
     })
+}
+
+/// The plan for a command on a set or HyperLogLog salted by member.
+fn member_plan(s: &Session, e: Arc<Salted>, m: MOp, now: u64, table: Arc<SaltTable>) -> Plan {
+    let salt = &s.ctx.salt;
+    let careful = salt.careful(&e, now);
+    if members::is_write(&m) {
+        let to_base = e.rec.writers(now).is_none() || !salt.fresh(now);
+        if to_base {
+            e.note_base_write();
+            salt.metrics.base_writes.inc();
+        } else {
+            salt.metrics.shard_writes.inc();
+        }
+        return match m {
+            // PFADD's reply says whether a register changed, which the base key tells.
+            MOp::PfAdd(_) if to_base => Plan::Forward,
+            m => Plan::Inline(
+                e.clone(),
+                Op::Member(members::prepare(m, &e, to_base, careful)),
+            ),
+        };
+    }
+    salt.metrics.merged_reads.inc();
+    if careful && members::needs_quiet(&m) {
+        return Plan::Fold(table);
+    }
+    if members::inline(&m, careful) {
+        return Plan::Inline(e, Op::Member(m));
+    }
+    Plan::Members(e, m, careful)
 }
 
 /// What the session does next.
@@ -119,10 +160,11 @@ pub(super) async fn act(
             let parts = cmds.into_iter().map(|(n, w)| push(s, rb, n, w)).collect();
             let write = matches!(op, Op::Write { .. });
             let m = &s.ctx.salt.metrics;
-            if write {
-                m.shard_writes.inc()
-            } else {
-                m.merged_reads.inc()
+            match op {
+                Op::Write { .. } => m.shard_writes.inc(),
+                // Counted by `member_plan`.
+                Op::Member(_) => 0,
+                _ => m.merged_reads.inc(),
             };
             rb.slots.push(Slot::Merge(Box::new(Merge::Salted {
                 parts,
@@ -146,6 +188,17 @@ pub(super) async fn act(
         }
         Plan::Combine(e, op) => {
             combine(s, e, op, &args, rb);
+            return Next::Done;
+        }
+        Plan::Members(e, m, careful) => {
+            let ctx = s.ctx.clone();
+            let proto = s.proto;
+            later(s, rb, async move {
+                members::read(&ctx.backend, &e, &m, careful)
+                    .await
+                    .unwrap_or_else(|e| e)
+                    .to_bytes(proto)
+            });
             return Next::Done;
         }
         Plan::Task(table) => {

@@ -91,9 +91,9 @@ pub const FAMILY_NAMES: [(&str, u8); 7] = [
     ("strings", 64),
 ];
 
-/// Families salting can merge exactly today: integer counters (INCR family) and hashes of
-/// integer counters (HINCRBY).
-pub const SALTABLE: u8 = 1 | 2;
+/// Families salting can merge exactly today: integer counters (INCR family), hashes of
+/// integer counters (HINCRBY), sets and HyperLogLogs (partitioned by member).
+pub const SALTABLE: u8 = 1 | 2 | 4 | 8;
 
 impl Families {
     pub fn contains(self, name: &str) -> bool {

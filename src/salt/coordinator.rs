@@ -20,7 +20,7 @@ use super::record::{boundary_after, Record, Step};
 use super::registry::{
     announce, cas, demote, get, live_proxies, load_all, node, pinning_rule, promote, wanted_shards,
 };
-use super::{fold, now_ms, Salt, SaltTable, Salted};
+use super::{as_i64, call, fold, now_ms, Salt, SaltTable, Salted};
 use crate::backend::{wire, Backend, Dedicated};
 use crate::hotkey::{HotSnapshot, HotState};
 use crate::resp::Proto;
@@ -105,6 +105,7 @@ async fn tick(
         1
     };
     install(backend, salt, &records, now);
+    check_bases(backend, salt, now).await;
 
     let rules = rules.load();
     let mut hot: HashMap<&[u8], f64> = HashMap::new();
@@ -145,7 +146,10 @@ async fn tick(
         let r = rules.resolve(key);
         if let Some(&rate) = hot.get(&key[..]) {
             // Still hot here: say so (at most twice an epoch), and grow N if it should.
-            let grow = wanted_shards(&r.write, rate, proxies).filter(|&n| n > rec.target_n());
+            // A key partitioned by member keeps its shard count: more shards would move
+            // every member.
+            let grow = wanted_shards(&r.write, rate, proxies)
+                .filter(|&n| n > rec.target_n() && !rec.kind.partitioned());
             if rec.demote_ms.is_none()
                 && (now.saturating_sub(rec.hot_ms) > epoch / 2 || grow.is_some())
             {
@@ -175,6 +179,31 @@ async fn tick(
         }
     }
     Ok(())
+}
+
+/// Finds out which partitioned keys' base keys are empty, so writes to them stop asking
+/// the base key. A check counts only once the promotion has been in force for a tick:
+/// before that, other proxies still write the base key.
+async fn check_bases(backend: &Backend, salt: &Salt, now: u64) {
+    let table = salt.table.load();
+    for e in table.iter() {
+        let in_force = e.rec.steps.first().map_or(u64::MAX, |s| s.from_ms);
+        if !e.rec.kind.partitioned()
+            || !e.base_maybe()
+            || e.rec.demote_ms.is_some()
+            || e.rec.fold.is_some()
+            || now < in_force.saturating_add(salt.tick_ms())
+        {
+            continue;
+        }
+        let writes = e.base_writes();
+        let cmd = wire(&[&b"EXISTS"[..], &e.key]);
+        if let Ok(r) = call(backend, &[(e.nodes[0], cmd)]).await {
+            if as_i64(&r[0]) == Some(0) {
+                e.base_seen_empty(writes);
+            }
+        }
+    }
 }
 
 /// Notes that the key is still hot and, with `grow`, adds shards from the next boundary.
@@ -218,8 +247,13 @@ fn install(backend: &Backend, salt: &Salt, records: &[(Bytes, Record)], now: u64
             // A record that changed (a heartbeat, growth, demotion) keeps the write
             // rotation where it was, so writes stay even over the shards.
             Some(e) => {
-                let new = Salted::new(k.clone(), rec.clone(), backend as &dyn Place);
-                Arc::new(new.continuing(e))
+                let new = Salted::new(k.clone(), rec.clone(), backend as &dyn Place).continuing(e);
+                // A fold may have moved members into the base key (its claim and release
+                // change the record): ask the base key again until a check finds it empty.
+                if rec.kind.partitioned() {
+                    new.note_base_write();
+                }
+                Arc::new(new)
             }
             None => Arc::new(Salted::new(k.clone(), rec.clone(), backend as &dyn Place)),
         };

@@ -33,7 +33,7 @@ use bytes::Bytes;
 
 use super::names::{applied_name, shard_name, stash_name, Place};
 use super::record::{hex, unhex, Fold, Kind, Move, Record};
-use super::{as_i64, call, failpoint, now_ms, registry, Salt};
+use super::{as_i64, call, failpoint, members, now_ms, registry, Salt};
 use crate::backend::{wire, Backend};
 use crate::resp::Value;
 
@@ -80,7 +80,7 @@ pub struct Claimed {
     pub rec: Record,
 }
 
-fn move_id(salt: &Salt) -> u64 {
+pub(super) fn move_id(salt: &Salt) -> u64 {
     static N: AtomicU64 = AtomicU64::new(0);
     let seed = format!(
         "{}:{}:{}",
@@ -144,11 +144,12 @@ pub async fn claim(backend: &Backend, salt: &Salt, key: &[u8]) -> Result<Option<
         let mut c = Claimed { raw: new, rec };
         if let Some(mv) = pending {
             tracing::warn!(key = %String::from_utf8_lossy(key), move_id = mv.id, "completing a fold move left by a proxy that stopped");
-            apply(backend, key, &c.rec, &mv).await?;
-            if let Some(f) = c.rec.fold.as_mut() {
-                f.moving = None;
+            if mv.members.is_empty() {
+                apply(backend, key, &c.rec, &mv).await?;
+            } else {
+                members::apply_set(backend, key, &c.rec, &mv).await?;
             }
-            update(backend, key, &mut c).await?;
+            journal(backend, key, &mut c, None).await?;
         }
         return Ok(Some(c));
     }
@@ -176,6 +177,19 @@ pub async fn release(backend: &Backend, key: &[u8], mut c: Claimed) -> Result<()
     Err("the key's registry record keeps changing".into())
 }
 
+/// Records `mv` as the move in flight (None: no move in flight), renewing the claim.
+pub(super) async fn journal(
+    backend: &Backend,
+    key: &[u8],
+    c: &mut Claimed,
+    mv: Option<Move>,
+) -> Result<(), String> {
+    if let Some(f) = c.rec.fold.as_mut() {
+        f.moving = mv;
+    }
+    update(backend, key, c).await
+}
+
 /// Moves shard `i` into the base key (nothing to do if it is empty).
 pub async fn move_shard(
     backend: &Backend,
@@ -184,6 +198,11 @@ pub async fn move_shard(
     c: &mut Claimed,
     i: usize,
 ) -> Result<(), String> {
+    match c.rec.kind {
+        Kind::Set => return members::move_set(backend, salt, key, c, i).await,
+        Kind::Hll => return members::move_hll(backend, salt, key, c, i).await,
+        Kind::String | Kind::Hash => {}
+    }
     let shard = shard_name(key, c.rec.salts[i], backend.tag());
     let node = backend.node_of(&shard);
     let delta = match c.rec.kind {
@@ -198,7 +217,7 @@ pub async fn move_shard(
                 },
             }
         }
-        Kind::Hash => {
+        Kind::Hash | Kind::Set | Kind::Hll => {
             let r = call(backend, &[(node, wire(&[&b"HGETALL"[..], &shard]))]).await?;
             let Value::Array(items) = &r[0] else {
                 return Err(format!("unexpected HGETALL reply from a shard: {:?}", r[0]));
@@ -222,17 +241,12 @@ pub async fn move_shard(
         id: move_id(salt),
         shard: i as u32,
         delta,
+        members: vec![],
     };
-    if let Some(f) = c.rec.fold.as_mut() {
-        f.moving = Some(mv.clone());
-    }
-    update(backend, key, c).await?;
+    journal(backend, key, c, Some(mv.clone())).await?;
     failpoint("fold-after-journal");
     apply(backend, key, &c.rec, &mv).await?;
-    if let Some(f) = c.rec.fold.as_mut() {
-        f.moving = None;
-    }
-    update(backend, key, c).await?;
+    journal(backend, key, c, None).await?;
     salt.metrics.fold_moves.inc();
     Ok(())
 }

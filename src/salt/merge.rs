@@ -225,6 +225,7 @@ pub fn merge(e: &Salted, op: &Op, r: &[Value], careful: bool) -> Result<Value, V
             .find(|v| !matches!(v, Value::Integer(-2)) && !is_none_type(v))
             .cloned()
             .unwrap_or_else(|| r[0].clone()),
+        Op::Member(m) => return super::members::merge(m, &r),
         Op::Write { .. } | Op::Other => err("internal: not a merged command"),
     })
 }

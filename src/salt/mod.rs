@@ -1,10 +1,12 @@
-//! Salting: a write-hot counter spread over N shard keys on N nodes, merged back on read,
+//! Salting: a write-hot key (a counter, a hash of counters, a set, a HyperLogLog) spread over N shard keys on N nodes, merged back on read,
 //! shared by every proxy through a registry in the backend, and folded back when it cools.
 //!
 //! - `record`: the registry record of one key and the epoch arithmetic (pure).
 //! - `names`: shard and fold bookkeeping names; salts chosen by the node they land on (pure).
 //! - `ops`: one command on a salted key: what to send (shard write, or every part).
 //! - `merge`: the parts' replies made into one key's reply; values a fold has in transit.
+//! - `members`: sets and HyperLogLogs, partitioned by member: their commands, merges and
+//!   fold moves.
 //! - `fold`: the journaled, idempotent move of shards into the base key.
 //! - `registry`: the registry in the backend: compare-and-set, announcements, promotion,
 //!   demotion, and how many shards a rule wants.
@@ -16,6 +18,7 @@
 
 pub mod coordinator;
 pub mod fold;
+pub mod members;
 pub mod merge;
 pub mod names;
 pub mod ops;
@@ -68,6 +71,9 @@ pub struct Salted {
     /// Shared with the entry this one replaced, so a session still holding the old entry
     /// advances the same rotation.
     rr: Arc<AtomicUsize>,
+    /// Partitioned kinds: what this proxy knows of the base key (see `base_maybe`). Shared
+    /// with the entry this one replaced.
+    base: Arc<BaseState>,
     /// Last value seen per part, per hash field (None for a string), for the estimated
     /// reply of a shard write. Bounded: a hash with many fields keeps the first 1024.
     last: Mutex<HashMap<Option<Bytes>, Vec<i64>>>,
@@ -91,14 +97,47 @@ impl Salted {
             nodes,
             aux,
             rr: Arc::new(AtomicUsize::new(0)),
+            base: Arc::new(BaseState::default()),
             last: Mutex::new(HashMap::new()),
         }
     }
 
-    /// This entry, continuing `old`'s write rotation.
+    /// This entry, continuing `old`'s write rotation and what it knew of the base key.
     pub fn continuing(mut self, old: &Salted) -> Salted {
         self.rr = Arc::clone(&old.rr);
+        self.base = Arc::clone(&old.base);
         self
+    }
+
+    /// Partitioned kinds: whether the base key may hold members (it did before the
+    /// promotion, or a write went to it since). While it may, an SADD also asks the base
+    /// key whether the member is there, so the reply counts it as Redis would. Reads never
+    /// rely on this: they always take the base key into account.
+    pub fn base_maybe(&self) -> bool {
+        self.base.empty_at.load(Ordering::Acquire) != self.base.writes.load(Ordering::Acquire) + 1
+    }
+
+    /// This proxy sent a write to the base key.
+    pub fn note_base_write(&self) {
+        self.base.writes.fetch_add(1, Ordering::AcqRel);
+    }
+
+    /// The count of base-key writes before a check of the base key starts.
+    pub fn base_writes(&self) -> u64 {
+        self.base.writes.load(Ordering::Acquire)
+    }
+
+    /// A check that started after `writes` base-key writes found the base key empty: it
+    /// stays known empty until this proxy writes it again.
+    pub fn base_seen_empty(&self, writes: u64) {
+        self.base.empty_at.store(writes + 1, Ordering::Release);
+    }
+
+    /// The part (1 + shard index) that holds `member` of a partitioned key: a hash of the
+    /// member over every salt, the same on every proxy.
+    pub fn shard_of(&self, member: &[u8]) -> usize {
+        let n = self.rec.salts.len().max(1) as u64;
+        1 + (xxhash_rust::xxh3::xxh3_64(member) % n) as usize
     }
 
     /// The shard index the next write goes to, if writers use shards now.
@@ -127,6 +166,14 @@ impl Salted {
             last.insert(field.cloned(), values.to_vec());
         }
     }
+}
+
+/// Whether a partitioned key's base key may hold members: `empty_at` is one more than the
+/// count of base-key writes at the last check that found it empty (0: never found empty).
+#[derive(Default)]
+struct BaseState {
+    writes: AtomicU64,
+    empty_at: AtomicU64,
 }
 
 /// The salted keys this proxy knows of.

@@ -49,7 +49,7 @@ pub fn shard_name(key: &[u8], salt: u32, tag: [u8; 2]) -> Bytes {
 
 /// The first of `saltshaker:KIND:{N}:KEY` (N = 0, 1, ...) that lands on `node`: a name
 /// every proxy derives alike, on the node whose script must update it atomically with data.
-fn on_node(p: &dyn Place, node: usize, kind: &str, key: &[u8]) -> Bytes {
+pub(super) fn on_node(p: &dyn Place, node: usize, kind: &str, key: &[u8]) -> Bytes {
     let name = |n: u32| owned_name(kind, n, p.tag(), key);
     (0..SEARCH)
         .map(name)

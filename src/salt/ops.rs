@@ -12,7 +12,9 @@ use std::time::Duration;
 
 use bytes::Bytes;
 
+use super::members::{self, MOp};
 use super::merge::{err, merge};
+use super::record::Kind;
 use super::{as_i64, call, SaltTable, Salted};
 use crate::backend::{wire, Backend};
 use crate::mitigate::combine::Combiner;
@@ -38,12 +40,20 @@ pub enum Op {
     Expire,
     /// TTL, PTTL, TYPE: the first part that exists answers.
     FirstExisting,
+    /// A command on a set or HyperLogLog salted by member (`members`).
+    Member(MOp),
     /// Anything else: fold the shards into the base key, then run it there.
     Other,
 }
 
-/// What `args` (command name first, the salted key second) does to a salted key.
-pub fn classify(name: &str, args: &[Bytes]) -> Op {
+/// What `args` (command name first, the salted key second) does to a salted key of `kind`.
+pub fn classify(kind: Kind, name: &str, args: &[Bytes]) -> Op {
+    if kind.partitioned() {
+        return match key_command(name, args.len()) {
+            Some(op) => op,
+            None => members::classify(kind, name, args).map_or(Op::Other, Op::Member),
+        };
+    }
     let int = |i: usize| -> Option<i64> { std::str::from_utf8(args.get(i)?).ok()?.parse().ok() };
     let n = args.len();
     let write = |delta: Option<i64>, field: Option<Bytes>| match delta {
@@ -61,13 +71,20 @@ pub fn classify(name: &str, args: &[Bytes]) -> Op {
         ("HGET", 3) => Op::HGet(args[2].clone()),
         ("HMGET", n) if n >= 3 => Op::HMGet(args[2..].to_vec()),
         ("HGETALL", 2) => Op::HGetAll,
+        _ => key_command(name, n).unwrap_or(Op::Other),
+    }
+}
+
+/// The commands on the key itself, whatever it holds: they act on every part.
+fn key_command(name: &str, n: usize) -> Option<Op> {
+    Some(match (name, n) {
         ("DEL" | "UNLINK", 2) => Op::Del,
         ("EXISTS" | "TOUCH", 2) => Op::Exists,
         ("EXPIRE" | "PEXPIRE" | "EXPIREAT" | "PEXPIREAT", n) if n >= 3 => Op::Expire,
         ("PERSIST", 2) => Op::Expire,
         ("TTL" | "PTTL" | "TYPE", 2) => Op::FirstExisting,
-        _ => Op::Other,
-    }
+        _ => return None,
+    })
 }
 
 /// The command `args` with its key (position 1) replaced by `part`.
@@ -166,6 +183,9 @@ pub fn plan(
         };
         return (vec![(e.nodes[part], cmd)], part);
     }
+    if let Op::Member(m) = op {
+        return (members::plan(e, m), 0);
+    }
     let sums = careful && sums(op);
     let cmds = e
         .parts
@@ -218,7 +238,7 @@ pub async fn multi(
         let v = match table.get(key) {
             Some(e) => {
                 metrics.merged_reads.inc();
-                let op = classify(if name == "MGET" { "GET" } else { name }, &one);
+                let op = classify(e.rec.kind, if name == "MGET" { "GET" } else { name }, &one);
                 merged(backend, e, op, &one, salt.careful(e, super::now_ms())).await
             }
             None => call(backend, &[(backend.node_for(key), wire(&one))])
@@ -265,7 +285,7 @@ mod tests {
     fn counter_commands_become_shard_writes_others_fold() {
         let c = |l: &str| {
             let a = args(l);
-            classify(std::str::from_utf8(&a[0]).unwrap(), &a)
+            classify(Kind::String, std::str::from_utf8(&a[0]).unwrap(), &a)
         };
         assert_eq!(
             c("INCR k"),
@@ -296,5 +316,16 @@ mod tests {
         assert_eq!(c("HMGET k a b"), Op::HMGet(vec![b("a"), b("b")]));
         assert_eq!(c("EXPIRE k 10 NX"), Op::Expire);
         assert_eq!(c("TYPE k"), Op::FirstExisting);
+        let set = |l: &str| {
+            let a = args(l);
+            classify(Kind::Set, std::str::from_utf8(&a[0]).unwrap(), &a)
+        };
+        assert_eq!(
+            set("INCR k"),
+            Op::Other,
+            "a set's key takes no counter writes"
+        );
+        assert_eq!(set("DEL k"), Op::Del);
+        assert_eq!(set("SCARD k"), Op::Member(MOp::SCard));
     }
 }

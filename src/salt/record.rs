@@ -6,12 +6,28 @@
 
 use serde::{Deserialize, Serialize};
 
-/// What the key holds: a string counter (INCR family) or a hash of counters (HINCRBY).
+/// What the key holds: a string counter (INCR family), a hash of counters (HINCRBY), a set
+/// (SADD) or a HyperLogLog (PFADD).
+///
+/// Counters and hashes are *summed*: any write may go to any shard (round robin), and a
+/// read adds the parts up. Sets and HyperLogLogs are *partitioned*: a member's shard is
+/// calculated from the member (`Salted::shard_of`), so each member lives in one shard, a
+/// point read asks one shard (and the base key), and a read of the whole is a union.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Kind {
     String,
     Hash,
+    Set,
+    Hll,
+}
+
+impl Kind {
+    /// Members are placed by a hash of the member, so the shard count cannot change while
+    /// the key is salted (it would move every member).
+    pub fn partitioned(self) -> bool {
+        matches!(self, Kind::Set | Kind::Hll)
+    }
 }
 
 /// From `from_ms` on, writers spread over the first `n` salts.
@@ -28,6 +44,10 @@ pub struct Move {
     pub id: u64,
     pub shard: u32,
     pub delta: Vec<(String, i64)>,
+    /// A set's move: hex of the members copied into the base key, then removed from the
+    /// shard (`members::move_set`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub members: Vec<String>,
 }
 
 /// The fold journal: who folds, until when its claim holds, and the move in flight.
@@ -174,6 +194,7 @@ mod tests {
                 id: 42,
                 shard: 1,
                 delta: vec![(hex(b"f\x00"), -5)],
+                members: vec![],
             }),
         });
         assert_eq!(Record::decode(r.encode().as_bytes()), Some(r));

@@ -154,11 +154,13 @@ pub async fn promote(
         return Err("salting needs a pool that places keys by hash (not random)".into());
     }
     let (kind, family) = match key_type(backend, key).await?.as_str() {
+        "string" if is_hll(backend, key).await? => (Kind::Hll, "hyperloglogs"),
         "string" | "none" => (Kind::String, "counters"),
         "hash" => (Kind::Hash, "hashes"),
+        "set" => (Kind::Set, "sets"),
         t => {
             return Err(format!(
-                "a {t} cannot be salted (counters and hashes of counters only)"
+                "a {t} cannot be salted (counters, hashes of counters, sets and HyperLogLogs only)"
             ))
         }
     };
@@ -216,6 +218,19 @@ pub async fn demote(backend: &Backend, salt: &Salt, key: &[u8]) -> Result<Option
         }
     }
     Err("the registry keeps changing; try again".into())
+}
+
+/// A HyperLogLog is a string that starts with Redis's `HYLL` magic.
+async fn is_hll(backend: &Backend, key: &[u8]) -> Result<bool, String> {
+    let r = call(
+        backend,
+        &[(
+            backend.node_for(key),
+            wire(&[&b"GETRANGE"[..], key, b"0", b"3"]),
+        )],
+    )
+    .await?;
+    Ok(matches!(&r[0], Value::Bulk(b) if &b[..] == b"HYLL"))
 }
 
 async fn key_type(backend: &Backend, key: &[u8]) -> Result<String, String> {

@@ -12,6 +12,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Once;
 use std::time::{Duration, Instant};
 
+pub mod salting;
+
 pub const BIN: &str = env!("CARGO_BIN_EXE_saltshaker");
 
 /// True when `redis-server` can run; otherwise says so loudly, once, so a skipped run

@@ -1,0 +1,704 @@
+//! Sets and HyperLogLogs, salted by member: a member's shard is calculated from the member
+//! (`Salted::shard_of`), so members are partitioned across the shards, not copied. The
+//! base key stays one more part: it holds what was written before the promotion (and
+//! what writers send it after demotion), and every read takes it into account.
+//!
+//! - Writes go to the member's shard: SADD per member, PFADD per shard's elements. While
+//!   the base key may hold members (`Salted::base_maybe`), an SADD also asks the base key
+//!   whether the member is there, so its reply counts new members exactly as Redis would.
+//!   A write sent to the base key (promotion not yet in force, demoted) asks the member's
+//!   shard instead.
+//! - Point reads (SISMEMBER, SMISMEMBER) ask the base key and the member's shard; SREM
+//!   removes from both.
+//! - Whole reads are unions: SMEMBERS, SRANDMEMBER and SSCAN walk every part; SCARD sums
+//!   the shards' cardinalities when the base key is empty (the shards are disjoint), and
+//!   counts the union of the members otherwise; PFCOUNT counts the union of the parts'
+//!   registers on the base key's node, which is the estimate the unsalted key would give.
+//!
+//! A fold moves a set shard in batches: each batch is journaled, copied into the base key
+//! (SADD) and only then removed from the shard (SREM), so a member is always in at least
+//! one part and a re-run after a crash changes nothing twice. A HyperLogLog shard is
+//! merged into the base key (PFMERGE, which is idempotent) and deleted only if it did not
+//! change meanwhile. Reads while a fold may run read the shards first, then the base key:
+//! a member that leaves a shard is in the base key before it leaves.
+
+use std::collections::HashSet;
+
+use bytes::Bytes;
+
+use super::fold::{self, Claimed};
+use super::merge::err;
+use super::names::{on_node, shard_name, Place};
+use super::record::{hex, unhex, Kind, Move};
+use super::{as_i64, call, failpoint, Salt, Salted};
+use crate::backend::{wire, Backend};
+use crate::resp::Value;
+
+/// A command on a salted set or HyperLogLog.
+#[derive(Clone, Debug, PartialEq)]
+pub enum MOp {
+    /// SADD of distinct members, to their shards or (`to_base`) to the base key; `check`
+    /// asks the other part (base key or shard) whether each member is already there.
+    SAdd {
+        members: Vec<Bytes>,
+        to_base: bool,
+        check: bool,
+    },
+    /// SREM of distinct members: from the base key and from each member's shard.
+    SRem(Vec<Bytes>),
+    SIsMember(Bytes),
+    SMIsMember(Vec<Bytes>),
+    SCard,
+    SMembers,
+    /// SSCAN: the client's cursor and the arguments after it (MATCH, COUNT).
+    SScan {
+        cursor: Bytes,
+        rest: Vec<Bytes>,
+    },
+    /// SRANDMEMBER with its count, if any.
+    SRandMember(Option<i64>),
+    /// PFADD of at least one element.
+    PfAdd(Vec<Bytes>),
+    PfCount,
+}
+
+/// What `args` (command first, the key second) does to a salted key of `kind`; None when
+/// the command has no merge (it folds the key first, then runs).
+pub fn classify(kind: Kind, name: &str, args: &[Bytes]) -> Option<MOp> {
+    let n = args.len();
+    let distinct = |from: usize| {
+        let mut seen = HashSet::new();
+        args[from..]
+            .iter()
+            .filter(|m| seen.insert(&m[..]))
+            .cloned()
+            .collect::<Vec<_>>()
+    };
+    match (kind, name) {
+        (Kind::Set, "SADD") if n >= 3 => Some(MOp::SAdd {
+            members: distinct(2),
+            to_base: false,
+            check: false,
+        }),
+        (Kind::Set, "SREM") if n >= 3 => Some(MOp::SRem(distinct(2))),
+        (Kind::Set, "SISMEMBER") if n == 3 => Some(MOp::SIsMember(args[2].clone())),
+        (Kind::Set, "SMISMEMBER") if n >= 3 => Some(MOp::SMIsMember(args[2..].to_vec())),
+        (Kind::Set, "SCARD") if n == 2 => Some(MOp::SCard),
+        (Kind::Set, "SMEMBERS") if n == 2 => Some(MOp::SMembers),
+        (Kind::Set, "SSCAN") if n >= 3 => Some(MOp::SScan {
+            cursor: args[2].clone(),
+            rest: args[3..].to_vec(),
+        }),
+        (Kind::Set, "SRANDMEMBER") if n == 2 => Some(MOp::SRandMember(None)),
+        (Kind::Set, "SRANDMEMBER") if n == 3 => std::str::from_utf8(&args[2])
+            .ok()
+            .and_then(|c| c.parse().ok())
+            .map(|c| MOp::SRandMember(Some(c))),
+        (Kind::Hll, "PFADD") if n >= 3 => Some(MOp::PfAdd(args[2..].to_vec())),
+        (Kind::Hll, "PFCOUNT") if n == 2 => Some(MOp::PfCount),
+        _ => None,
+    }
+}
+
+/// Whether `op` is a write (it goes to the shards while writers use them).
+pub fn is_write(op: &MOp) -> bool {
+    matches!(op, MOp::SAdd { .. } | MOp::PfAdd(_))
+}
+
+/// Whether `op` joins the round (its parts are sent at once and merged by `merge`); the
+/// others are answered by a task (`read`), which may read in order or in two rounds.
+/// `careful`: a fold may be moving members, so point reads go shards first.
+pub fn inline(op: &MOp, careful: bool) -> bool {
+    match op {
+        MOp::SAdd { .. } | MOp::PfAdd(_) | MOp::SRem(_) => true,
+        MOp::SIsMember(_) | MOp::SMIsMember(_) => !careful,
+        _ => false,
+    }
+}
+
+/// Whether a fold that may be running must finish before `op` runs: a removal racing a
+/// batch being copied could see the member nowhere and then find it copied back.
+pub fn needs_quiet(op: &MOp) -> bool {
+    matches!(op, MOp::SRem(_))
+}
+
+/// An SADD set up for where writers go now: `to_base` when they use the base key, and a
+/// check of the other part when the member could already be there.
+pub fn prepare(op: MOp, e: &Salted, to_base: bool, careful: bool) -> MOp {
+    match op {
+        MOp::SAdd { members, .. } => MOp::SAdd {
+            members,
+            to_base,
+            check: to_base || careful || e.base_maybe(),
+        },
+        op => op,
+    }
+}
+
+fn cmd(parts: &[&[u8]]) -> Bytes {
+    wire(parts)
+}
+
+/// The commands of an inline `op`, in the order `merge` reads their replies.
+pub fn plan(e: &Salted, op: &MOp) -> Vec<(usize, Bytes)> {
+    let on = |part: usize, c: &[u8], m: &[u8]| (e.nodes[part], cmd(&[c, &e.parts[part], m]));
+    match op {
+        MOp::SAdd {
+            members,
+            to_base,
+            check,
+        } => {
+            let target = |m: &[u8]| if *to_base { 0 } else { e.shard_of(m) };
+            let other = |m: &[u8]| if *to_base { e.shard_of(m) } else { 0 };
+            let mut out: Vec<_> = members.iter().map(|m| on(target(m), b"SADD", m)).collect();
+            if *check {
+                out.extend(members.iter().map(|m| on(other(m), b"SISMEMBER", m)));
+            }
+            out
+        }
+        MOp::SRem(ms) => pairs(e, ms, b"SREM"),
+        MOp::SIsMember(m) => pairs(e, std::slice::from_ref(m), b"SISMEMBER"),
+        MOp::SMIsMember(ms) => pairs(e, ms, b"SISMEMBER"),
+        MOp::PfAdd(elems) => {
+            let mut by: Vec<Vec<&[u8]>> = vec![Vec::new(); e.parts.len()];
+            for x in elems {
+                by[e.shard_of(x)].push(x);
+            }
+            by.into_iter()
+                .enumerate()
+                .filter(|(_, xs)| !xs.is_empty())
+                .map(|(p, xs)| {
+                    let mut a: Vec<&[u8]> = vec![b"PFADD", &e.parts[p]];
+                    a.extend(xs);
+                    (e.nodes[p], cmd(&a))
+                })
+                .collect()
+        }
+        _ => vec![],
+    }
+}
+
+/// For each member: the command on its shard, then on the base key.
+fn pairs(e: &Salted, ms: &[Bytes], c: &[u8]) -> Vec<(usize, Bytes)> {
+    ms.iter()
+        .flat_map(|m| {
+            let p = e.shard_of(m);
+            [
+                (e.nodes[p], cmd(&[c, &e.parts[p], m])),
+                (e.nodes[0], cmd(&[c, &e.parts[0], m])),
+            ]
+        })
+        .collect()
+}
+
+fn one(v: &Value) -> bool {
+    as_i64(v) == Some(1)
+}
+
+/// Merges the replies of an inline `op` (in `plan`'s order).
+pub fn merge(op: &MOp, r: &[Value]) -> Result<Value, Value> {
+    if let Some(e) = r.iter().find(|v| matches!(v, Value::Error(_))) {
+        return Err(e.clone());
+    }
+    let either = |i: usize| one(&r[2 * i]) || one(&r[2 * i + 1]);
+    Ok(match op {
+        MOp::SAdd { members, check, .. } => {
+            let k = members.len();
+            let new = (0..k)
+                .filter(|&i| one(&r[i]) && !(*check && one(&r[k + i])))
+                .count();
+            Value::Integer(new as i64)
+        }
+        MOp::SRem(ms) => Value::Integer((0..ms.len()).filter(|&i| either(i)).count() as i64),
+        MOp::SIsMember(_) => Value::Integer(either(0) as i64),
+        MOp::SMIsMember(ms) => Value::Array(
+            (0..ms.len())
+                .map(|i| Value::Integer(either(i) as i64))
+                .collect(),
+        ),
+        MOp::PfAdd(_) => Value::Integer(r.iter().any(one) as i64),
+        _ => return Err(err("internal: not an inline member command")),
+    })
+}
+
+/// Sends `cmds` (node, command) and returns the replies in order. With `careful` the
+/// base key's commands (`base(i)`) go only after the shards' have answered: a member a fold
+/// moves is in the base key before it leaves its shard, so it is seen in one or the other.
+async fn ordered(
+    backend: &Backend,
+    cmds: &[(usize, Bytes)],
+    base: impl Fn(usize) -> bool,
+    careful: bool,
+) -> Result<Vec<Value>, Value> {
+    if !careful {
+        return call(backend, cmds).await.map_err(|m| err(&m));
+    }
+    let (first, last): (Vec<usize>, Vec<usize>) = (0..cmds.len()).partition(|&i| !base(i));
+    let mut out = vec![Value::Nil; cmds.len()];
+    for group in [first, last] {
+        let sent: Vec<_> = group.iter().map(|&i| cmds[i].clone()).collect();
+        for (&i, v) in group
+            .iter()
+            .zip(call(backend, &sent).await.map_err(|m| err(&m))?)
+        {
+            out[i] = v;
+        }
+    }
+    Ok(out)
+}
+
+/// `name` on every part, the base key last.
+fn every(e: &Salted, name: &[u8]) -> Vec<(usize, Bytes)> {
+    (1..e.parts.len())
+        .chain([0])
+        .map(|p| (e.nodes[p], cmd(&[name, &e.parts[p]])))
+        .collect()
+}
+
+fn bulks(v: &Value) -> Vec<Bytes> {
+    match v {
+        Value::Array(a) | Value::Set(a) => a
+            .iter()
+            .filter_map(|x| match x {
+                Value::Bulk(b) => Some(b.clone()),
+                _ => None,
+            })
+            .collect(),
+        _ => vec![],
+    }
+}
+
+/// The union of every part's members, shards first.
+async fn union(backend: &Backend, e: &Salted, careful: bool) -> Result<Vec<Bytes>, Value> {
+    let last = e.parts.len() - 1;
+    let r = ordered(backend, &every(e, b"SMEMBERS"), |i| i == last, careful).await?;
+    if let Some(x) = r.iter().find(|v| matches!(v, Value::Error(_))) {
+        return Err(x.clone());
+    }
+    let mut seen = HashSet::new();
+    Ok(r.iter()
+        .flat_map(bulks)
+        .filter(|m| seen.insert(m.clone()))
+        .collect())
+}
+
+/// Answers a task `op` (whole reads, and point reads while a fold may run).
+pub async fn read(backend: &Backend, e: &Salted, op: &MOp, careful: bool) -> Result<Value, Value> {
+    match op {
+        MOp::SIsMember(_) | MOp::SMIsMember(_) => {
+            // `pairs`: each member's shard, then the base key.
+            let r = ordered(backend, &plan(e, op), |i| i % 2 == 1, careful).await?;
+            merge(op, &r)
+        }
+        MOp::SCard => {
+            let last = e.parts.len() - 1;
+            let cards = ordered(backend, &every(e, b"SCARD"), |i| i == last, careful).await?;
+            if let Some(x) = cards.iter().find(|v| matches!(v, Value::Error(_))) {
+                return Err(x.clone());
+            }
+            let base = cards.last().and_then(as_i64).unwrap_or(0);
+            if base == 0 {
+                // The shards hold disjoint members: their sizes add up.
+                return Ok(Value::Integer(cards.iter().filter_map(as_i64).sum()));
+            }
+            Ok(Value::Integer(
+                union(backend, e, careful).await?.len() as i64
+            ))
+        }
+        MOp::SMembers => Ok(Value::Set(
+            union(backend, e, careful)
+                .await?
+                .into_iter()
+                .map(Value::Bulk)
+                .collect(),
+        )),
+        MOp::SRandMember(count) => {
+            let all = union(backend, e, careful).await?;
+            Ok(random_members(&all, *count))
+        }
+        MOp::SScan { cursor, rest } => sscan(backend, e, cursor, rest).await,
+        MOp::PfCount => pfcount(backend, e).await,
+        _ => Err(err("internal: not a member read")),
+    }
+}
+
+/// SRANDMEMBER over the union: one member (or nil), `count` distinct members, or with a
+/// negative count that many draws with repetition, as Redis answers.
+fn random_members(all: &[Bytes], count: Option<i64>) -> Value {
+    let pick = |n: usize| (crate::backend::placement::next_random() as usize) % n;
+    match count {
+        None if all.is_empty() => Value::Nil,
+        None => Value::Bulk(all[pick(all.len())].clone()),
+        Some(c) if c >= 0 => {
+            let mut v = all.to_vec();
+            let want = (c as usize).min(v.len());
+            for i in 0..want {
+                let j = i + pick(v.len() - i);
+                v.swap(i, j);
+            }
+            v.truncate(want);
+            Value::Array(v.into_iter().map(Value::Bulk).collect())
+        }
+        Some(c) => {
+            if all.is_empty() {
+                return Value::Array(vec![]);
+            }
+            let n = c.unsigned_abs().min(1 << 20) as usize;
+            Value::Array(
+                (0..n)
+                    .map(|_| Value::Bulk(all[pick(all.len())].clone()))
+                    .collect(),
+            )
+        }
+    }
+}
+
+/// SSCAN over the parts in turn (shards first, the base key last): the cursor carries the
+/// part's place in that order and its own cursor, `inner * parts + place`. A member moved
+/// by a fold during the scan is in the base key before it leaves its shard, so a member
+/// present throughout is returned, as SCAN promises.
+async fn sscan(
+    backend: &Backend,
+    e: &Salted,
+    cursor: &Bytes,
+    rest: &[Bytes],
+) -> Result<Value, Value> {
+    let bad = || Value::Error(Bytes::from_static(b"ERR invalid cursor"));
+    let c: u64 = std::str::from_utf8(cursor)
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .ok_or_else(bad)?;
+    let places = e.parts.len() as u64;
+    let (inner, place) = (c / places, (c % places) as usize);
+    let part = if place + 1 == e.parts.len() {
+        0
+    } else {
+        place + 1
+    };
+    let mut a: Vec<&[u8]> = vec![b"SSCAN", &e.parts[part]];
+    let inner_s = inner.to_string();
+    a.push(inner_s.as_bytes());
+    a.extend(rest.iter().map(|x| &x[..]));
+    let r = call(backend, &[(e.nodes[part], cmd(&a))])
+        .await
+        .map_err(|m| err(&m))?;
+    let Value::Array(items) = &r[0] else {
+        return Err(r[0].clone());
+    };
+    let next: u64 = items
+        .first()
+        .and_then(as_i64)
+        .map(|x| x as u64)
+        .or_else(|| match items.first() {
+            Some(Value::Bulk(b)) => std::str::from_utf8(b).ok()?.parse().ok(),
+            _ => None,
+        })
+        .ok_or_else(|| err("unreadable SSCAN reply"))?;
+    let out = if next != 0 {
+        next.checked_mul(places)
+            .and_then(|x| x.checked_add(place as u64))
+            .ok_or_else(|| err("SSCAN cursor too large to carry the part"))?
+    } else if place + 1 < e.parts.len() {
+        place as u64 + 1
+    } else {
+        0
+    };
+    let members = items.get(1).cloned().unwrap_or(Value::Array(vec![]));
+    Ok(Value::Array(vec![
+        Value::Bulk(Bytes::from(out.to_string())),
+        members,
+    ]))
+}
+
+/// Counts the union of the shards' registers and the base key's on the base key's node.
+/// KEYS: the base key, then one scratch key per shard value. ARGV: the shard values.
+/// The scratch keys are written and deleted inside the script, so no one sees them.
+const PFCOUNT_UNION: &str = r#"
+for i = 1, #ARGV do redis.call('SET', KEYS[i + 1], ARGV[i]) end
+local ok, c = pcall(redis.call, 'PFCOUNT', unpack(KEYS))
+for i = 1, #ARGV do redis.call('DEL', KEYS[i + 1]) end
+if not ok then return c end
+return c
+"#;
+
+/// Scratch keys on the base key's node for the PFCOUNT union.
+fn scratch(backend: &Backend, key: &[u8], n: usize) -> Vec<Bytes> {
+    let node = backend.node_of(key);
+    (0..n)
+        .map(|i| on_node(backend as &dyn Place, node, &format!("u:{i}"), key))
+        .collect()
+}
+
+/// PFCOUNT: the shards' registers (read first), counted together with the base key's.
+async fn pfcount(backend: &Backend, e: &Salted) -> Result<Value, Value> {
+    let gets: Vec<(usize, Bytes)> = (1..e.parts.len())
+        .map(|p| (e.nodes[p], cmd(&[b"GET", &e.parts[p]])))
+        .collect();
+    let vals = call(backend, &gets).await.map_err(|m| err(&m))?;
+    let mut raws = Vec::new();
+    for v in vals {
+        match v {
+            Value::Bulk(b) => raws.push(b),
+            Value::Nil => {}
+            v => return Err(v),
+        }
+    }
+    let base = &e.parts[0];
+    let c = if raws.is_empty() {
+        cmd(&[b"PFCOUNT", base])
+    } else {
+        let keys = scratch(backend, base, raws.len());
+        let n = (1 + keys.len()).to_string();
+        let mut a: Vec<&[u8]> = vec![b"EVAL", PFCOUNT_UNION.as_bytes(), n.as_bytes(), base];
+        a.extend(keys.iter().map(|k| &k[..]));
+        a.extend(raws.iter().map(|r| &r[..]));
+        cmd(&a)
+    };
+    let r = call(backend, &[(e.nodes[0], c)])
+        .await
+        .map_err(|m| err(&m))?;
+    match &r[0] {
+        Value::Integer(_) => Ok(r[0].clone()),
+        v => Err(v.clone()),
+    }
+}
+
+/// Most members journaled in one fold move (their total size is also bounded): the
+/// journal rides in the registry record, which every proxy reads each tick.
+const MOVE_MEMBERS: usize = 256;
+const MOVE_BYTES: usize = 16 * 1024;
+
+/// Moves set shard `i` into the base key, batch by batch (see the module notes).
+pub async fn move_set(
+    backend: &Backend,
+    salt: &Salt,
+    key: &[u8],
+    c: &mut Claimed,
+    i: usize,
+) -> Result<(), String> {
+    let shard = shard_name(key, c.rec.salts[i], backend.tag());
+    let node = backend.node_of(&shard);
+    // Each batch empties part of the shard; a shard written as fast as it is moved is
+    // left for the next pass rather than chased forever.
+    for _ in 0..10_000 {
+        let count = MOVE_MEMBERS.to_string();
+        let r = call(
+            backend,
+            &[(
+                node,
+                cmd(&[b"SSCAN", &shard, b"0", b"COUNT", count.as_bytes()]),
+            )],
+        )
+        .await?;
+        let page = match &r[0] {
+            Value::Array(a) if a.len() == 2 => bulks(&a[1]),
+            v => return Err(format!("unexpected SSCAN reply from a shard: {v:?}")),
+        };
+        let mut members = Vec::new();
+        let mut bytes = 0;
+        for m in page {
+            if members.len() >= MOVE_MEMBERS || bytes >= MOVE_BYTES {
+                break;
+            }
+            bytes += m.len();
+            members.push(hex(&m));
+        }
+        if members.is_empty() {
+            // SSCAN may return an empty first page of a non-empty set: ask directly.
+            let n = call(backend, &[(node, cmd(&[b"SCARD", &shard]))]).await?;
+            if as_i64(&n[0]).unwrap_or(0) == 0 {
+                return Ok(());
+            }
+            let r = call(backend, &[(node, cmd(&[b"SRANDMEMBER", &shard, b"64"]))]).await?;
+            members = bulks(&r[0]).iter().map(|m| hex(m)).collect();
+        }
+        let mv = Move {
+            id: fold::move_id(salt),
+            shard: i as u32,
+            delta: vec![],
+            members,
+        };
+        fold::journal(backend, key, c, Some(mv.clone())).await?;
+        failpoint("fold-after-journal");
+        apply_set(backend, key, &c.rec, &mv).await?;
+        fold::journal(backend, key, c, None).await?;
+        salt.metrics.fold_moves.inc();
+    }
+    Ok(())
+}
+
+/// A journaled set move, safe to run again: copy into the base key, then remove from the
+/// shard.
+pub async fn apply_set(
+    backend: &Backend,
+    key: &[u8],
+    rec: &super::record::Record,
+    mv: &Move,
+) -> Result<(), String> {
+    let salt = *rec
+        .salts
+        .get(mv.shard as usize)
+        .ok_or("a journaled move names a shard the record does not have")?;
+    let shard = shard_name(key, salt, backend.tag());
+    let members: Vec<Vec<u8>> = mv
+        .members
+        .iter()
+        .map(|h| unhex(h).ok_or("bad member in the journal"))
+        .collect::<Result<_, _>>()?;
+    for (node, name, target, point) in [
+        (backend.node_of(key), &b"SADD"[..], key, "fold-after-add"),
+        (
+            backend.node_of(&shard),
+            &b"SREM"[..],
+            &shard[..],
+            "fold-after-take",
+        ),
+    ] {
+        let mut a: Vec<&[u8]> = vec![name, target];
+        a.extend(members.iter().map(|m| &m[..]));
+        let r = call(backend, &[(node, cmd(&a))]).await?;
+        if let Value::Error(e) = &r[0] {
+            return Err(format!("fold step failed: {}", String::from_utf8_lossy(e)));
+        }
+        failpoint(point);
+    }
+    Ok(())
+}
+
+/// Merges a HyperLogLog shard's registers into the base key. KEYS: base key, scratch key.
+/// ARGV: the shard's value.
+const MERGE_HLL: &str = r#"
+redis.call('SET', KEYS[2], ARGV[1])
+local ok, e = pcall(redis.call, 'PFMERGE', KEYS[1], KEYS[2])
+redis.call('DEL', KEYS[2])
+if not ok then return e end
+return 1
+"#;
+
+/// Deletes a shard if it still holds `ARGV[1]`. KEYS: the shard.
+const DEL_IF_SAME: &str = r#"
+if redis.call('GET', KEYS[1]) == ARGV[1] then redis.call('DEL', KEYS[1]) return 1 end
+return 0
+"#;
+
+/// Moves HyperLogLog shard `i` into the base key: merge its registers (idempotent), then
+/// delete it if no PFADD changed it meanwhile (else the next pass merges it again).
+pub async fn move_hll(
+    backend: &Backend,
+    salt: &Salt,
+    key: &[u8],
+    c: &Claimed,
+    i: usize,
+) -> Result<(), String> {
+    let shard = shard_name(key, c.rec.salts[i], backend.tag());
+    let node = backend.node_of(&shard);
+    let r = call(backend, &[(node, cmd(&[b"GET", &shard]))]).await?;
+    let raw = match &r[0] {
+        Value::Nil => return Ok(()),
+        Value::Bulk(b) => b.clone(),
+        v => return Err(format!("unexpected GET reply from a shard: {v:?}")),
+    };
+    let tmp = scratch(backend, key, 1).remove(0);
+    let merge = cmd(&[b"EVAL", MERGE_HLL.as_bytes(), b"2", key, &tmp, &raw]);
+    let r = call(backend, &[(backend.node_of(key), merge)]).await?;
+    if let Value::Error(e) = &r[0] {
+        return Err(format!("fold merge failed: {}", String::from_utf8_lossy(e)));
+    }
+    failpoint("fold-after-add");
+    let del = cmd(&[b"EVAL", DEL_IF_SAME.as_bytes(), b"1", &shard, &raw]);
+    call(backend, &[(node, del)]).await?;
+    salt.metrics.fold_moves.inc();
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn b(s: &str) -> Bytes {
+        Bytes::copy_from_slice(s.as_bytes())
+    }
+
+    fn args(line: &str) -> Vec<Bytes> {
+        line.split(' ').map(b).collect()
+    }
+
+    fn c(kind: Kind, line: &str) -> Option<MOp> {
+        let a = args(line);
+        classify(kind, std::str::from_utf8(&a[0]).unwrap(), &a)
+    }
+
+    #[test]
+    fn set_and_hll_commands_have_merges_others_fold() {
+        assert_eq!(
+            c(Kind::Set, "SADD k a b a"),
+            Some(MOp::SAdd {
+                members: vec![b("a"), b("b")],
+                to_base: false,
+                check: false
+            })
+        );
+        assert_eq!(c(Kind::Set, "SREM k a a"), Some(MOp::SRem(vec![b("a")])));
+        assert_eq!(
+            c(Kind::Set, "SRANDMEMBER k -3"),
+            Some(MOp::SRandMember(Some(-3)))
+        );
+        assert_eq!(c(Kind::Set, "SRANDMEMBER k x"), None);
+        assert_eq!(c(Kind::Set, "SPOP k"), None);
+        assert_eq!(
+            c(Kind::Set, "PFADD k a"),
+            None,
+            "commands of another type fold"
+        );
+        assert_eq!(
+            c(Kind::Hll, "PFADD k a b"),
+            Some(MOp::PfAdd(vec![b("a"), b("b")]))
+        );
+        assert_eq!(c(Kind::Hll, "PFADD k"), None);
+        assert_eq!(c(Kind::Hll, "PFCOUNT k"), Some(MOp::PfCount));
+        assert_eq!(c(Kind::String, "SADD k a"), None);
+    }
+
+    #[test]
+    fn replies_count_a_member_once_across_base_and_shard() {
+        let i = Value::Integer;
+        let sadd = MOp::SAdd {
+            members: vec![b("a"), b("b"), b("c")],
+            to_base: false,
+            check: true,
+        };
+        // a new in its shard and not in the base key; b new in its shard but in the base
+        // key already; c in its shard already.
+        let r = [i(1), i(1), i(0), i(0), i(1), i(0)];
+        assert_eq!(merge(&sadd, &r).unwrap(), i(1));
+        let srem = MOp::SRem(vec![b("a"), b("b"), b("c")]);
+        let r = [i(1), i(0), i(0), i(1), i(0), i(0)];
+        assert_eq!(merge(&srem, &r).unwrap(), i(2));
+        let mis = MOp::SMIsMember(vec![b("a"), b("b")]);
+        assert_eq!(
+            merge(&mis, &[i(0), i(1), i(0), i(0)]).unwrap(),
+            Value::Array(vec![i(1), i(0)])
+        );
+        let e = Value::Error(b("WRONGTYPE x"));
+        assert_eq!(merge(&srem, &[i(1), e.clone()]), Err(e));
+    }
+
+    #[test]
+    fn random_members_follow_the_count_rules() {
+        let all: Vec<Bytes> = (0..10).map(|x| b(&x.to_string())).collect();
+        let Value::Array(v) = random_members(&all, Some(4)) else {
+            panic!()
+        };
+        let distinct: HashSet<_> = v.iter().map(|x| format!("{x:?}")).collect();
+        assert_eq!((v.len(), distinct.len()), (4, 4));
+        let Value::Array(v) = random_members(&all, Some(50)) else {
+            panic!()
+        };
+        assert_eq!(v.len(), 10);
+        let Value::Array(v) = random_members(&all[..1], Some(-5)) else {
+            panic!()
+        };
+        assert_eq!(v.len(), 5);
+        assert_eq!(random_members(&[], None), Value::Nil);
+    }
+}

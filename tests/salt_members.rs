@@ -1,0 +1,341 @@
+//! Sets and HyperLogLogs salted by member, against a real 4-node pool: the same random
+//! command sequence runs on a salted key through the proxy and on a plain key on a
+//! redis-server of its own, and every reply must match; PFCOUNT of a salted HyperLogLog
+//! must equal the unsalted key's exactly; concurrent SADDs through two proxies, a fold, and
+//! a proxy killed in the middle of a fold lose no member and resurrect none.
+
+mod support;
+
+use std::collections::BTreeSet;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::thread;
+use std::time::Duration;
+
+use support::salting::*;
+use support::*;
+
+const RULES: &str = r#"version: 1
+detection: { window_ms: 200 }
+epoch_ms: 1000
+rules:
+  - match: "set:*"
+    write:
+      hot_at_per_sec: 300
+      cool_below_per_sec: 100
+      strategy: salt
+      salt: { shards: 4, families: [sets] }
+  - match: "hll:*"
+    write: { strategy: salt, salt: { shards: 3, families: [hyperloglogs] } }
+"#;
+
+fn setup(tag: &str) -> (Vec<Redis>, TempDir, String) {
+    let dir = TempDir::new(tag);
+    let path = dir.0.join("rules.yaml");
+    std::fs::write(&path, RULES).unwrap();
+    let rules = path_str(&path);
+    (pool(4), dir, rules)
+}
+
+/// xorshift64*: a reproducible command sequence from a seed.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self, n: u64) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        (self.0.wrapping_mul(0x2545_f491_4f6c_dd1d) >> 33) % n
+    }
+}
+
+fn promote(p: &Proxy, key: &str, shards: u32) {
+    let enc = key.replace(':', "%3A");
+    let (code, body) = p.admin_post(&format!("/hotkeys/promote?key={enc}&shards={shards}"));
+    assert_eq!(code, 200, "{body}");
+}
+
+fn members(r: &Reply) -> BTreeSet<String> {
+    r.strings().into_iter().collect()
+}
+
+/// All members of `key` by SSCAN through `c`, following the cursor to 0.
+fn scan_all(c: &mut Client, key: &str, count: &str) -> BTreeSet<String> {
+    let mut out = BTreeSet::new();
+    let mut cursor = "0".to_string();
+    for _ in 0..10_000 {
+        let r = c.cmd(&["SSCAN", key, &cursor, "COUNT", count]);
+        let a = r.as_array();
+        cursor = a[0].as_str();
+        out.extend(a[1].strings());
+        if cursor == "0" {
+            return out;
+        }
+    }
+    panic!("SSCAN never ended");
+}
+
+/// Runs `steps` random set commands on `key` through `c` and on `plain` through `reference`
+/// and compares every reply.
+fn compare_sets(c: &mut Client, reference: &mut Client, key: &str, seed: u64, steps: usize) {
+    let plain = "plain";
+    let mut rng = Rng(seed);
+    let m = |rng: &mut Rng| format!("m{}", rng.next(40));
+    for step in 0..steps {
+        let what = rng.next(100);
+        let (a, b) = (m(&mut rng), m(&mut rng));
+        let cmd: Vec<String> = match what {
+            0..=34 => vec!["SADD".into(), key.into(), a, b],
+            35..=44 => vec!["SADD".into(), key.into(), a],
+            45..=59 => vec!["SREM".into(), key.into(), a, b],
+            60..=69 => vec!["SISMEMBER".into(), key.into(), a],
+            70..=74 => vec!["SMISMEMBER".into(), key.into(), a, b.clone(), b],
+            75..=84 => vec!["SCARD".into(), key.into()],
+            85..=89 => vec!["SMEMBERS".into(), key.into()],
+            90..=91 => vec!["EXISTS".into(), key.into()],
+            92..=93 => vec!["TYPE".into(), key.into()],
+            94 => vec!["DEL".into(), key.into()],
+            95..=96 => {
+                let got = scan_all(c, key, "3");
+                let want = members(&reference.cmd(&["SMEMBERS", plain]));
+                assert_eq!(got, want, "step {step}: SSCAN");
+                continue;
+            }
+            _ => {
+                let got = c.cmd(&["SRANDMEMBER", key, "3"]).strings();
+                let card = reference.cmd(&["SCARD", plain]).as_int();
+                assert_eq!(got.len() as i64, card.min(3), "step {step}: SRANDMEMBER 3");
+                for x in got {
+                    assert_eq!(reference.cmd(&["SISMEMBER", plain, &x]).as_int(), 1);
+                }
+                continue;
+            }
+        };
+        let args: Vec<&str> = cmd.iter().map(|s| s.as_str()).collect();
+        let mut on_plain = args.clone();
+        on_plain[1] = plain;
+        let (got, want) = (c.cmd(&args), reference.cmd(&on_plain));
+        if args[0] == "SMEMBERS" {
+            assert_eq!(members(&got), members(&want), "step {step}: {args:?}");
+        } else {
+            assert_eq!(got, want, "step {step}: {args:?}");
+        }
+    }
+}
+
+#[test]
+fn a_salted_set_answers_every_command_as_a_plain_set_does() {
+    if !have_redis() {
+        return;
+    }
+    let (nodes, _dir, rules) = setup("salt-set");
+    let a = proxy(&nodes, &rules, &[]);
+    let reference_server = Redis::start();
+    let mut reference = reference_server.client();
+    let mut c = a.client();
+
+    // One set with members from before the promotion (they stay in the base key, and the
+    // replies must still count each member once), one salted while empty.
+    for key in ["set:likes", "set:fresh"] {
+        reference.cmd(&["DEL", "plain"]);
+        if key == "set:likes" {
+            for i in 0..30 {
+                let m = format!("m{i}");
+                assert_eq!(
+                    c.cmd(&["SADD", key, &m]),
+                    reference.cmd(&["SADD", "plain", &m])
+                );
+            }
+        } else {
+            // TYPE must say set for the promotion to partition it.
+            c.cmd(&["SADD", key, "m0"]);
+            reference.cmd(&["SADD", "plain", "m0"]);
+        }
+        promote(&a, key, 4);
+        wait_in_force(&[&a], key);
+        let e = salted(&a, key).unwrap();
+        assert_eq!(e["kind"], "set", "{e}");
+        compare_sets(&mut c, &mut reference, key, 0x5eed + key.len() as u64, 1500);
+        // Members really are partitioned over the four nodes.
+        let shards = shard_keys(&nodes);
+        let on: BTreeSet<usize> = shards
+            .iter()
+            .filter(|(_, k)| k.ends_with(key))
+            .map(|(n, _)| *n)
+            .collect();
+        assert!(on.len() >= 3, "shards of {key}: {shards:?}");
+        // A command without a merge folds the key first, then runs on the whole set.
+        let want = reference.cmd(&["SINTERCARD", "1", "plain"]);
+        assert_eq!(c.cmd(&["SINTERCARD", "1", key]), want);
+        assert!(shard_keys(&nodes).iter().all(|(_, k)| !k.ends_with(key)));
+        compare_sets(&mut c, &mut reference, key, 0xfeed + key.len() as u64, 300);
+    }
+
+    // Demoted: the fold copies every shard into the base key.
+    let want = members(&reference.cmd(&["SMEMBERS", "plain"]));
+    let (code, body) = a.admin_post("/hotkeys/demote?key=set%3Afresh");
+    assert_eq!(code, 200, "{body}");
+    wait_for("the fold to finish", Duration::from_secs(20), || {
+        salted(&a, "set:fresh").is_none()
+    });
+    assert!(shard_keys(&nodes)
+        .iter()
+        .all(|(_, k)| !k.ends_with("set:fresh")));
+    let base = owner(&nodes, "set:fresh");
+    assert_eq!(
+        members(&nodes[base].client().cmd(&["SMEMBERS", "set:fresh"])),
+        want
+    );
+}
+
+#[test]
+fn a_salted_hyperloglog_counts_exactly_what_the_unsalted_key_counts() {
+    if !have_redis() {
+        return;
+    }
+    let (nodes, _dir, rules) = setup("salt-hll");
+    let a = proxy(&nodes, &rules, &[]);
+    let reference_server = Redis::start();
+    let mut reference = reference_server.client();
+    let mut c = a.client();
+    let key = "hll:viewers";
+    let add = |c: &mut Client, reference: &mut Client, from: usize, to: usize| {
+        for chunk in (from..to).collect::<Vec<_>>().chunks(50) {
+            let mut args = vec!["PFADD".to_string(), key.to_string()];
+            args.extend(chunk.iter().map(|i| format!("user:{i}")));
+            let mut v: Vec<&str> = args.iter().map(|s| s.as_str()).collect();
+            assert!(!c.cmd(&v).is_error());
+            v[1] = "plain";
+            reference.cmd(&v);
+        }
+    };
+    add(&mut c, &mut reference, 0, 2000);
+    promote(&a, key, 3);
+    wait_in_force(&[&a], key);
+    assert_eq!(salted(&a, key).unwrap()["kind"], "hll");
+    // Overlapping the elements from before the promotion, and new ones.
+    add(&mut c, &mut reference, 1500, 20_000);
+    assert_eq!(shard_keys(&nodes).len(), 3, "{:?}", shard_keys(&nodes));
+    let want = reference.cmd(&["PFCOUNT", "plain"]).as_int();
+    assert_eq!(c.cmd(&["PFCOUNT", key]).as_int(), want);
+    assert!((want - 20_000).abs() < 20_000 / 50, "HLL estimate {want}");
+    assert_eq!(c.cmd(&["TYPE", key]).as_str(), "string");
+    // No scratch key is left behind by the reads.
+    for n in &nodes {
+        assert!(n.keys().iter().all(|k| !k.starts_with("saltshaker:u:")));
+    }
+
+    let (code, body) = a.admin_post("/hotkeys/demote?key=hll%3Aviewers");
+    assert_eq!(code, 200, "{body}");
+    wait_for("the fold to finish", Duration::from_secs(20), || {
+        salted(&a, key).is_none()
+    });
+    assert!(shard_keys(&nodes).is_empty());
+    let base = owner(&nodes, key);
+    assert_eq!(
+        nodes[base].client().cmd(&["PFCOUNT", key]).as_int(),
+        want,
+        "the base key after the fold"
+    );
+    assert_eq!(c.cmd(&["PFCOUNT", key]).as_int(), want);
+}
+
+/// `threads` clients per proxy SADD members of their own until `stop`; each returns the
+/// members acknowledged as added.
+fn sadders(
+    proxies: &[&Proxy],
+    key: &str,
+    threads: usize,
+    stop: Arc<AtomicBool>,
+) -> Vec<thread::JoinHandle<Vec<String>>> {
+    let mut hs = Vec::new();
+    for (pi, p) in proxies.iter().enumerate() {
+        for t in 0..threads {
+            let (addr, key, stop) = (p.addr(), key.to_string(), stop.clone());
+            hs.push(thread::spawn(move || {
+                let mut c = Client::connect(&addr);
+                let mut added = Vec::new();
+                let mut i = 0;
+                while !stop.load(Ordering::Relaxed) {
+                    let batch: Vec<String> =
+                        (0..10).map(|j| format!("p{pi}t{t}:{}", i + j)).collect();
+                    let cmds: Vec<Vec<&str>> = batch
+                        .iter()
+                        .map(|m| vec!["SADD", key.as_str(), m])
+                        .collect();
+                    if let Ok(rs) = c.try_pipeline(&cmds) {
+                        for (m, r) in batch.iter().zip(rs) {
+                            assert_eq!(r.as_int(), 1, "{m} is new");
+                            added.push(m.clone());
+                        }
+                    }
+                    i += 10;
+                }
+                added
+            }));
+        }
+    }
+    hs
+}
+
+fn scard(p: &Proxy, key: &str) -> i64 {
+    p.client().cmd(&["SCARD", key]).as_int()
+}
+
+#[test]
+fn concurrent_sadds_through_two_proxies_and_a_fold_killed_midway_lose_no_member() {
+    if !have_redis() {
+        return;
+    }
+    let (nodes, _dir, rules) = setup("salt-set-crash");
+    for (i, point) in ["fold-after-journal", "fold-after-add"].iter().enumerate() {
+        let key = format!("set:crash{i}");
+        let mut dying = proxy(&nodes, &rules, &[("SALTSHAKER_FAILPOINT", point)]);
+        let mut other = proxy(&nodes, &rules, &[]);
+        // Hot by detection: no admin request.
+        let stop = Arc::new(AtomicBool::new(false));
+        let hs = sadders(&[&dying, &other], &key, 2, stop.clone());
+        wait_in_force(&[&dying, &other], &key);
+        thread::sleep(Duration::from_millis(800));
+        stop.store(true, Ordering::Relaxed);
+        let added: BTreeSet<String> = hs.into_iter().flat_map(|h| h.join().unwrap()).collect();
+        assert!(added.len() > 300, "too few writes: {}", added.len());
+        assert_eq!(scard(&dying, &key), added.len() as i64);
+        assert_eq!(scard(&other, &key), added.len() as i64);
+        assert!(shard_keys(&nodes).len() >= 3);
+        // Only the proxy with the fail point may fold.
+        other.kill();
+        let enc = key.replace(':', "%3A");
+        let (code, body) = dying.admin_post(&format!("/hotkeys/demote?key={enc}"));
+        assert_eq!(code, 200, "{body}");
+        assert!(
+            dying.wait_exit(Duration::from_secs(20)).is_some(),
+            "the proxy did not reach fail point {point}"
+        );
+        let next = proxy(&nodes, &rules, &[]);
+        wait_for(
+            "the next proxy to learn of the key",
+            Duration::from_secs(5),
+            || salted(&next, &key).is_some(),
+        );
+        // Mid-fold, after the crash: every member is still there, once.
+        assert_eq!(
+            scard(&next, &key),
+            added.len() as i64,
+            "mid-fold after {point}"
+        );
+        wait_for(
+            "the next proxy to complete the fold",
+            Duration::from_secs(20),
+            || salted(&next, &key).is_none(),
+        );
+        let base = owner(&nodes, &key);
+        let got = members(&nodes[base].client().cmd(&["SMEMBERS", &key]));
+        assert_eq!(got, added, "after a crash at {point}\n{}", next.stderr());
+        assert!(
+            next.stderr().contains("completing a fold move"),
+            "{}",
+            next.stderr()
+        );
+    }
+}

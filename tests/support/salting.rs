@@ -1,0 +1,68 @@
+//! Helpers of the salting tests: a proxy with a rules file, waiting for a promotion to
+//! reach every proxy, and the shard keys on each node.
+
+use std::thread;
+use std::time::{Duration, Instant};
+
+use super::*;
+
+pub fn proxy(nodes: &[Redis], rules: &str, env: &[(&str, &str)]) -> Proxy {
+    let refs: Vec<&Redis> = nodes.iter().collect();
+    Proxy::start_env(&refs, &["--rules", rules], env)
+}
+
+pub fn wait_for(what: &str, timeout: Duration, mut f: impl FnMut() -> bool) {
+    let end = Instant::now() + timeout;
+    while Instant::now() < end {
+        if f() {
+            return;
+        }
+        thread::sleep(Duration::from_millis(50));
+    }
+    panic!("timed out waiting for {what}");
+}
+
+/// The salted entry of `key` in the proxy's /hotkeys, if any.
+pub fn salted(p: &Proxy, key: &str) -> Option<serde_json::Value> {
+    let (code, body) = p.admin_get("/hotkeys");
+    assert_eq!(code, 200, "{body}");
+    let v: serde_json::Value = serde_json::from_str(&body).unwrap();
+    v["salted"]
+        .as_array()?
+        .iter()
+        .find(|e| e["key"] == key)
+        .cloned()
+}
+
+pub fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as u64
+}
+
+/// Waits until both proxies know of the promotion and it is in force.
+pub fn wait_in_force(proxies: &[&Proxy], key: &str) {
+    wait_for(
+        "the promotion to reach every proxy and take effect",
+        Duration::from_secs(15),
+        || {
+            proxies.iter().all(|p| {
+                salted(p, key)
+                    .is_some_and(|e| e["from_ms"].as_u64().is_some_and(|f| now_ms() > f + 50))
+            })
+        },
+    );
+}
+
+pub fn shard_keys(nodes: &[Redis]) -> Vec<(usize, String)> {
+    let mut out = Vec::new();
+    for (i, n) in nodes.iter().enumerate() {
+        for k in n.keys() {
+            if k.starts_with("saltshaker:s:") {
+                out.push((i, k));
+            }
+        }
+    }
+    out
+}
