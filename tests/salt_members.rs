@@ -27,6 +27,8 @@ rules:
       salt: { shards: 4, families: [sets] }
   - match: "hll:*"
     write: { strategy: salt, salt: { shards: 3, families: [hyperloglogs] } }
+  - match: "lb:*"
+    write: { strategy: salt, salt: { shards: 4, families: [sorted_sets] } }
 "#;
 
 fn setup(tag: &str) -> (Vec<Redis>, TempDir, String) {
@@ -338,4 +340,101 @@ fn concurrent_sadds_through_two_proxies_and_a_fold_killed_midway_lose_no_member(
             next.stderr()
         );
     }
+}
+
+/// Runs `steps` random leaderboard commands on `key` through `c` and on `plain` through
+/// `reference`, comparing every reply.
+fn compare_zsets(c: &mut Client, reference: &mut Client, key: &str, seed: u64, steps: usize) {
+    let plain = "plain";
+    let mut rng = Rng(seed);
+    for step in 0..steps {
+        let m = format!("p{}", rng.next(30));
+        let m2 = format!("p{}", rng.next(30));
+        let (i, j) = (rng.next(12) as i64 - 4, rng.next(12) as i64 - 4);
+        let (lo, hi) = (rng.next(40).to_string(), format!("({}", rng.next(60)));
+        let delta = match rng.next(4) {
+            0 => "-3".to_string(),
+            1 => "0.5".to_string(),
+            _ => (1 + rng.next(20)).to_string(),
+        };
+        let (i, j) = (i.to_string(), j.to_string());
+        let cmd: Vec<&str> = match rng.next(100) {
+            0..=39 => vec!["ZINCRBY", key, &delta, &m],
+            40..=49 => vec!["ZSCORE", key, &m],
+            50..=52 => vec!["ZMSCORE", key, &m, &m2],
+            53..=57 => vec!["ZREM", key, &m, &m2],
+            58..=62 => vec!["ZCARD", key],
+            63..=69 => vec!["ZREVRANGE", key, "0", "9", "WITHSCORES"],
+            70..=74 => vec!["ZRANGE", key, &i, &j],
+            75..=77 => vec!["ZRANGE", key, &i, &j, "REV", "WITHSCORES"],
+            78..=81 => vec!["ZRANGEBYSCORE", key, &lo, &hi, "WITHSCORES"],
+            82..=84 => vec!["ZREVRANGEBYSCORE", key, &hi, &lo, "LIMIT", "1", "3"],
+            85..=86 => vec!["ZRANGE", key, &lo, "+inf", "BYSCORE", "LIMIT", "0", "4"],
+            87..=92 => vec!["ZRANK", key, &m],
+            93..=97 => vec!["ZREVRANK", key, &m],
+            98 => vec!["TYPE", key],
+            _ => vec!["EXISTS", key],
+        };
+        let mut on_plain = cmd.clone();
+        on_plain[1] = plain;
+        let (got, want) = (c.cmd(&cmd), reference.cmd(&on_plain));
+        assert_eq!(got, want, "step {step}: {cmd:?}");
+    }
+}
+
+#[test]
+fn a_salted_leaderboard_answers_as_a_plain_sorted_set_does_and_folds_back() {
+    if !have_redis() {
+        return;
+    }
+    let (nodes, _dir, rules) = setup("salt-zset");
+    let a = proxy(&nodes, &rules, &[]);
+    let reference_server = Redis::start();
+    let mut reference = reference_server.client();
+    let mut c = a.client();
+    let key = "lb:final";
+    // Scores from before the promotion stay in the base key and add to the shards'.
+    for i in 0..20 {
+        let m = format!("p{i}");
+        let d = (i * 7 % 11).to_string();
+        assert_eq!(
+            c.cmd(&["ZINCRBY", key, &d, &m]),
+            reference.cmd(&["ZINCRBY", "plain", &d, &m])
+        );
+    }
+    promote(&a, key, 4);
+    wait_in_force(&[&a], key);
+    assert_eq!(salted(&a, key).unwrap()["kind"], "zset");
+    compare_zsets(&mut c, &mut reference, key, 0x1eade, 1500);
+    assert!(shard_keys(&nodes).len() >= 3, "{:?}", shard_keys(&nodes));
+    // ZADD replaces a score: the key folds first, then ZADD runs on the whole.
+    assert_eq!(
+        c.cmd(&["ZADD", key, "100", "p1"]),
+        reference.cmd(&["ZADD", "plain", "100", "p1"])
+    );
+    assert!(shard_keys(&nodes).is_empty());
+    // With the base key holding every member, and then with it empty (the shard-by-shard
+    // top-N path).
+    compare_zsets(&mut c, &mut reference, key, 0xb0a4d, 500);
+    assert_eq!(
+        c.cmd(&["DEL", key]).as_int(),
+        reference.cmd(&["DEL", "plain"]).as_int()
+    );
+    compare_zsets(&mut c, &mut reference, key, 0x70b, 800);
+
+    let want = reference.cmd(&["ZRANGE", "plain", "0", "-1", "WITHSCORES"]);
+    let (code, body) = a.admin_post("/hotkeys/demote?key=lb%3Afinal");
+    assert_eq!(code, 200, "{body}");
+    wait_for("the fold to finish", Duration::from_secs(20), || {
+        salted(&a, key).is_none()
+    });
+    assert!(shard_keys(&nodes).is_empty());
+    let base = owner(&nodes, key);
+    assert_eq!(
+        nodes[base]
+            .client()
+            .cmd(&["ZRANGE", key, "0", "-1", "WITHSCORES"]),
+        want,
+        "the base key after the fold"
+    );
 }

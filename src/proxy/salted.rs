@@ -194,7 +194,7 @@ pub(super) async fn act(
             let ctx = s.ctx.clone();
             let proto = s.proto;
             later(s, rb, async move {
-                members::read(&ctx.backend, &e, &m, careful)
+                members::read(&ctx.backend, &e, &m, careful, proto == Proto::Resp3)
                     .await
                     .unwrap_or_else(|e| e)
                     .to_bytes(proto)

@@ -92,8 +92,8 @@ pub const FAMILY_NAMES: [(&str, u8); 7] = [
 ];
 
 /// Families salting can merge exactly today: integer counters (INCR family), hashes of
-/// integer counters (HINCRBY), sets and HyperLogLogs (partitioned by member).
-pub const SALTABLE: u8 = 1 | 2 | 4 | 8;
+/// integer counters (HINCRBY), sets, HyperLogLogs and sorted sets (partitioned by member).
+pub const SALTABLE: u8 = 1 | 2 | 4 | 8 | 16;
 
 impl Families {
     pub fn contains(self, name: &str) -> bool {

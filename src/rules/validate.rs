@@ -156,7 +156,7 @@ pub fn write(base: &str, w: &WritePolicy) -> Result<(), Problem> {
             &s,
             &["families"],
             format!(
-                "{} cannot be salted: only counters, hashes of counters, sets and hyperloglogs have an exact merge",
+                "{} cannot be salted: only counters, hashes of counters, sets, hyperloglogs and sorted sets have an exact merge",
                 bad.names().join(", ")
             ),
         ));

@@ -33,7 +33,7 @@ use bytes::Bytes;
 
 use super::names::{applied_name, shard_name, stash_name, Place};
 use super::record::{hex, unhex, Fold, Kind, Move, Record};
-use super::{as_i64, call, failpoint, members, now_ms, registry, Salt};
+use super::{as_i64, call, failpoint, members, now_ms, registry, zset, Salt};
 use crate::backend::{wire, Backend};
 use crate::resp::Value;
 
@@ -144,10 +144,10 @@ pub async fn claim(backend: &Backend, salt: &Salt, key: &[u8]) -> Result<Option<
         let mut c = Claimed { raw: new, rec };
         if let Some(mv) = pending {
             tracing::warn!(key = %String::from_utf8_lossy(key), move_id = mv.id, "completing a fold move left by a proxy that stopped");
-            if mv.members.is_empty() {
-                apply(backend, key, &c.rec, &mv).await?;
-            } else {
-                members::apply_set(backend, key, &c.rec, &mv).await?;
+            match c.rec.kind {
+                Kind::Set => members::apply_set(backend, key, &c.rec, &mv).await?,
+                Kind::ZSet => zset::apply(backend, key, &c.rec, &mv).await?,
+                Kind::String | Kind::Hash | Kind::Hll => apply(backend, key, &c.rec, &mv).await?,
             }
             journal(backend, key, &mut c, None).await?;
         }
@@ -201,6 +201,7 @@ pub async fn move_shard(
     match c.rec.kind {
         Kind::Set => return members::move_set(backend, salt, key, c, i).await,
         Kind::Hll => return members::move_hll(backend, salt, key, c, i).await,
+        Kind::ZSet => return zset::move_zset(backend, salt, key, c, i).await,
         Kind::String | Kind::Hash => {}
     }
     let shard = shard_name(key, c.rec.salts[i], backend.tag());
@@ -217,7 +218,7 @@ pub async fn move_shard(
                 },
             }
         }
-        Kind::Hash | Kind::Set | Kind::Hll => {
+        Kind::Hash | Kind::Set | Kind::Hll | Kind::ZSet => {
             let r = call(backend, &[(node, wire(&[&b"HGETALL"[..], &shard]))]).await?;
             let Value::Array(items) = &r[0] else {
                 return Err(format!("unexpected HGETALL reply from a shard: {:?}", r[0]));
@@ -242,6 +243,7 @@ pub async fn move_shard(
         shard: i as u32,
         delta,
         members: vec![],
+        scores: vec![],
     };
     journal(backend, key, c, Some(mv.clone())).await?;
     failpoint("fold-after-journal");

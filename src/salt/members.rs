@@ -30,7 +30,7 @@ use super::fold::{self, Claimed};
 use super::merge::err;
 use super::names::{on_node, shard_name, Place};
 use super::record::{hex, unhex, Kind, Move};
-use super::{as_i64, call, failpoint, Salt, Salted};
+use super::{as_i64, call, failpoint, zset, Salt, Salted};
 use crate::backend::{wire, Backend};
 use crate::resp::Value;
 
@@ -60,6 +60,22 @@ pub enum MOp {
     /// PFADD of at least one element.
     PfAdd(Vec<Bytes>),
     PfCount,
+    /// ZINCRBY, to the member's shard or (`to_base`) the base key; `check` reads the
+    /// member's score in the other part, so the reply is the sum.
+    ZIncrBy {
+        delta: Bytes,
+        member: Bytes,
+        to_base: bool,
+        check: bool,
+    },
+    ZScore(Bytes),
+    ZMScore(Vec<Bytes>),
+    /// ZREM of distinct members: from the base key and each member's shard.
+    ZRem(Vec<Bytes>),
+    ZCard,
+    ZRange(super::zset::ZRange),
+    /// ZRANK (false) or ZREVRANK (true).
+    ZRank(Bytes, bool),
 }
 
 /// What `args` (command first, the key second) does to a salted key of `kind`; None when
@@ -96,13 +112,14 @@ pub fn classify(kind: Kind, name: &str, args: &[Bytes]) -> Option<MOp> {
             .map(|c| MOp::SRandMember(Some(c))),
         (Kind::Hll, "PFADD") if n >= 3 => Some(MOp::PfAdd(args[2..].to_vec())),
         (Kind::Hll, "PFCOUNT") if n == 2 => Some(MOp::PfCount),
+        (Kind::ZSet, name) => zset::classify(name, args),
         _ => None,
     }
 }
 
 /// Whether `op` is a write (it goes to the shards while writers use them).
 pub fn is_write(op: &MOp) -> bool {
-    matches!(op, MOp::SAdd { .. } | MOp::PfAdd(_))
+    matches!(op, MOp::SAdd { .. } | MOp::PfAdd(_) | MOp::ZIncrBy { .. })
 }
 
 /// Whether `op` joins the round (its parts are sent at once and merged by `merge`); the
@@ -110,16 +127,27 @@ pub fn is_write(op: &MOp) -> bool {
 /// `careful`: a fold may be moving members, so point reads go shards first.
 pub fn inline(op: &MOp, careful: bool) -> bool {
     match op {
-        MOp::SAdd { .. } | MOp::PfAdd(_) | MOp::SRem(_) => true,
-        MOp::SIsMember(_) | MOp::SMIsMember(_) => !careful,
+        MOp::SAdd { .. } | MOp::PfAdd(_) | MOp::SRem(_) | MOp::ZIncrBy { .. } => true,
+        MOp::SIsMember(_) | MOp::SMIsMember(_) | MOp::ZScore(_) | MOp::ZMScore(_) => !careful,
+        MOp::ZRem(_) => true,
         _ => false,
     }
 }
 
 /// Whether a fold that may be running must finish before `op` runs: a removal racing a
-/// batch being copied could see the member nowhere and then find it copied back.
+/// batch being copied could see the member nowhere and then find it copied back, and a
+/// sorted set's score is in transit between two nodes while its batch moves.
 pub fn needs_quiet(op: &MOp) -> bool {
-    matches!(op, MOp::SRem(_))
+    matches!(
+        op,
+        MOp::SRem(_)
+            | MOp::ZRem(_)
+            | MOp::ZScore(_)
+            | MOp::ZMScore(_)
+            | MOp::ZCard
+            | MOp::ZRange(_)
+            | MOp::ZRank(..)
+    )
 }
 
 /// An SADD set up for where writers go now: `to_base` when they use the base key, and a
@@ -131,11 +159,17 @@ pub fn prepare(op: MOp, e: &Salted, to_base: bool, careful: bool) -> MOp {
             to_base,
             check: to_base || careful || e.base_maybe(),
         },
+        MOp::ZIncrBy { delta, member, .. } => MOp::ZIncrBy {
+            delta,
+            member,
+            to_base,
+            check: to_base || careful || e.base_maybe(),
+        },
         op => op,
     }
 }
 
-fn cmd(parts: &[&[u8]]) -> Bytes {
+pub(super) fn cmd(parts: &[&[u8]]) -> Bytes {
     wire(parts)
 }
 
@@ -174,7 +208,7 @@ pub fn plan(e: &Salted, op: &MOp) -> Vec<(usize, Bytes)> {
                 })
                 .collect()
         }
-        _ => vec![],
+        op => zset::plan(e, op),
     }
 }
 
@@ -217,7 +251,7 @@ pub fn merge(op: &MOp, r: &[Value]) -> Result<Value, Value> {
                 .collect(),
         ),
         MOp::PfAdd(_) => Value::Integer(r.iter().any(one) as i64),
-        _ => return Err(err("internal: not an inline member command")),
+        op => return zset::merge(op, r),
     })
 }
 
@@ -248,14 +282,14 @@ async fn ordered(
 }
 
 /// `name` on every part, the base key last.
-fn every(e: &Salted, name: &[u8]) -> Vec<(usize, Bytes)> {
+pub(super) fn every(e: &Salted, name: &[u8]) -> Vec<(usize, Bytes)> {
     (1..e.parts.len())
         .chain([0])
         .map(|p| (e.nodes[p], cmd(&[name, &e.parts[p]])))
         .collect()
 }
 
-fn bulks(v: &Value) -> Vec<Bytes> {
+pub(super) fn bulks(v: &Value) -> Vec<Bytes> {
     match v {
         Value::Array(a) | Value::Set(a) => a
             .iter()
@@ -283,7 +317,13 @@ async fn union(backend: &Backend, e: &Salted, careful: bool) -> Result<Vec<Bytes
 }
 
 /// Answers a task `op` (whole reads, and point reads while a fold may run).
-pub async fn read(backend: &Backend, e: &Salted, op: &MOp, careful: bool) -> Result<Value, Value> {
+pub async fn read(
+    backend: &Backend,
+    e: &Salted,
+    op: &MOp,
+    careful: bool,
+    resp3: bool,
+) -> Result<Value, Value> {
     match op {
         MOp::SIsMember(_) | MOp::SMIsMember(_) => {
             // `pairs`: each member's shard, then the base key.
@@ -318,7 +358,7 @@ pub async fn read(backend: &Backend, e: &Salted, op: &MOp, careful: bool) -> Res
         }
         MOp::SScan { cursor, rest } => sscan(backend, e, cursor, rest).await,
         MOp::PfCount => pfcount(backend, e).await,
-        _ => Err(err("internal: not a member read")),
+        op => zset::read(backend, e, op, resp3).await,
     }
 }
 
@@ -517,6 +557,7 @@ pub async fn move_set(
             shard: i as u32,
             delta: vec![],
             members,
+            scores: vec![],
         };
         fold::journal(backend, key, c, Some(mv.clone())).await?;
         failpoint("fold-after-journal");

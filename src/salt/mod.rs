@@ -1,4 +1,4 @@
-//! Salting: a write-hot key (a counter, a hash of counters, a set, a HyperLogLog) spread over N shard keys on N nodes, merged back on read,
+//! Salting: a write-hot key (a counter, a hash of counters, a set, a HyperLogLog, a sorted set) spread over N shard keys on N nodes, merged back on read,
 //! shared by every proxy through a registry in the backend, and folded back when it cools.
 //!
 //! - `record`: the registry record of one key and the epoch arithmetic (pure).
@@ -6,7 +6,7 @@
 //! - `ops`: one command on a salted key: what to send (shard write, or every part).
 //! - `merge`: the parts' replies made into one key's reply; values a fold has in transit.
 //! - `members`: sets and HyperLogLogs, partitioned by member: their commands, merges and
-//!   fold moves.
+//!   fold moves; `zset`: the same for sorted sets (the leaderboard's ZINCRBY).
 //! - `fold`: the journaled, idempotent move of shards into the base key.
 //! - `registry`: the registry in the backend: compare-and-set, announcements, promotion,
 //!   demotion, and how many shards a rule wants.
@@ -24,6 +24,7 @@ pub mod names;
 pub mod ops;
 pub mod record;
 pub mod registry;
+pub mod zset;
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};

@@ -7,10 +7,10 @@
 use serde::{Deserialize, Serialize};
 
 /// What the key holds: a string counter (INCR family), a hash of counters (HINCRBY), a set
-/// (SADD) or a HyperLogLog (PFADD).
+/// (SADD), a HyperLogLog (PFADD) or a sorted set of scores (ZINCRBY).
 ///
 /// Counters and hashes are *summed*: any write may go to any shard (round robin), and a
-/// read adds the parts up. Sets and HyperLogLogs are *partitioned*: a member's shard is
+/// read adds the parts up. Sets, HyperLogLogs and sorted sets are *partitioned*: a member's shard is
 /// calculated from the member (`Salted::shard_of`), so each member lives in one shard, a
 /// point read asks one shard (and the base key), and a read of the whole is a union.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -20,13 +20,15 @@ pub enum Kind {
     Hash,
     Set,
     Hll,
+    #[serde(rename = "zset")]
+    ZSet,
 }
 
 impl Kind {
     /// Members are placed by a hash of the member, so the shard count cannot change while
     /// the key is salted (it would move every member).
     pub fn partitioned(self) -> bool {
-        matches!(self, Kind::Set | Kind::Hll)
+        matches!(self, Kind::Set | Kind::Hll | Kind::ZSet)
     }
 }
 
@@ -48,6 +50,9 @@ pub struct Move {
     /// shard (`members::move_set`).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub members: Vec<String>,
+    /// A sorted set's move: the score of each member in `members` (`zset::move_zset`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub scores: Vec<String>,
 }
 
 /// The fold journal: who folds, until when its claim holds, and the move in flight.
@@ -195,6 +200,7 @@ mod tests {
                 shard: 1,
                 delta: vec![(hex(b"f\x00"), -5)],
                 members: vec![],
+                scores: vec![],
             }),
         });
         assert_eq!(Record::decode(r.encode().as_bytes()), Some(r));

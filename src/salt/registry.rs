@@ -158,9 +158,10 @@ pub async fn promote(
         "string" | "none" => (Kind::String, "counters"),
         "hash" => (Kind::Hash, "hashes"),
         "set" => (Kind::Set, "sets"),
+        "zset" => (Kind::ZSet, "sorted_sets"),
         t => {
             return Err(format!(
-                "a {t} cannot be salted (counters, hashes of counters, sets and HyperLogLogs only)"
+                "a {t} cannot be salted (counters, hashes of counters, sets, HyperLogLogs and sorted sets only)"
             ))
         }
     };
