@@ -29,6 +29,8 @@ rules:
     write: { strategy: salt, salt: { shards: 3, families: [hyperloglogs] } }
   - match: "lb:*"
     write: { strategy: salt, salt: { shards: 4, families: [sorted_sets] } }
+  - match: "fh:*"
+    write: { strategy: salt, salt: { shards: 4, families: [hashes], by: field } }
 "#;
 
 fn setup(tag: &str) -> (Vec<Redis>, TempDir, String) {
@@ -437,4 +439,99 @@ fn a_salted_leaderboard_answers_as_a_plain_sorted_set_does_and_folds_back() {
         want,
         "the base key after the fold"
     );
+}
+
+/// Runs `steps` random per-field counter commands on `key` and on `plain`, comparing
+/// every reply (HGETALL as a map: field order is not part of the contract).
+fn compare_fields(c: &mut Client, reference: &mut Client, key: &str, seed: u64, steps: usize) {
+    let plain = "plain";
+    let mut rng = Rng(seed);
+    for step in 0..steps {
+        let f = format!("f{}", rng.next(60));
+        let g = format!("f{}", rng.next(60));
+        let d = (rng.next(21) as i64 - 5).to_string();
+        let cmd: Vec<&str> = match rng.next(100) {
+            0..=44 => vec!["HINCRBY", key, &f, &d],
+            45..=59 => vec!["HGET", key, &f],
+            60..=64 => vec!["HMGET", key, &f, &g, &f],
+            65..=69 => vec!["HEXISTS", key, &f],
+            70..=76 => vec!["HDEL", key, &f, &g],
+            77..=84 => vec!["HLEN", key],
+            85..=89 => vec!["EXISTS", key],
+            90 => vec!["DEL", key],
+            _ => {
+                let got: std::collections::BTreeMap<String, String> = c
+                    .cmd(&["HGETALL", key])
+                    .pairs()
+                    .into_iter()
+                    .map(|(k, v)| (k, v.as_str()))
+                    .collect();
+                let want: std::collections::BTreeMap<String, String> = reference
+                    .cmd(&["HGETALL", plain])
+                    .pairs()
+                    .into_iter()
+                    .map(|(k, v)| (k, v.as_str()))
+                    .collect();
+                assert_eq!(got, want, "step {step}: HGETALL");
+                continue;
+            }
+        };
+        let mut on_plain = cmd.clone();
+        on_plain[1] = plain;
+        let (got, want) = (c.cmd(&cmd), reference.cmd(&on_plain));
+        assert_eq!(got, want, "step {step}: {cmd:?}");
+    }
+}
+
+#[test]
+fn a_hash_placed_by_field_answers_as_a_plain_hash_does_and_folds_back() {
+    if !have_redis() {
+        return;
+    }
+    let (nodes, _dir, rules) = setup("salt-fields");
+    let a = proxy(&nodes, &rules, &[]);
+    let reference_server = Redis::start();
+    let mut reference = reference_server.client();
+    let mut c = a.client();
+    let key = "fh:votes";
+    for i in 0..25 {
+        let (f, v) = (format!("f{i}"), (i * 3).to_string());
+        assert_eq!(
+            c.cmd(&["HSET", key, &f, &v]),
+            reference.cmd(&["HSET", "plain", &f, &v])
+        );
+    }
+    promote(&a, key, 4);
+    wait_in_force(&[&a], key);
+    assert_eq!(salted(&a, key).unwrap()["kind"], "fields");
+    compare_fields(&mut c, &mut reference, key, 0xf1e1d, 1500);
+    // Each field in one shard: no field name appears in two shards.
+    let mut seen = BTreeSet::new();
+    for (n, k) in shard_keys(&nodes) {
+        for f in nodes[n].client().cmd(&["HKEYS", &k]).strings() {
+            assert!(seen.insert(f.clone()), "{f} in two shards");
+        }
+    }
+    assert!(seen.len() > 20, "{seen:?}");
+    // HSET replaces a value: the key folds first, then HSET runs on the whole hash.
+    assert_eq!(
+        c.cmd(&["HSET", key, "f1", "7"]),
+        reference.cmd(&["HSET", "plain", "f1", "7"])
+    );
+    assert!(shard_keys(&nodes).is_empty());
+    compare_fields(&mut c, &mut reference, key, 0xabc, 800);
+
+    let want = reference.cmd(&["HGETALL", "plain"]).pairs();
+    let (code, body) = a.admin_post("/hotkeys/demote?key=fh%3Avotes");
+    assert_eq!(code, 200, "{body}");
+    wait_for("the fold to finish", Duration::from_secs(20), || {
+        salted(&a, key).is_none()
+    });
+    assert!(shard_keys(&nodes).is_empty());
+    let base = owner(&nodes, key);
+    let mut got = nodes[base].client().cmd(&["HGETALL", key]).pairs();
+    let mut want = want;
+    got.sort_by(|x, y| x.0.cmp(&y.0));
+    want.sort_by(|x, y| x.0.cmp(&y.0));
+    assert_eq!(got, want, "the base key after the fold");
 }

@@ -241,8 +241,8 @@ impl crate::salt::Control for Ctx {
         >,
     > {
         Box::pin(async move {
-            let families = self.rules.load().resolve(&key).write.salt.families;
-            crate::salt::registry::promote(&self.backend, &self.salt, &key, shards, true, families)
+            let policy = self.rules.load().resolve(&key).write.salt;
+            crate::salt::registry::promote(&self.backend, &self.salt, &key, shards, true, policy)
                 .await
         })
     }

@@ -127,6 +127,13 @@ fn member_plan(s: &Session, e: Arc<Salted>, m: MOp, now: u64, table: Arc<SaltTab
         };
     }
     salt.metrics.merged_reads.inc();
+    // A hash placed by field reads like one placed at random while a fold may run: every
+    // part with its fold bookkeeping.
+    match m {
+        MOp::HGetF(f) if careful => return Plan::Careful(e, Op::HGet(f)),
+        MOp::HMGetF(fs) if careful => return Plan::Careful(e, Op::HMGet(fs)),
+        _ => {}
+    }
     if careful && members::needs_quiet(&m) {
         return Plan::Fold(table);
     }

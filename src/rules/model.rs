@@ -228,6 +228,19 @@ pub struct SaltPolicy {
     pub max_shards: u32,
     /// What the key may hold for the proxy to salt it. Default [counters].
     pub families: Families,
+    /// How a hash of counters is spread: `random` (every HINCRBY to any shard, a read
+    /// sums every part: for a few very hot fields) or `field` (each field in the shard its
+    /// name hashes to: for many fields, point reads ask one shard). Default random.
+    pub by: SaltBy,
+}
+
+/// How the writes of a salted hash are placed (`salt.by`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum SaltBy {
+    #[default]
+    Random,
+    Field,
 }
 
 impl Default for SaltPolicy {
@@ -237,6 +250,7 @@ impl Default for SaltPolicy {
             per_shard_per_sec: 5000.0,
             max_shards: 64,
             families: Families(1),
+            by: SaltBy::Random,
         }
     }
 }
@@ -306,6 +320,7 @@ pub(crate) struct SaltPatch {
     per_shard_per_sec: Option<f64>,
     max_shards: Option<u32>,
     families: Option<Families>,
+    by: Option<SaltBy>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -354,6 +369,7 @@ impl WritePatch {
             set(&mut w.salt.per_shard_per_sec, s.per_shard_per_sec);
             set(&mut w.salt.max_shards, s.max_shards);
             set(&mut w.salt.families, s.families);
+            set(&mut w.salt.by, s.by);
         }
         w
     }

@@ -24,7 +24,7 @@ use super::{as_i64, call, fold, now_ms, Salt, SaltTable, Salted};
 use crate::backend::{wire, Backend, Dedicated};
 use crate::hotkey::{HotSnapshot, HotState};
 use crate::resp::Proto;
-use crate::rules::{Families, RulesHandle};
+use crate::rules::{RulesHandle, SaltPolicy};
 
 /// Keeps this proxy's salt table in step with the registry until shutdown.
 pub async fn run(
@@ -117,14 +117,14 @@ async fn tick(
     let salted: HashMap<&[u8], &(Bytes, Record)> = records.iter().map(|r| (&r.0[..], r)).collect();
 
     // Promotions: this proxy's hot keys (and pinned exact keys) whose rule salts them.
-    let mut want: Vec<(Vec<u8>, u32, bool, Families)> = Vec::new();
+    let mut want: Vec<(Vec<u8>, u32, bool, SaltPolicy)> = Vec::new();
     for k in &snap.keys {
         if k.write_state != Some(HotState::Hot) || salted.contains_key(&k.key[..]) {
             continue;
         }
         let r = rules.resolve(&k.key);
         if let Some(n) = wanted_shards(&r.write, k.writes_per_sec, proxies) {
-            want.push((k.key.clone(), n, false, r.write.salt.families));
+            want.push((k.key.clone(), n, false, r.write.salt));
         }
     }
     for rule in rules.rules() {
@@ -132,12 +132,12 @@ async fn tick(
         if pinning_rule(&rules, pat.as_bytes()).is_some() && !salted.contains_key(pat.as_bytes()) {
             if let Some(n) = wanted_shards(&rule.write, rule.write.salt.per_shard_per_sec * 2.0, 1)
             {
-                want.push((pat.as_bytes().to_vec(), n, true, rule.write.salt.families));
+                want.push((pat.as_bytes().to_vec(), n, true, rule.write.salt));
             }
         }
     }
-    for (key, n, pinned, families) in want {
-        if let Err(e) = promote(backend, salt, &key, n, pinned, families).await {
+    for (key, n, pinned, policy) in want {
+        if let Err(e) = promote(backend, salt, &key, n, pinned, policy).await {
             tracing::debug!(key = %String::from_utf8_lossy(&key), error = %e, "not salted");
         }
     }

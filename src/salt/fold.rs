@@ -147,7 +147,9 @@ pub async fn claim(backend: &Backend, salt: &Salt, key: &[u8]) -> Result<Option<
             match c.rec.kind {
                 Kind::Set => members::apply_set(backend, key, &c.rec, &mv).await?,
                 Kind::ZSet => zset::apply(backend, key, &c.rec, &mv).await?,
-                Kind::String | Kind::Hash | Kind::Hll => apply(backend, key, &c.rec, &mv).await?,
+                Kind::String | Kind::Hash | Kind::Fields | Kind::Hll => {
+                    apply(backend, key, &c.rec, &mv).await?
+                }
             }
             journal(backend, key, &mut c, None).await?;
         }
@@ -202,54 +204,68 @@ pub async fn move_shard(
         Kind::Set => return members::move_set(backend, salt, key, c, i).await,
         Kind::Hll => return members::move_hll(backend, salt, key, c, i).await,
         Kind::ZSet => return zset::move_zset(backend, salt, key, c, i).await,
-        Kind::String | Kind::Hash => {}
+        Kind::String | Kind::Hash | Kind::Fields => {}
     }
     let shard = shard_name(key, c.rec.salts[i], backend.tag());
     let node = backend.node_of(&shard);
-    let delta = match c.rec.kind {
-        Kind::String => {
-            let r = call(backend, &[(node, wire(&[&b"GET"[..], &shard]))]).await?;
-            match &r[0] {
-                Value::Nil => vec![],
-                v => match as_i64(v) {
-                    Some(0) => vec![],
-                    Some(n) => vec![(String::new(), n)],
-                    None => return Err("a shard holds a value that is not an integer".into()),
-                },
-            }
-        }
-        Kind::Hash | Kind::Set | Kind::Hll | Kind::ZSet => {
-            let r = call(backend, &[(node, wire(&[&b"HGETALL"[..], &shard]))]).await?;
-            let Value::Array(items) = &r[0] else {
-                return Err(format!("unexpected HGETALL reply from a shard: {:?}", r[0]));
-            };
-            let mut out = Vec::new();
-            for pair in items.chunks(2) {
-                let (Value::Bulk(f), Some(n)) = (&pair[0], pair.get(1).and_then(as_i64)) else {
-                    return Err("a shard field holds a value that is not an integer".into());
-                };
-                if n != 0 {
-                    out.push((hex(f), n));
+    // A string moves in one step; a hash a page of fields at a time (a hash placed by
+    // field may hold many), until the shard is empty. A shard written as fast as it is
+    // moved is left for the fold's next pass rather than chased forever.
+    let mut moved = std::collections::HashSet::new();
+    for _ in 0..10_000 {
+        let delta = match c.rec.kind {
+            Kind::String => {
+                let r = call(backend, &[(node, wire(&[&b"GET"[..], &shard]))]).await?;
+                match &r[0] {
+                    Value::Nil => vec![],
+                    // A shard at 0 still moves: it must not outlive the fold.
+                    v => match as_i64(v) {
+                        Some(n) => vec![(String::new(), n)],
+                        None => return Err("a shard holds a value that is not an integer".into()),
+                    },
                 }
             }
-            out
+            _ => {
+                let r = call(
+                    backend,
+                    &[(node, wire(&[&b"HSCAN"[..], &shard, b"0", b"COUNT", b"256"]))],
+                )
+                .await?;
+                let items = match &r[0] {
+                    Value::Array(a) if a.len() == 2 => match &a[1] {
+                        Value::Array(items) => items.clone(),
+                        v => return Err(format!("unexpected HSCAN reply from a shard: {v:?}")),
+                    },
+                    v => return Err(format!("unexpected HSCAN reply from a shard: {v:?}")),
+                };
+                let mut out = Vec::new();
+                for pair in items.chunks(2) {
+                    let (Value::Bulk(f), Some(n)) = (&pair[0], pair.get(1).and_then(as_i64)) else {
+                        return Err("a shard field holds a value that is not an integer".into());
+                    };
+                    out.push((hex(f), n));
+                }
+                out
+            }
+        };
+        // Fields moved once in this call and written again since wait for the next pass.
+        if delta.iter().all(|(f, _)| moved.contains(f)) {
+            return Ok(());
         }
-    };
-    if delta.is_empty() {
-        return Ok(());
+        moved.extend(delta.iter().map(|(f, _)| f.clone()));
+        let mv = Move {
+            id: move_id(salt),
+            shard: i as u32,
+            delta,
+            members: vec![],
+            scores: vec![],
+        };
+        journal(backend, key, c, Some(mv.clone())).await?;
+        failpoint("fold-after-journal");
+        apply(backend, key, &c.rec, &mv).await?;
+        journal(backend, key, c, None).await?;
+        salt.metrics.fold_moves.inc();
     }
-    let mv = Move {
-        id: move_id(salt),
-        shard: i as u32,
-        delta,
-        members: vec![],
-        scores: vec![],
-    };
-    journal(backend, key, c, Some(mv.clone())).await?;
-    failpoint("fold-after-journal");
-    apply(backend, key, &c.rec, &mv).await?;
-    journal(backend, key, c, None).await?;
-    salt.metrics.fold_moves.inc();
     Ok(())
 }
 

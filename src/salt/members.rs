@@ -30,7 +30,7 @@ use super::fold::{self, Claimed};
 use super::merge::err;
 use super::names::{on_node, shard_name, Place};
 use super::record::{hex, unhex, Kind, Move};
-use super::{as_i64, call, failpoint, zset, Salt, Salted};
+use super::{as_i64, call, failpoint, fields, zset, Salt, Salted};
 use crate::backend::{wire, Backend};
 use crate::resp::Value;
 
@@ -76,6 +76,20 @@ pub enum MOp {
     ZRange(super::zset::ZRange),
     /// ZRANK (false) or ZREVRANK (true).
     ZRank(Bytes, bool),
+    /// HINCRBY on a hash placed by field (`fields`), to the field's shard or the base key;
+    /// `check` reads the field in the other part, so the reply is the whole value.
+    HIncrBy {
+        field: Bytes,
+        delta: Bytes,
+        to_base: bool,
+        check: bool,
+    },
+    HGetF(Bytes),
+    HMGetF(Vec<Bytes>),
+    HExists(Bytes),
+    /// HDEL of distinct fields: from the base key and each field's shard.
+    HDel(Vec<Bytes>),
+    HLen,
 }
 
 /// What `args` (command first, the key second) does to a salted key of `kind`; None when
@@ -113,13 +127,17 @@ pub fn classify(kind: Kind, name: &str, args: &[Bytes]) -> Option<MOp> {
         (Kind::Hll, "PFADD") if n >= 3 => Some(MOp::PfAdd(args[2..].to_vec())),
         (Kind::Hll, "PFCOUNT") if n == 2 => Some(MOp::PfCount),
         (Kind::ZSet, name) => zset::classify(name, args),
+        (Kind::Fields, name) => fields::classify(name, args),
         _ => None,
     }
 }
 
 /// Whether `op` is a write (it goes to the shards while writers use them).
 pub fn is_write(op: &MOp) -> bool {
-    matches!(op, MOp::SAdd { .. } | MOp::PfAdd(_) | MOp::ZIncrBy { .. })
+    matches!(
+        op,
+        MOp::SAdd { .. } | MOp::PfAdd(_) | MOp::ZIncrBy { .. } | MOp::HIncrBy { .. }
+    )
 }
 
 /// Whether `op` joins the round (its parts are sent at once and merged by `merge`); the
@@ -129,7 +147,8 @@ pub fn inline(op: &MOp, careful: bool) -> bool {
     match op {
         MOp::SAdd { .. } | MOp::PfAdd(_) | MOp::SRem(_) | MOp::ZIncrBy { .. } => true,
         MOp::SIsMember(_) | MOp::SMIsMember(_) | MOp::ZScore(_) | MOp::ZMScore(_) => !careful,
-        MOp::ZRem(_) => true,
+        MOp::ZRem(_) | MOp::HIncrBy { .. } | MOp::HDel(_) => true,
+        MOp::HGetF(_) | MOp::HMGetF(_) | MOp::HExists(_) => !careful,
         _ => false,
     }
 }
@@ -147,6 +166,9 @@ pub fn needs_quiet(op: &MOp) -> bool {
             | MOp::ZCard
             | MOp::ZRange(_)
             | MOp::ZRank(..)
+            | MOp::HDel(_)
+            | MOp::HExists(_)
+            | MOp::HLen
     )
 }
 
@@ -162,6 +184,12 @@ pub fn prepare(op: MOp, e: &Salted, to_base: bool, careful: bool) -> MOp {
         MOp::ZIncrBy { delta, member, .. } => MOp::ZIncrBy {
             delta,
             member,
+            to_base,
+            check: to_base || careful || e.base_maybe(),
+        },
+        MOp::HIncrBy { field, delta, .. } => MOp::HIncrBy {
+            field,
+            delta,
             to_base,
             check: to_base || careful || e.base_maybe(),
         },
@@ -208,12 +236,15 @@ pub fn plan(e: &Salted, op: &MOp) -> Vec<(usize, Bytes)> {
                 })
                 .collect()
         }
+        MOp::HIncrBy { .. } | MOp::HGetF(_) | MOp::HMGetF(_) | MOp::HExists(_) | MOp::HDel(_) => {
+            fields::plan(e, op)
+        }
         op => zset::plan(e, op),
     }
 }
 
 /// For each member: the command on its shard, then on the base key.
-fn pairs(e: &Salted, ms: &[Bytes], c: &[u8]) -> Vec<(usize, Bytes)> {
+pub(super) fn pairs(e: &Salted, ms: &[Bytes], c: &[u8]) -> Vec<(usize, Bytes)> {
     ms.iter()
         .flat_map(|m| {
             let p = e.shard_of(m);
@@ -251,6 +282,9 @@ pub fn merge(op: &MOp, r: &[Value]) -> Result<Value, Value> {
                 .collect(),
         ),
         MOp::PfAdd(_) => Value::Integer(r.iter().any(one) as i64),
+        MOp::HIncrBy { .. } | MOp::HGetF(_) | MOp::HMGetF(_) | MOp::HExists(_) | MOp::HDel(_) => {
+            return fields::merge(op, r)
+        }
         op => return zset::merge(op, r),
     })
 }
@@ -358,6 +392,7 @@ pub async fn read(
         }
         MOp::SScan { cursor, rest } => sscan(backend, e, cursor, rest).await,
         MOp::PfCount => pfcount(backend, e).await,
+        MOp::HLen => fields::hlen(backend, e).await,
         op => zset::read(backend, e, op, resp3).await,
     }
 }

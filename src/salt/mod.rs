@@ -6,7 +6,8 @@
 //! - `ops`: one command on a salted key: what to send (shard write, or every part).
 //! - `merge`: the parts' replies made into one key's reply; values a fold has in transit.
 //! - `members`: sets and HyperLogLogs, partitioned by member: their commands, merges and
-//!   fold moves; `zset`: the same for sorted sets (the leaderboard's ZINCRBY).
+//!   fold moves; `zset` and `fields`: the same for sorted sets (the leaderboard's
+//!   ZINCRBY) and for hashes of counters placed by field.
 //! - `fold`: the journaled, idempotent move of shards into the base key.
 //! - `registry`: the registry in the backend: compare-and-set, announcements, promotion,
 //!   demotion, and how many shards a rule wants.
@@ -17,6 +18,7 @@
 //! key is salted.
 
 pub mod coordinator;
+pub mod fields;
 pub mod fold;
 pub mod members;
 pub mod merge;

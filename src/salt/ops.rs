@@ -48,6 +48,9 @@ pub enum Op {
 
 /// What `args` (command name first, the salted key second) does to a salted key of `kind`.
 pub fn classify(kind: Kind, name: &str, args: &[Bytes]) -> Op {
+    if kind == Kind::Fields && name == "HGETALL" && args.len() == 2 {
+        return Op::HGetAll;
+    }
     if kind.partitioned() {
         return match key_command(name, args.len()) {
             Some(op) => op,

@@ -7,10 +7,11 @@
 use serde::{Deserialize, Serialize};
 
 /// What the key holds: a string counter (INCR family), a hash of counters (HINCRBY), a set
-/// (SADD), a HyperLogLog (PFADD) or a sorted set of scores (ZINCRBY).
+/// (SADD), a HyperLogLog (PFADD), a sorted set of scores (ZINCRBY), or a hash of counters
+/// placed by field (HINCRBY with `salt.by: field`).
 ///
 /// Counters and hashes are *summed*: any write may go to any shard (round robin), and a
-/// read adds the parts up. Sets, HyperLogLogs and sorted sets are *partitioned*: a member's shard is
+/// read adds the parts up. Sets, HyperLogLogs, sorted sets and field-placed hashes are *partitioned*: a member's shard is
 /// calculated from the member (`Salted::shard_of`), so each member lives in one shard, a
 /// point read asks one shard (and the base key), and a read of the whole is a union.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -22,13 +23,15 @@ pub enum Kind {
     Hll,
     #[serde(rename = "zset")]
     ZSet,
+    /// A hash of counters placed by field (`salt.by: field`).
+    Fields,
 }
 
 impl Kind {
     /// Members are placed by a hash of the member, so the shard count cannot change while
     /// the key is salted (it would move every member).
     pub fn partitioned(self) -> bool {
-        matches!(self, Kind::Set | Kind::Hll | Kind::ZSet)
+        matches!(self, Kind::Set | Kind::Hll | Kind::ZSet | Kind::Fields)
     }
 }
 

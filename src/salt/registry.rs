@@ -19,7 +19,7 @@ use super::record::{boundary_after, Kind, Record};
 use super::{as_i64, call, now_ms, Salt};
 use crate::backend::{wire, Backend};
 use crate::resp::Value;
-use crate::rules::{Families, Rules, Shards, Strategy, WritePolicy};
+use crate::rules::{Rules, SaltBy, SaltPolicy, Shards, Strategy, WritePolicy};
 
 /// Compare-and-set of one record: ARGV = field, expected ('' = absent), new ('' = delete).
 const CAS: &str = r#"
@@ -145,8 +145,9 @@ pub async fn promote(
     key: &[u8],
     n: u32,
     pinned: bool,
-    families: Families,
+    policy: SaltPolicy,
 ) -> Result<Record, String> {
+    let families = policy.families;
     if key.starts_with(PREFIX) {
         return Err("keys starting with saltshaker: belong to saltshaker".into());
     }
@@ -156,6 +157,7 @@ pub async fn promote(
     let (kind, family) = match key_type(backend, key).await?.as_str() {
         "string" if is_hll(backend, key).await? => (Kind::Hll, "hyperloglogs"),
         "string" | "none" => (Kind::String, "counters"),
+        "hash" if policy.by == SaltBy::Field => (Kind::Fields, "hashes"),
         "hash" => (Kind::Hash, "hashes"),
         "set" => (Kind::Set, "sets"),
         "zset" => (Kind::ZSet, "sorted_sets"),

@@ -1,0 +1,180 @@
+//! Hashes of counters placed by field (`salt.by: field`): each field lives in the shard
+//! its name hashes to, so a hash with many hot fields spreads over the nodes and a point
+//! read asks one shard and the base key (which holds what was written before the
+//! promotion). A field's value is the sum of its value in the base key and in its shard.
+//!
+//! - HINCRBY goes to the field's shard; while the base key may hold fields it also reads
+//!   the field there, so the reply is the field's whole value, exactly.
+//! - HGET, HMGET: the field's shard and the base key, summed. HEXISTS: either. HDEL: both.
+//! - HLEN: the shards' lengths add up while the base key is empty; otherwise the union of
+//!   field names is counted. HGETALL sums every part (`ops::Op::HGetAll`).
+//! - HSET and any command without a merge fold the key first, then run on the whole.
+//!
+//! The fold moves fields with the counters' journal (`fold::move_shard`), a page of fields
+//! at a time; while it may run, HGET, HMGET and HGETALL read each part with its fold
+//! bookkeeping (`ops::careful_read`), and HEXISTS, HDEL and HLEN wait for it.
+
+use std::collections::HashSet;
+
+use bytes::Bytes;
+
+use super::members::{bulks, every, pairs, MOp};
+use super::merge::err;
+use super::{as_i64, call, Salted};
+use crate::backend::{wire, Backend};
+use crate::resp::Value;
+
+/// What `args` does to a hash placed by field; None: fold first, then run.
+pub fn classify(name: &str, args: &[Bytes]) -> Option<MOp> {
+    let n = args.len();
+    let int = |b: &Bytes| std::str::from_utf8(b).ok()?.parse::<i64>().ok();
+    match name {
+        "HINCRBY" if n == 4 && int(&args[3]).is_some() => Some(MOp::HIncrBy {
+            field: args[2].clone(),
+            delta: args[3].clone(),
+            to_base: false,
+            check: false,
+        }),
+        "HGET" if n == 3 => Some(MOp::HGetF(args[2].clone())),
+        "HMGET" if n >= 3 => Some(MOp::HMGetF(args[2..].to_vec())),
+        "HEXISTS" if n == 3 => Some(MOp::HExists(args[2].clone())),
+        "HDEL" if n >= 3 => {
+            let mut seen = HashSet::new();
+            let fields = args[2..]
+                .iter()
+                .filter(|f| seen.insert(&f[..]))
+                .cloned()
+                .collect();
+            Some(MOp::HDel(fields))
+        }
+        "HLEN" if n == 2 => Some(MOp::HLen),
+        _ => None,
+    }
+}
+
+/// The commands of an inline `op`, in the order `merge` reads them.
+pub fn plan(e: &Salted, op: &MOp) -> Vec<(usize, Bytes)> {
+    match op {
+        MOp::HIncrBy {
+            field,
+            delta,
+            to_base,
+            check,
+        } => {
+            let (t, o) = if *to_base {
+                (0, e.shard_of(field))
+            } else {
+                (e.shard_of(field), 0)
+            };
+            let mut out = vec![(
+                e.nodes[t],
+                wire(&[&b"HINCRBY"[..], &e.parts[t], field, delta]),
+            )];
+            if *check {
+                out.push((e.nodes[o], wire(&[&b"HGET"[..], &e.parts[o], field])));
+            }
+            out
+        }
+        MOp::HGetF(f) => pairs(e, std::slice::from_ref(f), b"HGET"),
+        MOp::HMGetF(fs) => pairs(e, fs, b"HGET"),
+        MOp::HExists(f) => pairs(e, std::slice::from_ref(f), b"HEXISTS"),
+        MOp::HDel(fs) => pairs(e, fs, b"HDEL"),
+        _ => vec![],
+    }
+}
+
+/// A field's value from its two parts: one present is returned as it is (a value set
+/// before the promotion may be any string); two are summed as integers.
+fn sum(a: &Value, b: &Value) -> Result<Value, Value> {
+    match (a, b) {
+        (Value::Nil, Value::Nil) => Ok(Value::Nil),
+        (v, Value::Nil) | (Value::Nil, v) => Ok(v.clone()),
+        (x, y) => match (as_i64(x), as_i64(y)) {
+            (Some(x), Some(y)) => x
+                .checked_add(y)
+                .map(|s| Value::Bulk(Bytes::from(s.to_string())))
+                .ok_or_else(|| err("salted field overflows a 64-bit integer")),
+            _ => Err(err(
+                "a salted hash field holds a value that is not an integer",
+            )),
+        },
+    }
+}
+
+/// Merges the replies of an inline `op`.
+pub fn merge(op: &MOp, r: &[Value]) -> Result<Value, Value> {
+    if let Some(e) = r.iter().find(|v| matches!(v, Value::Error(_))) {
+        return Err(e.clone());
+    }
+    let either = |i: usize| as_i64(&r[2 * i]) == Some(1) || as_i64(&r[2 * i + 1]) == Some(1);
+    Ok(match op {
+        MOp::HIncrBy { check: false, .. } => r[0].clone(),
+        MOp::HIncrBy { .. } => match sum(&r[0], &r[1])? {
+            Value::Bulk(b) => Value::Integer(as_i64(&Value::Bulk(b)).unwrap_or(0)),
+            v => v,
+        },
+        MOp::HGetF(_) => sum(&r[0], &r[1])?,
+        MOp::HMGetF(fs) => Value::Array(
+            (0..fs.len())
+                .map(|i| sum(&r[2 * i], &r[2 * i + 1]))
+                .collect::<Result<_, _>>()?,
+        ),
+        MOp::HExists(_) => Value::Integer(either(0) as i64),
+        MOp::HDel(fs) => Value::Integer((0..fs.len()).filter(|&i| either(i)).count() as i64),
+        _ => return Err(err("internal: not an inline hash command")),
+    })
+}
+
+/// HLEN: the shards' lengths while the base key is empty, else the union of field names.
+pub async fn hlen(backend: &Backend, e: &Salted) -> Result<Value, Value> {
+    let lens = call(backend, &every(e, b"HLEN"))
+        .await
+        .map_err(|m| err(&m))?;
+    if let Some(x) = lens.iter().find(|v| as_i64(v).is_none()) {
+        return Err(x.clone());
+    }
+    if lens.last().and_then(as_i64) == Some(0) {
+        return Ok(Value::Integer(lens.iter().filter_map(as_i64).sum()));
+    }
+    let keys = call(backend, &every(e, b"HKEYS"))
+        .await
+        .map_err(|m| err(&m))?;
+    let names: HashSet<Bytes> = keys.iter().flat_map(bulks).collect();
+    Ok(Value::Integer(names.len() as i64))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn b(s: &str) -> Bytes {
+        Bytes::copy_from_slice(s.as_bytes())
+    }
+
+    #[test]
+    fn a_field_is_its_base_value_plus_its_shard_value() {
+        let v = |s: &str| Value::Bulk(b(s));
+        assert_eq!(sum(&Value::Nil, &Value::Nil).unwrap(), Value::Nil);
+        assert_eq!(sum(&v("hello"), &Value::Nil).unwrap(), v("hello"));
+        assert_eq!(sum(&v("3"), &v("-5")).unwrap(), v("-2"));
+        assert!(sum(&v("x"), &v("1")).is_err());
+        assert!(sum(&v(&i64::MAX.to_string()), &v("1")).is_err());
+        let inc = MOp::HIncrBy {
+            field: b("f"),
+            delta: b("2"),
+            to_base: false,
+            check: true,
+        };
+        assert_eq!(
+            merge(&inc, &[Value::Integer(2), v("40")]).unwrap(),
+            Value::Integer(42)
+        );
+        let a = |l: &str| l.split(' ').map(b).collect::<Vec<_>>();
+        assert_eq!(classify("HINCRBY", &a("HINCRBY k f x")), None);
+        assert_eq!(classify("HSET", &a("HSET k f 1")), None);
+        assert_eq!(
+            classify("HDEL", &a("HDEL k f f g")),
+            Some(MOp::HDel(vec![b("f"), b("g")]))
+        );
+    }
+}
