@@ -535,3 +535,124 @@ fn a_hash_placed_by_field_answers_as_a_plain_hash_does_and_folds_back() {
     want.sort_by(|x, y| x.0.cmp(&y.0));
     assert_eq!(got, want, "the base key after the fold");
 }
+
+/// `threads` clients per proxy ZINCRBY members `p0..p49` by 1 or 2 until `stop`; each
+/// returns the increments acknowledged per member.
+fn incrementers(
+    proxies: &[&Proxy],
+    key: &str,
+    threads: usize,
+    stop: Arc<AtomicBool>,
+) -> Vec<thread::JoinHandle<Vec<i64>>> {
+    let mut hs = Vec::new();
+    for (pi, p) in proxies.iter().enumerate() {
+        for t in 0..threads {
+            let (addr, key, stop) = (p.addr(), key.to_string(), stop.clone());
+            hs.push(thread::spawn(move || {
+                let mut c = Client::connect(&addr);
+                let mut acked = vec![0i64; 50];
+                let mut rng = Rng(0x9e37 + (pi * 16 + t) as u64);
+                while !stop.load(Ordering::Relaxed) {
+                    let batch: Vec<(usize, i64)> = (0..10)
+                        .map(|_| (rng.next(50) as usize, 1 + rng.next(2) as i64))
+                        .collect();
+                    let args: Vec<(String, String)> = batch
+                        .iter()
+                        .map(|(m, d)| (d.to_string(), format!("p{m}")))
+                        .collect();
+                    let cmds: Vec<Vec<&str>> = args
+                        .iter()
+                        .map(|(d, m)| vec!["ZINCRBY", key.as_str(), d, m])
+                        .collect();
+                    if let Ok(rs) = c.try_pipeline(&cmds) {
+                        for ((m, d), r) in batch.iter().zip(rs) {
+                            assert!(!r.is_error(), "{r:?}");
+                            acked[*m] += d;
+                        }
+                    }
+                }
+                acked
+            }));
+        }
+    }
+    hs
+}
+
+fn scores(r: &Reply) -> Vec<(String, i64)> {
+    let mut v: Vec<(String, i64)> = r
+        .as_array()
+        .chunks(2)
+        .map(|c| (c[0].as_str(), c[1].as_str().parse().unwrap()))
+        .collect();
+    v.sort();
+    v
+}
+
+#[test]
+fn leaderboard_increments_through_two_proxies_survive_a_fold_killed_midway() {
+    if !have_redis() {
+        return;
+    }
+    let (nodes, _dir, rules) = setup("salt-zset-crash");
+    for (i, point) in ["fold-after-take", "fold-after-add"].iter().enumerate() {
+        let key = format!("lb:crash{i}");
+        let mut dying = proxy(&nodes, &rules, &[("SALTSHAKER_FAILPOINT", point)]);
+        let mut other = proxy(&nodes, &rules, &[]);
+        dying.client().cmd(&["ZINCRBY", &key, "5", "p0"]);
+        promote(&dying, &key, 4);
+        wait_in_force(&[&dying, &other], &key);
+        let stop = Arc::new(AtomicBool::new(false));
+        let hs = incrementers(&[&dying, &other], &key, 2, stop.clone());
+        thread::sleep(Duration::from_millis(800));
+        stop.store(true, Ordering::Relaxed);
+        let mut acked = vec![0i64; 50];
+        acked[0] = 5;
+        for h in hs {
+            for (m, d) in h.join().unwrap().into_iter().enumerate() {
+                acked[m] += d;
+            }
+        }
+        let mut want: Vec<(String, i64)> = acked
+            .iter()
+            .enumerate()
+            .filter(|(_, d)| **d > 0)
+            .map(|(m, d)| (format!("p{m}"), *d))
+            .collect();
+        want.sort();
+        let all = |p: &Proxy| scores(&p.client().cmd(&["ZRANGE", &key, "0", "-1", "WITHSCORES"]));
+        assert_eq!(all(&other), want, "merged read through the other proxy");
+        other.kill();
+        let enc = key.replace(':', "%3A");
+        let (code, body) = dying.admin_post(&format!("/hotkeys/demote?key={enc}"));
+        assert_eq!(code, 200, "{body}");
+        assert!(
+            dying.wait_exit(Duration::from_secs(20)).is_some(),
+            "the proxy did not reach fail point {point}:\n{}",
+            dying.stderr()
+        );
+        let next = proxy(&nodes, &rules, &[]);
+        wait_for(
+            "the next proxy to learn of the key",
+            Duration::from_secs(5),
+            || salted(&next, &key).is_some(),
+        );
+        wait_for(
+            "the next proxy to complete the fold",
+            Duration::from_secs(20),
+            || salted(&next, &key).is_none(),
+        );
+        let base = owner(&nodes, &key);
+        let got = scores(
+            &nodes[base]
+                .client()
+                .cmd(&["ZRANGE", &key, "0", "-1", "WITHSCORES"]),
+        );
+        assert_eq!(got, want, "after a crash at {point}\n{}", next.stderr());
+        assert!(
+            next.stderr().contains("completing a fold move"),
+            "{}",
+            next.stderr()
+        );
+        assert!(shard_keys(&nodes).iter().all(|(_, k)| !k.ends_with(&key)));
+    }
+}

@@ -9,9 +9,9 @@
 //!   members); otherwise the union of members is counted.
 //! - ZRANGE (by rank or by score, REV, LIMIT, WITHSCORES), ZREVRANGE, ZRANGEBYSCORE,
 //!   ZREVRANGEBYSCORE, ZRANK, ZREVRANK: while the base key is empty, each shard is asked
-//!   for its own part of the answer only (a top-10 read asks each shard for its top 10)
-//!   and the parts are merged in order; otherwise every part is read whole and the sums
-//!   are ranked here.
+//!   for its own part of the answer only (a top-10 read asks each shard for its top 10;
+//!   a rank counts the members before the member's score on each shard) and the parts are
+//!   merged in order; otherwise every part is read whole and the sums are ranked here.
 //!
 //! Reads and removals wait while a fold may move members (they fold the key first): a
 //! member's score is in transit between two nodes during a move. The fold moves batches
@@ -335,6 +335,7 @@ pub async fn read(backend: &Backend, e: &Salted, op: &MOp, resp3: bool) -> Resul
             };
             Ok(reply(items, r.scores, resp3))
         }
+        MOp::ZRank(m, rev) if base_empty => rank_from_shards(backend, e, m, *rev).await,
         MOp::ZRank(m, rev) => {
             let all = everything(backend, e, *rev).await?;
             Ok(all
@@ -449,6 +450,49 @@ async fn from_shards(
     let mut all: Vec<(Bytes, f64)> = got.iter().flat_map(scored).collect();
     all.sort_by(order(r.rev));
     slice(all, &local)
+}
+
+/// ZRANK/ZREVRANK while the base key is empty: the member's score from its shard, then
+/// from every shard the members ranked before it (a lower score, or the same score and a
+/// member name before it; the other way round for ZREVRANK).
+async fn rank_from_shards(
+    backend: &Backend,
+    e: &Salted,
+    m: &Bytes,
+    rev: bool,
+) -> Result<Value, Value> {
+    let p = e.shard_of(m);
+    let r = call(backend, &[(e.nodes[p], cmd(&[b"ZSCORE", &e.parts[p], m]))])
+        .await
+        .map_err(|x| err(&x))?;
+    let Some(s) = score(&r[0]) else {
+        return Ok(Value::Nil);
+    };
+    let at = fmt(s);
+    let excl = [&b"("[..], &at].concat();
+    let (lo, hi): (&[u8], &[u8]) = if rev {
+        (&excl, b"+inf")
+    } else {
+        (b"-inf", &excl)
+    };
+    let mut cmds = Vec::new();
+    for q in 1..e.parts.len() {
+        cmds.push((e.nodes[q], cmd(&[b"ZCOUNT", &e.parts[q], lo, hi])));
+        cmds.push((
+            e.nodes[q],
+            cmd(&[b"ZRANGE", &e.parts[q], &at, &at, b"BYSCORE"]),
+        ));
+    }
+    let got = call(backend, &cmds).await.map_err(|x| err(&x))?;
+    let mut rank = 0i64;
+    for pair in got.chunks(2) {
+        rank += as_i64(&pair[0]).ok_or_else(|| pair[0].clone())?;
+        rank += bulks(&pair[1])
+            .iter()
+            .filter(|x| if rev { *x > m } else { *x < m })
+            .count() as i64;
+    }
+    Ok(Value::Integer(rank))
 }
 
 /// Takes a journaled batch of scores out of a shard once. KEYS: stash, shard. ARGV: the
