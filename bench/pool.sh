@@ -39,7 +39,8 @@ np=$(free_port)
     echo "  servers:"
     for n in "${nodes[@]}"; do echo "    - $n:1"; done
 } >"$work/nutcracker.yml"
-nutcracker -c "$work/nutcracker.yml" -o "$work/nutcracker.log" &
+# A stats port of its own: the default (22222) is taken by any other nutcracker running.
+nutcracker -c "$work/nutcracker.yml" -o "$work/nutcracker.log" -s "$(free_port)" &
 pids+=($!)
 wait_port "$np"
 
@@ -68,4 +69,4 @@ PY
     echo "results written to bench/README.md"
 }
 
-flush() { for n in "${nodes[@]}"; do redis-cli -h "${n%:*}" -p "${n#*:}" flushall >/dev/null; redis-cli -h "${n%:*}" -p "${n#*:}" config resetstat >/dev/null; done; }
+flush() { local n; for n in "${nodes[@]}"; do redis-cli -h "${n%:*}" -p "${n#*:}" flushall >/dev/null; redis-cli -h "${n%:*}" -p "${n#*:}" config resetstat >/dev/null; done; }

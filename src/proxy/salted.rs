@@ -137,7 +137,7 @@ fn member_plan(s: &Session, e: Arc<Salted>, m: MOp, now: u64, table: Arc<SaltTab
     if careful && members::needs_quiet(&m) {
         return Plan::Fold(table);
     }
-    if members::inline(&m, careful) {
+    if members::inline(&m, careful, !e.base_maybe()) {
         return Plan::Inline(e, Op::Member(m));
     }
     Plan::Members(e, m, careful)

@@ -143,8 +143,13 @@ pub fn is_write(op: &MOp) -> bool {
 /// Whether `op` joins the round (its parts are sent at once and merged by `merge`); the
 /// others are answered by a task (`read`), which may read in order or in two rounds.
 /// `careful`: a fold may be moving members, so point reads go shards first.
-pub fn inline(op: &MOp, careful: bool) -> bool {
+/// `base_empty`: the base key is known empty, so sizes add up over the shards and a range
+/// is the shards' answers merged (a task checks the base key first otherwise).
+pub fn inline(op: &MOp, careful: bool, base_empty: bool) -> bool {
     match op {
+        MOp::SMembers => !careful,
+        MOp::SCard | MOp::ZCard | MOp::HLen | MOp::PfCount => !careful && base_empty,
+        MOp::ZRange(r) => !careful && base_empty && zset::one_round(r),
         MOp::SAdd { .. } | MOp::PfAdd(_) | MOp::SRem(_) | MOp::ZIncrBy { .. } => true,
         MOp::SIsMember(_) | MOp::SMIsMember(_) | MOp::ZScore(_) | MOp::ZMScore(_) => !careful,
         MOp::ZRem(_) | MOp::HIncrBy { .. } | MOp::HDel(_) => true,
@@ -239,6 +244,14 @@ pub fn plan(e: &Salted, op: &MOp) -> Vec<(usize, Bytes)> {
         MOp::HIncrBy { .. } | MOp::HGetF(_) | MOp::HMGetF(_) | MOp::HExists(_) | MOp::HDel(_) => {
             fields::plan(e, op)
         }
+        MOp::SMembers => every(e, b"SMEMBERS"),
+        MOp::SCard => every(e, b"SCARD"),
+        MOp::ZCard => every(e, b"ZCARD"),
+        MOp::HLen => every(e, b"HLEN"),
+        // With the base key empty, the shards' counts add up (their elements are disjoint):
+        // each within the HyperLogLog's error, as the unsalted key's count is.
+        MOp::PfCount => every(e, b"PFCOUNT"),
+        MOp::ZRange(r) => zset::plan_range(e, r),
         op => zset::plan(e, op),
     }
 }
@@ -285,6 +298,20 @@ pub fn merge(op: &MOp, r: &[Value]) -> Result<Value, Value> {
         MOp::HIncrBy { .. } | MOp::HGetF(_) | MOp::HMGetF(_) | MOp::HExists(_) | MOp::HDel(_) => {
             return fields::merge(op, r)
         }
+        MOp::SMembers => {
+            let mut seen = HashSet::new();
+            Value::Set(
+                r.iter()
+                    .flat_map(bulks)
+                    .filter(|m| seen.insert(m.clone()))
+                    .map(Value::Bulk)
+                    .collect(),
+            )
+        }
+        MOp::SCard | MOp::ZCard | MOp::HLen | MOp::PfCount => {
+            Value::Integer(r.iter().filter_map(as_i64).sum())
+        }
+        MOp::ZRange(range) => return zset::merge_range(range, r),
         op => return zset::merge(op, r),
     })
 }

@@ -383,67 +383,96 @@ fn int(b: &[u8]) -> Result<i64, Value> {
         })
 }
 
-/// A range read while the base key is empty: each shard answers its own part of the
-/// window (its first `stop + 1` by rank, or its first `offset + count` by score), and the
-/// parts merged in order give the window of the whole, since no member is in two shards.
+/// The command each shard answers for a range read while the base key is empty (`KEY`
+/// left empty): its first `stop + 1` members by rank, or its first `offset + count` by
+/// score. Merged in order, the shards' answers hold the window of the whole, since no
+/// member is in two shards. None when the window is empty. Rank bounds must not be
+/// negative here (`read` resolves them against the size first).
+fn shard_range(r: &ZRange) -> Result<Option<Vec<Bytes>>, Value> {
+    let s = Bytes::from_static;
+    let mut a = vec![s(b"ZRANGE"), Bytes::new()];
+    if r.by_score {
+        a.extend([r.a.clone(), r.b.clone(), s(b"BYSCORE")]);
+        if r.rev {
+            a.push(s(b"REV"));
+        }
+        if let Some((off, cnt)) = r.limit {
+            if off < 0 {
+                return Ok(None);
+            }
+            let want = if cnt < 0 { -1 } else { off.saturating_add(cnt) };
+            a.extend([s(b"LIMIT"), s(b"0"), Bytes::from(want.to_string())]);
+        }
+    } else {
+        let (start, stop) = (int(&r.a)?, int(&r.b)?);
+        if start > stop || stop < 0 {
+            return Ok(None);
+        }
+        a.extend([s(b"0"), Bytes::from(stop.to_string())]);
+        if r.rev {
+            a.push(s(b"REV"));
+        }
+    }
+    a.push(s(b"WITHSCORES"));
+    Ok(Some(a))
+}
+
+/// Whether a range read can be answered in one round from the shards alone (given the
+/// base key is empty): by score, or by rank with bounds that need no size.
+pub fn one_round(r: &ZRange) -> bool {
+    r.by_score || (int(&r.a).is_ok_and(|a| a >= 0) && int(&r.b).is_ok_and(|b| b >= 0))
+}
+
+/// The shards' commands of a one-round range read (`one_round`).
+pub fn plan_range(e: &Salted, r: &ZRange) -> Vec<(usize, Bytes)> {
+    let Ok(Some(a)) = shard_range(r) else {
+        return vec![];
+    };
+    (1..e.parts.len())
+        .map(|p| {
+            let mut a = a.clone();
+            a[1] = e.parts[p].clone();
+            (e.nodes[p], crate::backend::wire(&a))
+        })
+        .collect()
+}
+
+/// The window of the whole from the shards' answers to `plan_range`.
+pub fn merge_range(r: &ZRange, got: &[Value]) -> Result<Value, Value> {
+    if let Some(x) = got.iter().find(|v| matches!(v, Value::Error(_))) {
+        return Err(x.clone());
+    }
+    // RESP3 answers WITHSCORES with [member, score] pairs: answer the way the nodes did.
+    let resp3 = got.iter().any(
+        |v| matches!(v, Value::Array(a) if a.first().is_some_and(|x| matches!(x, Value::Array(_)))),
+    );
+    let mut all: Vec<(Bytes, f64)> = got.iter().flat_map(scored).collect();
+    all.sort_by(order(r.rev));
+    Ok(reply(slice(all, r)?, r.scores, resp3))
+}
+
+/// A range read while the base key is empty, in a task: rank bounds resolved against the
+/// size first, then `plan_range`'s commands.
 async fn from_shards(
     backend: &Backend,
     e: &Salted,
     r: &ZRange,
     total: i64,
 ) -> Result<Vec<(Bytes, f64)>, Value> {
-    let mut per: Vec<Vec<Bytes>> = Vec::new();
     let mut local = r.clone();
-    if r.by_score {
-        let mut a = vec![
-            Bytes::from_static(b"ZRANGE"),
-            Bytes::new(),
-            r.a.clone(),
-            r.b.clone(),
-            Bytes::from_static(b"BYSCORE"),
-        ];
-        if r.rev {
-            a.push(Bytes::from_static(b"REV"));
-        }
-        if let Some((off, cnt)) = r.limit {
-            if off < 0 {
-                return Ok(vec![]);
-            }
-            let want = if cnt < 0 { -1 } else { off.saturating_add(cnt) };
-            a.extend([
-                Bytes::from_static(b"LIMIT"),
-                Bytes::from_static(b"0"),
-                Bytes::from(want.to_string()),
-            ]);
-        }
-        a.push(Bytes::from_static(b"WITHSCORES"));
-        per.push(a);
-    } else {
+    if !r.by_score {
         let Some((start, stop)) = window(int(&r.a)?, int(&r.b)?, total) else {
             return Ok(vec![]);
         };
-        let mut a = vec![
-            Bytes::from_static(b"ZRANGE"),
-            Bytes::new(),
-            Bytes::from_static(b"0"),
-            Bytes::from(stop.to_string()),
-        ];
-        if r.rev {
-            a.push(Bytes::from_static(b"REV"));
-        }
-        a.push(Bytes::from_static(b"WITHSCORES"));
-        per.push(a);
         local.a = Bytes::from(start.to_string());
         local.b = Bytes::from(stop.to_string());
     }
-    let cmds: Vec<(usize, Bytes)> = (1..e.parts.len())
-        .map(|p| {
-            let mut a = per[0].clone();
-            a[1] = e.parts[p].clone();
-            (e.nodes[p], crate::backend::wire(&a))
-        })
-        .collect();
-    let got = call(backend, &cmds).await.map_err(|m| err(&m))?;
+    if shard_range(&local)?.is_none() {
+        return Ok(vec![]);
+    }
+    let got = call(backend, &plan_range(e, &local))
+        .await
+        .map_err(|m| err(&m))?;
     if let Some(x) = got.iter().find(|v| matches!(v, Value::Error(_))) {
         return Err(x.clone());
     }
