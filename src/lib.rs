@@ -11,7 +11,7 @@
 //! | `rules`    | hot-key rules (YAML): thresholds, strategies, live reload              |
 //! | `policy`   | decide(command, hot set) -> Action; pure                               |
 //! | `mitigate` | combine (batched increments, exact replies); cache (read-hot replies)  |
-//! | `salt`     | salted counters: shards, merged reads, registry, epochs, journaled fold |
+//! | `salt`     | salted keys (counters, sets, HLLs, zsets): merges, registry, fold      |
 //! | `backend`  | nodes, shared pipelined connections, placement, tracking invalidation  |
 //! | `proxy`    | listener, session (read, classify, observe, decide, act, reply)        |
 //! | `admin`    | HTTP: /metrics /healthz /readyz /hotkeys /rules                        |

@@ -321,7 +321,7 @@ async fn apply(backend: &Backend, key: &[u8], rec: &Record, mv: &Move) -> Result
 }
 
 /// Moves every shard into the base key while the key stays salted: what a command that
-/// cannot be merged needs before it runs on the base key. Waits up to two seconds for a
+/// cannot be merged needs before it runs on the base key. Waits up to ten seconds for a
 /// fold another proxy is running.
 pub async fn move_all(backend: &Backend, salt: &Salt, key: &[u8]) -> Result<(), String> {
     let mut tries = 0;
@@ -329,7 +329,7 @@ pub async fn move_all(backend: &Backend, salt: &Salt, key: &[u8]) -> Result<(), 
         match claim(backend, salt, key).await {
             Ok(Some(c)) => break c,
             Ok(None) => return Ok(()),
-            Err(e) if tries >= 40 => return Err(e),
+            Err(e) if tries >= 200 => return Err(e),
             Err(_) => {
                 tries += 1;
                 tokio::time::sleep(Duration::from_millis(50)).await;
