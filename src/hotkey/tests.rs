@@ -174,6 +174,31 @@ fn a_key_concentrated_on_one_of_several_threads_is_still_promoted_early() {
 }
 
 #[test]
+fn early_promotions_are_published_together() {
+    let (det, clock) = manual(DetectorConfig::default());
+    det.observe(b"warm-up", Kind::Read);
+    settle(&det, &clock, 1000);
+    let published = || det.inner.link.published.snapshots.load(Ordering::Relaxed);
+    let before = published();
+    // 100 keys pass the threshold within the same millisecond: one snapshot, not 100 (each
+    // sorts and copies every listed key).
+    for i in 0..100 {
+        let key = format!("k:{i}");
+        for _ in 0..2100 {
+            det.observe(key.as_bytes(), Kind::Read);
+        }
+    }
+    det.sync();
+    let keys = det.snapshot().keys;
+    assert_eq!(keys.len(), 100, "every key promoted early");
+    assert!(
+        published() - before <= 2,
+        "{} snapshots",
+        published() - before
+    );
+}
+
+#[test]
 fn a_cooling_key_stays_listed_until_below_cool_below() {
     let (det, clock) = manual(DetectorConfig::default());
     let feed = |n: u64, start: u64| {
