@@ -49,6 +49,8 @@ pub(crate) struct Published {
     /// Per kind: the sliding count at which a key first earns an early report.
     pub first_report: [AtomicU32; 2],
     pub closed: AtomicBool,
+    /// Snapshots published so far.
+    pub snapshots: AtomicU64,
 }
 
 /// Everything a thread needs to reach one detector.

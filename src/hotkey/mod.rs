@@ -46,6 +46,10 @@ pub use sketch::SKETCH_BYTES;
 use aggregate::{Aggregator, Control};
 use local::{with_local, Link, Msg, Published};
 
+/// The most keys a thread's top-k can track per kind (`detection.top_k` is validated
+/// against it; the tracker's slot table indexes entries with `u16`).
+pub const MAX_TOP_K: usize = 8192;
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Kind {
     Read = 0,

@@ -174,6 +174,60 @@ fn a_key_concentrated_on_one_of_several_threads_is_still_promoted_early() {
 }
 
 #[test]
+fn early_promotions_are_published_together() {
+    let (det, clock) = manual(DetectorConfig::default());
+    det.observe(b"warm-up", Kind::Read);
+    settle(&det, &clock, 1000);
+    let published = || det.inner.link.published.snapshots.load(Ordering::Relaxed);
+    let before = published();
+    // 100 keys pass the threshold within the same millisecond: one snapshot, not 100 (each
+    // sorts and copies every listed key).
+    for i in 0..100 {
+        let key = format!("k:{i}");
+        for _ in 0..2100 {
+            det.observe(key.as_bytes(), Kind::Read);
+        }
+    }
+    det.sync();
+    let keys = det.snapshot().keys;
+    assert_eq!(keys.len(), 100, "every key promoted early");
+    assert!(
+        published() - before <= 2,
+        "{} snapshots",
+        published() - before
+    );
+}
+
+#[test]
+fn with_a_tiny_threshold_only_keys_with_real_counts_report_early() {
+    // Read-hot from 2/s (a deep read cache): a key read ten times waits for the window
+    // close instead of costing a message per read; a key read a hundred times is still
+    // promoted within the window.
+    let (det, clock) = manual(DetectorConfig {
+        read_hot_at_per_sec: 2.0,
+        read_cool_below_per_sec: 0.5,
+        ..DetectorConfig::default()
+    });
+    det.observe(b"warm-up", Kind::Read);
+    settle(&det, &clock, 1000);
+    clock.set_ms(1100);
+    for _ in 0..10 {
+        det.observe(b"warm", Kind::Read);
+    }
+    for _ in 0..100 {
+        det.observe(b"busy", Kind::Read);
+    }
+    det.sync();
+    assert!(
+        listed(&det, b"warm").is_none(),
+        "reported early at 10 reads"
+    );
+    assert!(listed(&det, b"busy").is_some(), "100 reads promote early");
+    settle(&det, &clock, 2000);
+    assert!(listed(&det, b"warm").is_some(), "hot at the window close");
+}
+
+#[test]
 fn a_cooling_key_stays_listed_until_below_cool_below() {
     let (det, clock) = manual(DetectorConfig::default());
     let feed = |n: u64, start: u64| {

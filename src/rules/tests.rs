@@ -54,6 +54,15 @@ fn shipped_examples_parse() {
         let r = Rules::parse(text, name).unwrap_or_else(|e| panic!("{e}"));
         assert!(!r.rules().is_empty(), "{name}");
     }
+    // The deep read cache is all defaults; the detector must really track that many keys.
+    let deep = Rules::parse(
+        include_str!("../../rules/examples/zipf-read-cache.yaml"),
+        "z",
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(deep.top_k(), 8192);
+    assert!(deep.top_k() <= crate::hotkey::MAX_TOP_K);
+    assert_eq!(deep.defaults().read.hot_at_per_sec, 2.0);
     let vote = Rules::parse(
         include_str!("../../rules/examples/televised-vote.yaml"),
         "v",
@@ -178,6 +187,7 @@ fn semantic_errors_point_at_the_line_to_edit() {
         ("version: 2\n", 1, "version"),
         ("version: 1\ndetection: { window_ms: 5 }\n", 2, "detection.window_ms"),
         ("version: 1\ndetection:\n  top_k: 0\n", 3, "detection.top_k"),
+        ("version: 1\ndetection:\n  top_k: 8193\n", 3, "detection.top_k"),
         ("version: 1\nepoch_ms: 100\n", 2, "epoch_ms"),
         // epoch_ms not written: the window the file does write is the one to look at.
         ("version: 1\ndetection: { window_ms: 9000 }\n", 2, "detection.window_ms"),

@@ -62,7 +62,14 @@ pub fn version(v: u32) -> Result<(), Problem> {
 
 pub fn detection(d: &Detection, epoch_ms: u64) -> Result<(), Problem> {
     range("detection", "window_ms", d.window_ms, 10, 60_000, " ms")?;
-    range("detection", "top_k", d.top_k, 1, 4096, " keys")?;
+    range(
+        "detection",
+        "top_k",
+        d.top_k,
+        1,
+        crate::hotkey::MAX_TOP_K,
+        " keys",
+    )?;
     if epoch_ms < d.window_ms {
         return Err(problem(
             "",
