@@ -665,6 +665,12 @@ fn leaderboard_increments_through_two_proxies_survive_a_fold_killed_midway() {
             Duration::from_secs(5),
             || salted(&next, &key).is_some(),
         );
+        // Mid-fold, the dead proxy's move half done: every score is counted exactly once.
+        assert_eq!(all(&next), want, "mid-fold read after a crash at {point}");
+        assert_eq!(
+            next.client().cmd(&["ZSCORE", &key, "p0"]).as_str(),
+            acked[0].to_string()
+        );
         wait_for(
             "the next proxy to complete the fold",
             Duration::from_secs(20),
@@ -684,4 +690,63 @@ fn leaderboard_increments_through_two_proxies_survive_a_fold_killed_midway() {
         );
         assert!(shard_keys(&nodes).iter().all(|(_, k)| !k.ends_with(&key)));
     }
+}
+
+#[test]
+fn leaderboard_reads_stay_exact_while_commands_fold_the_key_over_and_over() {
+    if !have_redis() {
+        return;
+    }
+    let (nodes, _dir, rules) = setup("salt-zset-live");
+    let (a, b) = (proxy(&nodes, &rules, &[]), proxy(&nodes, &rules, &[]));
+    let key = "lb:live";
+    a.client().cmd(&["ZINCRBY", key, "1", "p0"]);
+    promote(&a, key, 4);
+    wait_in_force(&[&a, &b], key);
+    let acked = Arc::new(std::sync::atomic::AtomicI64::new(1));
+    let stop = Arc::new(AtomicBool::new(false));
+    let writer = {
+        let (addr, acked, stop) = (a.addr(), acked.clone(), stop.clone());
+        thread::spawn(move || {
+            let mut c = Client::connect(&addr);
+            while !stop.load(Ordering::Relaxed) {
+                assert!(!c.cmd(&["ZINCRBY", key, "1", "p0"]).is_error());
+                acked.fetch_add(1, Ordering::SeqCst);
+            }
+        })
+    };
+    // ZRANDMEMBER has no merge: each one moves every shard into the base key first.
+    let folder = {
+        let (addr, stop) = (a.addr(), stop.clone());
+        thread::spawn(move || {
+            let mut c = Client::connect(&addr);
+            let mut folds = 0;
+            while !stop.load(Ordering::Relaxed) {
+                assert!(!c.cmd(&["ZRANDMEMBER", key]).is_error());
+                folds += 1;
+            }
+            folds
+        })
+    };
+    let mut c = b.client();
+    let mut last = 0i64;
+    let mut reads = 0;
+    let end = std::time::Instant::now() + Duration::from_secs(3);
+    while std::time::Instant::now() < end {
+        let r = c.cmd(&["ZSCORE", key, "p0"]);
+        let high = acked.load(Ordering::SeqCst) + 1;
+        let v: i64 = r.as_str().parse().unwrap_or_else(|_| panic!("{r:?}"));
+        assert!(v >= last, "a read went backwards: {v} after {last}");
+        assert!(v <= high, "{v} above the {high} increments sent");
+        let top = c.cmd(&["ZREVRANGE", key, "0", "0", "WITHSCORES"]);
+        assert_eq!(top.as_array()[0].as_str(), "p0", "{top:?}");
+        last = v;
+        reads += 1;
+    }
+    stop.store(true, Ordering::Relaxed);
+    writer.join().unwrap();
+    let folds = folder.join().unwrap();
+    assert!(folds >= 3 && reads > 20, "folds {folds}, reads {reads}");
+    let total = acked.load(Ordering::SeqCst);
+    assert_eq!(c.cmd(&["ZSCORE", key, "p0"]).as_str(), total.to_string());
 }

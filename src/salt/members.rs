@@ -159,22 +159,9 @@ pub fn inline(op: &MOp, careful: bool, base_empty: bool) -> bool {
 }
 
 /// Whether a fold that may be running must finish before `op` runs: a removal racing a
-/// batch being copied could see the member nowhere and then find it copied back, and a
-/// sorted set's score is in transit between two nodes while its batch moves.
+/// batch being moved could see the member nowhere and then find it moved back.
 pub fn needs_quiet(op: &MOp) -> bool {
-    matches!(
-        op,
-        MOp::SRem(_)
-            | MOp::ZRem(_)
-            | MOp::ZScore(_)
-            | MOp::ZMScore(_)
-            | MOp::ZCard
-            | MOp::ZRange(_)
-            | MOp::ZRank(..)
-            | MOp::HDel(_)
-            | MOp::HExists(_)
-            | MOp::HLen
-    )
+    matches!(op, MOp::SRem(_) | MOp::ZRem(_) | MOp::HDel(_))
 }
 
 /// An SADD set up for where writers go now: `to_base` when they use the base key, and a
@@ -419,8 +406,24 @@ pub async fn read(
         }
         MOp::SScan { cursor, rest } => sscan(backend, e, cursor, rest).await,
         MOp::PfCount => pfcount(backend, e).await,
+        MOp::HExists(f) if careful => {
+            let args = [Bytes::from_static(b"HGET"), e.key.clone(), f.clone()];
+            let v = super::ops::careful(backend, e, super::ops::Op::HGet(f.clone()), &args).await;
+            match v {
+                Value::Error(_) => Err(v),
+                Value::Nil => Ok(Value::Integer(0)),
+                _ => Ok(Value::Integer(1)),
+            }
+        }
+        MOp::HLen if careful => {
+            let args = [Bytes::from_static(b"HGETALL"), e.key.clone()];
+            match super::ops::careful(backend, e, super::ops::Op::HGetAll, &args).await {
+                Value::Map(m) => Ok(Value::Integer(m.len() as i64)),
+                v => Err(v),
+            }
+        }
         MOp::HLen => fields::hlen(backend, e).await,
-        op => zset::read(backend, e, op, resp3).await,
+        op => zset::read(backend, e, op, careful, resp3).await,
     }
 }
 

@@ -214,7 +214,7 @@ pub fn plan(
 /// A summing read of one part with its fold bookkeeping: `{reply, aux}`. KEYS: part, aux
 /// hash. ARGV: the command, the aux command (HKEYS of the base key's applied list, HGETALL
 /// of a shard's stash), then the command's arguments after the key.
-const READ_WITH_AUX: &str =
+pub(super) const READ_WITH_AUX: &str =
     "return {redis.call(ARGV[1], KEYS[1], unpack(ARGV, 3)), redis.call(ARGV[2], KEYS[2])}";
 
 /// MGET, DEL, UNLINK, EXISTS, TOUCH over several keys of which some are salted: each key

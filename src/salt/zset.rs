@@ -29,6 +29,7 @@ use super::fold::{self, Claimed};
 use super::members::{bulks, cmd, every, MOp};
 use super::merge::err;
 use super::names::{applied_name, shard_name, stash_name, Place};
+use super::ops::READ_WITH_AUX;
 use super::record::{hex, unhex, Move, Record};
 use super::{as_i64, call, failpoint, Salt, Salted};
 use crate::backend::Backend;
@@ -316,8 +317,113 @@ fn reply(items: Vec<(Bytes, f64)>, scores: bool, resp3: bool) -> Value {
     )
 }
 
-/// Answers the task zset reads (ZCARD, ranges, ranks).
-pub async fn read(backend: &Backend, e: &Salted, op: &MOp, resp3: bool) -> Result<Value, Value> {
+/// Every member with its summed score while a fold may be moving scores: the base key with
+/// its applied list first, then each shard with its stash, each part and its bookkeeping
+/// read by one script; a stashed amount counts while its move is not applied. As for
+/// counters (`ops::careful_read`), a score in transit is then counted exactly once.
+async fn everything_careful(
+    backend: &Backend,
+    e: &Salted,
+    rev: bool,
+) -> Result<Vec<(Bytes, f64)>, Value> {
+    let read = |p: usize| {
+        let aux: &[u8] = if p == 0 { b"HKEYS" } else { b"HGETALL" };
+        let c = cmd(&[
+            b"EVAL",
+            READ_WITH_AUX.as_bytes(),
+            b"2",
+            &e.parts[p],
+            &e.aux[p],
+            b"ZRANGE",
+            aux,
+            b"0",
+            b"-1",
+            b"WITHSCORES",
+        ]);
+        (e.nodes[p], c)
+    };
+    let base = call(backend, &[read(0)]).await.map_err(|m| err(&m))?;
+    let shards: Vec<_> = (1..e.parts.len()).map(read).collect();
+    let shards = call(backend, &shards).await.map_err(|m| err(&m))?;
+    let split = |v: &Value| -> Result<(Value, Vec<Bytes>), Value> {
+        match v {
+            Value::Array(a) if a.len() == 2 => Ok((a[0].clone(), bulks(&a[1]))),
+            v => Err(v.clone()),
+        }
+    };
+    let (own, applied) = split(&base[0])?;
+    let mut sums: HashMap<Bytes, f64> = HashMap::new();
+    for (m, s) in scored(&own) {
+        *sums.entry(m).or_insert(0.0) += s;
+    }
+    for v in &shards {
+        let (own, stash) = split(v)?;
+        for (m, s) in scored(&own) {
+            *sums.entry(m).or_insert(0.0) += s;
+        }
+        for pair in stash.chunks(2) {
+            let (Some(f), Some(amount)) = (pair.first(), pair.get(1).and_then(|a| float(a))) else {
+                continue;
+            };
+            let Some(colon) = f.iter().position(|&c| c == b':') else {
+                continue;
+            };
+            if applied.iter().any(|id| id[..] == f[..colon]) {
+                continue;
+            }
+            let member = std::str::from_utf8(&f[colon + 1..]).ok().and_then(unhex);
+            if let Some(m) = member {
+                *sums.entry(Bytes::from(m)).or_insert(0.0) += amount;
+            }
+        }
+    }
+    let mut all: Vec<(Bytes, f64)> = sums.into_iter().collect();
+    all.sort_by(order(rev));
+    Ok(all)
+}
+
+/// Answers a zset read from every member while a fold may be moving scores.
+async fn read_careful(
+    backend: &Backend,
+    e: &Salted,
+    op: &MOp,
+    resp3: bool,
+) -> Result<Value, Value> {
+    let rev = match op {
+        MOp::ZRange(r) => r.rev,
+        MOp::ZRank(_, rev) => *rev,
+        _ => false,
+    };
+    let all = everything_careful(backend, e, rev).await?;
+    let score_of = |m: &Bytes| {
+        all.iter()
+            .find(|(x, _)| x == m)
+            .map_or(Value::Nil, |(_, s)| Value::Bulk(fmt(*s)))
+    };
+    Ok(match op {
+        MOp::ZScore(m) => score_of(m),
+        MOp::ZMScore(ms) => Value::Array(ms.iter().map(score_of).collect()),
+        MOp::ZCard => Value::Integer(all.len() as i64),
+        MOp::ZRange(r) => reply(slice(all, r)?, r.scores, resp3),
+        MOp::ZRank(m, _) => all
+            .iter()
+            .position(|(x, _)| x == m)
+            .map_or(Value::Nil, |i| Value::Integer(i as i64)),
+        _ => return Err(err("internal: not a sorted-set read")),
+    })
+}
+
+/// Answers the task zset reads (ZCARD, ranges, ranks; every read while a fold may run).
+pub async fn read(
+    backend: &Backend,
+    e: &Salted,
+    op: &MOp,
+    careful: bool,
+    resp3: bool,
+) -> Result<Value, Value> {
+    if careful {
+        return read_careful(backend, e, op, resp3).await;
+    }
     let c = cards(backend, e).await?;
     let base_empty = c.last() == Some(&0);
     let shards = &c[..c.len() - 1];
@@ -524,11 +630,13 @@ async fn rank_from_shards(
     Ok(Value::Integer(rank))
 }
 
-/// Takes a journaled batch of scores out of a shard once. KEYS: stash, shard. ARGV: the
-/// move id, then per member: member, minus its score.
+/// Takes a journaled batch of scores out of a shard once, noting each amount in the stash
+/// (`id:hex(member)`), where a careful read finds it until the add is applied. KEYS: stash,
+/// shard. ARGV: the move id, then per member: member, minus its score, hex(member), score.
 const TAKE_ONCE: &str = r#"
 if redis.call('HSETNX', KEYS[1], ARGV[1], '1') == 0 then return 0 end
-for i = 2, #ARGV, 2 do
+for i = 2, #ARGV, 4 do
+  redis.call('HSET', KEYS[1], ARGV[1] .. ':' .. ARGV[i + 2], ARGV[i + 3])
   local n = redis.call('ZINCRBY', KEYS[2], ARGV[i + 1], ARGV[i])
   if tonumber(n) == 0 then redis.call('ZREM', KEYS[2], ARGV[i]) end
 end
@@ -620,7 +728,12 @@ pub async fn apply(backend: &Backend, key: &[u8], rec: &Record, mv: &Move) -> Re
             Some(pos) => pos.to_string(),
             None => format!("-{s}"),
         };
-        take.extend([m.clone(), neg.into_bytes()]);
+        take.extend([
+            m.clone(),
+            neg.into_bytes(),
+            h.clone().into_bytes(),
+            s.clone().into_bytes(),
+        ]);
         add.extend([m, s.clone().into_bytes()]);
     }
     let wire = |a: &[Vec<u8>]| crate::backend::wire(a);
