@@ -152,6 +152,9 @@ read_run "HGET" HGET KEY:fields f5
 read_run "HLEN" HLEN KEY:fields
 read_run "HGETALL (100 fields)" HGETALL KEY:fields
 
+pf_plain=$(redis-cli -p "$salt_p" pfcount plain:viewers)
+pf_salted=$(redis-cli -p "$salt_p" pfcount hot:viewers)
+
 table=$(python3 - "$writes" "$reads_out" "$reads" <<'EOF'
 import sys
 writes, reads, n = sys.argv[1], sys.argv[2], int(sys.argv[3])
@@ -174,8 +177,10 @@ for line in open(reads):
 EOF
 )
 echo "$table"
-block=$(printf '%s\n\n%s\n\n%s\n' \
+hll="PFCOUNT of the 10000 distinct elements: unsalted key ${pf_plain}, salted key ${pf_salted} (the sum of its 4 shards' counts), errors $(python3 -c "print(f'{abs($pf_plain-10000)/100:.2f}% and {abs($pf_salted-10000)/100:.2f}%')") (HyperLogLog standard error 0.81%)."
+block=$(printf '%s\n\n%s\n\n%s\n\n%s\n' \
     "Measured $(date -u +%Y-%m-%d) on $(nproc) cores with \`bench/members.sh\` (4 redis-server nodes; \`redis-benchmark -c 50 -P 16\`, ${writes_n} writes per write run with random members from 1M, ${reads} requests per read run; $(redis-server --version | cut -d' ' -f3 | tr -d 'v='))." \
     "$table" \
-    "Writes: one key takes every write, members drawn at random; through twemproxy it is one key on one node, through saltshaker it is salted over 4 shards on 4 nodes by member (promoted by an admin request before the run). Reads: the salted key and an unsalted twin hold the same 1000 set members, 1000 sorted-set members, 100 hash fields (placed by field) and 10000 HyperLogLog elements, and the base key of the salted one is empty, as it is once a key has been salted for a while; backend commands per read count every command the nodes served during the run.")
+    "Writes: one key takes every write, members drawn at random; through twemproxy it is one key on one node, through saltshaker it is salted over 4 shards on 4 nodes by member (promoted by an admin request before the run). Reads: the salted key and an unsalted twin hold the same 1000 set members, 1000 sorted-set members, 100 hash fields (placed by field) and 10000 HyperLogLog elements, and the base key of the salted one is empty, as it is once a key has been salted for a while; backend commands per read count every command the nodes served during the run. Sizes, SMEMBERS and one-round ranges join the session's round; ZRANK/ZREVRANK (the member's score, then a count on every shard) and reads while the base key holds members are answered by a task, one request at a time per connection." \
+    "$hll")
 write_readme_block members "Sets, HyperLogLogs, sorted sets and hashes by field" "$block"

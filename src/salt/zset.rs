@@ -424,6 +424,12 @@ pub async fn read(
     if careful {
         return read_careful(backend, e, op, resp3).await;
     }
+    if let MOp::ZRank(m, rev) = op {
+        if !e.base_maybe() {
+            // The base key is known empty: no need to ask it.
+            return rank_from_shards(backend, e, m, *rev).await;
+        }
+    }
     let c = cards(backend, e).await?;
     let base_empty = c.last() == Some(&0);
     let shards = &c[..c.len() - 1];
