@@ -750,3 +750,39 @@ fn leaderboard_reads_stay_exact_while_commands_fold_the_key_over_and_over() {
     let total = acked.load(Ordering::SeqCst);
     assert_eq!(c.cmd(&["ZSCORE", key, "p0"]).as_str(), total.to_string());
 }
+
+#[test]
+fn a_salted_key_expires_as_one_even_with_shards_created_after_its_expire() {
+    if !have_redis() {
+        return;
+    }
+    let (nodes, _dir, rules) = setup("salt-expire");
+    let a = proxy(&nodes, &rules, &[]);
+    let mut c = a.client();
+    let key = "hll:daily";
+    c.cmd(&["PFADD", key, "seed"]);
+    promote(&a, key, 3);
+    wait_in_force(&[&a], key);
+    assert_eq!(c.cmd(&["EXPIRE", key, "3"]).as_int(), 1);
+    // New elements land on shards that did not exist when EXPIRE ran.
+    for i in 0..30 {
+        c.cmd(&["PFADD", key, &format!("visitor:{i}")]);
+    }
+    assert_eq!(shard_keys(&nodes).len(), 3);
+    wait_for(
+        "every shard to take the key's expiry",
+        Duration::from_secs(2),
+        || {
+            shard_keys(&nodes)
+                .iter()
+                .all(|(n, k)| nodes[*n].client().cmd(&["PTTL", k]).as_int() > 0)
+        },
+    );
+    let ttl = c.cmd(&["TTL", key]).as_int();
+    assert!((1..=3).contains(&ttl), "{ttl}");
+    wait_for("the key to expire whole", Duration::from_secs(6), || {
+        c.cmd(&["EXISTS", key]).as_int() == 0
+    });
+    assert!(shard_keys(&nodes).is_empty(), "{:?}", shard_keys(&nodes));
+    assert_eq!(c.cmd(&["PFCOUNT", key]).as_int(), 0);
+}

@@ -20,7 +20,7 @@ use super::record::{boundary_after, Record, Step};
 use super::registry::{
     announce, cas, demote, get, live_proxies, load_all, node, pinning_rule, promote, wanted_shards,
 };
-use super::{as_i64, call, fold, now_ms, Salt, SaltTable, Salted};
+use super::{as_i64, call, fold, members, now_ms, Salt, SaltTable, Salted};
 use crate::backend::{wire, Backend, Dedicated};
 use crate::hotkey::{HotSnapshot, HotState};
 use crate::resp::Proto;
@@ -203,6 +203,9 @@ async fn check_bases(backend: &Backend, salt: &Salt, now: u64) {
                 e.base_seen_empty(writes);
             }
         }
+    }
+    for e in table.iter().filter(|e| e.rec.kind.partitioned()) {
+        members::align_expiry(backend, e).await;
     }
 }
 

@@ -568,6 +568,35 @@ async fn pfcount(backend: &Backend, e: &Salted) -> Result<Value, Value> {
     }
 }
 
+/// Gives every part of a partitioned key the key's expiry: a shard created by a write after
+/// an EXPIRE has none (a member write cannot tell that it created its shard, as a counter
+/// write can), so the coordinator, ten times an epoch, sets the longest expiry any part has
+/// on the parts that have none. Until then a new shard outlives the key by at most a tick.
+pub async fn align_expiry(backend: &Backend, e: &Salted) {
+    let cmds: Vec<(usize, Bytes)> = (0..e.parts.len())
+        .map(|p| (e.nodes[p], cmd(&[b"PTTL", &e.parts[p]])))
+        .collect();
+    let Ok(ttls) = call(backend, &cmds).await else {
+        return;
+    };
+    let ttls: Vec<i64> = ttls.iter().map(|v| as_i64(v).unwrap_or(-2)).collect();
+    let Some(ms) = ttls.iter().copied().filter(|&t| t > 0).max() else {
+        return;
+    };
+    let fix: Vec<(usize, Bytes)> = ttls
+        .iter()
+        .enumerate()
+        .filter(|(_, &t)| t == -1)
+        .map(|(p, _)| {
+            let ms = ms.to_string();
+            (e.nodes[p], cmd(&[b"PEXPIRE", &e.parts[p], ms.as_bytes()]))
+        })
+        .collect();
+    if !fix.is_empty() {
+        let _ = call(backend, &fix).await;
+    }
+}
+
 /// Most members journaled in one fold move (their total size is also bounded): the
 /// journal rides in the registry record, which every proxy reads each tick.
 const MOVE_MEMBERS: usize = 256;
