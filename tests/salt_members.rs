@@ -786,3 +786,106 @@ fn a_salted_key_expires_as_one_even_with_shards_created_after_its_expire() {
     assert!(shard_keys(&nodes).is_empty(), "{:?}", shard_keys(&nodes));
     assert_eq!(c.cmd(&["PFCOUNT", key]).as_int(), 0);
 }
+
+#[test]
+fn hyperloglog_and_field_folds_killed_midway_lose_nothing() {
+    if !have_redis() {
+        return;
+    }
+    let (nodes, _dir, rules) = setup("salt-hll-crash");
+    let reference_server = Redis::start();
+    let mut reference = reference_server.client();
+    for (key, point) in [
+        ("hll:crash", "fold-after-add"),
+        ("fh:crash", "fold-after-take"),
+    ] {
+        let mut dying = proxy(&nodes, &rules, &[("SALTSHAKER_FAILPOINT", point)]);
+        let other = proxy(&nodes, &rules, &[]);
+        let plain = format!("plain:{key}");
+        let hll = key.starts_with("hll");
+        let seed: Vec<&str> = if hll {
+            vec!["PFADD", key, "seed"]
+        } else {
+            vec!["HINCRBY", key, "seed", "1"]
+        };
+        dying.client().cmd(&seed);
+        let mut on_plain = seed.clone();
+        on_plain[1] = &plain;
+        reference.cmd(&on_plain);
+        promote(&dying, key, 4);
+        wait_in_force(&[&dying, &other], key);
+        // Writes through both proxies, mirrored on the reference key.
+        for (i, p) in [&dying, &other].iter().enumerate() {
+            let mut c = p.client();
+            for j in 0..400 {
+                let (m, d) = (
+                    format!("m{}", (i * 400 + j) % 600),
+                    ((j % 5) + 1).to_string(),
+                );
+                let cmd: Vec<&str> = if hll {
+                    vec!["PFADD", key, &m]
+                } else {
+                    vec!["HINCRBY", key, &m, &d]
+                };
+                assert!(!c.cmd(&cmd).is_error());
+                let mut on_plain = cmd.clone();
+                on_plain[1] = &plain;
+                reference.cmd(&on_plain);
+            }
+        }
+        let read = |c: &mut Client, k: &str| -> Vec<(String, String)> {
+            if hll {
+                return vec![(String::new(), c.cmd(&["PFCOUNT", k]).as_int().to_string())];
+            }
+            let mut v: Vec<(String, String)> = c
+                .cmd(&["HGETALL", k])
+                .pairs()
+                .into_iter()
+                .map(|(f, x)| (f, x.as_str()))
+                .collect();
+            v.sort();
+            v
+        };
+        let want = read(&mut reference, &plain);
+        drop(other);
+        let enc = key.replace(':', "%3A");
+        let (code, body) = dying.admin_post(&format!("/hotkeys/demote?key={enc}"));
+        assert_eq!(code, 200, "{body}");
+        assert!(
+            dying.wait_exit(Duration::from_secs(20)).is_some(),
+            "{key}: the proxy did not reach fail point {point}:\n{}",
+            dying.stderr()
+        );
+        let next = proxy(&nodes, &rules, &[]);
+        wait_for(
+            "the next proxy to learn of the key",
+            Duration::from_secs(5),
+            || salted(&next, key).is_some(),
+        );
+        let mut c = next.client();
+        if !hll {
+            // Mid-fold, a move half done: every increment counted exactly once.
+            assert_eq!(read(&mut c, key), want, "{key}: mid-fold after {point}");
+        }
+        wait_for(
+            "the next proxy to complete the fold",
+            Duration::from_secs(20),
+            || salted(&next, key).is_none(),
+        );
+        assert!(shard_keys(&nodes).iter().all(|(_, k)| !k.ends_with(key)));
+        if !hll {
+            assert!(
+                next.stderr().contains("completing a fold move"),
+                "{}",
+                next.stderr()
+            );
+        }
+        let base = owner(&nodes, key);
+        assert_eq!(
+            read(&mut nodes[base].client(), key),
+            want,
+            "{key}: the base key after a crash at {point}\n{}",
+            next.stderr()
+        );
+    }
+}
