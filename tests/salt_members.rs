@@ -155,6 +155,7 @@ fn a_salted_set_answers_every_command_as_a_plain_set_does() {
             c.cmd(&["SADD", key, "m0"]);
             reference.cmd(&["SADD", "plain", "m0"]);
         }
+        let base = owner(&nodes, key);
         promote(&a, key, 4);
         wait_in_force(&[&a], key);
         let e = salted(&a, key).unwrap();
@@ -168,6 +169,15 @@ fn a_salted_set_answers_every_command_as_a_plain_set_does() {
             .map(|(n, _)| *n)
             .collect();
         assert!(on.len() >= 3, "shards of {key}: {shards:?}");
+        // The members written before the promotion are spread into their shards: the base
+        // key empties while the set reads the same.
+        wait_for(
+            "the base key's members to move into the shards",
+            Duration::from_secs(10),
+            || nodes[base].client().cmd(&["EXISTS", key]).as_int() == 0,
+        );
+        let want = members(&reference.cmd(&["SMEMBERS", "plain"]));
+        assert_eq!(members(&c.cmd(&["SMEMBERS", key])), want);
         // A command without a merge folds the key first, then runs on the whole set.
         let want = reference.cmd(&["SINTERCARD", "1", "plain"]);
         assert_eq!(c.cmd(&["SINTERCARD", "1", key]), want);

@@ -216,6 +216,13 @@ pub fn spawn_hot_updater(ctx: Arc<Ctx>) {
 
 /// Keeps the salt table in step with the registry in the backend (see `salt::registry`).
 pub fn spawn_salt_coordinator(ctx: Arc<Ctx>) {
+    let owner = ctx.clone();
+    let spread = move |key: bytes::Bytes| {
+        let ctx = owner.clone();
+        tokio::spawn(
+            async move { crate::salt::members::spread(&ctx.backend, &ctx.salt, key).await },
+        );
+    };
     tokio::spawn(async move {
         crate::salt::coordinator::run(
             &ctx.backend,
@@ -223,6 +230,7 @@ pub fn spawn_salt_coordinator(ctx: Arc<Ctx>) {
             ctx.detector.subscribe(),
             &ctx.rules,
             ctx.shutdown.clone(),
+            &spread,
         )
         .await;
     });

@@ -41,6 +41,9 @@ pub(super) enum Plan {
     /// By a task: whole reads of a set or HyperLogLog, and its point reads while a fold
     /// may move members (`members::read`); the flag says whether one may.
     Members(Arc<Salted>, MOp, bool),
+    /// By a task: a removal from a set, sorted set or hash, once no fold or spread moves
+    /// its members (`members::quiet`).
+    Quiet(Arc<Salted>, MOp),
     /// By a task: multi-key commands over salted keys.
     Task(Arc<SaltTable>),
     /// Fold the shards into the base key first, then go on as usual.
@@ -55,7 +58,7 @@ impl Plan {
     pub(super) fn needs_flush(&self) -> bool {
         matches!(
             self,
-            Plan::Task(_) | Plan::Fold(_) | Plan::Careful(..) | Plan::Members(..)
+            Plan::Task(_) | Plan::Fold(_) | Plan::Careful(..) | Plan::Members(..) | Plan::Quiet(..)
         )
     }
 }
@@ -91,7 +94,7 @@ pub(super) fn plan(s: &Session, req: &Request, c: &Classified) -> Option<Plan> {
     let op = ops::classify(e.rec.kind, name, &args);
     let now = now_ms();
     if let Op::Member(m) = op {
-        return Some(member_plan(s, e, m, now, table));
+        return Some(member_plan(s, e, m, now));
     }
     Some(match op {
         Op::Other => Plan::Fold(table),
@@ -106,7 +109,7 @@ pub(super) fn plan(s: &Session, req: &Request, c: &Classified) -> Option<Plan> {
 }
 
 /// The plan for a command on a set or HyperLogLog salted by member.
-fn member_plan(s: &Session, e: Arc<Salted>, m: MOp, now: u64, table: Arc<SaltTable>) -> Plan {
+fn member_plan(s: &Session, e: Arc<Salted>, m: MOp, now: u64) -> Plan {
     let salt = &s.ctx.salt;
     let careful = salt.careful(&e, now);
     if members::is_write(&m) {
@@ -135,7 +138,7 @@ fn member_plan(s: &Session, e: Arc<Salted>, m: MOp, now: u64, table: Arc<SaltTab
         _ => {}
     }
     if careful && members::needs_quiet(&m) {
-        return Plan::Fold(table);
+        return Plan::Quiet(e, m);
     }
     if members::inline(&m, careful, !e.base_maybe()) {
         return Plan::Inline(e, Op::Member(m));
@@ -204,6 +207,16 @@ pub(super) async fn act(
                 members::read(&ctx.backend, &e, &m, careful, proto == Proto::Resp3)
                     .await
                     .unwrap_or_else(|e| e)
+                    .to_bytes(proto)
+            });
+            return Next::Done;
+        }
+        Plan::Quiet(e, m) => {
+            let ctx = s.ctx.clone();
+            let proto = s.proto;
+            later(s, rb, async move {
+                members::quiet(&ctx.backend, &ctx.salt, &e.key, &m, &args)
+                    .await
                     .to_bytes(proto)
             });
             return Next::Done;

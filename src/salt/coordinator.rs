@@ -16,7 +16,7 @@ use bytes::Bytes;
 use tokio::sync::watch;
 
 use super::names::{choose_salts, Place, CHANNEL};
-use super::record::{boundary_after, Record, Step};
+use super::record::{boundary_after, Kind, Record, Step};
 use super::registry::{
     announce, cas, demote, get, live_proxies, load_all, node, pinning_rule, promote, wanted_shards,
 };
@@ -33,6 +33,7 @@ pub async fn run(
     mut snaps: watch::Receiver<Arc<HotSnapshot>>,
     rules: &RulesHandle,
     mut shutdown: watch::Receiver<bool>,
+    spread: &Spawn,
 ) {
     if !salt.enabled {
         tracing::warn!("salting is off: the pool places keys at random");
@@ -47,7 +48,7 @@ pub async fn run(
         let epoch = rules.snapshot().epoch_ms();
         salt.epoch_ms.store(epoch, Ordering::Relaxed);
         let snap = snaps.borrow_and_update().clone();
-        match tick(backend, salt, &snap, rules, epoch).await {
+        match tick(backend, salt, &snap, rules, epoch, spread).await {
             Ok(()) => {
                 if warned {
                     tracing::info!("salt registry reachable again");
@@ -95,6 +96,7 @@ async fn tick(
     snap: &HotSnapshot,
     rules: &RulesHandle,
     epoch: u64,
+    spread: &Spawn,
 ) -> Result<(), String> {
     let now = now_ms();
     let records = load_all(backend).await?;
@@ -105,7 +107,7 @@ async fn tick(
         1
     };
     install(backend, salt, &records, now);
-    check_bases(backend, salt, now).await;
+    check_bases(backend, salt, now, spread).await;
 
     let rules = rules.load();
     let mut hot: HashMap<&[u8], f64> = HashMap::new();
@@ -181,10 +183,15 @@ async fn tick(
     Ok(())
 }
 
+/// Starts `members::spread` of a salted set's base-key members into its shards, in a task
+/// of its own (it may take longer than a tick).
+pub type Spawn = dyn Fn(Bytes) + Send + Sync;
+
 /// Finds out which partitioned keys' base keys are empty, so writes to them stop asking
-/// the base key. A check counts only once the promotion has been in force for a tick:
-/// before that, other proxies still write the base key.
-async fn check_bases(backend: &Backend, salt: &Salt, now: u64) {
+/// the base key, and moves a set's base-key members into its shards when they are not. A
+/// check counts only once the promotion has been in force for a tick: before that, other
+/// proxies still write the base key.
+async fn check_bases(backend: &Backend, salt: &Salt, now: u64, spread: &Spawn) {
     let table = salt.table.load();
     for e in table.iter() {
         let in_force = e.rec.steps.first().map_or(u64::MAX, |s| s.from_ms);
@@ -198,10 +205,18 @@ async fn check_bases(backend: &Backend, salt: &Salt, now: u64) {
         }
         let writes = e.base_writes();
         let cmd = wire(&[&b"EXISTS"[..], &e.key]);
-        if let Ok(r) = call(backend, &[(e.nodes[0], cmd)]).await {
-            if as_i64(&r[0]) == Some(0) {
-                e.base_seen_empty(writes);
+        match call(backend, &[(e.nodes[0], cmd)])
+            .await
+            .map(|r| as_i64(&r[0]))
+        {
+            Ok(Some(0)) => e.base_seen_empty(writes),
+            Ok(Some(_)) if e.rec.kind == Kind::Set => {
+                let mut busy = salt.spreading.lock().unwrap_or_else(|p| p.into_inner());
+                if busy.insert(e.key.clone()) {
+                    spread(e.key.clone());
+                }
             }
+            _ => {}
         }
     }
     for e in table.iter().filter(|e| e.rec.kind.partitioned()) {

@@ -119,21 +119,24 @@ async fn update(backend: &Backend, key: &[u8], c: &mut Claimed) -> Result<(), St
 }
 
 /// Takes the key's fold slot, finishing the move a dead claimant left journaled. None when
-/// the key is no longer salted; an error when another live proxy holds the slot.
+/// the key is no longer salted; an error while another claim holds the slot (another
+/// proxy's, or another task's of this proxy).
 pub async fn claim(backend: &Backend, salt: &Salt, key: &[u8]) -> Result<Option<Claimed>, String> {
     for _ in 0..3 {
         let Some((raw, mut rec)) = registry::get(backend, key).await? else {
             return Ok(None);
         };
         let now = now_ms();
+        // One claim per task, not per proxy: two sessions of one proxy folding the same key
+        // (or a session and a spread) must take turns, as two proxies do.
         if let Some(f) = &rec.fold {
-            if f.owner != salt.id && f.lease_until_ms > now {
+            if f.lease_until_ms > now {
                 return Err(format!("key is being folded by {}", f.owner));
             }
         }
         let pending = rec.fold.as_ref().and_then(|f| f.moving.clone());
         rec.fold = Some(Fold {
-            owner: salt.id.clone(),
+            owner: format!("{}#{}", salt.id, move_id(salt) % 1_000_000),
             lease_until_ms: now + LEASE_MS,
             moving: pending.clone(),
         });
@@ -355,6 +358,11 @@ pub async fn fold_key(backend: &Backend, salt: &Salt, key: &[u8]) -> Result<bool
     let Some(mut c) = claim(backend, salt, key).await? else {
         return Ok(true);
     };
+    // Removals from a set, sorted set or hash wait while a claim is held (`members::quiet`):
+    // give every proxy three ticks to see this one before anything moves.
+    registry::announce(backend, key).await;
+    tokio::time::sleep(Duration::from_millis(3 * salt.tick_ms())).await;
+    update(backend, key, &mut c).await?;
     for _pass in 0..5 {
         for i in 0..c.rec.salts.len() {
             move_shard(backend, salt, key, &mut c, i).await?;

@@ -158,10 +158,43 @@ pub fn inline(op: &MOp, careful: bool, base_empty: bool) -> bool {
     }
 }
 
-/// Whether a fold that may be running must finish before `op` runs: a removal racing a
-/// batch being moved could see the member nowhere and then find it moved back.
+/// Whether `op` must not run while members move (`quiet`): a removal racing a batch being
+/// moved could see the member nowhere and then find it moved back.
 pub fn needs_quiet(op: &MOp) -> bool {
     matches!(op, MOp::SRem(_) | MOp::ZRem(_) | MOp::HDel(_))
+}
+
+/// Runs a removal once no fold or spread holds the key (and this proxy's view of the
+/// registry is fresh, so it would know of one starting: a claim is announced three ticks
+/// before anything moves). Waits up to ten seconds; the removal is then made on the base
+/// key and the member's shard as usual, or on the key alone if it is no longer salted.
+pub async fn quiet(backend: &Backend, salt: &Salt, key: &Bytes, op: &MOp, args: &[Bytes]) -> Value {
+    let end = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        let table = salt.table.load();
+        let now = super::now_ms();
+        match table.get(key) {
+            None => {
+                return call(
+                    backend,
+                    &[(backend.node_for(key), crate::backend::wire(args))],
+                )
+                .await
+                .map(|mut r| r.remove(0))
+                .unwrap_or_else(|m| err(&m));
+            }
+            Some(e) if e.rec.fold.is_none() && !salt.stale(now) => {
+                return match call(backend, &plan(e, op)).await {
+                    Ok(r) => merge(op, &r).unwrap_or_else(|v| v),
+                    Err(m) => err(&m),
+                };
+            }
+            Some(_) if std::time::Instant::now() >= end => {
+                return err("the salted key has been moving members for ten seconds; try again");
+            }
+            Some(_) => tokio::time::sleep(std::time::Duration::from_millis(20)).await,
+        }
+    }
 }
 
 /// An SADD set up for where writers go now: `to_base` when they use the base key, and a
@@ -303,9 +336,11 @@ pub fn merge(op: &MOp, r: &[Value]) -> Result<Value, Value> {
     })
 }
 
-/// Sends `cmds` (node, command) and returns the replies in order. With `careful` the
-/// base key's commands (`base(i)`) go only after the shards' have answered: a member a fold
-/// moves is in the base key before it leaves its shard, so it is seen in one or the other.
+/// Sends `cmds` (node, command) and returns the replies in order. With `careful` the base
+/// key's commands (`base(i)`) go first, then the shards', then the base key's again, and
+/// each base reply is the two merged (`both`): a member a fold moves (shard to base key)
+/// or a spread moves (base key to shard) is copied before it is removed, so it is in one
+/// of the three reads whichever way it goes.
 async fn ordered(
     backend: &Backend,
     cmds: &[(usize, Bytes)],
@@ -315,18 +350,32 @@ async fn ordered(
     if !careful {
         return call(backend, cmds).await.map_err(|m| err(&m));
     }
-    let (first, last): (Vec<usize>, Vec<usize>) = (0..cmds.len()).partition(|&i| !base(i));
+    let (shards, bases): (Vec<usize>, Vec<usize>) = (0..cmds.len()).partition(|&i| !base(i));
     let mut out = vec![Value::Nil; cmds.len()];
-    for group in [first, last] {
+    for group in [&bases, &shards, &bases] {
         let sent: Vec<_> = group.iter().map(|&i| cmds[i].clone()).collect();
         for (&i, v) in group
             .iter()
             .zip(call(backend, &sent).await.map_err(|m| err(&m))?)
         {
-            out[i] = v;
+            out[i] = both(std::mem::replace(&mut out[i], Value::Nil), v);
         }
     }
     Ok(out)
+}
+
+/// Two reads of one part as one: members of either, the larger count, an error if any.
+fn both(a: Value, b: Value) -> Value {
+    match (a, b) {
+        (Value::Nil, b) => b,
+        (e @ Value::Error(_), _) | (_, e @ Value::Error(_)) => e,
+        (Value::Array(mut x) | Value::Set(mut x), Value::Array(y) | Value::Set(y)) => {
+            x.extend(y);
+            Value::Array(x)
+        }
+        (Value::Integer(x), Value::Integer(y)) => Value::Integer(x.max(y)),
+        (a, _) => a,
+    }
 }
 
 /// `name` on every part, the base key last.
@@ -458,10 +507,11 @@ fn random_members(all: &[Bytes], count: Option<i64>) -> Value {
     }
 }
 
-/// SSCAN over the parts in turn (shards first, the base key last): the cursor carries the
-/// part's place in that order and its own cursor, `inner * parts + place`. A member moved
-/// by a fold during the scan is in the base key before it leaves its shard, so a member
-/// present throughout is returned, as SCAN promises.
+/// SSCAN over the parts in turn: the base key, every shard, the base key again. The
+/// cursor carries the place in that order and the part's own cursor, `inner * places +
+/// place`. A member moved during the scan is copied before it is removed, by a fold
+/// (shard to base key) or a spread (base key to shard), so it is in one of the walks, and a
+/// member present throughout is returned, as SCAN promises (duplicates are allowed).
 async fn sscan(
     backend: &Backend,
     e: &Salted,
@@ -473,12 +523,12 @@ async fn sscan(
         .ok()
         .and_then(|s| s.parse().ok())
         .ok_or_else(bad)?;
-    let places = e.parts.len() as u64;
+    let places = e.parts.len() as u64 + 1;
     let (inner, place) = (c / places, (c % places) as usize);
-    let part = if place + 1 == e.parts.len() {
+    let part = if place + 1 == places as usize {
         0
     } else {
-        place + 1
+        place
     };
     let mut a: Vec<&[u8]> = vec![b"SSCAN", &e.parts[part]];
     let inner_s = inner.to_string();
@@ -503,7 +553,7 @@ async fn sscan(
         next.checked_mul(places)
             .and_then(|x| x.checked_add(place as u64))
             .ok_or_else(|| err("SSCAN cursor too large to carry the part"))?
-    } else if place + 1 < e.parts.len() {
+    } else if place + 1 < places as usize {
         place as u64 + 1
     } else {
         0
@@ -597,6 +647,126 @@ pub async fn align_expiry(backend: &Backend, e: &Salted) {
     }
 }
 
+/// The `shard` of a journaled move that spreads base-key members into their shards.
+pub const SPREAD: u32 = u32::MAX;
+
+/// Moves a set's base-key members (written before it was salted) into their shards, so
+/// writes stop asking the base key and sizes are sums again. Holds the key's fold slot (so
+/// readers read carefully and removals wait), announces it and waits three ticks as a live
+/// fold does, then moves journaled batches: copy into the shards (SADD), then remove from
+/// the base key (SREM), each step idempotent. Started by the coordinator when it finds a
+/// salted set's base key not empty; `salt.spreading` keeps it to one at a time per key.
+pub async fn spread(backend: &Backend, salt: &Salt, key: Bytes) {
+    match spread_set(backend, salt, &key).await {
+        Ok(0) => {}
+        Ok(n) => {
+            tracing::info!(key = %String::from_utf8_lossy(&key), members = n, "moved a salted set's base-key members into its shards")
+        }
+        Err(e) => {
+            tracing::debug!(key = %String::from_utf8_lossy(&key), error = %e, "base-key members not moved into shards now")
+        }
+    }
+    salt.spreading
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .remove(&key);
+}
+
+async fn spread_set(backend: &Backend, salt: &Salt, key: &[u8]) -> Result<usize, String> {
+    let Some(mut c) = fold::claim(backend, salt, key).await? else {
+        return Ok(0);
+    };
+    if c.rec.kind != Kind::Set || c.rec.demote_ms.is_some() {
+        fold::release(backend, key, c).await?;
+        return Ok(0);
+    }
+    super::registry::announce(backend, key).await;
+    tokio::time::sleep(std::time::Duration::from_millis(3 * salt.tick_ms())).await;
+    let node = backend.node_of(key);
+    let mut moved = 0;
+    for _ in 0..100_000 {
+        let r = call(
+            backend,
+            &[(node, cmd(&[b"SSCAN", key, b"0", b"COUNT", b"256"]))],
+        )
+        .await?;
+        let mut members: Vec<String> = match &r[0] {
+            Value::Array(a) if a.len() == 2 => bulks(&a[1]).iter().map(|m| hex(m)).collect(),
+            v => return Err(format!("unexpected SSCAN reply from the base key: {v:?}")),
+        };
+        if members.is_empty() {
+            let n = call(backend, &[(node, cmd(&[b"SCARD", key]))]).await?;
+            if as_i64(&n[0]).unwrap_or(0) == 0 {
+                break;
+            }
+            let r = call(backend, &[(node, cmd(&[b"SRANDMEMBER", key, b"64"]))]).await?;
+            members = bulks(&r[0]).iter().map(|m| hex(m)).collect();
+        }
+        moved += members.len();
+        let mv = Move {
+            id: fold::move_id(salt),
+            shard: SPREAD,
+            delta: vec![],
+            members,
+            scores: vec![],
+        };
+        fold::journal(backend, key, &mut c, Some(mv.clone())).await?;
+        apply_spread(backend, key, &c.rec, &mv).await?;
+        fold::journal(backend, key, &mut c, None).await?;
+    }
+    fold::release(backend, key, c).await?;
+    Ok(moved)
+}
+
+/// A journaled spread batch, safe to run again: copy each member into its shard, then
+/// remove the batch from the base key.
+async fn apply_spread(
+    backend: &Backend,
+    key: &[u8],
+    rec: &super::record::Record,
+    mv: &Move,
+) -> Result<(), String> {
+    let members: Vec<Vec<u8>> = mv
+        .members
+        .iter()
+        .map(|h| unhex(h).ok_or("bad member in the journal"))
+        .collect::<Result<_, _>>()?;
+    let mut by: Vec<Vec<&[u8]>> = vec![Vec::new(); rec.salts.len()];
+    for m in &members {
+        by[super::member_shard(m, rec.salts.len())].push(m);
+    }
+    let adds: Vec<(usize, Bytes)> = by
+        .iter()
+        .enumerate()
+        .filter(|(_, ms)| !ms.is_empty())
+        .map(|(i, ms)| {
+            let shard = shard_name(key, rec.salts[i], backend.tag());
+            let mut a: Vec<&[u8]> = vec![b"SADD", &shard];
+            a.extend(ms.iter().copied());
+            (backend.node_of(&shard), cmd(&a))
+        })
+        .collect();
+    let mut rem: Vec<&[u8]> = vec![b"SREM", key];
+    rem.extend(members.iter().map(|m| &m[..]));
+    for (cmds, point) in [
+        (adds, "spread-after-add"),
+        (
+            vec![(backend.node_of(key), cmd(&rem))],
+            "spread-after-remove",
+        ),
+    ] {
+        let r = call(backend, &cmds).await?;
+        if let Some(Value::Error(e)) = r.iter().find(|v| matches!(v, Value::Error(_))) {
+            return Err(format!(
+                "spread step failed: {}",
+                String::from_utf8_lossy(e)
+            ));
+        }
+        failpoint(point);
+    }
+    Ok(())
+}
+
 /// Most members journaled in one fold move (their total size is also bounded): the
 /// journal rides in the registry record, which every proxy reads each tick.
 const MOVE_MEMBERS: usize = 256;
@@ -670,6 +840,9 @@ pub async fn apply_set(
     rec: &super::record::Record,
     mv: &Move,
 ) -> Result<(), String> {
+    if mv.shard == SPREAD {
+        return apply_spread(backend, key, rec, mv).await;
+    }
     let salt = *rec
         .salts
         .get(mv.shard as usize)

@@ -139,8 +139,7 @@ impl Salted {
     /// The part (1 + shard index) that holds `member` of a partitioned key: a hash of the
     /// member over every salt, the same on every proxy.
     pub fn shard_of(&self, member: &[u8]) -> usize {
-        let n = self.rec.salts.len().max(1) as u64;
-        1 + (xxhash_rust::xxh3::xxh3_64(member) % n) as usize
+        1 + member_shard(member, self.rec.salts.len())
     }
 
     /// The shard index the next write goes to, if writers use shards now.
@@ -217,6 +216,9 @@ pub struct Salt {
     pub enabled: bool,
     /// Wakes the coordinator (an announcement, an admin request).
     pub kick: Arc<Notify>,
+    /// Sets whose base-key members this proxy is moving into their shards now
+    /// (`members::spread`), so the coordinator starts one spread per key at a time.
+    pub spreading: Mutex<std::collections::HashSet<Bytes>>,
 }
 
 impl Salt {
@@ -231,6 +233,7 @@ impl Salt {
             epoch_ms: AtomicU64::new(5000),
             enabled,
             kick: Arc::new(Notify::new()),
+            spreading: Mutex::new(Default::default()),
         }
     }
 
@@ -246,9 +249,12 @@ impl Salt {
     /// starts on a salted key waits three ticks after announcing itself (`fold::move_all`),
     /// so a proxy with a fresh view always knows of it in time.
     pub fn careful(&self, e: &Salted, now_ms: u64) -> bool {
-        e.rec.fold.is_some()
-            || e.rec.demote_ms.is_some()
-            || now_ms.saturating_sub(self.synced_ms.load(Ordering::Relaxed)) >= 2 * self.tick_ms()
+        e.rec.fold.is_some() || e.rec.demote_ms.is_some() || self.stale(now_ms)
+    }
+
+    /// This proxy's registry view is older than two ticks: it might miss a fold starting.
+    pub fn stale(&self, now_ms: u64) -> bool {
+        now_ms.saturating_sub(self.synced_ms.load(Ordering::Relaxed)) >= 2 * self.tick_ms()
     }
 
     /// Whether writers may use shards: the registry was read within the last epoch.
@@ -260,6 +266,11 @@ impl Salt {
     fn synced(&self, now_ms: u64) {
         self.synced_ms.store(now_ms, Ordering::Relaxed);
     }
+}
+
+/// The shard (0-based) that holds `member` of a key partitioned over `n` shards.
+pub fn member_shard(member: &[u8], n: usize) -> usize {
+    (xxhash_rust::xxh3::xxh3_64(member) % n.max(1) as u64) as usize
 }
 
 pub fn now_ms() -> u64 {
