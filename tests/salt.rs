@@ -258,30 +258,16 @@ fn a_proxy_killed_between_fold_steps_leaves_a_fold_the_next_proxy_completes() {
         assert_eq!(get_int(&other, &key), acked);
         // Only the proxy with the fail point may fold.
         other.kill();
-        let (code, body) = dying.admin_post(&format!("/hotkeys/demote?key={enc}"));
-        assert_eq!(code, 200, "{body}");
-        let st = dying.wait_exit(Duration::from_secs(20));
-        assert!(st.is_some(), "the proxy did not reach fail point {point}");
-        assert!(dying.stderr().contains(point), "{}", dying.stderr());
         // A fresh proxy finds the journal, completes the move once, and ends the fold.
-        let next = proxy(&nodes, &rules, &[]);
         // Until the dead proxy's claim runs out, the move it left half done stays so: a
         // merged read counts the moved value exactly once meanwhile.
-        wait_for(
-            "the next proxy to learn of the key",
-            Duration::from_secs(5),
-            || salted(&next, &key).is_some(),
-        );
+        let next = crash_fold_and_take_over(&mut dying, &nodes, &rules, &key, point);
         assert_eq!(
             get_int(&next, &key),
             acked,
             "mid-fold read after a crash at {point}"
         );
-        wait_for(
-            "the next proxy to complete the fold",
-            Duration::from_secs(20),
-            || salted(&next, &key).is_none(),
-        );
+        wait_folded(&next, &key);
         let got = get_int(&next, &key);
         assert_eq!(
             got,

@@ -79,6 +79,13 @@ fn scan_all(c: &mut Client, key: &str, count: &str) -> BTreeSet<String> {
     panic!("SSCAN never ended");
 }
 
+/// `cmd` on the salted key through `c` and on `plain` through `reference`: the same reply.
+fn same(c: &mut Client, reference: &mut Client, cmd: &[&str], step: usize) {
+    let mut on_plain = cmd.to_vec();
+    on_plain[1] = "plain";
+    assert_eq!(c.cmd(cmd), reference.cmd(&on_plain), "step {step}: {cmd:?}");
+}
+
 /// Runs `steps` random set commands on `key` through `c` and on `plain` through `reference`
 /// and compares every reply.
 fn compare_sets(c: &mut Client, reference: &mut Client, key: &str, seed: u64, steps: usize) {
@@ -348,30 +355,14 @@ fn concurrent_sadds_through_two_proxies_and_a_fold_killed_midway_lose_no_member(
         assert!(shard_keys(&nodes).len() >= 3);
         // Only the proxy with the fail point may fold.
         other.kill();
-        let enc = key.replace(':', "%3A");
-        let (code, body) = dying.admin_post(&format!("/hotkeys/demote?key={enc}"));
-        assert_eq!(code, 200, "{body}");
-        assert!(
-            dying.wait_exit(Duration::from_secs(20)).is_some(),
-            "the proxy did not reach fail point {point}"
-        );
-        let next = proxy(&nodes, &rules, &[]);
-        wait_for(
-            "the next proxy to learn of the key",
-            Duration::from_secs(5),
-            || salted(&next, &key).is_some(),
-        );
+        let next = crash_fold_and_take_over(&mut dying, &nodes, &rules, &key, point);
         // Mid-fold, after the crash: every member is still there, once.
         assert_eq!(
             scard(&next, &key),
             added.len() as i64,
             "mid-fold after {point}"
         );
-        wait_for(
-            "the next proxy to complete the fold",
-            Duration::from_secs(20),
-            || salted(&next, &key).is_none(),
-        );
+        wait_folded(&next, &key);
         let base = owner(&nodes, &key);
         let got = members(&nodes[base].client().cmd(&["SMEMBERS", &key]));
         assert_eq!(got, added, "after a crash at {point}\n{}", next.stderr());
@@ -386,7 +377,6 @@ fn concurrent_sadds_through_two_proxies_and_a_fold_killed_midway_lose_no_member(
 /// Runs `steps` random leaderboard commands on `key` through `c` and on `plain` through
 /// `reference`, comparing every reply.
 fn compare_zsets(c: &mut Client, reference: &mut Client, key: &str, seed: u64, steps: usize) {
-    let plain = "plain";
     let mut rng = Rng(seed);
     for step in 0..steps {
         let m = format!("p{}", rng.next(30));
@@ -416,10 +406,7 @@ fn compare_zsets(c: &mut Client, reference: &mut Client, key: &str, seed: u64, s
             98 => vec!["TYPE", key],
             _ => vec!["EXISTS", key],
         };
-        let mut on_plain = cmd.clone();
-        on_plain[1] = plain;
-        let (got, want) = (c.cmd(&cmd), reference.cmd(&on_plain));
-        assert_eq!(got, want, "step {step}: {cmd:?}");
+        same(c, reference, &cmd, step);
     }
 }
 
@@ -515,10 +502,7 @@ fn compare_fields(c: &mut Client, reference: &mut Client, key: &str, seed: u64, 
                 continue;
             }
         };
-        let mut on_plain = cmd.clone();
-        on_plain[1] = plain;
-        let (got, want) = (c.cmd(&cmd), reference.cmd(&on_plain));
-        assert_eq!(got, want, "step {step}: {cmd:?}");
+        same(c, reference, &cmd, step);
     }
 }
 
@@ -661,31 +645,14 @@ fn leaderboard_increments_through_two_proxies_survive_a_fold_killed_midway() {
         let all = |p: &Proxy| scores(&p.client().cmd(&["ZRANGE", &key, "0", "-1", "WITHSCORES"]));
         assert_eq!(all(&other), want, "merged read through the other proxy");
         other.kill();
-        let enc = key.replace(':', "%3A");
-        let (code, body) = dying.admin_post(&format!("/hotkeys/demote?key={enc}"));
-        assert_eq!(code, 200, "{body}");
-        assert!(
-            dying.wait_exit(Duration::from_secs(20)).is_some(),
-            "the proxy did not reach fail point {point}:\n{}",
-            dying.stderr()
-        );
-        let next = proxy(&nodes, &rules, &[]);
-        wait_for(
-            "the next proxy to learn of the key",
-            Duration::from_secs(5),
-            || salted(&next, &key).is_some(),
-        );
+        let next = crash_fold_and_take_over(&mut dying, &nodes, &rules, &key, point);
         // Mid-fold, the dead proxy's move half done: every score is counted exactly once.
         assert_eq!(all(&next), want, "mid-fold read after a crash at {point}");
         assert_eq!(
             next.client().cmd(&["ZSCORE", &key, "p0"]).as_str(),
             acked[0].to_string()
         );
-        wait_for(
-            "the next proxy to complete the fold",
-            Duration::from_secs(20),
-            || salted(&next, &key).is_none(),
-        );
+        wait_folded(&next, &key);
         let base = owner(&nodes, &key);
         let got = scores(
             &nodes[base]
@@ -858,30 +825,13 @@ fn hyperloglog_and_field_folds_killed_midway_lose_nothing() {
         };
         let want = read(&mut reference, &plain);
         drop(other);
-        let enc = key.replace(':', "%3A");
-        let (code, body) = dying.admin_post(&format!("/hotkeys/demote?key={enc}"));
-        assert_eq!(code, 200, "{body}");
-        assert!(
-            dying.wait_exit(Duration::from_secs(20)).is_some(),
-            "{key}: the proxy did not reach fail point {point}:\n{}",
-            dying.stderr()
-        );
-        let next = proxy(&nodes, &rules, &[]);
-        wait_for(
-            "the next proxy to learn of the key",
-            Duration::from_secs(5),
-            || salted(&next, key).is_some(),
-        );
+        let next = crash_fold_and_take_over(&mut dying, &nodes, &rules, key, point);
         let mut c = next.client();
         if !hll {
             // Mid-fold, a move half done: every increment counted exactly once.
             assert_eq!(read(&mut c, key), want, "{key}: mid-fold after {point}");
         }
-        wait_for(
-            "the next proxy to complete the fold",
-            Duration::from_secs(20),
-            || salted(&next, key).is_none(),
-        );
+        wait_folded(&next, key);
         assert!(shard_keys(&nodes).iter().all(|(_, k)| !k.ends_with(key)));
         if !hll {
             assert!(

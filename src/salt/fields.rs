@@ -146,10 +146,7 @@ pub async fn hlen(backend: &Backend, e: &Salted) -> Result<Value, Value> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn b(s: &str) -> Bytes {
-        Bytes::copy_from_slice(s.as_bytes())
-    }
+    use crate::salt::testing::*;
 
     #[test]
     fn a_field_is_its_base_value_plus_its_shard_value() {

@@ -310,12 +310,28 @@ async fn apply(backend: &Backend, key: &[u8], rec: &Record, mv: &Move) -> Result
         ]);
         add.extend([field, Bytes::from(v.to_string())]);
     }
-    for (node, cmd, point) in [
-        (backend.node_of(&shard), wire(&take), "fold-after-take"),
-        (backend.node_of(key), wire(&add), "fold-after-add"),
-    ] {
-        let r = call(backend, &[(node, cmd)]).await?;
-        if let Value::Error(e) = &r[0] {
+    steps(
+        backend,
+        vec![
+            (
+                vec![(backend.node_of(&shard), wire(&take))],
+                "fold-after-take",
+            ),
+            (vec![(backend.node_of(key), wire(&add))], "fold-after-add"),
+        ],
+    )
+    .await
+}
+
+/// Runs the steps of a move in order: each step's commands in one call (one job per node),
+/// failing on any error reply, then the step's failpoint.
+pub(super) async fn steps(
+    backend: &Backend,
+    steps: Vec<(Vec<(usize, Bytes)>, &str)>,
+) -> Result<(), String> {
+    for (cmds, point) in steps {
+        let r = call(backend, &cmds).await?;
+        if let Some(Value::Error(e)) = r.iter().find(|v| matches!(v, Value::Error(_))) {
             return Err(format!("fold step failed: {}", String::from_utf8_lossy(e)));
         }
         failpoint(point);

@@ -748,23 +748,17 @@ async fn apply_spread(
         .collect();
     let mut rem: Vec<&[u8]> = vec![b"SREM", key];
     rem.extend(members.iter().map(|m| &m[..]));
-    for (cmds, point) in [
-        (adds, "spread-after-add"),
-        (
-            vec![(backend.node_of(key), cmd(&rem))],
-            "spread-after-remove",
-        ),
-    ] {
-        let r = call(backend, &cmds).await?;
-        if let Some(Value::Error(e)) = r.iter().find(|v| matches!(v, Value::Error(_))) {
-            return Err(format!(
-                "spread step failed: {}",
-                String::from_utf8_lossy(e)
-            ));
-        }
-        failpoint(point);
-    }
-    Ok(())
+    fold::steps(
+        backend,
+        vec![
+            (adds, "spread-after-add"),
+            (
+                vec![(backend.node_of(key), cmd(&rem))],
+                "spread-after-remove",
+            ),
+        ],
+    )
+    .await
 }
 
 /// Most members journaled in one fold move (their total size is also bounded): the
@@ -853,24 +847,25 @@ pub async fn apply_set(
         .iter()
         .map(|h| unhex(h).ok_or("bad member in the journal"))
         .collect::<Result<_, _>>()?;
-    for (node, name, target, point) in [
-        (backend.node_of(key), &b"SADD"[..], key, "fold-after-add"),
-        (
-            backend.node_of(&shard),
-            &b"SREM"[..],
-            &shard[..],
-            "fold-after-take",
-        ),
-    ] {
+    let with = |name: &[u8], target: &[u8]| {
         let mut a: Vec<&[u8]> = vec![name, target];
         a.extend(members.iter().map(|m| &m[..]));
-        let r = call(backend, &[(node, cmd(&a))]).await?;
-        if let Value::Error(e) = &r[0] {
-            return Err(format!("fold step failed: {}", String::from_utf8_lossy(e)));
-        }
-        failpoint(point);
-    }
-    Ok(())
+        cmd(&a)
+    };
+    fold::steps(
+        backend,
+        vec![
+            (
+                vec![(backend.node_of(key), with(b"SADD", key))],
+                "fold-after-add",
+            ),
+            (
+                vec![(backend.node_of(&shard), with(b"SREM", &shard))],
+                "fold-after-take",
+            ),
+        ],
+    )
+    .await
 }
 
 /// Merges a HyperLogLog shard's registers into the base key. KEYS: base key, scratch key.
@@ -922,14 +917,7 @@ pub async fn move_hll(
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn b(s: &str) -> Bytes {
-        Bytes::copy_from_slice(s.as_bytes())
-    }
-
-    fn args(line: &str) -> Vec<Bytes> {
-        line.split(' ').map(b).collect()
-    }
+    use crate::salt::testing::*;
 
     fn c(kind: Kind, line: &str) -> Option<MOp> {
         let a = args(line);

@@ -237,10 +237,7 @@ fn is_none_type(v: &Value) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn b(s: &str) -> Bytes {
-        Bytes::copy_from_slice(s.as_bytes())
-    }
+    use crate::salt::testing::*;
 
     #[test]
     fn a_value_in_transit_counts_until_its_move_is_applied() {

@@ -368,3 +368,18 @@ pub trait Control: Send + Sync {
     fn demote(&self, key: Vec<u8>) -> Fut<'_, Result<Option<Record>, String>>;
     fn table(&self) -> Arc<SaltTable>;
 }
+
+/// Arguments for the unit tests of salting's pure parts.
+#[cfg(test)]
+pub(crate) mod testing {
+    use bytes::Bytes;
+
+    pub fn b(s: &str) -> Bytes {
+        Bytes::copy_from_slice(s.as_bytes())
+    }
+
+    /// A command line split on spaces.
+    pub fn args(line: &str) -> Vec<Bytes> {
+        line.split(' ').map(b).collect()
+    }
+}

@@ -275,14 +275,7 @@ pub async fn multi(
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn b(s: &str) -> Bytes {
-        Bytes::copy_from_slice(s.as_bytes())
-    }
-
-    fn args(line: &str) -> Vec<Bytes> {
-        line.split(' ').map(b).collect()
-    }
+    use crate::salt::testing::*;
 
     #[test]
     fn counter_commands_become_shard_writes_others_fold() {

@@ -743,30 +743,23 @@ pub async fn apply(backend: &Backend, key: &[u8], rec: &Record, mv: &Move) -> Re
         add.extend([m, s.clone().into_bytes()]);
     }
     let wire = |a: &[Vec<u8>]| crate::backend::wire(a);
-    for (node, c, point) in [
-        (backend.node_of(&shard), wire(&take), "fold-after-take"),
-        (backend.node_of(key), wire(&add), "fold-after-add"),
-    ] {
-        let r = call(backend, &[(node, c)]).await?;
-        if let Value::Error(e) = &r[0] {
-            return Err(format!("fold step failed: {}", String::from_utf8_lossy(e)));
-        }
-        failpoint(point);
-    }
-    Ok(())
+    fold::steps(
+        backend,
+        vec![
+            (
+                vec![(backend.node_of(&shard), wire(&take))],
+                "fold-after-take",
+            ),
+            (vec![(backend.node_of(key), wire(&add))], "fold-after-add"),
+        ],
+    )
+    .await
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn b(s: &str) -> Bytes {
-        Bytes::copy_from_slice(s.as_bytes())
-    }
-
-    fn args(line: &str) -> Vec<Bytes> {
-        line.split(' ').map(b).collect()
-    }
+    use crate::salt::testing::*;
 
     fn c(line: &str) -> Option<MOp> {
         let a = args(line);

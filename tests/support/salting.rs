@@ -66,3 +66,38 @@ pub fn shard_keys(nodes: &[Redis]) -> Vec<(usize, String)> {
     }
     out
 }
+
+/// Demotes `key` through `dying` (started with a `SALTSHAKER_FAILPOINT`, the only proxy
+/// left that may fold), waits for it to die at `point`, and starts the proxy that takes
+/// over, returned once it knows of the key (its fold is then still half done).
+pub fn crash_fold_and_take_over(
+    dying: &mut Proxy,
+    nodes: &[Redis],
+    rules: &str,
+    key: &str,
+    point: &str,
+) -> Proxy {
+    let enc = key.replace(':', "%3A");
+    let (code, body) = dying.admin_post(&format!("/hotkeys/demote?key={enc}"));
+    assert_eq!(code, 200, "{body}");
+    assert!(
+        dying.wait_exit(Duration::from_secs(20)).is_some(),
+        "{key}: the proxy did not reach fail point {point}:\n{}",
+        dying.stderr()
+    );
+    assert!(dying.stderr().contains(point), "{}", dying.stderr());
+    let next = proxy(nodes, rules, &[]);
+    wait_for(
+        "the next proxy to learn of the key",
+        Duration::from_secs(5),
+        || salted(&next, key).is_some(),
+    );
+    next
+}
+
+/// Waits until `p` no longer lists `key` as salted: its fold is complete.
+pub fn wait_folded(p: &Proxy, key: &str) {
+    wait_for("the fold to complete", Duration::from_secs(20), || {
+        salted(p, key).is_none()
+    });
+}
