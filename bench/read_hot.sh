@@ -14,8 +14,8 @@
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
-duration=8000
-[ "${1:-}" = "--quick" ] && duration=3000
+duration=8000 warmup=4000
+[ "${1:-}" = "--quick" ] && duration=3000 warmup=3000
 tuned_rules=${TUNED_RULES:-rules/examples/zipf-read-cache.yaml}
 
 tag=readhot
@@ -39,6 +39,10 @@ run() { # name target workload admin-port: prefill every key, then GETs only
     flush
     "$bin" bench --target "$2" -c 20 -P 16 -n 100000 --duration-ms 0 --keyspace 100000 --workload uniform --mix set=100 >/dev/null
     "$bin" bench --target "$2" -c 2 -P 1 -n 10 --duration-ms 0 --workload "$3" --mix set=100 >/dev/null
+    # Warm up with the measured workload: the detector, the balance controller and the
+    # cache reach their steady state (a few detection windows) before counting starts.
+    "$bin" bench --target "$2" -c 50 -P 16 --duration-ms "$warmup" --keyspace 100000 \
+        --workload "$3" --mix get=100 >/dev/null
     h0=$(metric "$4" saltshaker_cache_hits_total); m0=$(metric "$4" saltshaker_cache_misses_total)
     for n in "${nodes[@]}"; do redis-cli -h "${n%:*}" -p "${n#*:}" config resetstat >/dev/null; done
     "$bin" bench --target "$2" -c 50 -P 16 --duration-ms "$duration" --keyspace 100000 \
@@ -83,7 +87,7 @@ EOF2
 echo "$table"
 
 block=$(printf '%s\n\n%s\n\n%s\n' \
-    "Measured $(date -u +%Y-%m-%d) on $(nproc) cores with \`bench/read_hot.sh\` (${duration} ms per run, 50 clients, pipeline 16, 4 redis-server nodes, GET only over 100k prefilled keys)." \
+    "Measured $(date -u +%Y-%m-%d) on $(nproc) cores with \`bench/read_hot.sh\` (${duration} ms per run after ${warmup} ms of warm-up, 50 clients, pipeline 16, 4 redis-server nodes, GET only over 100k prefilled keys)." \
     "$table" \
     "Backend load per node from each node's INFO commandstats (reset before every run). The hit rate counts reads of keys the detector found read-hot (only those are cached); cold keys always go to their node. \"vs uniform\" is max/mean divided by max/mean under uniform load through saltshaker with the cache off in this run (the goal for a read cache is about 1: the nodes as balanced as under uniform load; node ports are new every run, and ketama places keys by them, so uniform's own figure moves between runs). \"read-hot keys\" is saltshaker_mitigated_keys{kind=\"read\"} at the end of the run. The default rules make a key read-hot from 2000 reads/s (cooling below 500/s); \`$(basename "$tuned_rules")\` is a second proxy running \`$tuned_rules\`: read-hot from 2 reads/s, cooling below 0.5/s, 8192 keys tracked per thread, 10 s TTL.")
 write_readme_block read-hot "Read-hot keys" "$block"

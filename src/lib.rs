@@ -10,7 +10,8 @@
 //! | `hotkey`   | Count-Min sketch, top-k, windows, aggregation; knows nothing of Redis  |
 //! | `rules`    | hot-key rules (YAML): thresholds, strategies, live reload              |
 //! | `policy`   | decide(command, hot set) -> Action; pure                               |
-//! | `mitigate` | combine (batched increments, exact replies); cache (read-hot replies)  |
+//! | `mitigate` | combine (batched increments, exact replies); cache (read-hot replies); |
+//! |            | balance (lower read-hot thresholds on a node busier than the others)   |
 //! | `salt`     | salted keys (counters, sets, HLLs, zsets): merges, registry, fold      |
 //! | `backend`  | nodes, shared pipelined connections, placement, tracking invalidation  |
 //! | `proxy`    | listener, session (read, classify, observe, decide, act, reply)        |
@@ -82,7 +83,17 @@ pub async fn run(
         write_cool_below_per_sec: rules.defaults().write.cool_below_per_sec,
     });
     let rules = rules::RulesHandle::new(rules);
-    detector.set_key_thresholds(Some(Arc::new(RuleThresholds(rules.clone()))));
+    let balance = {
+        let placement = backend.placement();
+        Arc::new(mitigate::balance::Caps::new(
+            backend.len(),
+            Box::new(move |key: &[u8]| placement.as_ref().map_or(0, |p| p.node_for(key))),
+        ))
+    };
+    detector.set_key_thresholds(Some(Arc::new(RuleThresholds {
+        rules: rules.clone(),
+        balance: balance.clone(),
+    })));
     metrics.rules_generation.set(rules.generation() as i64);
     match &cfg.rules {
         Some(p) => {
@@ -112,6 +123,7 @@ pub async fn run(
     let ctx = Arc::new(ctx);
     proxy::spawn_hot_updater(ctx.clone());
     proxy::spawn_salt_coordinator(ctx.clone());
+    proxy::spawn_balancer(ctx.clone(), balance);
     {
         // Detector thresholds and the generation gauge follow the rules.
         let (mut gens, rules, detector, gauge) = (
@@ -218,13 +230,26 @@ async fn listeners(cfg: &config::Config, upgrade: bool) -> Result<Listeners, Str
     Ok((client, admin, None))
 }
 
-/// Per-key detection thresholds from the rules in force.
-struct RuleThresholds(rules::RulesHandle);
+/// Per-key detection thresholds: the rules in force, with the read threshold of a cached
+/// key lowered while its node is busier than the others (`mitigate::balance`).
+struct RuleThresholds {
+    rules: rules::RulesHandle,
+    balance: Arc<mitigate::balance::Caps>,
+}
 
 impl hotkey::KeyThresholds for RuleThresholds {
     fn thresholds(&self, key: &[u8], kind: hotkey::Kind) -> Option<hotkey::Threshold> {
-        let r = self.0.load().resolve(key);
+        let r = self.rules.load().resolve(key);
         Some(match kind {
+            hotkey::Kind::Read if r.read.cache.enabled => {
+                let (hot, cool) =
+                    self.balance
+                        .apply(key, r.read.hot_at_per_sec, r.read.cool_below_per_sec);
+                hotkey::Threshold {
+                    hot_at_per_sec: hot,
+                    cool_below_per_sec: cool,
+                }
+            }
             hotkey::Kind::Read => hotkey::Threshold {
                 hot_at_per_sec: r.read.hot_at_per_sec,
                 cool_below_per_sec: r.read.cool_below_per_sec,
@@ -237,9 +262,9 @@ impl hotkey::KeyThresholds for RuleThresholds {
     }
 
     fn lowest_hot_at_per_sec(&self, kind: hotkey::Kind) -> f64 {
-        let (r, w) = self.0.load().min_hot_at();
+        let (r, w) = self.rules.load().min_hot_at();
         match kind {
-            hotkey::Kind::Read => r,
+            hotkey::Kind::Read => r.min(self.balance.lowest()),
             hotkey::Kind::Write => w,
         }
     }

@@ -81,6 +81,7 @@ pub struct Metrics {
     pub rules_generation: Gauge,
     pub rules_last_reload_failed: Gauge,
     pub mitigated_keys: Family<HotKindLabel, Gauge>,
+    pub balance_read_hot_at: Family<NodeLabel, Gauge<f64, AtomicU64>>,
     pub combine: crate::mitigate::combine::CombineMetrics,
     pub cache: crate::mitigate::cache::CacheMetrics,
     pub salt: crate::salt::SaltMetrics,
@@ -120,6 +121,7 @@ impl Metrics {
             rules_generation: Gauge::default(),
             rules_last_reload_failed: Gauge::default(),
             mitigated_keys: Family::default(),
+            balance_read_hot_at: Family::default(),
             combine: Default::default(),
             cache: Default::default(),
             salt: Default::default(),
@@ -205,6 +207,11 @@ impl Metrics {
             "mitigated_keys",
             "Keys under mitigation now, by kind (write = combined)",
             m.mitigated_keys.clone(),
+        );
+        r.register(
+            "balance_read_hot_at_per_sec",
+            "Read-hot threshold in force for the keys of each node: below the rules' own while balance caches the hottest keys of a node busier than the others",
+            m.balance_read_hot_at.clone(),
         );
         r.register(
             "combined_writes",

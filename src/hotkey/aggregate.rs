@@ -64,6 +64,8 @@ pub(crate) struct Aggregator {
     listed: HashMap<Box<[u8]>, Listed>,
     early: HashMap<(Kind, Box<[u8]>), Vec<EarlyReport>>,
     totals_per_sec: [f64; 2],
+    /// Read rates of the last closed window, hottest first.
+    read_rates: Arc<Vec<(Box<[u8]>, f64)>>,
     /// An early promotion is waiting to be published.
     dirty: bool,
     last_publish_ms: u64,
@@ -103,6 +105,7 @@ impl Aggregator {
             listed: HashMap::new(),
             early: HashMap::new(),
             totals_per_sec: [0.0; 2],
+            read_rates: Arc::default(),
             dirty: false,
             last_publish_ms: 0,
         };
@@ -293,6 +296,14 @@ impl Aggregator {
         for ((kind, key), n) in acc.keys {
             rates.entry(key).or_default()[kind as usize] = n as f64 / secs;
         }
+        let mut reads: Vec<(Box<[u8]>, f64)> = rates
+            .iter()
+            .filter(|(_, r)| r[0] > 0.0)
+            .map(|(k, r)| (k.clone(), r[0]))
+            .collect();
+        reads.sort_unstable_by(|a, b| b.1.total_cmp(&a.1));
+        reads.truncate(super::MAX_READ_RATES);
+        self.read_rates = Arc::new(reads);
         for key in self.listed.keys() {
             rates.entry(key.clone()).or_default();
         }
@@ -399,6 +410,7 @@ impl Aggregator {
             total_reads_per_sec: self.totals_per_sec[0],
             total_writes_per_sec: self.totals_per_sec[1],
             at_unix_ms: self.clock.unix_ms(now),
+            read_rates: self.read_rates.clone(),
         }));
     }
 }

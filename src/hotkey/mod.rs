@@ -119,7 +119,15 @@ pub struct HotSnapshot {
     pub total_writes_per_sec: f64,
     /// When this snapshot was published.
     pub at_unix_ms: u64,
+    /// Read rate of the keys the threads tracked in the last closed window, hottest first
+    /// (at most `MAX_READ_RATES`), hot or not: what a consumer needs to choose a threshold
+    /// that takes a given load off (`mitigate::balance`).
+    pub read_rates: Arc<Vec<(Box<[u8]>, f64)>>,
 }
+
+/// Most keys in `HotSnapshot::read_rates`: a node busier than the others needs at most a
+/// few hundred of its keys cached (bench/zipf_placement.py --greedy).
+pub const MAX_READ_RATES: usize = 4096;
 
 #[derive(Clone, Debug)]
 pub struct HotKey {

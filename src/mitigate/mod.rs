@@ -1,7 +1,10 @@
 //! Mitigations of hot keys, acted on by the session after `policy::decide`.
 //!
 //! `combine`: same-key increments batched into one backend write with exact replies.
-//! Salting (write-hot keys spread over shard keys) and the read-hot cache are future work.
+//! `cache`: replies of read-hot keys, single-flight fills, invalidated by writes and tracking.
+//! `balance`: per-node read-hot thresholds, lowered on a node busier than the others.
+//! Salting (write-hot keys spread over shard keys) lives in `salt`.
 
+pub mod balance;
 pub mod cache;
 pub mod combine;

@@ -214,6 +214,37 @@ pub fn spawn_hot_updater(ctx: Arc<Ctx>) {
     });
 }
 
+/// Runs the node-balance controller (see `mitigate::balance`) on a pool of nodes.
+pub fn spawn_balancer(ctx: Arc<Ctx>, caps: Arc<crate::mitigate::balance::Caps>) {
+    if ctx.backend.len() < 2 {
+        return;
+    }
+    let gauges = ctx
+        .backend
+        .nodes()
+        .iter()
+        .map(|n| {
+            ctx.metrics
+                .balance_read_hot_at
+                .get_or_create(&crate::metrics::NodeLabel {
+                    node: n.addr.clone(),
+                })
+                .clone()
+        })
+        .collect();
+    tokio::spawn(async move {
+        crate::mitigate::balance::run(
+            caps,
+            &ctx.backend,
+            &ctx.detector,
+            ctx.rules.clone(),
+            gauges,
+            ctx.shutdown.clone(),
+        )
+        .await
+    });
+}
+
 /// Keeps the salt table in step with the registry in the backend (see `salt::registry`).
 pub fn spawn_salt_coordinator(ctx: Arc<Ctx>) {
     let owner = ctx.clone();

@@ -23,7 +23,7 @@ use crate::config::{parse_yaml, ConfigError};
 
 pub use glob::{stringmatch, Glob, MAX_PATTERN_BYTES};
 pub use model::{
-    CachePolicy, CombinePolicy, Detection, Families, Policies, ReadPolicy, SaltBy, SaltPolicy,
+    Balance, CachePolicy, CombinePolicy, Detection, Families, Policies, ReadPolicy, SaltBy, SaltPolicy,
     Shards, Strategy, WritePolicy,
 };
 pub use reload::{spawn_reloader, RulesHandle, POLL_INTERVAL};
@@ -37,6 +37,7 @@ pub struct Rules {
     detection: Detection,
     epoch_ms: u64,
     defaults: Policies,
+    balance: Balance,
     rules: Vec<Rule>,
 }
 
@@ -75,6 +76,7 @@ impl Default for Rules {
             detection: Detection::default(),
             epoch_ms: model::default_epoch_ms(),
             defaults: Policies::default(),
+            balance: Balance::default(),
             rules: Vec::new(),
         }
     }
@@ -120,6 +122,7 @@ impl Rules {
         validate::detection(&doc.detection, doc.epoch_ms)?;
         validate::read("defaults.read", &doc.defaults.read)?;
         validate::write("defaults.write", &doc.defaults.write)?;
+        validate::balance(&doc.balance)?;
         let pats: Vec<&str> = doc.rules.iter().map(|r| r.pattern.as_str()).collect();
         let globs = validate::patterns(&pats)?;
         let mut rules = Vec::with_capacity(doc.rules.len());
@@ -146,6 +149,7 @@ impl Rules {
             detection: doc.detection,
             epoch_ms: doc.epoch_ms,
             defaults: doc.defaults,
+            balance: doc.balance,
             rules,
         })
     }
@@ -181,6 +185,10 @@ impl Rules {
 
     pub fn epoch_ms(&self) -> u64 {
         self.epoch_ms
+    }
+
+    pub fn balance(&self) -> &Balance {
+        &self.balance
     }
 
     pub fn detection(&self) -> &Detection {

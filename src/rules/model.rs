@@ -158,6 +158,31 @@ impl Default for Detection {
     }
 }
 
+/// Node balance: when skewed reads leave one node busier than the others, the keys read
+/// most on that node become read-hot at a lower rate, so the cache takes the excess off it.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Balance {
+    /// Lower read-hot thresholds on busy nodes at all. Default true.
+    pub enabled: bool,
+    /// A node is busy when the commands it is sent exceed the nodes' mean by more than
+    /// this. Default 5 percent.
+    pub over_mean_pct: f64,
+    /// The lowest rate at which a key may become read-hot for balance: below it a cache
+    /// entry would mostly miss. Default 20 reads per second.
+    pub min_reads_per_sec: f64,
+}
+
+impl Default for Balance {
+    fn default() -> Self {
+        Balance {
+            enabled: true,
+            over_mean_pct: 5.0,
+            min_reads_per_sec: 20.0,
+        }
+    }
+}
+
 #[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct CachePolicy {
@@ -398,6 +423,8 @@ pub(crate) struct RulesDoc {
     pub epoch_ms: u64,
     #[serde(default)]
     pub defaults: Policies,
+    #[serde(default)]
+    pub balance: Balance,
     #[serde(default)]
     pub rules: Vec<RuleDoc>,
 }

@@ -5,7 +5,7 @@
 //! whichever of them the file actually spells out, so the SRE lands on the line to edit.
 
 use super::glob::Glob;
-use super::model::{Detection, ReadPolicy, Shards, WritePolicy};
+use super::model::{Balance, Detection, ReadPolicy, Shards, WritePolicy};
 
 /// Most rules in one file: `resolve` tries them in order on each lookup.
 pub const MAX_RULES: usize = 1024;
@@ -81,6 +81,26 @@ pub fn detection(d: &Detection, epoch_ms: u64) -> Result<(), Problem> {
         ));
     }
     range("", "epoch_ms", epoch_ms, d.window_ms, 3_600_000, " ms")
+}
+
+pub fn balance(b: &Balance) -> Result<(), Problem> {
+    let pct = b.over_mean_pct;
+    if !(pct.is_finite() && (0.5..=100.0).contains(&pct)) {
+        return Err(problem(
+            "balance",
+            &["over_mean_pct"],
+            format!("{pct} is out of range: must be 0.5..=100 percent (node loads are never exactly even)"),
+        ));
+    }
+    let min = b.min_reads_per_sec;
+    if !min.is_finite() || min <= 0.0 {
+        return Err(problem(
+            "balance",
+            &["min_reads_per_sec"],
+            format!("{min} must be a positive rate per second"),
+        ));
+    }
+    Ok(())
 }
 
 /// Rates: positive, finite, and with room between cooling and heating (hysteresis).

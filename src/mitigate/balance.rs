@@ -1,0 +1,486 @@
+//! Node balance: per-node read-hot thresholds that follow each node's load.
+//!
+//! Hashing places keys, not traffic. Under a skewed read load (a Zipf-like catalogue) the
+//! keys one node owns can add up to far more than its share while no single key reaches
+//! `read.hot_at_per_sec`, so a threshold that only catches keys too hot for any node leaves
+//! the skew in place: measured in `bench/README.md` ("Read-hot keys"), the default 2000/s
+//! cached ~20 keys and left Zipf 1.1 at 2.05x the mean on the busiest node (uniform: 1.01).
+//! Caching every warm key instead needs thousands of entries and a very deep top-k
+//! (`rules/examples/zipf-read-cache.yaml`, 0.69x throughput). Caching only what the busy
+//! node needs is far cheaper: `bench/zipf_placement.py --greedy` finds that 25 to 650 keys
+//! (rank under 1024) bring Zipf 1.1 and 1.3 over 100k keys within 5% of the mean.
+//!
+//! The controller below runs once per detection window. It reads the commands this proxy
+//! sent each node (the load a cache hit takes away) and the read rates of the keys the
+//! detector tracks, and for a node above the mean by more than `balance.over_mean_pct`
+//! lowers the read-hot threshold of the keys that node owns (`Caps`, read by the detector
+//! through its per-key thresholds) to the rate that takes its excess off, so the node's
+//! hottest keys are cached first. When the node is clearly below the mean it raises the
+//! threshold back, until the rules' own threshold is in force again.
+
+use std::collections::HashSet;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use prometheus_client::metrics::gauge::Gauge;
+use tokio::sync::watch;
+
+use crate::backend::Backend;
+use crate::hotkey::{Detector, HotSnapshot};
+use crate::rules::{Balance, RulesHandle};
+
+/// A node's read-hot threshold cap in reads per second; `NONE` = the rules' thresholds.
+pub const NONE: f64 = f64::INFINITY;
+
+/// A key read-hot by a node's cap cools below this share of the cap (the rules' own
+/// thresholds keep their hysteresis). Half, not the rules' quarter: when a node has room the
+/// cap rises and the coolest of its cached keys should go back to the node within a few
+/// windows, not after the cap has risen fourfold.
+pub const COOL_SHARE: f64 = 0.5;
+
+/// Per-node caps on the read-hot threshold, shared with the detector's thresholds.
+pub struct Caps {
+    caps: Box<[AtomicU64]>,
+    node_for: Box<dyn Fn(&[u8]) -> usize + Send + Sync>,
+}
+
+impl Caps {
+    pub fn new(nodes: usize, node_for: Box<dyn Fn(&[u8]) -> usize + Send + Sync>) -> Caps {
+        Caps {
+            caps: (0..nodes).map(|_| AtomicU64::new(NONE.to_bits())).collect(),
+            node_for,
+        }
+    }
+
+    /// The cap on the read-hot threshold of `key` (`NONE` when its node is not busy).
+    #[inline]
+    pub fn for_key(&self, key: &[u8]) -> f64 {
+        if self.caps.len() < 2 {
+            return NONE;
+        }
+        let n = (self.node_for)(key);
+        self.caps
+            .get(n)
+            .map_or(NONE, |c| f64::from_bits(c.load(Ordering::Relaxed)))
+    }
+
+    /// The lowest cap of any node.
+    pub fn lowest(&self) -> f64 {
+        self.get().into_iter().fold(NONE, f64::min)
+    }
+
+    pub fn get(&self) -> Vec<f64> {
+        self.caps
+            .iter()
+            .map(|c| f64::from_bits(c.load(Ordering::Relaxed)))
+            .collect()
+    }
+
+    fn set(&self, caps: &[f64]) {
+        for (c, v) in self.caps.iter().zip(caps) {
+            c.store(v.to_bits(), Ordering::Relaxed);
+        }
+    }
+
+    /// `(hot_at, cool_below)` for a key whose rule says `(hot, cool)` and caches reads.
+    pub fn apply(&self, key: &[u8], hot: f64, cool: f64) -> (f64, f64) {
+        let cap = self.for_key(key);
+        if cap < hot {
+            (cap, cool.min(cap * COOL_SHARE))
+        } else {
+            (hot, cool)
+        }
+    }
+}
+
+/// What one step did to a node, for the log.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Change {
+    None,
+    /// The node went over: its cap was set for the first time.
+    Started,
+    /// The cap went down to `min_reads_per_sec` and the node is still over.
+    AtFloor,
+    /// The cap went back to `NONE`.
+    Ended,
+}
+
+/// The read rates of one node's tracked keys in the last window, hottest first: `cold` are
+/// not read-hot now (the cache could take them), `hot` are (the cache serves them).
+#[derive(Clone, Debug, Default)]
+pub struct NodeKeys {
+    pub cold: Vec<f64>,
+    pub hot: Vec<f64>,
+}
+
+/// The controller's state: each node's cap, and how many steps it waits after a change
+/// (a new cap promotes keys at the next window close, so the window after that is the
+/// first whose load shows the change; stepping again before would overshoot).
+pub struct Controller {
+    pub caps: Vec<f64>,
+    held: Vec<u8>,
+}
+
+impl Controller {
+    pub fn new(nodes: usize) -> Controller {
+        Controller {
+            caps: vec![NONE; nodes],
+            held: vec![0; nodes],
+        }
+    }
+
+    /// One step. `loads[i]` is the commands per second sent to node i, `None` for a node
+    /// that is down (it leaves the mean and its cap is dropped); `keys[i]` its tracked keys;
+    /// `hot_at` the rules' default read threshold (a cap at or above it is dropped).
+    ///
+    /// A node over the mean by more than the margin gets the cap that takes its excess off:
+    /// walking its cold keys hottest first, the rate of the key at which their rates add up
+    /// to the load above the mean. A node clearly under the mean (a dead band of twice the
+    /// margin, so a node just balanced does not give keys back at once) gets back half its
+    /// room: the cap rises past its coolest cached keys that fit in it.
+    pub fn step(
+        &mut self,
+        loads: &[Option<f64>],
+        keys: &[NodeKeys],
+        hot_at: f64,
+        cfg: &Balance,
+    ) -> Vec<Change> {
+        let mut changes = vec![Change::None; self.caps.len()];
+        let up: Vec<f64> = loads.iter().flatten().copied().collect();
+        let mean = up.iter().sum::<f64>() / up.len().max(1) as f64;
+        let band = cfg.over_mean_pct / 100.0;
+        let floor = cfg.min_reads_per_sec.min(hot_at);
+        let active = cfg.enabled && up.len() >= 2;
+        for (i, load) in loads.iter().enumerate() {
+            let cap = self.caps[i];
+            let (Some(load), true) = (*load, active) else {
+                if cap != NONE {
+                    self.caps[i] = NONE;
+                    changes[i] = Change::Ended;
+                }
+                self.held[i] = 0;
+                continue;
+            };
+            if self.held[i] > 0 {
+                self.held[i] -= 1;
+                continue;
+            }
+            let none = NodeKeys::default();
+            let k = keys.get(i).unwrap_or(&none);
+            // A node over by less than one key at the floor cannot be helped by the cache.
+            if load > mean * (1.0 + band) && load - mean >= floor {
+                let shed = load - mean;
+                let mut sum = 0.0;
+                let mut next = floor;
+                for &r in k.cold.iter().filter(|&&r| r >= floor) {
+                    sum += r;
+                    if sum >= shed {
+                        // A little under the key's rate: it must still qualify next window.
+                        next = (r * 0.9).max(floor);
+                        break;
+                    }
+                }
+                let next = next.min(hot_at);
+                if next < cap.min(hot_at) || (cap == NONE && next < hot_at) {
+                    changes[i] = if cap == NONE {
+                        Change::Started
+                    } else if next == floor {
+                        Change::AtFloor
+                    } else {
+                        Change::None
+                    };
+                    self.caps[i] = next;
+                    self.held[i] = 1;
+                }
+            } else if cap != NONE && load < mean * (1.0 - 2.0 * band) {
+                let room = (mean - load) / 2.0;
+                let mut sum = 0.0;
+                let mut released = None;
+                for &r in k.hot.iter().rev() {
+                    sum += r;
+                    if sum > room {
+                        break;
+                    }
+                    released = Some(r);
+                }
+                let next = match released {
+                    // Every cached key fits in the room, or none was cached for balance.
+                    _ if sum <= room => NONE,
+                    // A key cools below COOL_SHARE of the cap: lift it past the last one.
+                    Some(r) => r / COOL_SHARE * 1.1,
+                    None => continue,
+                };
+                let next = if next >= hot_at { NONE } else { next.max(cap) };
+                if next != cap {
+                    changes[i] = if next == NONE {
+                        Change::Ended
+                    } else {
+                        Change::None
+                    };
+                    self.caps[i] = next;
+                    self.held[i] = 1;
+                }
+            }
+        }
+        changes
+    }
+}
+
+/// Splits the tracked keys' read rates by node and by whether they are read-hot now,
+/// keeping only keys whose rule caches reads (the others a cap would not move).
+pub fn node_keys(
+    snap: &HotSnapshot,
+    nodes: usize,
+    node_for: impl Fn(&[u8]) -> usize,
+    caches: impl Fn(&[u8]) -> bool,
+) -> Vec<NodeKeys> {
+    let hot: HashSet<&[u8]> = snap
+        .keys
+        .iter()
+        .filter(|k| k.read_state.is_some())
+        .map(|k| k.key.as_slice())
+        .collect();
+    let mut out = vec![NodeKeys::default(); nodes];
+    for (key, rate) in snap.read_rates.iter() {
+        if !caches(key) {
+            continue;
+        }
+        let Some(n) = out.get_mut(node_for(key)) else {
+            continue;
+        };
+        if hot.contains(&key[..]) {
+            n.hot.push(*rate);
+        } else {
+            n.cold.push(*rate);
+        }
+    }
+    out
+}
+
+/// Runs the controller until shutdown: one step per detection window.
+pub async fn run(
+    caps: Arc<Caps>,
+    backend: &Backend,
+    detector: &Detector,
+    rules: RulesHandle,
+    gauges: Vec<Gauge<f64, AtomicU64>>,
+    mut shutdown: watch::Receiver<bool>,
+) {
+    let nodes = backend.nodes();
+    let count = || -> Vec<u64> { nodes.iter().map(|n| n.metrics.requests.get()).collect() };
+    let mut prev = count();
+    let mut last = Instant::now();
+    let mut ctl = Controller::new(nodes.len());
+    loop {
+        let r = rules.load();
+        let window = Duration::from_millis(r.window_ms().max(100));
+        tokio::select! {
+            _ = tokio::time::sleep(window) => {}
+            _ = shutdown.wait_for(|v| *v) => return,
+        }
+        let now = Instant::now();
+        let secs = now.duration_since(last).as_secs_f64().max(1e-3);
+        let counts = count();
+        let loads: Vec<Option<f64>> = nodes
+            .iter()
+            .zip(counts.iter().zip(&prev))
+            .map(|(n, (c, p))| n.is_up().then(|| c.saturating_sub(*p) as f64 / secs))
+            .collect();
+        prev = counts;
+        last = now;
+        let snap = detector.subscribe().borrow().clone();
+        let keys = node_keys(
+            &snap,
+            nodes.len(),
+            |k| backend.node_for(k),
+            |k| r.resolve(k).read.cache.enabled,
+        );
+        let hot_at = r.defaults().read.hot_at_per_sec;
+        let changes = ctl.step(&loads, &keys, hot_at, r.balance());
+        caps.set(&ctl.caps);
+        let up: Vec<f64> = loads.iter().flatten().copied().collect();
+        let mean = up.iter().sum::<f64>() / up.len().max(1) as f64;
+        for (i, ch) in changes.iter().enumerate() {
+            let ratio = loads[i].unwrap_or(0.0) / mean.max(f64::MIN_POSITIVE);
+            let addr = &nodes[i].addr;
+            let ratio = format!("{ratio:.2}");
+            match ch {
+                Change::None => {}
+                Change::Started => tracing::info!(
+                    node = %addr,
+                    load_over_mean = %ratio,
+                    read_hot_at_per_sec = ctl.caps[i].round(),
+                    "balance: node is busier than the others; caching its hottest keys"
+                ),
+                Change::AtFloor => tracing::info!(
+                    node = %addr,
+                    load_over_mean = %ratio,
+                    "balance: node still busy at balance.min_reads_per_sec; the rest of its \
+                     load is keys read less often than that (placement, or many warm keys)"
+                ),
+                Change::Ended => tracing::info!(
+                    node = %addr,
+                    "balance: node has room again; its keys follow the rules' read threshold"
+                ),
+            }
+        }
+        for (g, c) in gauges.iter().zip(&ctl.caps) {
+            g.set(if *c == NONE { hot_at } else { *c });
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cfg() -> Balance {
+        Balance::default()
+    }
+
+    /// Node keys with Zipf-like rates: `n` keys, the first at `top` reads/s.
+    fn zipf(top: f64, n: usize) -> Vec<f64> {
+        (1..=n).map(|i| top / (i as f64).powf(1.1)).collect()
+    }
+
+    fn cold(rates: Vec<f64>) -> NodeKeys {
+        NodeKeys {
+            cold: rates,
+            hot: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn an_even_load_sets_no_cap() {
+        let mut c = Controller::new(4);
+        let keys = vec![cold(zipf(500.0, 100)); 4];
+        let ch = c.step(&[Some(1000.0); 4], &keys, 2000.0, &cfg());
+        assert_eq!(c.caps, vec![NONE; 4]);
+        assert!(ch.iter().all(|c| *c == Change::None));
+    }
+
+    #[test]
+    fn a_busy_node_gets_the_cap_that_takes_its_excess_off() {
+        let mut c = Controller::new(4);
+        let rates = zipf(1000.0, 1000);
+        let keys = vec![cold(rates.clone()), cold(vec![]), cold(vec![]), cold(vec![])];
+        // Mean 1750: node 0 must shed 3250/s, its hottest keys first.
+        let loads = [Some(5000.0), Some(1000.0), Some(500.0), Some(500.0)];
+        let ch = c.step(&loads, &keys, 2000.0, &cfg());
+        assert_eq!(ch[0], Change::Started);
+        let cap = c.caps[0];
+        let taken: f64 = rates.iter().filter(|&&r| r >= cap).sum();
+        assert!(taken >= 3250.0, "cap {cap} takes {taken}");
+        let one_less: f64 = rates.iter().filter(|&&r| r >= cap / 0.9 * 1.01).sum();
+        assert!(one_less < 3250.0, "cap {cap} is lower than needed");
+        assert_eq!(&c.caps[1..], &[NONE; 3]);
+        // The next step waits for the load to show the change.
+        c.step(&loads, &keys, 2000.0, &cfg());
+        assert_eq!(c.caps[0], cap);
+    }
+
+    #[test]
+    fn with_too_few_warm_keys_the_cap_goes_to_the_floor() {
+        let mut c = Controller::new(2);
+        let keys = vec![cold(vec![100.0, 50.0, 10.0]), cold(vec![])];
+        let ch = c.step(&[Some(3000.0), Some(1000.0)], &keys, 2000.0, &cfg());
+        assert_eq!(ch[0], Change::Started);
+        assert_eq!(c.caps[0], 20.0);
+    }
+
+    #[test]
+    fn a_node_over_by_less_than_one_floor_key_is_left_alone() {
+        let mut c = Controller::new(2);
+        let keys = vec![cold(zipf(50.0, 10)); 2];
+        // 10% over the mean, but by 10 commands/s: no key at >= 20/s can fix that.
+        c.step(&[Some(110.0), Some(90.0)], &keys, 2000.0, &cfg());
+        assert_eq!(c.caps, vec![NONE; 2]);
+    }
+
+    #[test]
+    fn inside_the_band_the_cap_holds_and_below_it_gives_keys_back() {
+        let mut c = Controller::new(2);
+        c.caps[0] = 100.0;
+        let keys = vec![
+            NodeKeys {
+                cold: vec![90.0, 80.0],
+                hot: vec![400.0, 300.0, 200.0, 150.0, 100.0],
+            },
+            cold(vec![]),
+        ];
+        c.step(&[Some(1020.0), Some(1000.0)], &keys, 2000.0, &cfg());
+        assert_eq!(c.caps[0], 100.0, "within 5%: hold");
+        // Mean 1000, node 0 at 700: room for half of 300, so the 100 key goes back and
+        // the 150 one (100 + 150 > 150) stays.
+        let ch = c.step(&[Some(700.0), Some(1300.0)], &keys, 2000.0, &cfg());
+        assert_eq!(ch[0], Change::None);
+        assert!((c.caps[0] - 100.0 / COOL_SHARE * 1.1).abs() < 1e-9, "{:?}", c.caps);
+        // Room for every cached key: the cap is dropped.
+        c.held[0] = 0;
+        let ch = c.step(&[Some(10.0), Some(5000.0)], &keys, 2000.0, &cfg());
+        assert_eq!(ch[0], Change::Ended);
+        assert_eq!(c.caps[0], NONE);
+    }
+
+    #[test]
+    fn a_down_node_drops_its_cap_and_leaves_the_mean() {
+        let mut c = Controller::new(3);
+        c.caps[0] = 100.0;
+        let ch = c.step(&[None, Some(1000.0), Some(1000.0)], &[], 2000.0, &cfg());
+        assert_eq!(ch[0], Change::Ended);
+        assert_eq!(c.caps, vec![NONE; 3]);
+    }
+
+    #[test]
+    fn disabled_drops_every_cap() {
+        let mut c = Controller::new(2);
+        c.caps = vec![100.0, 50.0];
+        let off = Balance {
+            enabled: false,
+            ..cfg()
+        };
+        c.step(&[Some(5000.0), Some(10.0)], &[], 2000.0, &off);
+        assert_eq!(c.caps, vec![NONE; 2]);
+    }
+
+    #[test]
+    fn caps_apply_to_the_keys_of_their_node_only() {
+        let caps = Caps::new(2, Box::new(|k: &[u8]| usize::from(k[0] == b'b')));
+        caps.set(&[NONE, 50.0]);
+        assert_eq!(caps.apply(b"a", 2000.0, 500.0), (2000.0, 500.0));
+        assert_eq!(caps.apply(b"b", 2000.0, 500.0), (50.0, 25.0));
+        // A rule that is already lower keeps its own thresholds.
+        assert_eq!(caps.apply(b"b", 10.0, 2.0), (10.0, 2.0));
+        assert_eq!(caps.lowest(), 50.0);
+    }
+
+    #[test]
+    fn node_keys_splits_by_node_and_heat_and_skips_keys_not_cached() {
+        use crate::hotkey::{HotKey, HotState};
+        let hot = |k: &str| HotKey {
+            key: k.as_bytes().to_vec(),
+            reads_per_sec: 300.0,
+            writes_per_sec: 0.0,
+            share: 0.1,
+            state: HotState::Hot,
+            since_unix_ms: 0,
+            read_state: Some(HotState::Hot),
+            write_state: None,
+        };
+        let snap = HotSnapshot {
+            keys: vec![hot("a1")],
+            read_rates: Arc::new(vec![
+                (b"a1".to_vec().into(), 300.0),
+                (b"b1".to_vec().into(), 200.0),
+                (b"a2".to_vec().into(), 100.0),
+                (b"lock".to_vec().into(), 90.0),
+            ]),
+            ..Default::default()
+        };
+        let k = node_keys(&snap, 2, |k| usize::from(k[0] == b'b'), |k| k != b"lock");
+        assert_eq!(k[0].hot, vec![300.0]);
+        assert_eq!(k[0].cold, vec![100.0]);
+        assert_eq!(k[1].cold, vec![200.0]);
+    }
+}
