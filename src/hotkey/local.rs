@@ -4,7 +4,7 @@
 //! per window and when a tracked key's sliding count passes its next report level.
 
 use std::cell::RefCell;
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicUsize, AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::mpsc::Sender;
 use std::sync::Arc;
 
@@ -51,6 +51,9 @@ pub(crate) struct Published {
     pub closed: AtomicBool,
     /// Snapshots published so far.
     pub snapshots: AtomicU64,
+    /// Keys to track on the read side from the next window, when above `top_k` (0: none):
+    /// deeper while node balance needs the read rates of warm keys.
+    pub read_depth: AtomicUsize,
 }
 
 /// Everything a thread needs to reach one detector.
@@ -184,6 +187,13 @@ impl Local {
             side.sketch.halve(elapsed);
             side.top.roll(elapsed, first.max(1));
             side.total = 0;
+        }
+        let depth = self
+            .link
+            .top_k
+            .max(self.link.published.read_depth.load(Ordering::Relaxed));
+        if self.sides[0].top.cap() != depth {
+            self.sides[0].top.resize(depth);
         }
         self.window = window;
         self.window_start_ms = window * self.link.window_ms;

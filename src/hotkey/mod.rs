@@ -239,6 +239,16 @@ impl Detector {
         self.control(Control::KeyThresholds(per_key));
     }
 
+    /// Tracks up to `keys` read keys per thread (from each thread's next window) while above
+    /// the configured `top_k`; 0 goes back to `top_k`.
+    pub fn set_read_depth(&self, keys: usize) {
+        self.inner
+            .link
+            .published
+            .read_depth
+            .store(keys.min(MAX_TOP_K), Ordering::Relaxed);
+    }
+
     /// Hands this thread's counts over now if its window has ended, as its next `observe`
     /// would. Useful before a worker thread parks for long, and in tests.
     pub fn flush_local(&self) {

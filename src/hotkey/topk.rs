@@ -84,6 +84,29 @@ impl TopK {
         }
     }
 
+    pub fn cap(&self) -> usize {
+        self.cap
+    }
+
+    /// Changes how many keys are tracked, keeping the hottest of those tracked now (with
+    /// their window state). Called between windows, when the wanted depth changes.
+    pub fn resize(&mut self, cap: usize) {
+        let mut next = TopK::new(cap);
+        next.first_report = self.first_report;
+        let mut entries = std::mem::take(&mut self.entries);
+        entries.sort_unstable_by(|a, b| b.estimate.cmp(&a.estimate));
+        entries.truncate(next.cap);
+        for (i, e) in entries.into_iter().enumerate() {
+            next.ests.push(e.estimate);
+            next.insert_slot(e.hash, i);
+            next.entries.push(e);
+        }
+        if next.entries.len() == next.cap {
+            next.scan_floor();
+        }
+        *self = next;
+    }
+
     pub fn set_first_report(&mut self, level: u32) {
         self.first_report = level;
     }
@@ -347,6 +370,32 @@ mod tests {
             let e = e.unwrap_or_else(|| panic!("heavy:{i} not tracked"));
             assert!(e.estimate >= exact[&key]);
             assert!(e.estimate - exact[&key] < 50, "estimate too high");
+        }
+    }
+
+    #[test]
+    fn resizing_keeps_the_hottest_keys_findable_and_admits_more() {
+        let (mut top, mut cm) = (TopK::new(16), CountMin::new());
+        // key i is seen i + 1 times: the 16 tracked are the hottest 16 of 64.
+        for i in 0..64u32 {
+            for _ in 0..=i {
+                feed(&mut top, &mut cm, format!("k{i}").as_bytes());
+            }
+        }
+        top.resize(8);
+        assert_eq!(top.len(), 8);
+        for i in 56..64u32 {
+            let h = hash_key(format!("k{i}").as_bytes());
+            assert!(top.find(h.hash).is_some(), "k{i} kept");
+        }
+        top.resize(256);
+        assert_eq!(top.cap(), 256);
+        for i in 0..64u32 {
+            feed(&mut top, &mut cm, format!("k{i}").as_bytes());
+        }
+        assert_eq!(top.len(), 64, "room for every key after growing");
+        for (i, e) in top.entries().iter().enumerate() {
+            assert_eq!(top.find(e.hash), Some(i));
         }
     }
 
