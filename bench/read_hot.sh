@@ -2,7 +2,8 @@
 # Read-hot benchmark: GET-only workloads over 4 redis-server nodes (Zipf 1.1, Zipf 1.3, one
 # key taking 30% of GETs, and uniform as the balance baseline), through twemproxy
 # (nutcracker), through saltshaker with the read-hot cache off, with it on under the default
-# rules (a key is read-hot from 2000 reads/s), and with it on under the deep read cache of
+# rules (a key is read-hot from 2000 reads/s, lower on a node busier than the others: balance),
+# and with it on under the deep read cache of
 # rules/examples/zipf-read-cache.yaml (read-hot from 2 reads/s, 8192 keys tracked per
 # thread), all in one run. For each: client throughput and p99, the busiest node's share of
 # backend commands and max/mean over nodes, and, with the cache on, the hit rate of cached
@@ -89,5 +90,5 @@ echo "$table"
 block=$(printf '%s\n\n%s\n\n%s\n' \
     "Measured $(date -u +%Y-%m-%d) on $(nproc) cores with \`bench/read_hot.sh\` (${duration} ms per run after ${warmup} ms of warm-up, 50 clients, pipeline 16, 4 redis-server nodes, GET only over 100k prefilled keys)." \
     "$table" \
-    "Backend load per node from each node's INFO commandstats (reset before every run). The hit rate counts reads of keys the detector found read-hot (only those are cached); cold keys always go to their node. \"vs uniform\" is max/mean divided by max/mean under uniform load through saltshaker with the cache off in this run (the goal for a read cache is about 1: the nodes as balanced as under uniform load; node ports are new every run, and ketama places keys by them, so uniform's own figure moves between runs). \"read-hot keys\" is saltshaker_mitigated_keys{kind=\"read\"} at the end of the run. The default rules make a key read-hot from 2000 reads/s (cooling below 500/s); \`$(basename "$tuned_rules")\` is a second proxy running \`$tuned_rules\`: read-hot from 2 reads/s, cooling below 0.5/s, 8192 keys tracked per thread, 10 s TTL.")
+    "Backend load per node from each node's INFO commandstats (reset before every run). The hit rate counts reads of keys the detector found read-hot (only those are cached); cold keys always go to their node. \"vs uniform\" is max/mean divided by max/mean under uniform load through saltshaker with the cache off in this run (the goal for a read cache is about 1: the nodes as balanced as under uniform load; node ports are new every run, and ketama places keys by them, so uniform's own figure moves between runs). \"read-hot keys\" is saltshaker_mitigated_keys{kind=\"read\"} at the end of the run. The default rules make a key read-hot from 2000 reads/s (cooling below 500/s), and, with `balance`, from a lower rate on a node sent more than 5% over the mean; \`$(basename "$tuned_rules")\` is a second proxy running \`$tuned_rules\`: read-hot from 2 reads/s, cooling below 0.5/s, 8192 keys tracked per thread, 10 s TTL.")
 write_readme_block read-hot "Read-hot keys" "$block"

@@ -94,7 +94,7 @@ impl TopK {
         let mut next = TopK::new(cap);
         next.first_report = self.first_report;
         let mut entries = std::mem::take(&mut self.entries);
-        entries.sort_unstable_by(|a, b| b.estimate.cmp(&a.estimate));
+        entries.sort_unstable_by_key(|e| std::cmp::Reverse(e.estimate));
         entries.truncate(next.cap);
         for (i, e) in entries.into_iter().enumerate() {
             next.ests.push(e.estimate);

@@ -39,14 +39,17 @@ pub const NONE: f64 = f64::INFINITY;
 /// windows, not after the cap has risen fourfold.
 pub const COOL_SHARE: f64 = 0.5;
 
+/// The node that owns a key.
+pub type NodeFor = Box<dyn Fn(&[u8]) -> usize + Send + Sync>;
+
 /// Per-node caps on the read-hot threshold, shared with the detector's thresholds.
 pub struct Caps {
     caps: Box<[AtomicU64]>,
-    node_for: Box<dyn Fn(&[u8]) -> usize + Send + Sync>,
+    node_for: NodeFor,
 }
 
 impl Caps {
-    pub fn new(nodes: usize, node_for: Box<dyn Fn(&[u8]) -> usize + Send + Sync>) -> Caps {
+    pub fn new(nodes: usize, node_for: NodeFor) -> Caps {
         Caps {
             caps: (0..nodes).map(|_| AtomicU64::new(NONE.to_bits())).collect(),
             node_for,
@@ -226,7 +229,7 @@ impl Controller {
                     let mean_after = (mean - taken / n).max(f64::MIN_POSITIVE);
                     let after = (load - taken) / mean_after;
                     let max_after = (load - taken).max(others) / mean_after;
-                    if best.is_none_or(|(_, m)| max_after < m) {
+                    if best.map_or(true, |(_, m)| max_after < m) {
                         best = Some((c, max_after));
                     }
                     if after <= 1.0 + band {
