@@ -123,7 +123,7 @@ pub async fn run(
     let ctx = Arc::new(ctx);
     proxy::spawn_hot_updater(ctx.clone());
     proxy::spawn_salt_coordinator(ctx.clone());
-    proxy::spawn_balancer(ctx.clone(), balance);
+    proxy::spawn_balancer(ctx.clone(), balance.clone());
     {
         // Detector thresholds and the generation gauge follow the rules.
         let (mut gens, rules, detector, gauge) = (
@@ -158,6 +158,7 @@ pub async fn run(
         rules: rules.clone(),
         views: cfg.hotkeys.clone(),
         salt: Some(ctx.clone() as Arc<dyn salt::Control>),
+        balance: Some(balance.clone()),
     });
     if let Some(path) = &cfg.upgrade_socket {
         use std::os::fd::AsRawFd;

@@ -29,6 +29,15 @@ fn metric(p: &Proxy, name: &str, label: &str) -> f64 {
         .sum()
 }
 
+/// The proxy's log lines of balance steps and changes.
+fn steps(p: &Proxy) -> String {
+    p.stderr()
+        .lines()
+        .filter(|l| l.contains("balance"))
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
 /// GET calls per node over `secs`, from the nodes' own commandstats.
 fn node_gets(nodes: &[Redis], secs: f64) -> Vec<i64> {
     for n in nodes {
@@ -53,7 +62,10 @@ fn a_node_made_busy_by_warm_keys_is_evened_out_by_caching_its_hottest_keys() {
     let dir = TempDir::new("balance");
     let path = dir.0.join("rules.yaml");
     std::fs::write(&path, rules(false)).unwrap();
-    let proxy = Proxy::start(&refs, &["--rules", &path_str(&path), "--log-level", "debug"]);
+    let proxy = Proxy::start(
+        &refs,
+        &["--rules", &path_str(&path), "--log-level", "debug"],
+    );
 
     // 400 keys; the 30 warm ones all live on one node.
     let keys = spread_keys("item:", 400);
@@ -70,6 +82,12 @@ fn a_node_made_busy_by_warm_keys_is_evened_out_by_caching_its_hottest_keys() {
         .collect();
     assert_eq!(warm.len(), 30, "spread_keys put 30 of 400 keys on one node");
     let rest: Vec<String> = keys.iter().filter(|k| !warm.contains(k)).cloned().collect();
+    // The best balance caching the warm keys can give: the rest, read evenly, as placed.
+    let mut per_node = vec![0i64; nodes.len()];
+    for k in &rest {
+        per_node[owner(&nodes, k)] += 1;
+    }
+    let skew_rest = max_over_mean(&per_node);
 
     // Each batch: 60 GETs over the warm keys, 40 over the rest: the busy node gets about 70%
     // of the reads, no key more than 2% of them.
@@ -114,8 +132,14 @@ fn a_node_made_busy_by_warm_keys_is_evened_out_by_caching_its_hottest_keys() {
         "without balance node {busy} should be busy: GETs per node {off:?} ({skew_off:.2}), {rate:.0} GETs/s"
     );
     // Every warm key is read at >= 20/s (the floor), so the cache can take them.
-    assert!(rate * 0.02 >= 20.0, "load too slow for the test: {rate:.0} GETs/s");
-    assert_eq!(metric(&proxy, "saltshaker_mitigated_keys", "kind=\"read\""), 0.0);
+    assert!(
+        rate * 0.02 >= 20.0,
+        "load too slow for the test: {rate:.0} GETs/s"
+    );
+    assert_eq!(
+        metric(&proxy, "saltshaker_mitigated_keys", "kind=\"read\""),
+        0.0
+    );
 
     // Balance on, by a live reload.
     std::fs::write(&path, rules(true)).unwrap();
@@ -144,28 +168,41 @@ fn a_node_made_busy_by_warm_keys_is_evened_out_by_caching_its_hottest_keys() {
     let skew_on = max_over_mean(&on);
     let hits = metric(&proxy, "saltshaker_cache_hits_total", "") - hits0;
     let cached = metric(&proxy, "saltshaker_mitigated_keys", "kind=\"read\"");
-    let (_, m) = proxy.admin_get("/metrics");
-    let caps: Vec<&str> = m
-        .lines()
-        .filter(|l| l.starts_with("saltshaker_balance"))
-        .collect();
-    eprintln!("caps {caps:?} busy {busy_addr} on {on:?}");
+    let (_, listing) = proxy.admin_get("/hotkeys");
     stop.store(true, Ordering::Relaxed);
     load.join().unwrap();
+    // Within 15% of what the other keys' placement allows (the rest are read at equal
+    // rates, so caching some of them could only overshoot).
     assert!(
-        skew_on < 1.3,
-        "with balance GETs per node {on:?} ({skew_on:.2}), off was {off:?} ({skew_off:.2}); \
-         cap {cap:.0}/s, {cached} keys cached, {hits} hits"
+        skew_on < skew_rest * 1.15 && skew_on < skew_off / 1.5,
+        "with balance GETs per node {on:?} ({skew_on:.2}), off was {off:?} ({skew_off:.2}), \
+         the other keys alone {per_node:?} ({skew_rest:.2}); \
+         cap {cap:.0}/s, {cached} keys cached, {hits} hits; the proxy's steps:\n{}",
+        steps(&proxy)
     );
-    assert!(hits > 0.0 && cached > 0.0 && cached <= 60.0, "{cached} keys cached, {hits} hits");
-    assert_eq!(wrong.load(Ordering::Relaxed), 0, "every GET answered its own value");
+    assert!(
+        hits > 0.0 && cached > 0.0 && cached <= 60.0,
+        "{cached} keys cached, {hits} hits"
+    );
+    assert_eq!(
+        wrong.load(Ordering::Relaxed),
+        0,
+        "every GET answered its own value"
+    );
+    assert!(
+        listing.contains(&format!("\"key\":\"{}\"", warm[0]))
+            && listing.contains("\"read_hot_by\":\"balance\""),
+        "/hotkeys says the warm keys are read-hot by balance: {listing}"
+    );
 
     // Cached or not, a write through the proxy is read back at once.
     let k = &warm[0];
     assert_eq!(c.cmd(&["SET", k, "changed"]), Reply::ok());
     assert_eq!(c.cmd(&["GET", k]), Reply::bulk("changed"));
     assert!(
-        proxy.stderr().contains("balance: node is busier than the others"),
+        proxy
+            .stderr()
+            .contains("balance: node is busier than the others"),
         "the log says why keys were cached:\n{}",
         proxy.stderr()
     );

@@ -31,6 +31,8 @@ pub struct AdminState {
     pub views: crate::config::HotkeysConfig,
     /// Promote/demote endpoints and the salted-key listing; None in unit tests.
     pub salt: Option<Arc<dyn crate::salt::Control>>,
+    /// Node balance's thresholds, to say why a key is read-hot; None in unit tests.
+    pub balance: Option<Arc<crate::mitigate::balance::Caps>>,
 }
 
 impl AdminState {
@@ -176,6 +178,23 @@ fn refresh_hot_series(state: &AdminState, snap: &HotSnapshot) {
     }
 }
 
+/// Why a key is listed as read-hot: `rules` (its rule's threshold) or `balance` (read less
+/// often than that, on a node whose keys have a lower threshold while it is busier than the
+/// others); null when it is not read-hot or cooling.
+fn read_hot_by(state: &AdminState, k: &crate::hotkey::HotKey) -> Option<&'static str> {
+    k.read_state?;
+    let hot_at = state.rules.load().resolve(&k.key).read.hot_at_per_sec;
+    let capped = state
+        .balance
+        .as_ref()
+        .is_some_and(|b| b.for_key(&k.key) < hot_at);
+    Some(if capped && k.reads_per_sec < hot_at {
+        "balance"
+    } else {
+        "rules"
+    })
+}
+
 fn hotkeys_json(state: &AdminState, snap: &HotSnapshot) -> String {
     let keys: Vec<serde_json::Value> = snap
         .keys
@@ -188,6 +207,7 @@ fn hotkeys_json(state: &AdminState, snap: &HotSnapshot) -> String {
                 "share": k.share,
                 "state": format!("{:?}", k.state).to_lowercase(),
                 "since": k.since_unix_ms,
+                "read_hot_by": read_hot_by(state, k),
             })
         })
         .collect();
@@ -219,6 +239,7 @@ mod tests {
                 max_key_series: 1,
             },
             salt: None,
+            balance: None,
         }
     }
 

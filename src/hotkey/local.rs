@@ -4,7 +4,7 @@
 //! per window and when a tracked key's sliding count passes its next report level.
 
 use std::cell::RefCell;
-use std::sync::atomic::{AtomicUsize, AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::mpsc::Sender;
 use std::sync::Arc;
 
