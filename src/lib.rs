@@ -83,13 +83,7 @@ pub async fn run(
         write_cool_below_per_sec: rules.defaults().write.cool_below_per_sec,
     });
     let rules = rules::RulesHandle::new(rules);
-    let balance = {
-        let placement = backend.placement();
-        Arc::new(mitigate::balance::Caps::new(
-            backend.len(),
-            Box::new(move |key: &[u8]| placement.as_ref().map_or(0, |p| p.node_for(key))),
-        ))
-    };
+    let balance = Arc::new(mitigate::balance::Chosen::default());
     detector.set_key_thresholds(Some(Arc::new(RuleThresholds {
         rules: rules.clone(),
         balance: balance.clone(),
@@ -231,11 +225,11 @@ async fn listeners(cfg: &config::Config, upgrade: bool) -> Result<Listeners, Str
     Ok((client, admin, None))
 }
 
-/// Per-key detection thresholds: the rules in force, with the read threshold of a cached
-/// key lowered while its node is busier than the others (`mitigate::balance`).
+/// Per-key detection thresholds: the rules in force, with the read threshold of the keys
+/// node balance chose lowered (`mitigate::balance`).
 struct RuleThresholds {
     rules: rules::RulesHandle,
-    balance: Arc<mitigate::balance::Caps>,
+    balance: Arc<mitigate::balance::Chosen>,
 }
 
 impl hotkey::KeyThresholds for RuleThresholds {

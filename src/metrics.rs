@@ -81,7 +81,7 @@ pub struct Metrics {
     pub rules_generation: Gauge,
     pub rules_last_reload_failed: Gauge,
     pub mitigated_keys: Family<HotKindLabel, Gauge>,
-    pub balance_read_hot_at: Family<NodeLabel, Gauge<f64, AtomicU64>>,
+    pub balance_keys: Family<NodeLabel, Gauge>,
     pub combine: crate::mitigate::combine::CombineMetrics,
     pub cache: crate::mitigate::cache::CacheMetrics,
     pub salt: crate::salt::SaltMetrics,
@@ -121,7 +121,7 @@ impl Metrics {
             rules_generation: Gauge::default(),
             rules_last_reload_failed: Gauge::default(),
             mitigated_keys: Family::default(),
-            balance_read_hot_at: Family::default(),
+            balance_keys: Family::default(),
             combine: Default::default(),
             cache: Default::default(),
             salt: Default::default(),
@@ -209,9 +209,9 @@ impl Metrics {
             m.mitigated_keys.clone(),
         );
         r.register(
-            "balance_read_hot_at_per_sec",
-            "Read-hot threshold in force for the keys of each node: below the rules' own while balance caches the hottest keys of a node busier than the others",
-            m.balance_read_hot_at.clone(),
+            "balance_keys",
+            "Keys of each node made read-hot by balance (cached to take load off a node busier than the others)",
+            m.balance_keys.clone(),
         );
         r.register(
             "combined_writes",

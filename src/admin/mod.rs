@@ -31,8 +31,8 @@ pub struct AdminState {
     pub views: crate::config::HotkeysConfig,
     /// Promote/demote endpoints and the salted-key listing; None in unit tests.
     pub salt: Option<Arc<dyn crate::salt::Control>>,
-    /// Node balance's thresholds, to say why a key is read-hot; None in unit tests.
-    pub balance: Option<Arc<crate::mitigate::balance::Caps>>,
+    /// The keys node balance chose, to say why a key is read-hot; None in unit tests.
+    pub balance: Option<Arc<crate::mitigate::balance::Chosen>>,
 }
 
 impl AdminState {
@@ -178,17 +178,13 @@ fn refresh_hot_series(state: &AdminState, snap: &HotSnapshot) {
     }
 }
 
-/// Why a key is listed as read-hot: `rules` (its rule's threshold) or `balance` (read less
-/// often than that, on a node whose keys have a lower threshold while it is busier than the
-/// others); null when it is not read-hot or cooling.
+/// Why a key is listed as read-hot: `rules` (its rule's threshold) or `balance` (chosen to
+/// take load off a node busier than the others); null when it is not read-hot or cooling.
 fn read_hot_by(state: &AdminState, k: &crate::hotkey::HotKey) -> Option<&'static str> {
     k.read_state?;
     let hot_at = state.rules.load().resolve(&k.key).read.hot_at_per_sec;
-    let capped = state
-        .balance
-        .as_ref()
-        .is_some_and(|b| b.for_key(&k.key) < hot_at);
-    Some(if capped && k.reads_per_sec < hot_at {
+    let chosen = state.balance.as_ref().is_some_and(|b| b.contains(&k.key));
+    Some(if chosen && k.reads_per_sec < hot_at {
         "balance"
     } else {
         "rules"

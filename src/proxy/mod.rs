@@ -215,7 +215,7 @@ pub fn spawn_hot_updater(ctx: Arc<Ctx>) {
 }
 
 /// Runs the node-balance controller (see `mitigate::balance`) on a pool of nodes.
-pub fn spawn_balancer(ctx: Arc<Ctx>, caps: Arc<crate::mitigate::balance::Caps>) {
+pub fn spawn_balancer(ctx: Arc<Ctx>, chosen: Arc<crate::mitigate::balance::Chosen>) {
     if ctx.backend.len() < 2 {
         return;
     }
@@ -225,7 +225,7 @@ pub fn spawn_balancer(ctx: Arc<Ctx>, caps: Arc<crate::mitigate::balance::Caps>) 
         .iter()
         .map(|n| {
             ctx.metrics
-                .balance_read_hot_at
+                .balance_keys
                 .get_or_create(&crate::metrics::NodeLabel {
                     node: n.addr.clone(),
                 })
@@ -234,7 +234,7 @@ pub fn spawn_balancer(ctx: Arc<Ctx>, caps: Arc<crate::mitigate::balance::Caps>) 
         .collect();
     tokio::spawn(async move {
         crate::mitigate::balance::run(
-            caps,
+            chosen,
             &ctx.backend,
             &ctx.detector,
             ctx.rules.clone(),
