@@ -152,9 +152,9 @@ impl Controller {
     /// so keys the cache could take may be out of view.
     ///
     /// A node over the mean by more than the margin gets its hottest cold keys chosen, as
-    /// many as bring it within the margin of the mean after the change, but never so many
-    /// that the busiest node ends up further over the mean than now (taking a node's whole
-    /// load leaves the others over a lower mean). A node clearly under the mean (a dead band
+    /// many as bring it to the mean after the change, or as close to the
+    /// mean as it gets, and none when that would leave it further from the mean than now
+    /// (a node whose load is one key read by everyone). A node clearly under the mean (a dead band
     /// of twice the margin, so a node just balanced does not give keys back at once) gives
     /// its coolest chosen keys back, as many as keep it at most at the mean.
     pub fn step(
@@ -190,25 +190,25 @@ impl Controller {
             if self.held[i] > 0 {
                 self.held[i] -= 1;
             } else if load > mean * (1.0 + band) && load - mean >= floor {
-                // Over (by more than one key at the floor could fix).
-                let others = loads
-                    .iter()
-                    .enumerate()
-                    .filter(|(j, _)| *j != i)
-                    .filter_map(|(_, l)| *l)
-                    .fold(0.0, f64::max);
-                let now_max = load.max(others) / mean.max(f64::MIN_POSITIVE);
+                // Over (by more than one key at the floor could fix). Judged by the node's
+                // own distance from the mean after the change: when several nodes are over
+                // they all shed in the same step, so the busiest of the others is no guide.
+                let gap = |l: f64, m: f64| (l / m.max(f64::MIN_POSITIVE) - 1.0).abs();
+                let now_gap = gap(load, mean);
                 let (mut taken, mut best, mut reached) = (0.0, None::<(usize, f64)>, false);
                 let cold = k.cold.iter().take_while(|(_, r)| *r >= floor);
                 for (j, (_, r)) in cold.enumerate() {
                     taken += r;
-                    let mean_after = (mean - taken / n).max(f64::MIN_POSITIVE);
-                    let after = (load - taken) / mean_after;
-                    let max_after = (load - taken).max(others) / mean_after;
-                    if max_after < now_max && best.map_or(true, |(_, m)| max_after < m) {
-                        best = Some((j + 1, max_after));
+                    let mean_after = mean - taken / n;
+                    let after = (load - taken) / mean_after.max(f64::MIN_POSITIVE);
+                    let g = gap(load - taken, mean_after);
+                    if g < now_gap && best.map_or(true, |(_, b)| g < b) {
+                        best = Some((j + 1, g));
                     }
-                    if after <= 1.0 + band {
+                    // Aim at the mean, not the margin: the tracked rates are estimates
+                    // (a Count-Min sketch over-counts), and a node aimed at the edge of the
+                    // margin took many steps to get inside it (bench/read_hot.sh).
+                    if after <= 1.0 {
                         reached = true;
                     }
                     if reached || after < 1.0 - 2.0 * band {
@@ -451,14 +451,14 @@ mod tests {
     #[test]
     fn some_of_many_keys_read_alike_are_chosen_and_a_whole_node_is_never_taken() {
         let mut c = Controller::new(2);
-        // 20 keys at 50/s on a node 300/s over the other: 4 of them bring it within 5%
-        // of the mean (1100 against 1050).
+        // 20 keys at 50/s on a node 300/s over the other: 6 of them bring it to the mean
+        // (1000 against 1000).
         let flat: Vec<(Box<[u8]>, f64)> = (0..20).map(|i| (key(&format!("f{i}")), 50.0)).collect();
         let keys = vec![cold(flat), cold(vec![])];
         c.step(&[Some(1300.0), Some(1000.0)], &keys, &cfg(), false);
-        assert_eq!(c.chosen[0].len(), 4);
-        // A node whose whole load is one key: taking it would only move the skew (the
-        // other node would be at 2x a mean of 350).
+        assert_eq!(c.chosen[0].len(), 6);
+        // A node whose whole load is one key: taking it would only move the skew (the node
+        // would be at 0, further from a mean of 350 than it is now from 1000).
         let mut c = Controller::new(2);
         let keys = vec![cold(vec![(key("x"), 1300.0)]), cold(vec![])];
         c.step(&[Some(1300.0), Some(700.0)], &keys, &cfg(), false);
