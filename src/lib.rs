@@ -11,7 +11,7 @@
 //! | `rules`    | hot-key rules (YAML): thresholds, strategies, live reload              |
 //! | `policy`   | decide(command, hot set) -> Action; pure                               |
 //! | `mitigate` | combine (batched increments, exact replies); cache (read-hot replies); |
-//! |            | balance (lower read-hot thresholds on a node busier than the others)   |
+//! |            | balance (a busy node's hottest keys made read-hot)                     |
 //! | `salt`     | salted keys (counters, sets, HLLs, zsets): merges, registry, fold      |
 //! | `backend`  | nodes, shared pipelined connections, placement, tracking invalidation  |
 //! | `proxy`    | listener, session (read, classify, observe, decide, act, reply)        |
@@ -225,8 +225,8 @@ async fn listeners(cfg: &config::Config, upgrade: bool) -> Result<Listeners, Str
     Ok((client, admin, None))
 }
 
-/// Per-key detection thresholds: the rules in force, with the read threshold of the keys
-/// node balance chose lowered (`mitigate::balance`).
+/// Per-key detection thresholds: the rules in force, and `balance.min_reads_per_sec` for the
+/// keys node balance chose (`mitigate::balance`).
 struct RuleThresholds {
     rules: rules::RulesHandle,
     balance: Arc<mitigate::balance::Chosen>,

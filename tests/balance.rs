@@ -171,8 +171,7 @@ fn a_node_made_busy_by_warm_keys_is_evened_out_by_caching_its_hottest_keys() {
     let (_, listing) = proxy.admin_get("/hotkeys");
     stop.store(true, Ordering::Relaxed);
     load.join().unwrap();
-    // Within 15% of what the other keys' placement allows (the rest are read at equal
-    // rates, so caching some of them could only overshoot).
+    // Within 15% of the figure the other keys' placement alone gives.
     assert!(
         skew_on < skew_rest * 1.15 && skew_on < skew_off / 1.5,
         "with balance GETs per node {on:?} ({skew_on:.2}), off was {off:?} ({skew_off:.2}), \

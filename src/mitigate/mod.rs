@@ -2,7 +2,7 @@
 //!
 //! `combine`: same-key increments batched into one backend write with exact replies.
 //! `cache`: replies of read-hot keys, single-flight fills, invalidated by writes and tracking.
-//! `balance`: per-node read-hot thresholds, lowered on a node busier than the others.
+//! `balance`: the hottest keys of a node busier than the others, made read-hot for the cache.
 //! Salting (write-hot keys spread over shard keys) lives in `salt`.
 
 pub mod balance;
