@@ -179,8 +179,10 @@ fn a_node_made_busy_by_warm_keys_is_evened_out_by_caching_its_hottest_keys() {
          {picked} keys chosen at first, {cached} cached, {hits} hits; the proxy's steps:\n{}",
         steps(&proxy)
     );
+    // The warm keys, and some of the others where their placement is uneven (each is read
+    // at ~50/s, over the floor), but never most of the key space.
     assert!(
-        hits > 0.0 && cached > 0.0 && cached <= 60.0,
+        hits > 0.0 && cached > 0.0 && cached <= 200.0,
         "{cached} keys cached, {hits} hits"
     );
     assert_eq!(
