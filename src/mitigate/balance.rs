@@ -298,6 +298,7 @@ pub async fn run(
     let mut prev = count();
     let mut last = Instant::now();
     let mut ctl = Controller::new(nodes.len());
+    let snaps = detector.subscribe();
     loop {
         let r = rules.load();
         let window = Duration::from_millis(r.window_ms().max(100));
@@ -315,7 +316,7 @@ pub async fn run(
             .collect();
         prev = counts;
         last = now;
-        let snap = detector.subscribe().borrow().clone();
+        let snap = snaps.borrow().clone();
         let keys = node_keys(
             &snap,
             nodes.len(),

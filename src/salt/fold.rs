@@ -310,14 +310,23 @@ async fn apply(backend: &Backend, key: &[u8], rec: &Record, mv: &Move) -> Result
         ]);
         add.extend([field, Bytes::from(v.to_string())]);
     }
+    take_then_add(backend, &shard, key, wire(&take), wire(&add)).await
+}
+
+/// A take-and-add move (counters, sorted sets, field hashes): the take script on the shard's
+/// node, then the add script on the base key's node, each followed by its failpoint.
+pub(super) async fn take_then_add(
+    backend: &Backend,
+    shard: &[u8],
+    key: &[u8],
+    take: Bytes,
+    add: Bytes,
+) -> Result<(), String> {
     steps(
         backend,
         vec![
-            (
-                vec![(backend.node_of(&shard), wire(&take))],
-                "fold-after-take",
-            ),
-            (vec![(backend.node_of(key), wire(&add))], "fold-after-add"),
+            (vec![(backend.node_of(shard), take)], "fold-after-take"),
+            (vec![(backend.node_of(key), add)], "fold-after-add"),
         ],
     )
     .await

@@ -743,17 +743,7 @@ pub async fn apply(backend: &Backend, key: &[u8], rec: &Record, mv: &Move) -> Re
         add.extend([m, s.clone().into_bytes()]);
     }
     let wire = |a: &[Vec<u8>]| crate::backend::wire(a);
-    fold::steps(
-        backend,
-        vec![
-            (
-                vec![(backend.node_of(&shard), wire(&take))],
-                "fold-after-take",
-            ),
-            (vec![(backend.node_of(key), wire(&add))], "fold-after-add"),
-        ],
-    )
-    .await
+    fold::take_then_add(backend, &shard, key, wire(&take), wire(&add)).await
 }
 
 #[cfg(test)]
