@@ -5,20 +5,21 @@
 set -euo pipefail
 
 # Debian package -> a binary (or check) that proves it is installed.
-PACKAGES=(redis-server redis-tools nutcracker cmake python3-venv prometheus pkg-config tmux)
+PACKAGES=(redis-server redis-tools nutcracker cmake python3 python3-venv prometheus pkg-config tmux)
 
+# Names every missing tool; fails if any is missing.
 have_all() {
-    local bin
+    local bin ok=0
     for bin in redis-server redis-cli redis-benchmark nutcracker cmake prometheus promtool \
-        pkg-config tmux; do
-        command -v "$bin" >/dev/null 2>&1 || { echo "install-deps: missing $bin"; return 1; }
+        pkg-config tmux python3; do
+        command -v "$bin" >/dev/null 2>&1 || { echo "install-deps: missing $bin"; ok=1; }
     done
     # python3-venv: Debian's python3 cannot make a venv (no ensurepip) without it.
     if [ -x /usr/bin/python3 ]; then
         /usr/bin/python3 -c 'import ensurepip, venv' >/dev/null 2>&1 \
-            || { echo "install-deps: missing python3-venv"; return 1; }
+            || { echo "install-deps: missing python3-venv"; ok=1; }
     fi
-    return 0
+    return "$ok"
 }
 
 # The Debian packages start their daemons as services; the tests start their own
@@ -47,6 +48,14 @@ stop_services() {
         fi
     done
 }
+
+# --check: only report what is missing (exit 1 if anything is), install nothing.
+if [ "${1:-}" = --check ]; then
+    ok=0
+    have_all || ok=1
+    command -v cargo >/dev/null 2>&1 || { echo "install-deps: missing cargo"; ok=1; }
+    exit "$ok"
+fi
 
 # INSTALL_DEPS_FORCE=1 runs apt even when everything looks present.
 if [ "${INSTALL_DEPS_FORCE:-0}" != 1 ] && have_all; then

@@ -44,6 +44,22 @@ count() {
     fi
 }
 
+# The integration tests need real servers and clients. A missing tool is a failed run,
+# never a skipped test: as root, install-deps.sh installs what is missing; otherwise
+# the run stops here and names every missing tool.
+step "tools the tests need"
+missing=$(bash scripts/install-deps.sh --check 2>&1) || {
+    if [ "$(id -u)" -eq 0 ]; then
+        bash scripts/install-deps.sh || { failed=$((failed + 1)); finish 1; }
+    else
+        echo "$missing"
+        echo "test.sh: missing tools (install them with: sudo scripts/install-deps.sh)"
+        failed=$((failed + 1))
+        finish 1
+    fi
+}
+echo "all tools present"
+
 step "cargo fmt --all -- --check (warning only)"
 if ! cargo fmt --all -- --check >"$logdir/fmt.log" 2>&1; then
     echo "warning: cargo fmt would change these files:"

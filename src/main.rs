@@ -45,6 +45,9 @@ struct Cli {
     /// Worker threads (0 = one per core).
     #[arg(long)]
     threads: Option<usize>,
+    /// A client waiting longer than this for a node gets an error (0 = wait forever).
+    #[arg(long)]
+    request_timeout_ms: Option<u64>,
     /// Unix socket for zero-downtime upgrades (this process hands over its sockets there).
     #[arg(long)]
     upgrade_socket: Option<PathBuf>,
@@ -243,6 +246,9 @@ fn load(cli: &Cli) -> Result<Config, String> {
     }
     if let Some(v) = &cli.upgrade_socket {
         cfg.upgrade_socket = Some(v.clone());
+    }
+    if let Some(v) = cli.request_timeout_ms {
+        cfg.backend.request_timeout_ms = v;
     }
     if let Some(v) = cli.threads {
         cfg.threads = v;

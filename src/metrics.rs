@@ -39,6 +39,10 @@ pub struct NodeLabel {
     pub node: String,
 }
 
+/// The kinds of `saltshaker_backend_errors_total`, each created at 0 for every node when
+/// the proxy starts, so `rate()` over a node that never failed is 0, not "no data".
+pub const ERROR_KINDS: [&str; 5] = ["connect", "io", "timeout", "down", "protocol"];
+
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct NodeErrorLabel {
     pub node: String,
@@ -88,6 +92,19 @@ pub struct Metrics {
 }
 
 impl Metrics {
+    /// Creates a node's labelled series at 0 (errors of every kind, balanced keys).
+    pub fn add_node(&self, node: &str) {
+        for kind in ERROR_KINDS {
+            let _ = self.backend_errors.get_or_create(&NodeErrorLabel {
+                node: node.to_string(),
+                kind,
+            });
+        }
+        let _ = self.balance_keys.get_or_create(&NodeLabel {
+            node: node.to_string(),
+        });
+    }
+
     /// Creates every series and registers it in `registry` under the `saltshaker_` prefix.
     pub fn new(registry: &mut Registry) -> Metrics {
         // One statement per label set: get_or_create returns a read guard, and a second call
@@ -126,6 +143,12 @@ impl Metrics {
             cache: Default::default(),
             salt: Default::default(),
         };
+
+        // Labelled series with a fixed label set exist from the start, at 0.
+        for kind in ["read", "write"] {
+            let _ = m.hot_keys.get_or_create(&HotKindLabel { kind });
+            let _ = m.mitigated_keys.get_or_create(&HotKindLabel { kind });
+        }
 
         let r = registry.sub_registry_with_prefix("saltshaker");
         r.register(

@@ -14,9 +14,7 @@ fn config(dir: &TempDir, backend_extra: &str) -> String {
 
 #[test]
 fn backend_password_and_acl_user_are_used() {
-    if !have_redis() {
-        return;
-    }
+    need_redis();
     let node = Redis::start_with(&["--requirepass", "s3cret"]);
     let mut admin = node.client();
     assert_eq!(admin.cmd(&["AUTH", "s3cret"]).as_str(), "OK");
@@ -40,9 +38,7 @@ fn backend_password_and_acl_user_are_used() {
 
 #[test]
 fn wrong_backend_password_is_a_clear_error_and_the_proxy_keeps_serving() {
-    if !have_redis() {
-        return;
-    }
+    need_redis();
     let node = Redis::start_with(&["--requirepass", "right"]);
     let dir = TempDir::new("auth-wrong");
     let cfg = config(&dir, "  password: wrong\n");

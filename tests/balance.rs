@@ -54,9 +54,7 @@ fn max_over_mean(v: &[i64]) -> f64 {
 
 #[test]
 fn a_node_made_busy_by_warm_keys_is_evened_out_by_caching_its_hottest_keys() {
-    if !have_redis() {
-        return;
-    }
+    need_redis();
     let nodes = pool(4);
     let refs: Vec<&Redis> = nodes.iter().collect();
     let dir = TempDir::new("balance");

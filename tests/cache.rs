@@ -40,9 +40,7 @@ fn warm(c: &mut Client, key: &str) {
 
 #[test]
 fn a_stampede_of_readers_costs_one_fetch_per_refresh() {
-    if !have_redis() {
-        return;
-    }
+    need_redis();
     let node = Redis::start();
     let dir = TempDir::new("cache-stampede");
     let p = proxy(&[&node], &dir);
@@ -89,9 +87,7 @@ fn a_stampede_of_readers_costs_one_fetch_per_refresh() {
 
 #[test]
 fn never_stale_after_own_write_and_fast_after_a_direct_write() {
-    if !have_redis() {
-        return;
-    }
+    need_redis();
     let node = Redis::start();
     let dir = TempDir::new("cache-fresh");
     let p = proxy(&[&node], &dir);
@@ -141,9 +137,7 @@ fn never_stale_after_own_write_and_fast_after_a_direct_write() {
 
 #[test]
 fn rules_without_cache_and_resp3_clients_go_to_the_node() {
-    if !have_redis() {
-        return;
-    }
+    need_redis();
     let node = Redis::start();
     let dir = TempDir::new("cache-off");
     let p = proxy(&[&node], &dir);
@@ -190,9 +184,7 @@ fn values(r: &Reply) -> Vec<String> {
 
 #[test]
 fn mget_serves_read_hot_keys_from_the_cache_and_cold_keys_from_their_nodes() {
-    if !have_redis() {
-        return;
-    }
+    need_redis();
     let nodes = pool(2);
     let dir = TempDir::new("cache-mget");
     let p = proxy(&nodes.iter().collect::<Vec<_>>(), &dir);
@@ -269,9 +261,7 @@ fn mget_serves_read_hot_keys_from_the_cache_and_cold_keys_from_their_nodes() {
 
 #[test]
 fn mget_sees_a_write_to_a_read_hot_key_at_once() {
-    if !have_redis() {
-        return;
-    }
+    need_redis();
     let nodes = pool(2);
     let dir = TempDir::new("cache-mget-ryw");
     let p = proxy(&nodes.iter().collect::<Vec<_>>(), &dir);

@@ -10,14 +10,14 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use prometheus_client::registry::Registry;
 use saltshaker::backend::tracking::{Filler, Invalidation, Tracker};
-use saltshaker::backend::{wire, Backend, ConnHandle, Job};
+use saltshaker::backend::{wire, Backend, ConnHandle};
 use saltshaker::config::BackendConfig;
 use saltshaker::metrics::Metrics;
 use saltshaker::mitigate::cache::{Cache, CacheMetrics, Cause};
 use saltshaker::resp::Proto;
 use saltshaker::rules::CachePolicy;
-use support::{have_redis, Redis};
-use tokio::sync::{mpsc, oneshot};
+use support::{need_redis, Redis};
+use tokio::sync::mpsc;
 
 type Events = mpsc::UnboundedReceiver<(Instant, Invalidation)>;
 
@@ -75,18 +75,10 @@ async fn until<T>(what: &str, mut f: impl FnMut() -> Option<T>) -> T {
 }
 
 async fn call(conn: ConnHandle, cmd: Bytes) -> Result<Bytes, String> {
-    let (tx, rx) = oneshot::channel();
-    conn.send(Job {
-        data: [cmd].into_iter().collect(),
-        count: 1,
-        tx,
-    })
-    .await;
-    match rx.await {
-        Ok(Ok(r)) => Ok(r.get(0)),
-        Ok(Err(e)) => Err(e.to_string()),
-        Err(_) => Err("connection lost".into()),
-    }
+    conn.call([cmd].into_iter().collect(), 1, None)
+        .await
+        .map(|r| r.get(0))
+        .map_err(|e| e.to_string())
 }
 
 /// GET through the cache, filled through the tracked connection.
@@ -122,9 +114,7 @@ fn bulk(s: &str) -> Bytes {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn writes_from_elsewhere_invalidate_the_cache_within_milliseconds() {
-    if !have_redis() {
-        return;
-    }
+    need_redis();
     let mut redis = Redis::start();
     let mut r = rig(&redis);
     let mut plain = redis.client();

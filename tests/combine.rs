@@ -26,9 +26,7 @@ fn proxy_with_rules(nodes: &[&Redis], dir: &TempDir) -> Proxy {
 
 #[test]
 fn concurrent_incrs_get_exact_distinct_replies_and_lose_nothing() {
-    if !have_redis() {
-        return;
-    }
+    need_redis();
     let nodes = pool(2);
     let dir = TempDir::new("combine");
     let proxy = proxy_with_rules(&[&nodes[0], &nodes[1]], &dir);
@@ -100,9 +98,7 @@ fn concurrent_incrs_get_exact_distinct_replies_and_lose_nothing() {
 
 #[test]
 fn mixed_deltas_and_hash_fields_sum_exactly() {
-    if !have_redis() {
-        return;
-    }
+    need_redis();
     let nodes = pool(2);
     let dir = TempDir::new("combine-mixed");
     let proxy = proxy_with_rules(&[&nodes[0], &nodes[1]], &dir);
@@ -147,9 +143,7 @@ fn mixed_deltas_and_hash_fields_sum_exactly() {
 
 #[test]
 fn a_batch_that_errors_gives_each_caller_its_own_answer() {
-    if !have_redis() {
-        return;
-    }
+    need_redis();
     let node = Redis::start();
     let dir = TempDir::new("combine-err");
     let proxy = proxy_with_rules(&[&node], &dir);

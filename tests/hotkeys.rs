@@ -106,9 +106,7 @@ fn pool_and_proxy(extra: &[&str]) -> (Vec<Redis>, Proxy) {
 
 #[test]
 fn viral_key_turns_hot_within_a_second_then_cools_and_leaves() {
-    if !have_redis() {
-        return;
-    }
+    need_redis();
     let _serial = one_at_a_time();
     let (_nodes, p) = pool_and_proxy(&[]);
     let addr = p.addr();
@@ -235,9 +233,7 @@ fn viral_key_turns_hot_within_a_second_then_cools_and_leaves() {
 
 #[test]
 fn uniform_load_at_a_high_rate_has_no_hot_key() {
-    if !have_redis() {
-        return;
-    }
+    need_redis();
     let _serial = one_at_a_time();
     // The rules' thresholds are under test: node balance (which may make keys of a node
     // with more of the ten keys read-hot at a lower rate) is tested in tests/balance.rs.
@@ -364,9 +360,7 @@ fn paced_incr(
 
 #[test]
 fn rules_set_per_key_thresholds_and_reload_live_without_dropping_clients() {
-    if !have_redis() {
-        return;
-    }
+    need_redis();
     let _serial = one_at_a_time();
     let dir = TempDir::new("hotkey-rules");
     let path = dir.0.join("rules.yaml");
@@ -458,9 +452,7 @@ fn rules_set_per_key_thresholds_and_reload_live_without_dropping_clients() {
 /// share; the mean over windows is exact.
 #[test]
 fn bursty_client_on_several_threads_is_counted_at_its_real_rate() {
-    if !have_redis() {
-        return;
-    }
+    need_redis();
     let _serial = one_at_a_time();
     let dir = TempDir::new("hotkey-bursty");
     let path = dir.0.join("rules.yaml");

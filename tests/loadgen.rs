@@ -30,9 +30,7 @@ fn incr_only() -> Mix {
 
 #[test]
 fn counted_run_answers_every_request_and_the_node_saw_exactly_those() {
-    if !have_redis() {
-        return;
-    }
+    need_redis();
     let (a, b) = (Redis::start(), Redis::start());
     let r = run_blocking(BenchArgs {
         // Not a multiple of clients x pipeline: the last batches are partial.
@@ -55,9 +53,7 @@ fn counted_run_answers_every_request_and_the_node_saw_exactly_those() {
 
 #[test]
 fn viral_key_gets_its_share_and_its_value_equals_the_reported_count() {
-    if !have_redis() {
-        return;
-    }
+    need_redis();
     let node = Redis::start();
     let r = run_blocking(BenchArgs {
         requests: Some(20_000),
@@ -87,9 +83,7 @@ fn viral_key_gets_its_share_and_its_value_equals_the_reported_count() {
 
 #[test]
 fn zipf_run_puts_the_most_load_on_key_zero() {
-    if !have_redis() {
-        return;
-    }
+    need_redis();
     let node = Redis::start();
     let r = run_blocking(BenchArgs {
         requests: Some(20_000),
@@ -120,9 +114,7 @@ fn zipf_run_puts_the_most_load_on_key_zero() {
 
 #[test]
 fn duration_ends_the_run_and_rate_caps_it() {
-    if !have_redis() {
-        return;
-    }
+    need_redis();
     let node = Redis::start();
     let r = run_blocking(BenchArgs {
         duration_ms: 600,
@@ -154,9 +146,7 @@ fn duration_ends_the_run_and_rate_caps_it() {
 
 #[test]
 fn node_dying_mid_run_is_reported_not_hung() {
-    if !have_redis() {
-        return;
-    }
+    need_redis();
     let mut node = Redis::start();
     let addr = node.addr();
     let r = std::thread::scope(|s| {

@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 use serde::Deserialize;
 use serde_json::Value as Json;
 use serde_yaml_ng::Value as Yaml;
-use support::{have_redis, have_tool, saltshaker, Proxy, Redis, TempDir};
+use support::{saltshaker, Proxy, Redis, TempDir};
 
 /// Series the rules and dashboards may name before a running proxy shows them: each is
 /// (exported name, the name it is registered under in src/metrics.rs). Accepted only while
@@ -113,9 +113,7 @@ fn scrape_until(proxy: &Proxy, prefix: &str, wait: Duration, mut poke: impl FnMu
 
 #[test]
 fn every_metric_in_alerts_and_dashboards_is_exported() {
-    if !have_redis() {
-        return;
-    }
+    support::need_redis();
     let redis = Redis::start();
     let rules = root().join("rules/default.yaml");
     let proxy = Proxy::start(&[&redis], &["--rules", &support::path_str(&rules)]);
@@ -264,10 +262,7 @@ fn json_strings(v: &Json, key: &str, out: &mut String) {
 
 #[test]
 fn promtool_checks_and_unit_tests_the_alert_rules() {
-    if !have_tool("promtool") {
-        eprintln!("\n!!!!!! promtool is not installed: SKIPPING the alert rule checks !!!!!!\n");
-        return;
-    }
+    support::need_tool("promtool");
     for args in [
         &["check", "rules", "alerts.yaml"][..],
         &["test", "rules", "alerts_test.yaml"][..],
@@ -498,7 +493,8 @@ fn deploy_files_parse_and_agree_with_the_proxy() {
         .as_str()
         .and_then(|a| a.rsplit(':').next()?.parse().ok())
         .expect("admin port");
-    if have_redis() {
+    support::need_redis();
+    {
         let redis = Redis::start();
         let proxy = Proxy::start(&[&redis], &["--rules", &support::path_str(&rules_path)]);
         assert_eq!(proxy.admin_get("/healthz").0, 200);

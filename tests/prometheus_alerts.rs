@@ -265,15 +265,8 @@ fn bench(target: &str, rate: u64, workload: Workload, mix: Mix) -> BenchArgs {
 /// The lock that runs the Prometheus tests one at a time, or None (the test is skipped)
 /// when redis-server or prometheus is missing.
 fn serial_with_prometheus() -> Option<std::sync::MutexGuard<'static, ()>> {
-    if !have_redis() {
-        return None;
-    }
-    if !have_tool("prometheus") {
-        eprintln!(
-            "\n!!!!!! prometheus is not installed: SKIPPING the Prometheus alert test !!!!!!\n"
-        );
-        return None;
-    }
+    need_redis();
+    need_tool("prometheus");
     Some(SERIAL.lock().unwrap_or_else(|e| e.into_inner()))
 }
 

@@ -58,9 +58,7 @@ fn show(b: &[u8]) -> String {
 
 #[test]
 fn malformed_resp_gets_a_protocol_error_and_only_that_connection_closes() {
-    if !have_redis() {
-        return;
-    }
+    need_redis();
     let node = Redis::start();
     // Redis itself, with a bulk limit equal to the proxy's, is the oracle for the reply text.
     let reference = Redis::start_with(&["--proto-max-bulk-len", "1mb"]);
@@ -122,9 +120,7 @@ fn malformed_resp_gets_a_protocol_error_and_only_that_connection_closes() {
 
 #[test]
 fn null_and_empty_multibulks_are_skipped_like_redis() {
-    if !have_redis() {
-        return;
-    }
+    need_redis();
     let node = Redis::start();
     let reference = Redis::start();
     let proxy = Proxy::start(&[&node], &[]);
@@ -141,9 +137,7 @@ fn null_and_empty_multibulks_are_skipped_like_redis() {
 
 #[test]
 fn unknown_commands_get_redis_errors_and_the_connection_stays_open() {
-    if !have_redis() {
-        return;
-    }
+    need_redis();
     let node = Redis::start();
     let reference = Redis::start();
     let proxy = Proxy::start(&[&node], &[]);
@@ -173,9 +167,7 @@ fn unknown_commands_get_redis_errors_and_the_connection_stays_open() {
 
 #[test]
 fn unsupported_commands_get_a_saltshaker_error_and_nothing_reaches_the_node() {
-    if !have_redis() {
-        return;
-    }
+    need_redis();
     for n in [1, 2] {
         let nodes = pool(n);
         let refs: Vec<&Redis> = nodes.iter().collect();
@@ -208,9 +200,7 @@ fn unsupported_commands_get_a_saltshaker_error_and_nothing_reaches_the_node() {
 
 #[test]
 fn a_dead_node_fails_fast_for_its_keys_only_and_comes_back() {
-    if !have_redis() {
-        return;
-    }
+    need_redis();
     let mut nodes = pool(4);
     let proxy = {
         let refs: Vec<&Redis> = nodes.iter().collect();
@@ -405,9 +395,7 @@ fn check_accepts_a_good_file_and_points_at_the_problem_in_bad_ones() {
 
 #[test]
 fn sigterm_flushes_every_owed_reply_before_closing() {
-    if !have_redis() {
-        return;
-    }
+    need_redis();
     let node = Redis::start();
     let mut proxy = Proxy::start(&[&node], &[]);
     let mut c = proxy.client();
@@ -457,9 +445,7 @@ fn sigterm_flushes_every_owed_reply_before_closing() {
 
 #[test]
 fn a_client_vanishing_mid_pipeline_does_not_disturb_others() {
-    if !have_redis() {
-        return;
-    }
+    need_redis();
     let node = Redis::start();
     let proxy = Proxy::start(&[&node], &[]);
     let mut steady = proxy.client();
@@ -491,9 +477,7 @@ fn a_client_vanishing_mid_pipeline_does_not_disturb_others() {
 
 #[test]
 fn a_blocked_client_that_disconnects_does_not_swallow_a_later_push() {
-    if !have_redis() {
-        return;
-    }
+    need_redis();
     let node = Redis::start();
     let proxy = Proxy::start(&[&node], &[]);
     let mut waiter = proxy.client();

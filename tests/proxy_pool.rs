@@ -549,10 +549,8 @@ fn nutcracker(servers: &[String], hash: &str) -> Nutcracker {
 
 #[test]
 fn placement_matches_twemproxy() {
-    if !have_redis() || !have_tool("nutcracker") {
-        eprintln!("!!! nutcracker not installed: skipping placement_matches_twemproxy");
-        return;
-    }
+    need_redis();
+    need_tool("nutcracker");
     let nodes = pool(4);
     let keys = spread_keys("compat", 300);
     let plain: Vec<String> = nodes.iter().map(|n| format!("{}:1", n.addr())).collect();

@@ -973,9 +973,7 @@ fn a_command_sent_one_byte_at_a_time_is_not_an_error() {
 
 #[test]
 fn auth_with_a_proxy_password_behaves_like_requirepass() {
-    if !have_redis() {
-        return;
-    }
+    need_redis();
     let node = Redis::start();
     let reference = Redis::start_with(&["--requirepass", "s3cret"]);
     let proxy = Proxy::start(&[&node], &["--password", "s3cret"]);

@@ -7,15 +7,12 @@ use std::io::Write;
 use std::process::{Command, Stdio};
 use support::*;
 
+/// Fails the test, naming the tool, when a real client is missing.
 fn tools() -> bool {
-    if !have_redis() {
-        return false;
-    }
-    let ok = have_tool("redis-cli") && have_tool("redis-benchmark");
-    if !ok {
-        eprintln!("!!! redis-cli or redis-benchmark missing: skipping the real-client tests");
-    }
-    ok
+    need_redis();
+    need_tool("redis-cli");
+    need_tool("redis-benchmark");
+    true
 }
 
 fn cli(port: u16, args: &[&str]) -> String {

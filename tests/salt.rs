@@ -98,9 +98,7 @@ fn get_int(p: &Proxy, key: &str) -> i64 {
 
 #[test]
 fn promoted_key_spreads_over_four_nodes_and_reads_through_either_proxy_are_exact() {
-    if !have_redis() {
-        return;
-    }
+    need_redis();
     let (nodes, _dir, rules) = setup("salt-promote");
     let (a, b) = (proxy(&nodes, &rules, &[]), proxy(&nodes, &rules, &[]));
     let key = "ctr:final";
@@ -198,9 +196,7 @@ fn promoted_key_spreads_over_four_nodes_and_reads_through_either_proxy_are_exact
 
 #[test]
 fn demotion_folds_every_shard_into_the_base_key_and_nothing_is_lost() {
-    if !have_redis() {
-        return;
-    }
+    need_redis();
     let (nodes, _dir, rules) = setup("salt-fold");
     let (a, b) = (proxy(&nodes, &rules, &[]), proxy(&nodes, &rules, &[]));
     let key = "ctr:votes";
@@ -235,9 +231,7 @@ fn demotion_folds_every_shard_into_the_base_key_and_nothing_is_lost() {
 
 #[test]
 fn a_proxy_killed_between_fold_steps_leaves_a_fold_the_next_proxy_completes() {
-    if !have_redis() {
-        return;
-    }
+    need_redis();
     let (nodes, _dir, rules) = setup("salt-crash");
     for (i, point) in ["fold-after-journal", "fold-after-take", "fold-after-add"]
         .iter()
@@ -287,9 +281,7 @@ fn a_proxy_killed_between_fold_steps_leaves_a_fold_the_next_proxy_completes() {
 
 #[test]
 fn salt_plus_combine_batches_each_shard_and_loses_nothing() {
-    if !have_redis() {
-        return;
-    }
+    need_redis();
     let (nodes, _dir, rules) = setup("salt-combine");
     let (a, b) = (proxy(&nodes, &rules, &[]), proxy(&nodes, &rules, &[]));
     let key = "cc:likes";
@@ -315,9 +307,7 @@ fn salt_plus_combine_batches_each_shard_and_loses_nothing() {
 
 #[test]
 fn auto_combines_on_one_proxy_and_salts_when_several_proxies_together_are_too_much() {
-    if !have_redis() {
-        return;
-    }
+    need_redis();
     let (nodes, _dir, rules) = setup("salt-auto");
     let a = proxy(&nodes, &rules, &[]);
     let key = "auto:votes";
@@ -353,9 +343,7 @@ fn auto_combines_on_one_proxy_and_salts_when_several_proxies_together_are_too_mu
 
 #[test]
 fn an_unreachable_registry_means_no_promotions_and_the_proxy_keeps_serving() {
-    if !have_redis() {
-        return;
-    }
+    need_redis();
     let (mut nodes, _dir, rules) = setup("salt-registry-down");
     let a = proxy(&nodes, &rules, &[]);
     let registry = node_of(&a, &nodes, "saltshaker:registry");
@@ -414,9 +402,7 @@ fn node_of(p: &Proxy, nodes: &[Redis], key: &str) -> usize {
 
 #[test]
 fn a_pinned_rule_salts_its_key_before_any_traffic_and_cooling_does_not_demote_it() {
-    if !have_redis() {
-        return;
-    }
+    need_redis();
     let (nodes, _dir, rules) = setup("salt-pin");
     let a = proxy(&nodes, &rules, &[]);
     wait_in_force(&[&a], "final:votes");
@@ -442,9 +428,7 @@ fn a_pinned_rule_salts_its_key_before_any_traffic_and_cooling_does_not_demote_it
 
 #[test]
 fn reads_stay_exact_while_commands_fold_a_live_salted_key_over_and_over() {
-    if !have_redis() {
-        return;
-    }
+    need_redis();
     let (nodes, _dir, rules) = setup("salt-live-fold");
     let (a, b) = (proxy(&nodes, &rules, &[]), proxy(&nodes, &rules, &[]));
     let key = "ctr:live";
@@ -521,9 +505,7 @@ fn get_int_from(c: &mut Client, key: &str) -> i64 {
 
 #[test]
 fn shards_auto_grows_n_at_an_epoch_boundary_and_nothing_is_lost() {
-    if !have_redis() {
-        return;
-    }
+    need_redis();
     let (nodes, _dir, rules) = setup("salt-grow");
     let (a, b) = (proxy(&nodes, &rules, &[]), proxy(&nodes, &rules, &[]));
     let key = "grow:likes";
@@ -555,9 +537,7 @@ fn shards_auto_grows_n_at_an_epoch_boundary_and_nothing_is_lost() {
 
 #[test]
 fn hash_counters_merge_field_by_field() {
-    if !have_redis() {
-        return;
-    }
+    need_redis();
     let (nodes, _dir, rules) = setup("salt-hash");
     let a = proxy(&nodes, &rules, &[]);
     let mut c = a.client();
@@ -607,9 +587,7 @@ fn hash_counters_merge_field_by_field() {
 
 #[test]
 fn a_node_down_gives_an_error_never_a_partial_sum_and_a_restart_with_aof_loses_nothing() {
-    if !have_redis() {
-        return;
-    }
+    need_redis();
     let mut nodes: Vec<Redis> = (0..4)
         .map(|_| Redis::start_with(&["--appendonly", "yes", "--appendfsync", "always"]))
         .collect();

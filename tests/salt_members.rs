@@ -136,9 +136,7 @@ fn compare_sets(c: &mut Client, reference: &mut Client, key: &str, seed: u64, st
 
 #[test]
 fn a_salted_set_answers_every_command_as_a_plain_set_does() {
-    if !have_redis() {
-        return;
-    }
+    need_redis();
     let (nodes, _dir, rules) = setup("salt-set");
     let a = proxy(&nodes, &rules, &[]);
     let reference_server = Redis::start();
@@ -211,9 +209,7 @@ fn a_salted_set_answers_every_command_as_a_plain_set_does() {
 
 #[test]
 fn a_salted_hyperloglog_counts_the_union_exactly_and_a_fresh_one_within_its_error() {
-    if !have_redis() {
-        return;
-    }
+    need_redis();
     let (nodes, _dir, rules) = setup("salt-hll");
     let a = proxy(&nodes, &rules, &[]);
     let reference_server = Redis::start();
@@ -334,9 +330,7 @@ fn scard(p: &Proxy, key: &str) -> i64 {
 
 #[test]
 fn concurrent_sadds_through_two_proxies_and_a_fold_killed_midway_lose_no_member() {
-    if !have_redis() {
-        return;
-    }
+    need_redis();
     let (nodes, _dir, rules) = setup("salt-set-crash");
     for (i, point) in ["fold-after-journal", "fold-after-add"].iter().enumerate() {
         let key = format!("set:crash{i}");
@@ -412,9 +406,7 @@ fn compare_zsets(c: &mut Client, reference: &mut Client, key: &str, seed: u64, s
 
 #[test]
 fn a_salted_leaderboard_answers_as_a_plain_sorted_set_does_and_folds_back() {
-    if !have_redis() {
-        return;
-    }
+    need_redis();
     let (nodes, _dir, rules) = setup("salt-zset");
     let a = proxy(&nodes, &rules, &[]);
     let reference_server = Redis::start();
@@ -508,9 +500,7 @@ fn compare_fields(c: &mut Client, reference: &mut Client, key: &str, seed: u64, 
 
 #[test]
 fn a_hash_placed_by_field_answers_as_a_plain_hash_does_and_folds_back() {
-    if !have_redis() {
-        return;
-    }
+    need_redis();
     let (nodes, _dir, rules) = setup("salt-fields");
     let a = proxy(&nodes, &rules, &[]);
     let reference_server = Redis::start();
@@ -613,9 +603,7 @@ fn scores(r: &Reply) -> Vec<(String, i64)> {
 
 #[test]
 fn leaderboard_increments_through_two_proxies_survive_a_fold_killed_midway() {
-    if !have_redis() {
-        return;
-    }
+    need_redis();
     let (nodes, _dir, rules) = setup("salt-zset-crash");
     for (i, point) in ["fold-after-take", "fold-after-add"].iter().enumerate() {
         let key = format!("lb:crash{i}");
@@ -671,9 +659,7 @@ fn leaderboard_increments_through_two_proxies_survive_a_fold_killed_midway() {
 
 #[test]
 fn leaderboard_reads_stay_exact_while_commands_fold_the_key_over_and_over() {
-    if !have_redis() {
-        return;
-    }
+    need_redis();
     let (nodes, _dir, rules) = setup("salt-zset-live");
     let (a, b) = (proxy(&nodes, &rules, &[]), proxy(&nodes, &rules, &[]));
     let key = "lb:live";
@@ -730,9 +716,7 @@ fn leaderboard_reads_stay_exact_while_commands_fold_the_key_over_and_over() {
 
 #[test]
 fn a_salted_key_expires_as_one_even_with_shards_created_after_its_expire() {
-    if !have_redis() {
-        return;
-    }
+    need_redis();
     let (nodes, _dir, rules) = setup("salt-expire");
     let a = proxy(&nodes, &rules, &[]);
     let mut c = a.client();
@@ -766,9 +750,7 @@ fn a_salted_key_expires_as_one_even_with_shards_created_after_its_expire() {
 
 #[test]
 fn hyperloglog_and_field_folds_killed_midway_lose_nothing() {
-    if !have_redis() {
-        return;
-    }
+    need_redis();
     let (nodes, _dir, rules) = setup("salt-hll-crash");
     let reference_server = Redis::start();
     let mut reference = reference_server.client();

@@ -40,9 +40,7 @@ fn assert_fits(frame: &str, width: usize, height: usize) {
 
 #[test]
 fn top_shows_a_viral_key_then_the_outage() {
-    if !have_redis() {
-        return;
-    }
+    need_redis();
     let node = Redis::start();
     let mut proxy = Proxy::start(&[&node], &[]);
     let mut poller = Poller::new(&proxy.admin_addr(), 200);

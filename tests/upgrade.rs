@@ -58,9 +58,7 @@ fn count_int_replies(buf: &[u8]) -> Result<usize, String> {
 
 #[test]
 fn upgrade_under_pipelined_load_loses_nothing() {
-    if !have_redis() {
-        return;
-    }
+    need_redis();
     let redis = Redis::start();
     let dir = TempDir::new("upgrade");
     let sock = dir.0.join("upgrade.sock").to_string_lossy().into_owned();

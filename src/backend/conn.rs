@@ -19,6 +19,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::TcpStream;
 use tokio::sync::{mpsc, oneshot};
+use tokio::time::Instant;
 
 use super::{BackendError, Handshake, NodeMetrics};
 use crate::resp::ReplyFramer;
@@ -68,6 +69,18 @@ impl Job {
 pub struct ConnHandle {
     tx: mpsc::Sender<Job>,
     up: Arc<AtomicBool>,
+    node: Arc<str>,
+    metrics: NodeMetrics,
+}
+
+/// A job in flight: its replies, due by a deadline. The one way the proxy waits on a node,
+/// so every wait has the same timeout, the same errors and the same metrics.
+pub struct Call {
+    rx: Option<ReplyRx>,
+    /// Set when the job failed before it was queued (its queue was full past the deadline).
+    failed: Option<BackendError>,
+    node: Arc<str>,
+    metrics: NodeMetrics,
 }
 
 impl ConnHandle {
@@ -75,20 +88,104 @@ impl ConnHandle {
     pub fn spawn(hs: Arc<Handshake>, metrics: NodeMetrics) -> ConnHandle {
         let (tx, rx) = mpsc::channel(4096);
         let up = Arc::new(AtomicBool::new(false));
-        tokio::spawn(supervise(hs, rx, up.clone(), metrics));
-        ConnHandle { tx, up }
+        let node: Arc<str> = hs.addr.as_str().into();
+        tokio::spawn(supervise(hs, rx, up.clone(), metrics.clone()));
+        ConnHandle {
+            tx,
+            up,
+            node,
+            metrics,
+        }
     }
 
     pub fn is_up(&self) -> bool {
         self.up.load(Ordering::Relaxed)
     }
 
-    /// Queues a job. Fails at once if the connection task is gone.
-    pub async fn send(&self, job: Job) {
-        if let Err(mpsc::error::SendError(job)) = self.tx.send(job).await {
-            job.fail(BackendError::Closed);
+    pub fn node(&self) -> &str {
+        &self.node
+    }
+
+    /// Queues `count` commands (their wire bytes in `data`, written contiguously) and
+    /// returns the call to wait on. Waits for room in the connection's queue until
+    /// `deadline` at most: a node that stopped reading fills the queue, and its callers
+    /// then get a timeout instead of holding their session forever.
+    pub async fn start(
+        &self,
+        data: SmallVec<[Bytes; 4]>,
+        count: u32,
+        deadline: Option<Instant>,
+    ) -> Call {
+        let (tx, rx) = oneshot::channel();
+        let job = Job { data, count, tx };
+        let sent = match deadline {
+            Some(d) => tokio::time::timeout_at(d, self.tx.send(job)).await,
+            None => Ok(self.tx.send(job).await),
+        };
+        let failed = match sent {
+            Ok(Ok(())) => None,
+            Ok(Err(_)) => Some(BackendError::Closed),
+            Err(_) => {
+                self.metrics.errors("timeout").inc();
+                Some(BackendError::Timeout(self.node.to_string()))
+            }
+        };
+        Call {
+            rx: failed.is_none().then_some(rx),
+            failed,
+            node: self.node.clone(),
+            metrics: self.metrics.clone(),
         }
     }
+
+    /// Sends `count` commands and waits for their replies until `deadline`.
+    pub async fn call(
+        &self,
+        data: SmallVec<[Bytes; 4]>,
+        count: u32,
+        deadline: Option<Instant>,
+    ) -> Result<Replies, BackendError> {
+        self.start(data, count, deadline).await.wait(deadline).await
+    }
+}
+
+impl Call {
+    pub fn node(&self) -> &str {
+        &self.node
+    }
+
+    /// The replies, or why there are none: the node did not answer by `deadline` (counted
+    /// as a `timeout` error of the node), or its connection broke with the job in flight.
+    pub async fn wait(self, deadline: Option<Instant>) -> Result<Replies, BackendError> {
+        let Some(rx) = self.rx else {
+            return Err(self.failed.unwrap_or(BackendError::Closed));
+        };
+        let r = match deadline {
+            Some(d) => match tokio::time::timeout_at(d, rx).await {
+                Ok(r) => r,
+                Err(_) => {
+                    self.metrics.errors("timeout").inc();
+                    return Err(BackendError::Timeout(self.node.to_string()));
+                }
+            },
+            None => rx.await,
+        };
+        match r {
+            Ok(r) => r,
+            // The connection broke with this job in flight: from the caller's side the node
+            // is down (the supervisor now fails new jobs at once until it reconnects).
+            Err(_) => Err(BackendError::Down {
+                node: self.node.to_string(),
+                reason: "connection lost before the reply; the command may or may not have run"
+                    .into(),
+            }),
+        }
+    }
+}
+
+/// The deadline of a request started now, under `timeout` (None: wait forever).
+pub fn deadline(timeout: Option<Duration>) -> Option<Instant> {
+    timeout.map(|t| Instant::now() + t)
 }
 
 async fn supervise(
@@ -119,7 +216,11 @@ async fn supervise(
                 match reason {
                     None => return, // every handle dropped: shutting down
                     Some(r) => {
-                        m.errors("io").inc();
+                        let kind = match r {
+                            BackendError::Protocol(_) => "protocol",
+                            _ => "io",
+                        };
+                        m.errors(kind).inc();
                         r
                     }
                 }

@@ -21,7 +21,7 @@ use prometheus_client::metrics::gauge::Gauge;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
-pub use conn::{ConnHandle, Dedicated, Job, Replies, ReplyRx, ReplyTx};
+pub use conn::{deadline, Call, ConnHandle, Dedicated, Replies};
 
 use crate::config::BackendConfig;
 use crate::metrics::{Metrics, NodeErrorLabel, NodeLabel};
@@ -183,6 +183,7 @@ pub struct NodeMetrics {
 
 impl NodeMetrics {
     fn new(m: &Metrics, node: &str) -> Self {
+        m.add_node(node);
         let l = NodeLabel {
             node: node.to_string(),
         };

@@ -17,7 +17,10 @@ use bytes::{Bytes, BytesMut};
 use prometheus_client::metrics::counter::Counter;
 use tokio::sync::oneshot;
 
-use crate::backend::{wire, BackendError, ConnHandle, Job, Replies};
+use smallvec::smallvec;
+use tokio::time::Instant;
+
+use crate::backend::{deadline, wire, BackendError, ConnHandle};
 use crate::resp::{encode_error, encode_int, parse_value, Value};
 
 /// What identifies one batch: the node connection's database, the key and, for HINCRBY, the field.
@@ -57,6 +60,8 @@ pub struct CombineMetrics {
 pub struct Combiner {
     open: Mutex<HashMap<BatchKey, Batch>>,
     metrics: CombineMetrics,
+    /// `request_timeout_ms`, counted from when a batch opens: its callers were read then.
+    timeout: Option<Duration>,
 }
 
 /// What a caller waits on: its reply, and the moment its write reached the node (the
@@ -67,10 +72,11 @@ pub struct Pending {
 }
 
 impl Combiner {
-    pub fn new(metrics: CombineMetrics) -> Arc<Combiner> {
+    pub fn new(metrics: CombineMetrics, timeout: Option<Duration>) -> Arc<Combiner> {
         Arc::new(Combiner {
             open: Mutex::new(HashMap::new()),
             metrics,
+            timeout,
         })
     }
 
@@ -106,15 +112,16 @@ impl Combiner {
         self.metrics.ops.inc();
         if opened {
             let me = self.clone();
+            let deadline = deadline(self.timeout);
             tokio::spawn(async move {
                 tokio::time::sleep(window).await;
-                me.flush(bk, conn).await;
+                me.flush(bk, conn, deadline).await;
             });
         }
         Pending { reply, done }
     }
 
-    async fn flush(&self, bk: BatchKey, conn: ConnHandle) {
+    async fn flush(&self, bk: BatchKey, conn: ConnHandle, deadline: Option<Instant>) {
         let batch = {
             let mut open = self.open.lock().unwrap_or_else(|p| p.into_inner());
             open.remove(&bk).unwrap_or_default()
@@ -129,7 +136,11 @@ impl Combiner {
                     None => wire(&[&b"INCRBY"[..], &bk.key, total.to_string().as_bytes()]),
                 };
                 self.metrics.backend_writes.inc();
-                match call(&conn, vec![cmd], 1).await.map(|r| r.get(0)) {
+                match conn
+                    .call(smallvec![cmd], 1, deadline)
+                    .await
+                    .map(|r| r.get(0))
+                {
                     Ok(raw) => match parse_value(&raw) {
                         Ok(Some((Value::Integer(v), _))) => Some(Ok(v)),
                         _ => None, // an error reply: each caller must see its own
@@ -157,18 +168,18 @@ impl Combiner {
                 }
             }
             Some(Err(err)) => fail_all(batch, &err),
-            None => self.one_by_one(batch, &conn).await,
+            None => self.one_by_one(batch, &conn, deadline).await,
         }
     }
 
-    async fn one_by_one(&self, batch: Batch, conn: &ConnHandle) {
+    async fn one_by_one(&self, batch: Batch, conn: &ConnHandle, deadline: Option<Instant>) {
         if batch.entries.len() > 1 {
             self.metrics.fallbacks.inc();
         }
         let n = batch.entries.len();
         self.metrics.backend_writes.inc_by(n as u64);
         let wires = batch.entries.iter().map(|e| e.wire.clone()).collect();
-        match call(conn, wires, n as u32).await {
+        match conn.call(wires, n as u32, deadline).await {
             Ok(r) => {
                 for (i, e) in batch.entries.into_iter().enumerate() {
                     let _ = e.reply.send(r.get(i));
@@ -188,20 +199,6 @@ fn fail_all(batch: Batch, err: &BackendError) {
     for e in batch.entries {
         let _ = e.reply.send(out.clone());
         let _ = e.done.send(());
-    }
-}
-
-async fn call(conn: &ConnHandle, data: Vec<Bytes>, count: u32) -> Result<Replies, BackendError> {
-    let (tx, rx) = oneshot::channel();
-    conn.send(Job {
-        data: data.into_iter().collect(),
-        count,
-        tx,
-    })
-    .await;
-    match rx.await {
-        Ok(r) => r,
-        Err(_) => Err(BackendError::Io("connection lost before the reply".into())),
     }
 }
 

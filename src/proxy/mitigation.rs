@@ -208,24 +208,10 @@ async fn fetch(
     wire: Bytes,
     timeout: Option<std::time::Duration>,
 ) -> Result<Bytes, String> {
-    let (tx, rx) = oneshot::channel();
-    conn.send(crate::backend::Job {
-        data: smallvec::smallvec![wire],
-        count: 1,
-        tx,
-    })
-    .await;
-    let r = match timeout {
-        Some(t) => tokio::time::timeout(t, rx)
-            .await
-            .map_err(|_| "backend did not answer in time".to_string())?,
-        None => rx.await,
-    };
-    match r {
-        Ok(Ok(r)) => Ok(r.get(0)),
-        Ok(Err(e)) => Err(e.to_string()),
-        Err(_) => Err("backend connection lost before the reply".into()),
-    }
+    conn.call(smallvec::smallvec![wire], 1, crate::backend::deadline(timeout))
+        .await
+        .map(|r| r.get(0))
+        .map_err(|e| e.to_string())
 }
 
 /// Before this session's next jobs leave, its combined writes (and salted-key tasks) must

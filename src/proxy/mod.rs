@@ -75,7 +75,7 @@ impl Ctx {
         shutdown: watch::Receiver<bool>,
         rules: RulesHandle,
     ) -> Ctx {
-        let combiner = Combiner::new(metrics.combine.clone());
+        let combiner = Combiner::new(metrics.combine.clone(), backend.request_timeout);
         let salt = Arc::new(crate::salt::Salt::new(&backend, metrics.salt.clone()));
         Ctx {
             salt,

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
 use tokio::io::{AsyncWrite, AsyncWriteExt};
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, oneshot};
 
 use super::round::{CachedGet, Merge, MgetFrom, MgetPerKey, Part, Round, Slot};
 use super::Ctx;
@@ -66,12 +66,16 @@ async fn resolve(
     ctx: &Ctx,
     out: &mut BytesMut,
 ) -> Option<super::tunnel::TunnelEnd> {
-    let timeout = ctx.backend.request_timeout;
+    // Every wait of the round runs against the same deadline, so a pipeline of many rounds
+    // to a frozen node gets all its errors within request_timeout_ms, not one after another.
+    let deadline = round.deadline;
     let mut replies: Vec<Result<Replies, BackendError>> = Vec::with_capacity(round.sent.len());
-    for s in round.sent {
-        let addr = &ctx.backend.node(s.node).addr;
-        replies.push(await_reply(s.rx, timeout, addr).await);
+    for call in round.sent {
+        replies.push(call.wait(deadline).await);
     }
+    // A task's reply (combine, fill, salted) is bounded by its own call to the node; this
+    // grace only catches a task that never answers, with the node's error given priority.
+    let late = deadline.map(|d| d + LATE_GRACE);
     let n = round.slots.len() as u64;
     // Fast path: one job whose replies are exactly the round's, in order.
     if replies.len() == 1
@@ -101,15 +105,19 @@ async fn resolve(
                 Err(e) => backend_error(e, out),
             },
             Slot::Merge(m) => merge(*m, &replies, proto, out),
-            Slot::Later(rx) => match rx.await {
+            Slot::Later(rx) => match later(rx, late).await {
                 Ok(b) => out.extend_from_slice(&b),
-                Err(_) => encode_error("ERR saltshaker: internal error (request abandoned)", out),
+                Err(e) => encode_error(e, out),
             },
-            Slot::LaterThen(rx, then) => match rx.await {
+            Slot::Blocking(rx) => match later(rx, None).await {
+                Ok(b) => out.extend_from_slice(&b),
+                Err(e) => encode_error(e, out),
+            },
+            Slot::LaterThen(rx, then) => match later(rx, late).await {
                 Ok(b) => out.extend_from_slice(&then(b)),
-                Err(_) => encode_error("ERR saltshaker: internal error (request abandoned)", out),
+                Err(e) => encode_error(e, out),
             },
-            Slot::MgetPerKey(m) => mget_per_key(*m, &replies, proto, out).await,
+            Slot::MgetPerKey(m) => mget_per_key(*m, &replies, proto, late, out).await,
         }
     }
     record(ctx, &round.started, &round.counts, n);
@@ -127,27 +135,22 @@ fn record(ctx: &Ctx, started: &std::time::Instant, counts: &[u64; 3], n: u64) {
     }
 }
 
-async fn await_reply(
-    rx: crate::backend::ReplyRx,
-    timeout: Option<Duration>,
-    addr: &str,
-) -> Result<Replies, BackendError> {
-    let r = match timeout {
-        Some(t) => match tokio::time::timeout(t, rx).await {
-            Ok(r) => r,
-            Err(_) => return Err(BackendError::Timeout(addr.to_string())),
-        },
+/// How long past the round's deadline a task's reply may come: its own node call times out
+/// at about the deadline and says which node; this only bounds a task that never answers.
+const LATE_GRACE: Duration = Duration::from_millis(250);
+
+/// A task's reply, or the error text for a task that gave up or ran past `deadline`.
+async fn later(
+    rx: oneshot::Receiver<Bytes>,
+    deadline: Option<tokio::time::Instant>,
+) -> Result<Bytes, &'static str> {
+    let r = match deadline {
+        Some(d) => tokio::time::timeout_at(d, rx)
+            .await
+            .map_err(|_| "ERR saltshaker: no reply within request_timeout_ms")?,
         None => rx.await,
     };
-    match r {
-        Ok(r) => r,
-        // The node's connection broke with this job in flight: from the client's side the
-        // node is down (the supervisor now fails new jobs at once until it reconnects).
-        Err(_) => Err(BackendError::Down {
-            node: addr.to_string(),
-            reason: "connection lost before the reply; the command may or may not have run".into(),
-        }),
-    }
+    r.map_err(|_| "ERR saltshaker: internal error (request abandoned)")
 }
 
 fn part(replies: &[Result<Replies, BackendError>], p: Part) -> Result<Bytes, &BackendError> {
@@ -197,6 +200,7 @@ async fn mget_per_key(
     m: MgetPerKey,
     replies: &[Result<Replies, BackendError>],
     proto: Proto,
+    late: Option<tokio::time::Instant>,
     out: &mut BytesMut,
 ) {
     let from_nodes = match values(replies, &m.parts) {
@@ -216,11 +220,9 @@ async fn mget_per_key(
                 continue;
             }
             MgetFrom::Cache(CachedGet::Ready(b)) => b,
-            MgetFrom::Cache(CachedGet::Later(rx)) => match rx.await {
+            MgetFrom::Cache(CachedGet::Later(rx)) => match later(rx, late).await {
                 Ok(b) => b,
-                Err(_) => {
-                    return encode_error("ERR saltshaker: internal error (request abandoned)", out)
-                }
+                Err(e) => return encode_error(e, out),
             },
         };
         if get.starts_with(b"-WRONGTYPE") {

@@ -10,7 +10,7 @@ use bytes::Bytes;
 use smallvec::SmallVec;
 use tokio::sync::oneshot;
 
-use crate::backend::{ConnHandle, Job, ReplyRx};
+use crate::backend::{Call, ConnHandle};
 use crate::metrics::Class;
 
 /// Where reply `idx` of job `job` is.
@@ -73,8 +73,12 @@ pub enum Slot {
     Reply(Part),
     /// Several replies merged.
     Merge(Box<Merge>),
-    /// Answered later by a task of the session (blocking command, dedicated connection).
+    /// Answered later by a task of the session (a combined write, a cache fill, a salted
+    /// task, WATCH on the dedicated connection), due by the round's deadline.
     Later(oneshot::Receiver<Bytes>),
+    /// A blocking command (BLPOP, XREAD BLOCK, ...): it may wait as long as it asks to, so
+    /// the round's deadline does not apply.
+    Blocking(oneshot::Receiver<Bytes>),
     /// Answered later, then rewritten (a combined shard write's reply becomes the estimate).
     LaterThen(
         oneshot::Receiver<Bytes>,
@@ -113,17 +117,15 @@ pub struct JobBuilder {
     pub count: u32,
 }
 
-/// A job sent; the writer awaits its replies.
-pub struct Sent {
-    pub node: usize,
-    pub rx: ReplyRx,
-}
-
 /// One round, as handed to the reply writer.
 pub struct Round {
-    pub sent: SmallVec<[Sent; 4]>,
+    /// One call per node, awaited until the round's deadline.
+    pub sent: SmallVec<[Call; 4]>,
     pub slots: Vec<Slot>,
     pub started: Instant,
+    /// Every reply of the round is due by then (read time + `request_timeout_ms`), however
+    /// deep the pipeline: all its waits run together, not one after another.
+    pub deadline: Option<tokio::time::Instant>,
     pub counts: [u64; 3],
     /// Close the connection once this round's replies are written (QUIT, protocol error).
     pub close_after: bool,
@@ -146,6 +148,8 @@ pub struct RoundBuilder {
     pub jobs: SmallVec<[JobBuilder; 4]>,
     pub slots: Vec<Slot>,
     pub started: Instant,
+    /// When the round's commands were read: their deadline counts from here.
+    pub read_at: tokio::time::Instant,
     pub counts: [u64; 3],
 }
 
@@ -157,6 +161,7 @@ impl RoundBuilder {
             jobs: SmallVec::new(),
             slots: Vec::with_capacity(16),
             started: Instant::now(),
+            read_at: tokio::time::Instant::now(),
             counts: [0; 3],
         }
     }
@@ -199,24 +204,20 @@ impl RoundBuilder {
         self.counts[class as usize] += 1;
     }
 
-    /// Sends every job and returns the round for the writer.
-    pub async fn send(self) -> Round {
+    /// Sends every job and returns the round for the writer. Its replies are due
+    /// `timeout` after the round was read.
+    pub async fn send(self, timeout: Option<std::time::Duration>) -> Round {
+        let deadline = timeout.map(|t| self.read_at + t);
         let mut sent = SmallVec::new();
         for j in self.jobs {
-            let (tx, rx) = oneshot::channel();
-            j.conn
-                .send(Job {
-                    data: j.data,
-                    count: j.count,
-                    tx,
-                })
-                .await;
-            sent.push(Sent { node: j.node, rx });
+            let call = j.conn.start(j.data, j.count, deadline).await;
+            sent.push(call);
         }
         Round {
             sent,
             slots: self.slots,
             started: self.started,
+            deadline,
             counts: self.counts,
             close_after: false,
             tunnel: None,

@@ -208,7 +208,7 @@ async fn read_loop(
             rb.slots.push(Slot::Ready(err_bytes(
                 "ERR Protocol error: client query buffer limit exceeded",
             )));
-            let mut round = rb.send().await;
+            let mut round = rb.send(s.ctx.backend.request_timeout).await;
             round.close_after = true;
             s.ctx.metrics.protocol_errors.inc();
             let _ = tx.send((round, s.proto)).await;
@@ -223,7 +223,7 @@ async fn read_loop(
             let mut flow = handle(s, req, &mut rb).await;
             if let Flow::Flush(req) = flow {
                 wait_barrier(s, &rb).await;
-                let mut round = std::mem::take(&mut rb).send().await;
+                let mut round = std::mem::take(&mut rb).send(s.ctx.backend.request_timeout).await;
                 let (ack_tx, ack_rx) = oneshot::channel();
                 round.acked = Some(ack_tx);
                 s.barrier.push(ack_rx);
@@ -249,7 +249,7 @@ async fn read_loop(
                     }
                     start.pending.push(buf.split().freeze());
                     wait_barrier(s, &rb).await;
-                    let mut round = rb.send().await;
+                    let mut round = rb.send(s.ctx.backend.request_timeout).await;
                     round.tunnel = start.take_end();
                     let _ = tx.send((round, s.proto)).await;
                     return End::Tunnel(r, start);
@@ -268,7 +268,7 @@ async fn read_loop(
         if !rb.is_empty() || close {
             wait_barrier(s, &rb).await;
             let want_ack = rb.wrote_cached;
-            let mut round = rb.send().await;
+            let mut round = rb.send(s.ctx.backend.request_timeout).await;
             if want_ack {
                 let (tx, rx) = oneshot::channel();
                 round.acked = Some(tx);
@@ -371,7 +371,7 @@ async fn handle(s: &mut Session, req: Request, rb: &mut RoundBuilder) -> Flow {
         Route::Keyed => forward_keyed(s, &req, &c, rb),
         Route::Blocking => {
             let slot = match keys_node(s, &req, &c) {
-                Ok(node) => Slot::Later(blocking_worker(s, node).call(vec![req.wire()], 1)),
+                Ok(node) => Slot::Blocking(blocking_worker(s, node).call(vec![req.wire()], 1)),
                 Err(e) => Slot::Ready(e),
             };
             rb.slots.push(slot);

@@ -37,9 +37,9 @@ use arc_swap::ArcSwap;
 use bytes::Bytes;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::gauge::Gauge;
-use tokio::sync::{oneshot, Notify};
+use tokio::sync::Notify;
 
-use crate::backend::{Backend, Job};
+use crate::backend::Backend;
 use crate::resp::{parse_value, Proto, Value};
 use names::Place;
 use record::Record;
@@ -302,29 +302,22 @@ pub async fn call(backend: &Backend, cmds: &[(usize, Bytes)]) -> Result<Vec<Valu
             None => per_node.push((*node, vec![i])),
         }
     }
+    // The fold and the registry must not wait forever either: with no request timeout
+    // configured they still give up after five seconds.
+    let deadline = crate::backend::deadline(Some(
+        backend.request_timeout.unwrap_or(Duration::from_secs(5)),
+    ));
     let mut waits = Vec::with_capacity(per_node.len());
     for (node, idx) in &per_node {
         let conns = backend.node(*node).conns(Proto::Resp2, 0);
         let conn = conns[idx[0] % conns.len()].clone();
-        let (tx, rx) = oneshot::channel();
-        conn.send(Job {
-            data: idx.iter().map(|&i| cmds[i].1.clone()).collect(),
-            count: idx.len() as u32,
-            tx,
-        })
-        .await;
-        waits.push(rx);
+        let data = idx.iter().map(|&i| cmds[i].1.clone()).collect();
+        waits.push(conn.start(data, idx.len() as u32, deadline).await);
     }
     let mut out = vec![Value::Nil; cmds.len()];
-    let timeout = backend.request_timeout.unwrap_or(Duration::from_secs(5));
-    for ((node, idx), rx) in per_node.iter().zip(waits) {
+    for ((node, idx), call) in per_node.iter().zip(waits) {
         let addr = &backend.node(*node).addr;
-        let replies = match tokio::time::timeout(timeout, rx).await {
-            Err(_) => return Err(format!("backend {addr} did not answer in time")),
-            Ok(Err(_)) => return Err(format!("backend {addr}: connection lost")),
-            Ok(Ok(Err(e))) => return Err(e.to_string()),
-            Ok(Ok(Ok(r))) => r,
-        };
+        let replies = call.wait(deadline).await.map_err(|e| e.to_string())?;
         for (j, &i) in idx.iter().enumerate() {
             if j >= replies.len() {
                 return Err(format!("backend {addr}: missing reply"));

@@ -9,40 +9,45 @@ use std::net::{TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Output, Stdio};
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Once;
 use std::time::{Duration, Instant};
 
 pub mod salting;
 
 pub const BIN: &str = env!("CARGO_BIN_EXE_saltshaker");
 
-/// True when `redis-server` can run; otherwise says so loudly, once, so a skipped run
-/// is never mistaken for a green one.
+/// Fails the test, naming the tool, when `redis-server` cannot run. A test that cannot
+/// run is a failed test, never a skipped one: `scripts/install-deps.sh` installs it.
+pub fn need_redis() {
+    need_tool("redis-server");
+}
+
+/// Kept for the tests' `if !have_redis() { return None }` shape: always true, because a
+/// missing redis-server fails the test (`need_redis`).
 pub fn have_redis() -> bool {
-    let ok = Command::new("redis-server")
+    need_redis();
+    true
+}
+
+/// Fails the test unless `name --version` runs: the message names the missing tool.
+pub fn need_tool(name: &str) {
+    let ok = Command::new(name)
         .arg("--version")
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .status()
         .map(|s| s.success())
         .unwrap_or(false);
-    static WARN: Once = Once::new();
-    if !ok {
-        WARN.call_once(|| {
-            eprintln!("\n!!!!!! redis-server is not installed: SKIPPING saltshaker integration tests !!!!!!\n")
-        });
-    }
-    ok
+    assert!(
+        ok,
+        "{name} is not installed: this test cannot run without it \
+         (scripts/install-deps.sh installs it; scripts/test.sh does so when run as root)"
+    );
 }
 
+/// Always true: a missing tool fails the test (`need_tool`).
 pub fn have_tool(name: &str) -> bool {
-    Command::new(name)
-        .arg("--version")
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .status()
-        .map(|s| s.success())
-        .unwrap_or(false)
+    need_tool(name);
+    true
 }
 
 /// A loopback port nobody listens on now, and that this test process has not handed out
@@ -91,7 +96,7 @@ impl Drop for TempDir {
     }
 }
 
-fn wait_until(timeout: Duration, mut f: impl FnMut() -> bool) -> bool {
+pub fn wait_until(timeout: Duration, mut f: impl FnMut() -> bool) -> bool {
     let end = Instant::now() + timeout;
     while Instant::now() < end {
         if f() {
@@ -217,6 +222,21 @@ impl Redis {
             self.port,
             self.log()
         );
+    }
+
+    /// The server's process id (panics if it is not running).
+    pub fn pid(&self) -> u32 {
+        self.child.as_ref().expect("redis-server running").id()
+    }
+
+    /// Sends a signal by name (STOP freezes the node, CONT thaws it).
+    pub fn signal(&self, sig: &str) {
+        let ok = Command::new("kill")
+            .args([&format!("-{sig}"), &self.pid().to_string()])
+            .status()
+            .map(|s| s.success())
+            .unwrap_or(false);
+        assert!(ok, "kill -{sig} redis-server");
     }
 
     pub fn is_running(&mut self) -> bool {

@@ -1,0 +1,337 @@
+//! Faults with a bound: a frozen node (SIGSTOP), a node that accepts and never answers, a
+//! node paused under a combined write, a node killed and restarted. Each test asserts the
+//! invariants the README promises: every command in flight gets its reply or an error within
+//! `request_timeout_ms` + 1 s of being sent, however deep the pipeline; other nodes' keys
+//! keep being served; the proxy recovers by itself when the fault ends.
+
+mod support;
+
+use std::net::TcpListener;
+use std::sync::{Arc, Barrier};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use support::*;
+
+const TIMEOUT_MS: u64 = 1000;
+/// What the invariant allows: the request timeout plus one second.
+const BOUND: Duration = Duration::from_millis(TIMEOUT_MS + 1000);
+
+fn proxy_with_timeout(nodes: &[&Redis], extra: &[&str]) -> Proxy {
+    let t = TIMEOUT_MS.to_string();
+    let mut args = vec!["--request-timeout-ms", t.as_str()];
+    args.extend_from_slice(extra);
+    Proxy::start(nodes, &args)
+}
+
+/// Thaws a frozen node when dropped, so a failing assertion never leaves it stopped.
+struct Thaw<'a>(&'a Redis);
+impl Drop for Thaw<'_> {
+    fn drop(&mut self) {
+        self.0.signal("CONT");
+    }
+}
+
+#[test]
+fn a_deep_pipeline_to_a_frozen_node_gets_every_error_within_the_timeout() {
+    need_redis();
+    let node = Redis::start();
+    let proxy = proxy_with_timeout(&[&node], &[]);
+    let mut c = proxy.client();
+    assert_eq!(c.cmd(&["SET", "k", "v"]), Reply::ok());
+    node.signal("STOP");
+    let thaw = Thaw(&node);
+    // 200 GETs written one by one, so the proxy reads them as many rounds: their timeouts
+    // must run together, not one after another.
+    c.set_read_timeout(Duration::from_secs(30));
+    let sent = Instant::now();
+    for _ in 0..200 {
+        c.send_raw(&encode(&["GET", "k"]));
+        thread::sleep(Duration::from_micros(200));
+    }
+    let last_sent = sent.elapsed();
+    for i in 0..200 {
+        let r = c.read_reply();
+        assert!(r.is_error(), "reply {i} from a frozen node: {r:?}");
+        assert!(r.err().contains("did not answer in time"), "reply {i}: {r:?}");
+    }
+    let took = sent.elapsed();
+    assert!(
+        took < last_sent + BOUND,
+        "200 pipelined GETs to a frozen node took {took:?} (bound: sent over {last_sent:?} + {BOUND:?})"
+    );
+    drop(thaw);
+    // Recovers by itself once the node answers again.
+    assert!(
+        wait_until(Duration::from_secs(5), || c.cmd(&["GET", "k"]) == Reply::bulk("v")),
+        "the proxy did not serve the node again after SIGCONT"
+    );
+    let m = proxy.admin_get("/metrics").1;
+    assert!(
+        m.lines().any(|l| l.starts_with("saltshaker_backend_errors_total{")
+            && l.contains("kind=\"timeout\"")
+            && !l.ends_with(" 0")),
+        "timeouts are not counted in saltshaker_backend_errors_total:\n{m}"
+    );
+}
+
+#[test]
+fn fifty_pipelining_clients_with_one_frozen_node_all_get_answers_in_time() {
+    need_redis();
+    let nodes = pool(4);
+    let refs: Vec<&Redis> = nodes.iter().collect();
+    let proxy = proxy_with_timeout(&refs, &[]);
+    let keys = spread_keys("fz:", 200);
+    {
+        let mut c = proxy.client();
+        let sets: Vec<Vec<String>> = keys
+            .iter()
+            .map(|k| vec!["SET".into(), k.clone(), format!("v-{k}")])
+            .collect();
+        assert!(c.pipeline(&sets).iter().all(|r| *r == Reply::ok()));
+    }
+    let owners: Arc<Vec<usize>> = Arc::new(keys.iter().map(|k| owner(&nodes, k)).collect());
+    let frozen = owners[0];
+    nodes[frozen].signal("STOP");
+    let thaw = Thaw(&nodes[frozen]);
+    let keys = Arc::new(keys);
+    let start = Arc::new(Barrier::new(50));
+    let handles: Vec<_> = (0..50)
+        .map(|_| {
+            let (addr, keys, owners, start) =
+                (proxy.addr(), keys.clone(), owners.clone(), start.clone());
+            thread::spawn(move || {
+                let mut c = Client::connect(&addr);
+                c.set_read_timeout(Duration::from_secs(30));
+                let gets: Vec<Vec<&str>> = keys.iter().map(|k| vec!["GET", k.as_str()]).collect();
+                start.wait();
+                // Sent in four writes, so the proxy reads several rounds per client.
+                let t = Instant::now();
+                for chunk in gets.chunks(50) {
+                    let mut buf = Vec::new();
+                    for g in chunk {
+                        buf.extend_from_slice(&encode(g));
+                    }
+                    c.send_raw(&buf);
+                    thread::sleep(Duration::from_millis(2));
+                }
+                let replies: Vec<Reply> = (0..gets.len()).map(|_| c.read_reply()).collect();
+                let took = t.elapsed();
+                let mut bad = Vec::new();
+                for (i, r) in replies.iter().enumerate() {
+                    let ok = if owners[i] == frozen {
+                        r.is_error() && r.err().contains("did not answer in time")
+                    } else {
+                        *r == Reply::bulk(&format!("v-{}", keys[i]))
+                    };
+                    if !ok {
+                        bad.push(format!("{}: {r:?}", keys[i]));
+                    }
+                }
+                (took, bad)
+            })
+        })
+        .collect();
+    for h in handles {
+        let (took, bad) = h.join().unwrap();
+        assert!(bad.is_empty(), "wrong replies: {bad:?}");
+        assert!(took < BOUND, "a 200-command pipeline took {took:?}");
+    }
+    drop(thaw);
+    let mut c = proxy.client();
+    assert!(
+        wait_until(Duration::from_secs(5), || c.cmd(&["GET", &keys[0]])
+            == Reply::bulk(&format!("v-{}", keys[0]))),
+        "the frozen node's keys were not served again after SIGCONT"
+    );
+}
+
+#[test]
+fn a_node_that_accepts_but_never_answers_times_out_and_others_serve() {
+    need_redis();
+    let good = Redis::start();
+    // A listener that accepts connections and never reads or answers a byte.
+    let mute = TcpListener::bind("127.0.0.1:0").unwrap();
+    let mute_addr = mute.local_addr().unwrap().to_string();
+    thread::spawn(move || {
+        let mut held = Vec::new();
+        for s in mute.incoming().flatten() {
+            held.push(s);
+        }
+    });
+    let t = TIMEOUT_MS.to_string();
+    let proxy = Proxy::start_nodes(
+        &format!("{}:1,{mute_addr}:1", good.addr()),
+        &["--request-timeout-ms", &t],
+    );
+    let mut c = proxy.client();
+    c.set_read_timeout(Duration::from_secs(30));
+    // Which keys the mute node owns is the pool's business: write 40 keys and sort by reply.
+    let keys: Vec<String> = (0..40).map(|i| format!("mute:{i}")).collect();
+    let sets: Vec<Vec<String>> = keys
+        .iter()
+        .map(|k| vec!["SET".into(), k.clone(), "v".into()])
+        .collect();
+    let t0 = Instant::now();
+    let replies = c.pipeline(&sets);
+    let took = t0.elapsed();
+    assert!(took < BOUND, "40 SETs took {took:?} with one mute node");
+    let ok = replies.iter().filter(|r| **r == Reply::ok()).count();
+    let timed_out = replies
+        .iter()
+        .filter(|r| r.is_error() && r.err().contains("did not answer in time"))
+        .count();
+    assert_eq!(ok + timed_out, keys.len(), "replies: {replies:?}");
+    assert!(ok > 0 && timed_out > 0, "both nodes own some keys: {replies:?}");
+    assert_eq!(good.dbsize() as usize, ok, "the good node holds exactly its keys");
+    // The proxy keeps serving the good node's keys, again and again.
+    for (k, r) in keys.iter().zip(&replies) {
+        if *r == Reply::ok() {
+            assert_eq!(c.cmd(&["GET", k]), Reply::bulk("v"));
+        }
+    }
+}
+
+const COMBINE_RULES: &str = r#"version: 1
+rules:
+  - match: "votes:*"
+    pin: true
+    write: { strategy: combine, combine: { window_us: 500 } }
+"#;
+
+#[test]
+fn a_combined_incr_to_a_paused_node_gets_the_same_timeout_as_any_command() {
+    need_redis();
+    let node = Redis::start();
+    let dir = TempDir::new("faults");
+    let rules = dir.0.join("rules.yaml");
+    std::fs::write(&rules, COMBINE_RULES).unwrap();
+    let proxy = proxy_with_timeout(&[&node], &["--rules", &path_str(&rules)]);
+    let mut c = proxy.client();
+    c.set_read_timeout(Duration::from_secs(30));
+    assert_eq!(c.cmd(&["INCR", "votes:final"]).as_int(), 1);
+    node.client().cmd(&["CLIENT", "PAUSE", "4000", "ALL"]);
+    for cmd in [&["INCR", "votes:final"][..], &["SET", "other", "x"][..]] {
+        let t = Instant::now();
+        let r = c.cmd(cmd);
+        let took = t.elapsed();
+        assert!(
+            r.is_error() && r.err().contains("did not answer in time"),
+            "{cmd:?} on a paused node: {r:?}"
+        );
+        assert!(
+            took >= Duration::from_millis(TIMEOUT_MS - 100) && took < BOUND,
+            "{cmd:?} answered after {took:?}, want about {TIMEOUT_MS} ms"
+        );
+    }
+    let m = proxy.admin_get("/metrics").1;
+    assert!(
+        m.contains("saltshaker_combined_writes_total"),
+        "combine metrics missing:\n{m}"
+    );
+    // Once the pause ends, the counter is served again. The timed-out INCR may or may not
+    // have run (the client was told so), so only the next reply's step is checked.
+    thread::sleep(Duration::from_millis(3500));
+    let before = c.cmd(&["GET", "votes:final"]).as_str().parse::<i64>().unwrap();
+    assert_eq!(c.cmd(&["INCR", "votes:final"]).as_int(), before + 1);
+}
+
+#[test]
+fn a_node_killed_and_restarted_with_aof_loses_no_acknowledged_write() {
+    need_redis();
+    let mut nodes = vec![
+        Redis::start_with(&["--appendonly", "yes", "--appendfsync", "always"]),
+        Redis::start_with(&["--appendonly", "yes", "--appendfsync", "always"]),
+    ];
+    let proxy = {
+        let refs: Vec<&Redis> = nodes.iter().collect();
+        proxy_with_timeout(&refs, &[])
+    };
+    let keys = spread_keys("aof:", 20);
+    {
+        let mut c = proxy.client();
+        for k in &keys {
+            assert_eq!(c.cmd(&["SET", k, "0"]), Reply::ok());
+        }
+    }
+    let victim = owner(&nodes, &keys[0]);
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    // Four writers INCR every key; each remembers how many of its INCRs were acknowledged.
+    let writers: Vec<_> = (0..4)
+        .map(|_| {
+            let (addr, keys, stop) = (proxy.addr(), keys.clone(), stop.clone());
+            thread::spawn(move || {
+                let mut c = Client::connect(&addr);
+                c.set_read_timeout(Duration::from_secs(30));
+                let mut acked = vec![0i64; keys.len()];
+                let mut maybe = vec![0i64; keys.len()];
+                let mut slowest = Duration::ZERO;
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    let cmds: Vec<Vec<&str>> =
+                        keys.iter().map(|k| vec!["INCR", k.as_str()]).collect();
+                    let t = Instant::now();
+                    let replies = c.pipeline(&cmds);
+                    slowest = slowest.max(t.elapsed());
+                    for (i, r) in replies.iter().enumerate() {
+                        match r {
+                            Reply::Int(_) => acked[i] += 1,
+                            // Lost with the connection: may or may not have run.
+                            _ => maybe[i] += 1,
+                        }
+                    }
+                }
+                (acked, maybe, slowest)
+            })
+        })
+        .collect();
+    thread::sleep(Duration::from_millis(500));
+    nodes[victim].stop();
+    thread::sleep(Duration::from_millis(700));
+    nodes[victim].restart();
+    thread::sleep(Duration::from_millis(1500));
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let mut acked = vec![0i64; keys.len()];
+    let mut maybe = vec![0i64; keys.len()];
+    for w in writers {
+        let (a, m, slowest) = w.join().unwrap();
+        assert!(slowest < BOUND, "a pipeline took {slowest:?} while a node restarted");
+        for i in 0..keys.len() {
+            acked[i] += a[i];
+            maybe[i] += m[i];
+        }
+    }
+    let mut c = proxy.client();
+    for (i, k) in keys.iter().enumerate() {
+        let r = c.cmd(&["GET", k]);
+        let v: i64 = r.as_str().parse().unwrap_or_else(|_| panic!("GET {k}: {r:?}"));
+        assert!(
+            v >= acked[i] && v <= acked[i] + maybe[i],
+            "{k}: {v} in the node, {} acknowledged, {} unknown",
+            acked[i],
+            maybe[i]
+        );
+    }
+    assert!(
+        maybe.iter().sum::<i64>() > 0,
+        "the victim's keys saw no failure: the kill was not under load"
+    );
+}
+
+/// A proxy whose node is gone still answers, and counts, every error kind at zero first.
+#[test]
+fn labelled_error_series_exist_at_zero_from_the_start() {
+    need_redis();
+    let node = Redis::start();
+    let proxy = proxy_with_timeout(&[&node], &[]);
+    let m = proxy.admin_get("/metrics").1;
+    for kind in ["connect", "io", "timeout", "down", "protocol"] {
+        let want = format!(
+            "saltshaker_backend_errors_total{{node=\"{}\",kind=\"{kind}\"}} 0",
+            node.addr()
+        );
+        assert!(
+            m.lines().any(|l| l == want),
+            "missing {want} on /metrics:\n{m}"
+        );
+    }
+}
