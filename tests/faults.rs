@@ -53,7 +53,10 @@ fn a_deep_pipeline_to_a_frozen_node_gets_every_error_within_the_timeout() {
     for i in 0..200 {
         let r = c.read_reply();
         assert!(r.is_error(), "reply {i} from a frozen node: {r:?}");
-        assert!(r.err().contains("did not answer in time"), "reply {i}: {r:?}");
+        assert!(
+            r.err().contains("did not answer in time"),
+            "reply {i}: {r:?}"
+        );
     }
     let took = sent.elapsed();
     assert!(
@@ -63,14 +66,16 @@ fn a_deep_pipeline_to_a_frozen_node_gets_every_error_within_the_timeout() {
     drop(thaw);
     // Recovers by itself once the node answers again.
     assert!(
-        wait_until(Duration::from_secs(5), || c.cmd(&["GET", "k"]) == Reply::bulk("v")),
+        wait_until(Duration::from_secs(5), || c.cmd(&["GET", "k"])
+            == Reply::bulk("v")),
         "the proxy did not serve the node again after SIGCONT"
     );
     let m = proxy.admin_get("/metrics").1;
     assert!(
-        m.lines().any(|l| l.starts_with("saltshaker_backend_errors_total{")
-            && l.contains("kind=\"timeout\"")
-            && !l.ends_with(" 0")),
+        m.lines()
+            .any(|l| l.starts_with("saltshaker_backend_errors_total{")
+                && l.contains("kind=\"timeout\"")
+                && !l.ends_with(" 0")),
         "timeouts are not counted in saltshaker_backend_errors_total:\n{m}"
     );
 }
@@ -182,8 +187,15 @@ fn a_node_that_accepts_but_never_answers_times_out_and_others_serve() {
         .filter(|r| r.is_error() && r.err().contains("did not answer in time"))
         .count();
     assert_eq!(ok + timed_out, keys.len(), "replies: {replies:?}");
-    assert!(ok > 0 && timed_out > 0, "both nodes own some keys: {replies:?}");
-    assert_eq!(good.dbsize() as usize, ok, "the good node holds exactly its keys");
+    assert!(
+        ok > 0 && timed_out > 0,
+        "both nodes own some keys: {replies:?}"
+    );
+    assert_eq!(
+        good.dbsize() as usize,
+        ok,
+        "the good node holds exactly its keys"
+    );
     // The proxy keeps serving the good node's keys, again and again.
     for (k, r) in keys.iter().zip(&replies) {
         if *r == Reply::ok() {
@@ -232,7 +244,11 @@ fn a_combined_incr_to_a_paused_node_gets_the_same_timeout_as_any_command() {
     // Once the pause ends, the counter is served again. The timed-out INCR may or may not
     // have run (the client was told so), so only the next reply's step is checked.
     thread::sleep(Duration::from_millis(3500));
-    let before = c.cmd(&["GET", "votes:final"]).as_str().parse::<i64>().unwrap();
+    let before = c
+        .cmd(&["GET", "votes:final"])
+        .as_str()
+        .parse::<i64>()
+        .unwrap();
     assert_eq!(c.cmd(&["INCR", "votes:final"]).as_int(), before + 1);
 }
 
@@ -294,7 +310,10 @@ fn a_node_killed_and_restarted_with_aof_loses_no_acknowledged_write() {
     let mut maybe = vec![0i64; keys.len()];
     for w in writers {
         let (a, m, slowest) = w.join().unwrap();
-        assert!(slowest < BOUND, "a pipeline took {slowest:?} while a node restarted");
+        assert!(
+            slowest < BOUND,
+            "a pipeline took {slowest:?} while a node restarted"
+        );
         for i in 0..keys.len() {
             acked[i] += a[i];
             maybe[i] += m[i];
@@ -303,7 +322,10 @@ fn a_node_killed_and_restarted_with_aof_loses_no_acknowledged_write() {
     let mut c = proxy.client();
     for (i, k) in keys.iter().enumerate() {
         let r = c.cmd(&["GET", k]);
-        let v: i64 = r.as_str().parse().unwrap_or_else(|_| panic!("GET {k}: {r:?}"));
+        let v: i64 = r
+            .as_str()
+            .parse()
+            .unwrap_or_else(|_| panic!("GET {k}: {r:?}"));
         assert!(
             v >= acked[i] && v <= acked[i] + maybe[i],
             "{k}: {v} in the node, {} acknowledged, {} unknown",
@@ -334,4 +356,47 @@ fn labelled_error_series_exist_at_zero_from_the_start() {
             "missing {want} on /metrics:\n{m}"
         );
     }
+}
+
+/// A runaway script is stopped through the proxy: SCRIPT KILL reaches the busy node at once
+/// on a connection of its own, answers what the node answers, and the node serves again.
+#[test]
+fn script_kill_and_function_kill_reach_the_busy_node_through_the_proxy() {
+    need_redis();
+    let nodes = pool(2);
+    let refs: Vec<&Redis> = nodes.iter().collect();
+    let proxy = Proxy::start(&refs, &[]);
+    let mut c = proxy.client();
+    // Nothing runs: NOTBUSY, as from one node.
+    let r = c.cmd(&["SCRIPT", "KILL"]);
+    assert!(r.is_error() && r.err().starts_with("NOTBUSY"), "{r:?}");
+    let r = c.cmd(&["FUNCTION", "KILL"]);
+    assert!(r.is_error() && r.err().starts_with("NOTBUSY"), "{r:?}");
+    for node in &nodes {
+        node.client()
+            .cmd(&["CONFIG", "SET", "busy-reply-threshold", "100"]);
+    }
+    let addr = proxy.addr();
+    let runaway = thread::spawn(move || {
+        let mut c = Client::connect(&addr);
+        c.set_read_timeout(Duration::from_secs(30));
+        c.cmd(&["EVAL", "while true do end", "1", "somekey"])
+    });
+    thread::sleep(Duration::from_millis(500));
+    let t = Instant::now();
+    let r = c.cmd(&["SCRIPT", "KILL"]);
+    assert_eq!(r, Reply::ok(), "SCRIPT KILL through the proxy");
+    assert!(
+        t.elapsed() < Duration::from_secs(2),
+        "SCRIPT KILL took {:?}",
+        t.elapsed()
+    );
+    let killed = runaway.join().unwrap();
+    assert!(
+        killed.is_error() && killed.err().contains("killed"),
+        "the script's caller: {killed:?}"
+    );
+    // Every node serves again through the proxy.
+    assert_eq!(c.cmd(&["FLUSHALL"]), Reply::ok());
+    assert_eq!(c.cmd(&["SET", "somekey", "1"]), Reply::ok());
 }

@@ -646,3 +646,44 @@ fn a_node_down_gives_an_error_never_a_partial_sum_and_a_restart_with_aof_loses_n
     });
     assert_eq!(get_int(&b, key), acked);
 }
+
+/// A salted counter refuses what Redis refuses, with Redis's own words: an increment that
+/// is not an integer by string2ll's rules (`+5`, `007`), one that cannot be negated, and
+/// one that would overflow the whole; and it stays readable afterwards.
+#[test]
+fn a_salted_counter_refuses_bad_and_overflowing_increments_as_redis_does() {
+    need_redis();
+    let (nodes, _dir, rules) = setup("salt-int");
+    let a = proxy(&nodes, &rules, &[]);
+    let reference = Redis::start();
+    let mut r = reference.client();
+    wait_in_force(&[&a], "final:votes");
+    let mut c = a.client();
+    let script: &[&[&str]] = &[
+        &["INCRBY", "final:votes", "12"],
+        &["INCRBY", "final:votes", "9223372036854775807"],
+        &["INCRBY", "final:votes", "9223372036854775807"],
+        &["INCRBY", "final:votes", "+5"],
+        &["INCRBY", "final:votes", "007"],
+        &["INCRBY", "final:votes", " 5"],
+        &["INCRBY", "final:votes", "9223372036854775808"],
+        &["DECRBY", "final:votes", "-9223372036854775808"],
+        &["DECRBY", "final:votes", "abc"],
+        &["INCRBY", "final:votes", "-9223372036854775808"],
+        &["INCRBY", "final:votes", "-9223372036854775808"],
+        &["INCR", "final:votes"],
+        &["GET", "final:votes"],
+    ];
+    for cmd in script {
+        let want = r.cmd(cmd);
+        let got = c.cmd(cmd);
+        match (&want, &got) {
+            (Reply::Error(w), Reply::Error(g)) => assert_eq!(g, w, "{cmd:?}"),
+            _ => assert_eq!(got, want, "{cmd:?}"),
+        }
+    }
+    // The pin keeps it salted, and the whole stays readable and equal to Redis's.
+    assert!(salted(&a, "final:votes").is_some());
+    let want: i64 = r.cmd(&["GET", "final:votes"]).as_str().parse().unwrap();
+    assert_eq!(get_int(&a, "final:votes"), want);
+}

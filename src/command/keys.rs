@@ -274,29 +274,5 @@ fn georadius<A: Args + ?Sized>(args: &A, options_from: usize, keys: &mut Keys) {
     }
 }
 
-/// Redis's string2ll: optional '-', no '+', no leading zeros, no spaces, no overflow.
-pub(super) fn parse_i64(s: &[u8]) -> Option<i64> {
-    if s == b"0" {
-        return Some(0);
-    }
-    let (negative, digits) = match s.split_first() {
-        Some((b'-', rest)) => (true, rest),
-        _ => (false, s),
-    };
-    match digits.first() {
-        Some(b'1'..=b'9') => {}
-        _ => return None,
-    }
-    let mut v: u64 = 0;
-    for &d in digits {
-        if !d.is_ascii_digit() {
-            return None;
-        }
-        v = v.checked_mul(10)?.checked_add(u64::from(d - b'0'))?;
-    }
-    if negative {
-        (v <= i64::MAX as u64 + 1).then(|| (v as i64).wrapping_neg())
-    } else {
-        i64::try_from(v).ok()
-    }
-}
+/// Redis's string2ll, from the wire module: the one integer parser of the crate.
+pub(super) use crate::resp::parse_i64;

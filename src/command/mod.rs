@@ -200,6 +200,9 @@ pub enum Route {
     Transaction,
     /// (P|S)(UN)SUBSCRIBE: the connection enters pub/sub mode.
     Subscribe,
+    /// SCRIPT KILL, FUNCTION KILL: to every node at once, each on a connection of its own
+    /// (the shared ones queue behind the busy script).
+    Kill,
     /// Refused with this one-line reason.
     Unsupported(&'static str),
 }

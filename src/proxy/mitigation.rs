@@ -208,10 +208,14 @@ async fn fetch(
     wire: Bytes,
     timeout: Option<std::time::Duration>,
 ) -> Result<Bytes, String> {
-    conn.call(smallvec::smallvec![wire], 1, crate::backend::deadline(timeout))
-        .await
-        .map(|r| r.get(0))
-        .map_err(|e| e.to_string())
+    conn.call(
+        smallvec::smallvec![wire],
+        1,
+        crate::backend::deadline(timeout),
+    )
+    .await
+    .map(|r| r.get(0))
+    .map_err(|e| e.to_string())
 }
 
 /// Before this session's next jobs leave, its combined writes (and salted-key tasks) must

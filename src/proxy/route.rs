@@ -163,3 +163,65 @@ pub(super) fn scan_one(s: &mut Session, req: &Request, rb: &mut RoundBuilder) {
     rb.slots
         .push(Slot::Merge(Box::new(Merge::Scan { part, node, nodes })));
 }
+
+/// SCRIPT KILL or FUNCTION KILL: sent at once to every node, each on a fresh connection of
+/// its own, because a node running a script answers its shared connections only once the
+/// script ends. The reply is what one node would say: OK if a node killed something, else
+/// the first refusal other than NOTBUSY (UNKILLABLE: the script wrote), else NOTBUSY.
+pub(super) fn kill(s: &mut Session, req: &Request, rb: &mut RoundBuilder) {
+    let wire = req.wire();
+    let timeout = s.ctx.backend.request_timeout;
+    let handshakes: Vec<_> = s
+        .ctx
+        .backend
+        .nodes()
+        .iter()
+        .map(|n| n.handshake(crate::resp::Proto::Resp2, 0))
+        .collect();
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    tokio::spawn(async move {
+        // Every node at once: the busy one must not wait behind the others.
+        let asks: Vec<_> = handshakes
+            .into_iter()
+            .map(|hs| {
+                let wire = wire.clone();
+                tokio::spawn(async move {
+                    let ask = async {
+                        let mut d = crate::backend::Dedicated::open(&hs).await?;
+                        d.call(&[wire], 1).await.map(|r| r.get(0))
+                    };
+                    match timeout {
+                        Some(t) => tokio::time::timeout(t, ask)
+                            .await
+                            .unwrap_or(Err(crate::backend::BackendError::Timeout(hs.addr.clone()))),
+                        None => ask.await,
+                    }
+                })
+            })
+            .collect();
+        let mut replies = Vec::with_capacity(asks.len());
+        for a in asks {
+            replies.push(a.await.unwrap_or(Err(crate::backend::BackendError::Closed)));
+        }
+        let _ = tx.send(kill_reply(replies));
+    });
+    rb.slots.push(Slot::Later(rx));
+}
+
+fn kill_reply(replies: Vec<Result<Bytes, crate::backend::BackendError>>) -> Bytes {
+    let mut refusal = None;
+    let mut notbusy = None;
+    let mut failure = None;
+    for r in replies {
+        match r {
+            Ok(b) if b.starts_with(b"+") => return b,
+            Ok(b) if b.starts_with(b"-NOTBUSY") => notbusy = notbusy.or(Some(b)),
+            Ok(b) => refusal = refusal.or(Some(b)),
+            Err(e) => failure = failure.or(Some(err_bytes(&format!("ERR saltshaker: {e}")))),
+        }
+    }
+    refusal
+        .or(notbusy)
+        .or(failure)
+        .unwrap_or_else(|| err_bytes("ERR saltshaker: no node to send the command to"))
+}

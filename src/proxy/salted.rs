@@ -48,6 +48,11 @@ pub(super) enum Plan {
     Task(Arc<SaltTable>),
     /// Fold the shards into the base key first, then go on as usual.
     Fold(Arc<SaltTable>),
+    /// Refused with Redis's own error before anything is sent.
+    Reject(&'static str),
+    /// A counter write whose whole is not known to stay clear of i64's bounds: by a task
+    /// that reads the whole first (`ops::checked_write`).
+    Checked(Arc<Salted>, Op),
     /// As if the key were not salted (a write before the promotion is in force, or after
     /// demotion: the base key takes it, and reads merge it).
     Forward,
@@ -58,7 +63,12 @@ impl Plan {
     pub(super) fn needs_flush(&self) -> bool {
         matches!(
             self,
-            Plan::Task(_) | Plan::Fold(_) | Plan::Careful(..) | Plan::Members(..) | Plan::Quiet(..)
+            Plan::Task(_)
+                | Plan::Fold(_)
+                | Plan::Careful(..)
+                | Plan::Checked(..)
+                | Plan::Members(..)
+                | Plan::Quiet(..)
         )
     }
 }
@@ -98,6 +108,17 @@ pub(super) fn plan(s: &Session, req: &Request, c: &Classified) -> Option<Plan> {
     }
     Some(match op {
         Op::Other => Plan::Fold(table),
+        Op::Reject(msg) => Plan::Reject(msg),
+        // A shard write must not take the whole past i64 (Redis would refuse it, and the
+        // merged read could not answer): with no safe known total, read it first.
+        Op::Write { delta, ref field }
+            if e.rec.writers(now).is_some()
+                && !e
+                    .known_total(field.as_ref())
+                    .is_some_and(|t| ops::write_fits(t, delta)) =>
+        {
+            Plan::Checked(e, op)
+        }
         Op::Write { .. } if e.rec.writers(now).is_none() || !s.ctx.salt.fresh(now) => {
             s.ctx.salt.metrics.base_writes.inc();
             Plan::Forward
@@ -165,6 +186,10 @@ pub(super) async fn act(
     let name = c.spec.name;
     let table = match plan {
         Plan::Forward => return Next::Forward,
+        Plan::Reject(msg) => {
+            rb.slots.push(Slot::Ready(err_bytes(msg)));
+            return Next::Done;
+        }
         Plan::Inline(e, op) => {
             let (cmds, part) = ops::plan(&e, &op, &args, now_ms(), false);
             let parts = cmds.into_iter().map(|(n, w)| push(s, rb, n, w)).collect();
@@ -198,6 +223,17 @@ pub(super) async fn act(
         }
         Plan::Combine(e, op) => {
             combine(s, e, op, &args, rb);
+            return Next::Done;
+        }
+        Plan::Checked(e, op) => {
+            let ctx = s.ctx.clone();
+            let proto = s.proto;
+            s.ctx.salt.metrics.shard_writes.inc();
+            later(s, rb, async move {
+                ops::checked_write(&ctx.backend, &ctx.salt, &e, op, &args)
+                    .await
+                    .to_bytes(proto)
+            });
             return Next::Done;
         }
         Plan::Members(e, m, careful) => {
@@ -242,6 +278,9 @@ pub(super) async fn act(
         let key = req.arg(k as usize);
         if table.get(key).is_none() {
             continue;
+        }
+        if let Some(e) = table.get(key) {
+            e.forget();
         }
         if let Err(e) = fold::move_all(&s.ctx.backend, &s.ctx.salt, key).await {
             tracing::warn!(key = %String::from_utf8_lossy(key), error = %e, command = name, "could not fold a salted key before a command that needs its whole value");

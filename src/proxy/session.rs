@@ -223,7 +223,9 @@ async fn read_loop(
             let mut flow = handle(s, req, &mut rb).await;
             if let Flow::Flush(req) = flow {
                 wait_barrier(s, &rb).await;
-                let mut round = std::mem::take(&mut rb).send(s.ctx.backend.request_timeout).await;
+                let mut round = std::mem::take(&mut rb)
+                    .send(s.ctx.backend.request_timeout)
+                    .await;
                 let (ack_tx, ack_rx) = oneshot::channel();
                 round.acked = Some(ack_tx);
                 s.barrier.push(ack_rx);
@@ -388,6 +390,7 @@ async fn handle(s: &mut Session, req: Request, rb: &mut RoundBuilder) -> Flow {
             rb.slots.push(Slot::Reply(part));
         }
         Route::Scan => scan_one(s, &req, rb),
+        Route::Kill => super::route::kill(s, &req, rb),
         Route::RandomKey => {
             let parts = (0..s.ctx.backend.len())
                 .map(|n| push(s, rb, n, req.wire()))

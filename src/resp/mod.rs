@@ -59,7 +59,7 @@ impl Default for Limits {
 
 /// Parses a decimal integer the way Redis's `string2ll` does: optional '-', no '+', no
 /// leading zeros, no spaces, no "-0", and it must fit an i64.
-pub(crate) fn parse_i64(s: &[u8]) -> Option<i64> {
+pub fn parse_i64(s: &[u8]) -> Option<i64> {
     let (neg, digits) = match s.split_first() {
         Some((b'-', rest)) => (true, rest),
         Some(_) => (false, s),

@@ -226,7 +226,7 @@ pub fn merge(e: &Salted, op: &Op, r: &[Value], careful: bool) -> Result<Value, V
             .cloned()
             .unwrap_or_else(|| r[0].clone()),
         Op::Member(m) => return super::members::merge(m, &r),
-        Op::Write { .. } | Op::Other => err("internal: not a merged command"),
+        Op::Write { .. } | Op::Other | Op::Reject(_) => err("internal: not a merged command"),
     })
 }
 

@@ -161,6 +161,19 @@ impl Salted {
         row.iter().fold(0i64, |a, &x| a.saturating_add(x))
     }
 
+    /// The last known whole of `field` (the sum of every part's last seen value); None
+    /// until this proxy has read every part (a merged read), or since a fold moved them.
+    pub fn known_total(&self, field: Option<&Bytes>) -> Option<i64> {
+        let last = self.last.lock().unwrap_or_else(|p| p.into_inner());
+        last.get(&field.cloned())
+            .map(|row| row.iter().fold(0i64, |a, &x| a.saturating_add(x)))
+    }
+
+    /// Forgets every part's last seen value: a fold moved them.
+    pub fn forget(&self) {
+        self.last.lock().unwrap_or_else(|p| p.into_inner()).clear();
+    }
+
     /// Remembers every part's value after a merged read.
     pub fn remember(&self, field: Option<&Bytes>, values: &[i64]) {
         let mut last = self.last.lock().unwrap_or_else(|p| p.into_inner());
@@ -346,7 +359,7 @@ pub fn failpoint(name: &str) {
 pub fn as_i64(v: &Value) -> Option<i64> {
     match v {
         Value::Integer(i) => Some(*i),
-        Value::Bulk(b) => std::str::from_utf8(b).ok()?.parse().ok(),
+        Value::Bulk(b) => crate::resp::parse_i64(b),
         _ => None,
     }
 }

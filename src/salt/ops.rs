@@ -42,6 +42,9 @@ pub enum Op {
     FirstExisting,
     /// A command on a set or HyperLogLog salted by member (`members`).
     Member(MOp),
+    /// Refused with Redis's own error before anything is sent (an increment that is not
+    /// an integer by Redis's rules, such as `+5` or `007`, or one that cannot be negated).
+    Reject(&'static str),
     /// Anything else: fold the shards into the base key, then run it there.
     Other,
 }
@@ -57,18 +60,25 @@ pub fn classify(kind: Kind, name: &str, args: &[Bytes]) -> Op {
             None => members::classify(kind, name, args).map_or(Op::Other, Op::Member),
         };
     }
-    let int = |i: usize| -> Option<i64> { std::str::from_utf8(args.get(i)?).ok()?.parse().ok() };
+    // Redis checks the increment before it looks at the key, with string2ll's rules.
+    let int = |i: usize| -> Option<i64> { crate::resp::parse_i64(args.get(i)?) };
     let n = args.len();
     let write = |delta: Option<i64>, field: Option<Bytes>| match delta {
         Some(delta) => Op::Write { delta, field },
-        // Not an integer: the base key's node gives Redis's own error.
-        None => Op::Other,
+        None => Op::Reject(NOT_AN_INTEGER),
     };
     match (name, n) {
         ("INCR", 2) => write(Some(1), None),
         ("DECR", 2) => write(Some(-1), None),
         ("INCRBY", 3) => write(int(2), None),
-        ("DECRBY", 3) => write(int(2).and_then(i64::checked_neg), None),
+        ("DECRBY", 3) => match int(2) {
+            Some(d) => d
+                .checked_neg()
+                .map_or(Op::Reject("ERR decrement would overflow"), |delta| {
+                    write(Some(delta), None)
+                }),
+            None => Op::Reject(NOT_AN_INTEGER),
+        },
         ("HINCRBY", 4) => write(int(3), Some(args[2].clone())),
         ("GET", 2) => Op::Get,
         ("HGET", 3) => Op::HGet(args[2].clone()),
@@ -76,6 +86,19 @@ pub fn classify(kind: Kind, name: &str, args: &[Bytes]) -> Op {
         ("HGETALL", 2) => Op::HGetAll,
         _ => key_command(name, n).unwrap_or(Op::Other),
     }
+}
+
+/// Redis's reply to an increment that is not an integer.
+const NOT_AN_INTEGER: &str = "ERR value is not an integer or out of range";
+
+/// A shard write is safe while the whole stays this far from i64's bounds: no sum of parts
+/// can then overflow. Beyond it (a huge increment, or a total known to be near the bound),
+/// the key is folded and the base key's node decides exactly, with Redis's own error.
+pub const SAFE_TOTAL: i64 = 1 << 62;
+
+/// Whether a shard write of `delta` keeps the whole (last known `total`) safe.
+pub fn write_fits(total: i64, delta: i64) -> bool {
+    total.unsigned_abs().saturating_add(delta.unsigned_abs()) < SAFE_TOTAL as u64
 }
 
 /// The commands on the key itself, whatever it holds: they act on every part.
@@ -162,6 +185,60 @@ pub async fn careful(backend: &Backend, e: &Salted, op: Op, args: &[Bytes]) -> V
     careful_read(backend, e, &op, &cmds)
         .await
         .unwrap_or_else(|e| e)
+}
+
+/// A counter write whose whole this proxy does not know to be safe: the whole is read
+/// first (every part, with its fold bookkeeping). Clear of i64's bounds, the write goes to
+/// its shard as usual; near them, the shards are folded into the base key and the command
+/// runs there, so the node refuses an overflow with Redis's own error and nothing can take
+/// the merged whole past what a read can answer.
+pub async fn checked_write(
+    backend: &Backend,
+    salt: &super::Salt,
+    e: &Arc<Salted>,
+    op: Op,
+    args: &[Bytes],
+) -> Value {
+    let Op::Write { delta, field } = &op else {
+        return err("internal: not a counter write");
+    };
+    let (read, read_args) = match field {
+        None => (Op::Get, vec![Bytes::from_static(b"GET"), e.key.clone()]),
+        Some(f) => (
+            Op::HGet(f.clone()),
+            vec![Bytes::from_static(b"HGET"), e.key.clone(), f.clone()],
+        ),
+    };
+    let whole = match careful(backend, e, read, &read_args).await {
+        Value::Nil => Some(0),
+        Value::Bulk(b) => crate::resp::parse_i64(&b),
+        Value::Error(m) => return Value::Error(m),
+        _ => None,
+    };
+    if whole.is_some_and(|t| write_fits(t, *delta)) {
+        let (cmds, part) = plan(e, &op, args, super::now_ms(), false);
+        return match call(backend, &cmds).await {
+            Ok(r) => {
+                let (v, created) = super::merge::written(e, &op, part, &r[0]);
+                if created {
+                    inherit_expiry(backend, e, part).await;
+                }
+                v
+            }
+            Err(m) => err(&m),
+        };
+    }
+    e.forget();
+    if let Err(m) = super::fold::move_all(backend, salt, &e.key).await {
+        return err(&format!(
+            "{} needs the salted key folded first, and that failed: {m}",
+            String::from_utf8_lossy(&args[0])
+        ));
+    }
+    match call(backend, &[(e.nodes[0], wire(args))]).await {
+        Ok(mut r) => r.remove(0),
+        Err(m) => err(&m),
+    }
 }
 
 /// What to send for a mergeable `op`: the command on every part (a read or key command),
@@ -304,8 +381,18 @@ mod tests {
                 field: Some(b("f"))
             }
         );
-        assert_eq!(c("INCRBY k x"), Op::Other);
-        assert_eq!(c("DECRBY k -9223372036854775808"), Op::Other);
+        assert_eq!(c("INCRBY k x"), Op::Reject(NOT_AN_INTEGER));
+        assert_eq!(c("INCRBY k +5"), Op::Reject(NOT_AN_INTEGER));
+        assert_eq!(c("INCRBY k 007"), Op::Reject(NOT_AN_INTEGER));
+        assert_eq!(
+            c("INCRBY k 9223372036854775808"),
+            Op::Reject(NOT_AN_INTEGER)
+        );
+        assert_eq!(c("HINCRBY k f 1.0"), Op::Reject(NOT_AN_INTEGER));
+        assert_eq!(
+            c("DECRBY k -9223372036854775808"),
+            Op::Reject("ERR decrement would overflow")
+        );
         assert_eq!(c("INCRBYFLOAT k 1.5"), Op::Other);
         assert_eq!(c("SET k 1"), Op::Other);
         assert_eq!(c("GET k"), Op::Get);
