@@ -831,3 +831,82 @@ fn hyperloglog_and_field_folds_killed_midway_lose_nothing() {
         );
     }
 }
+
+/// A set, HyperLogLog and sorted set pinned before they exist (a vote prepared in advance),
+/// under a rule that allows every family: each is salted once its first write gives it a
+/// type, with that type, and pipelines of 2000 writes are answered in full and promptly,
+/// before and after the promotion takes effect.
+#[test]
+fn pinned_absent_keys_take_the_type_of_their_first_write_and_pipelines_never_stall() {
+    need_redis();
+    const PINS: &str = r#"version: 1
+epoch_ms: 2000
+defaults:
+  write:
+    salt: { families: [counters, hashes, sets, hyperloglogs, sorted_sets] }
+rules:
+  - { match: "ev:hll", pin: true, write: { strategy: salt, salt: { shards: 4 } } }
+  - { match: "ev:set", pin: true, write: { strategy: salt, salt: { shards: 4 } } }
+  - { match: "ev:lb", pin: true, write: { strategy: salt, salt: { shards: 4 } } }
+"#;
+    let dir = TempDir::new("pins");
+    let path = dir.0.join("rules.yaml");
+    std::fs::write(&path, PINS).unwrap();
+    let nodes = pool(4);
+    let p = proxy(&nodes, &path_str(&path), &[]);
+    let mut c = p.client();
+    c.set_read_timeout(Duration::from_secs(30));
+    // Absent keys with several allowed families are not salted before they have a type.
+    thread::sleep(Duration::from_millis(1500));
+    for key in ["ev:hll", "ev:set", "ev:lb"] {
+        assert!(
+            salted(&p, key).is_none(),
+            "{key} salted before it had a type"
+        );
+    }
+    let batch = |c: &mut Client, from: usize| {
+        let cmds: Vec<Vec<String>> = (from..from + 2000)
+            .flat_map(|i| {
+                [
+                    vec!["PFADD".into(), "ev:hll".into(), format!("e{i}")],
+                    vec!["SADD".into(), "ev:set".into(), format!("m{i}")],
+                    vec![
+                        "ZINCRBY".into(),
+                        "ev:lb".into(),
+                        "1".into(),
+                        format!("p{}", i % 50),
+                    ],
+                ]
+            })
+            .collect();
+        let t = std::time::Instant::now();
+        let replies = c.pipeline(&cmds);
+        let took = t.elapsed();
+        assert!(
+            replies.iter().all(|r| !r.is_error()),
+            "errors: {:?}",
+            replies
+                .iter()
+                .filter(|r| r.is_error())
+                .take(3)
+                .collect::<Vec<_>>()
+        );
+        assert!(
+            took < Duration::from_secs(10),
+            "6000 pipelined writes took {took:?}"
+        );
+    };
+    batch(&mut c, 0);
+    for (key, kind) in [("ev:hll", "hll"), ("ev:set", "set"), ("ev:lb", "zset")] {
+        wait_in_force(&[&p], key);
+        let e = salted(&p, key).unwrap();
+        assert_eq!(e["kind"], kind, "{key}: {e}");
+    }
+    batch(&mut c, 2000);
+    assert_eq!(c.cmd(&["SCARD", "ev:set"]).as_int(), 4000);
+    let n = c.cmd(&["PFCOUNT", "ev:hll"]).as_int();
+    assert!((3900..=4100).contains(&n), "PFCOUNT {n} of 4000");
+    assert_eq!(c.cmd(&["ZCARD", "ev:lb"]).as_int(), 50);
+    assert_eq!(c.cmd(&["ZSCORE", "ev:lb", "p7"]).as_str(), "80");
+    assert!(shard_keys(&nodes).len() >= 8, "the writes reached shards");
+}

@@ -364,6 +364,13 @@ pub async fn move_all(backend: &Backend, salt: &Salt, key: &[u8]) -> Result<(), 
             }
         }
     };
+    if nothing_to_move(backend, key, &c.rec).await? {
+        // Every shard (and its stash) is empty: nothing would move, so no reader can see a
+        // value in transit and there is nothing to announce. Without this, each command
+        // that cannot be merged waited three registry ticks, and a pipeline of them looked
+        // like a hang.
+        return release(backend, key, c).await;
+    }
     if c.rec.demote_ms.is_none() {
         // Readers of a salted key skip the fold's bookkeeping until they see a fold: give
         // every proxy three registry ticks to see this claim before anything moves.
@@ -375,6 +382,19 @@ pub async fn move_all(backend: &Backend, salt: &Salt, key: &[u8]) -> Result<(), 
         move_shard(backend, salt, key, &mut c, i).await?;
     }
     release(backend, key, c).await
+}
+
+/// True when no shard of `key`, and no shard's stash, holds anything.
+async fn nothing_to_move(backend: &Backend, key: &[u8], rec: &Record) -> Result<bool, String> {
+    let tag = backend.tag();
+    let cmds: Vec<(usize, Bytes)> = rec
+        .salts
+        .iter()
+        .flat_map(|&s| [shard_name(key, s, tag), stash_name(backend, key, s)])
+        .map(|k| (backend.node_of(&k), wire(&[&b"EXISTS"[..], &k])))
+        .collect();
+    let r = call(backend, &cmds).await?;
+    Ok(r.iter().all(|v| as_i64(v) == Some(0)))
 }
 
 /// The whole fold of a demoted key: move every shard, check that none was written since,

@@ -155,8 +155,9 @@ pub async fn promote(
         return Err("salting needs a pool that places keys by hash (not random)".into());
     }
     let (kind, family) = match key_type(backend, key).await?.as_str() {
+        "none" => absent_kind(&policy)?,
         "string" if is_hll(backend, key).await? => (Kind::Hll, "hyperloglogs"),
-        "string" | "none" => (Kind::String, "counters"),
+        "string" => (Kind::String, "counters"),
         "hash" if policy.by == SaltBy::Field => (Kind::Fields, "hashes"),
         "hash" => (Kind::Hash, "hashes"),
         "set" => (Kind::Set, "sets"),
@@ -221,6 +222,33 @@ pub async fn demote(backend: &Backend, salt: &Salt, key: &[u8]) -> Result<Option
         }
     }
     Err("the registry keeps changing; try again".into())
+}
+
+/// The kind of a key that does not exist yet (pinned before an event). It has no type, so
+/// only a rule that allows one salted family says what it will be; otherwise the key is
+/// salted once its first write gives it a type (the coordinator retries pins every tick).
+/// Salting it as a counter anyway would make every PFADD, SADD or ZINCRBY on it a command
+/// that cannot be merged, each folding the key first.
+fn absent_kind(policy: &SaltPolicy) -> Result<(Kind, &'static str), String> {
+    let salted = ["counters", "hashes", "sets", "hyperloglogs", "sorted_sets"];
+    let allowed: Vec<&str> = salted
+        .into_iter()
+        .filter(|f| policy.families.contains(f))
+        .collect();
+    Ok(match allowed[..] {
+        ["counters"] => (Kind::String, "counters"),
+        ["hashes"] if policy.by == SaltBy::Field => (Kind::Fields, "hashes"),
+        ["hashes"] => (Kind::Hash, "hashes"),
+        ["sets"] => (Kind::Set, "sets"),
+        ["hyperloglogs"] => (Kind::Hll, "hyperloglogs"),
+        ["sorted_sets"] => (Kind::ZSet, "sorted_sets"),
+        _ => {
+            return Err(format!(
+                "the key does not exist yet and its rule's write.salt.families is [{}]: it is salted once its first write gives it a type",
+                allowed.join(", ")
+            ))
+        }
+    })
 }
 
 /// A HyperLogLog is a string that starts with Redis's `HYLL` magic.
