@@ -152,6 +152,9 @@ pub struct LimitsConfig {
     pub max_pending_bytes: usize,
     /// Most client connections at once; further ones are refused with an error.
     pub max_clients: usize,
+    /// Replies one client may leave unread before it is closed (Redis's
+    /// `client-output-buffer-limit` hard limit); 0 = no limit.
+    pub max_output_bytes: usize,
 }
 
 impl Default for LimitsConfig {
@@ -162,6 +165,7 @@ impl Default for LimitsConfig {
             max_inline_bytes: 64 * 1024,
             max_pending_bytes: 1024 * 1024 * 1024,
             max_clients: 10_000,
+            max_output_bytes: 256 * 1024 * 1024,
         }
     }
 }

@@ -111,6 +111,7 @@ pub async fn run(
         shutdown.subscribe(),
         rules.clone(),
     );
+    ctx.max_output = cfg.limits.max_output_bytes;
     if cfg.cache.enabled {
         ctx.cache = Some(proxy::CacheLayer::start(&ctx.backend, &cfg.cache, &metrics));
     }

@@ -74,6 +74,7 @@ pub struct Metrics {
     pub client_connections_total: Counter,
     pub client_rejected: Counter,
     pub protocol_errors: Counter,
+    pub output_limit_closed: Counter,
     pub backend_requests: Family<NodeLabel, Counter>,
     pub backend_errors: Family<NodeErrorLabel, Counter>,
     pub backend_connections: Family<NodeLabel, Gauge>,
@@ -127,6 +128,7 @@ impl Metrics {
             client_connections_total: Counter::default(),
             client_rejected: Counter::default(),
             protocol_errors: Counter::default(),
+            output_limit_closed: Counter::default(),
             backend_requests: Family::default(),
             backend_errors: Family::default(),
             backend_connections: Family::default(),
@@ -180,6 +182,11 @@ impl Metrics {
             "protocol_errors",
             "Client connections closed for malformed RESP",
             m.protocol_errors.clone(),
+        );
+        r.register(
+            "client_output_limit_closed",
+            "Client connections closed for leaving more than limits.max_output_bytes of replies unread",
+            m.output_limit_closed.clone(),
         );
         r.register(
             "backend_requests",

@@ -400,3 +400,75 @@ fn script_kill_and_function_kill_reach_the_busy_node_through_the_proxy() {
     assert_eq!(c.cmd(&["FLUSHALL"]), Reply::ok());
     assert_eq!(c.cmd(&["SET", "somekey", "1"]), Reply::ok());
 }
+
+/// Resident memory of a process, from /proc.
+fn rss_bytes(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let kb: u64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.split_whitespace().next()?.parse().ok())
+        .expect("VmRSS");
+    kb * 1024
+}
+
+/// A client that pipelines GETs of a large value without ever reading is closed once it
+/// owes more than `limits.max_output_bytes`, with a log line and a metric; the proxy's
+/// memory stays bounded and other clients are served throughout.
+#[test]
+fn a_client_that_never_reads_is_closed_at_the_output_limit_and_memory_stays_bounded() {
+    need_redis();
+    let node = Redis::start();
+    let proxy = Proxy::start_with_config(&[&node], "limits: { max_output_bytes: 8388608 }", &[]);
+    let value = "x".repeat(100_000);
+    let mut c = proxy.client();
+    assert_eq!(c.cmd(&["SET", "big", &value]), Reply::ok());
+    let before = rss_bytes(proxy.pid().unwrap());
+    // 4000 GETs of 100 kB would be 400 MB of replies; the client reads none of them.
+    let mut rude = std::net::TcpStream::connect(proxy.addr()).unwrap();
+    rude.set_write_timeout(Some(Duration::from_secs(20)))
+        .unwrap();
+    let get = encode(&["GET", "big"]);
+    let mut closed = false;
+    let mut peak = before;
+    for _ in 0..4000 {
+        if std::io::Write::write_all(&mut rude, &get).is_err() {
+            closed = true;
+            break;
+        }
+        peak = peak.max(rss_bytes(proxy.pid().unwrap()));
+    }
+    assert!(
+        wait_until(Duration::from_secs(10), || proxy
+            .stderr()
+            .contains("closing a client that leaves its replies unread")),
+        "no log line for the closed client:\n{}",
+        proxy.stderr()
+    );
+    let m = proxy.admin_get("/metrics").1;
+    assert!(
+        m.lines()
+            .any(|l| l == "saltshaker_client_output_limit_closed_total 1"),
+        "metric:\n{m}"
+    );
+    // The proxy's memory grew by about the limit, not by the 400 MB owed.
+    peak = peak.max(rss_bytes(proxy.pid().unwrap()));
+    assert!(
+        peak < before + 120 * 1024 * 1024,
+        "proxy RSS went from {before} to {peak} bytes"
+    );
+    // Others are served; the rude client's socket is closed (writes fail, or it reads EOF).
+    assert_eq!(c.cmd(&["GET", "big"]), Reply::bulk(&value));
+    if !closed {
+        rude.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        let mut sink = vec![0u8; 1 << 20];
+        let mut total = 0usize;
+        loop {
+            match std::io::Read::read(&mut rude, &mut sink) {
+                Ok(0) | Err(_) => break,
+                Ok(n) => total += n,
+            }
+        }
+        assert!(total < 400_000_000, "the rude client got every reply");
+    }
+}

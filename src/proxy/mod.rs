@@ -48,6 +48,8 @@ pub struct Ctx {
     pub limits: Limits,
     pub max_pending: usize,
     pub max_clients: usize,
+    /// Unread replies a client may owe before it is closed (0 = no limit).
+    pub max_output: usize,
     pub password: Option<String>,
     pub shutdown: watch::Receiver<bool>,
     pub started: Instant,
@@ -89,6 +91,7 @@ impl Ctx {
             limits,
             max_pending,
             max_clients,
+            max_output: 0,
             password,
             shutdown,
             started: Instant::now(),

@@ -17,13 +17,41 @@ use crate::resp::{
 
 /// Writes replies until the session ends. Returns the tunnel end if the session turned
 /// into a pub/sub tunnel, so the caller can pump it.
+///
+/// Rounds are resolved as they come, also while the client is not reading, so unread
+/// replies gather in `out`, where they are counted: a client that owes more than
+/// `limits.max_output_bytes` is closed, as Redis closes one past its output buffer limit.
+/// Otherwise a client that pipelines without reading would hold every reply of every round
+/// in flight, without bound.
 pub async fn write_loop<W: AsyncWrite + Unpin>(
     mut w: W,
     mut rounds: mpsc::Receiver<(Round, Proto)>,
     ctx: Arc<Ctx>,
+    client: u64,
 ) -> (W, Option<super::tunnel::TunnelEnd>) {
     let mut out = BytesMut::with_capacity(16 * 1024);
-    while let Some((round, proto)) = rounds.recv().await {
+    let limit = if ctx.max_output == 0 {
+        usize::MAX
+    } else {
+        ctx.max_output
+    };
+    loop {
+        let next = if out.is_empty() {
+            rounds.recv().await
+        } else {
+            tokio::select! {
+                biased;
+                n = w.write(&out) => {
+                    match n {
+                        Ok(0) | Err(_) => return (w, None),
+                        Ok(n) => bytes::Buf::advance(&mut out, n),
+                    }
+                    continue;
+                }
+                r = rounds.recv() => r,
+            }
+        };
+        let Some((round, proto)) = next else { break };
         let mut next = Some((round, proto));
         // Resolve every round that is already queued, then write once.
         while let Some((mut round, proto)) = next.take() {
@@ -50,11 +78,18 @@ pub async fn write_loop<W: AsyncWrite + Unpin>(
                 next = rounds.try_recv().ok();
             }
         }
-        if w.write_all(&out).await.is_err() {
+        if out.len() > limit {
+            ctx.metrics.output_limit_closed.inc();
+            tracing::warn!(
+                client,
+                unread_bytes = out.len(),
+                limit_bytes = limit,
+                "closing a client that leaves its replies unread (limits.max_output_bytes)"
+            );
             return (w, None);
         }
-        out.clear();
     }
+    let _ = w.write_all(&out).await;
     let _ = w.flush().await;
     (w, None)
 }

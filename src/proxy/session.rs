@@ -93,7 +93,7 @@ pub async fn run(stream: TcpStream, ctx: Arc<Ctx>, id: u64) {
         .unwrap_or_default();
     let (r, w) = stream.into_split();
     let (tx, rx) = mpsc::channel::<(Round, Proto)>(64);
-    let writer = tokio::spawn(reply::write_loop(w, rx, ctx.clone()));
+    let writer = tokio::spawn(reply::write_loop(w, rx, ctx.clone(), id));
     let (gone_tx, gone_rx) = watch::channel(false);
     let mut s = Session {
         authed: ctx.password.is_none(),
