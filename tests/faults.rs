@@ -472,3 +472,174 @@ fn a_client_that_never_reads_is_closed_at_the_output_limit_and_memory_stays_boun
         assert!(total < 400_000_000, "the rude client got every reply");
     }
 }
+
+/// The value of an unlabelled series on /metrics.
+fn metric(proxy: &Proxy, name: &str) -> f64 {
+    let m = proxy.admin_get("/metrics").1;
+    m.lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
+        .unwrap_or_else(|| panic!("{name} not on /metrics:\n{m}"))
+}
+
+fn open_fds(pid: u32) -> usize {
+    std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .unwrap()
+        .count()
+}
+
+/// 10,000 connections opened and dropped (some mid-command, some after a command whose
+/// reply they never read, some shut down both ways first) leave the proxy serving, with its connections, file descriptors
+/// and memory back where they were.
+#[test]
+fn ten_thousand_connections_opened_and_dropped_leave_nothing_behind() {
+    need_redis();
+    let node = Redis::start();
+    let proxy = Proxy::start(&[&node], &[]);
+    let pid = proxy.pid().unwrap();
+    let mut c = proxy.client();
+    assert_eq!(c.cmd(&["SET", "k", "v"]), Reply::ok());
+    let (fds0, rss0) = (open_fds(pid), rss_bytes(pid));
+    let addr = proxy.addr();
+    let workers: Vec<_> = (0..8)
+        .map(|w| {
+            let addr = addr.clone();
+            thread::spawn(move || {
+                for i in 0..1250 {
+                    let Ok(mut s) = std::net::TcpStream::connect(&addr) else {
+                        continue;
+                    };
+                    let what: &[u8] = match (w + i) % 4 {
+                        0 => b"",
+                        1 => b"*2\r\n$3\r\nGET\r\n$1\r", // half a command
+                        2 => b"*2\r\n$3\r\nGET\r\n$1\r\nk\r\n", // a reply never read
+                        _ => b"PING\r\n",
+                    };
+                    let _ = std::io::Write::write_all(&mut s, what);
+                    if i % 3 == 0 {
+                        let _ = s.shutdown(std::net::Shutdown::Both);
+                    }
+                }
+            })
+        })
+        .collect();
+    for w in workers {
+        w.join().unwrap();
+    }
+    assert!(
+        wait_until(Duration::from_secs(15), || metric(
+            &proxy,
+            "saltshaker_client_connections"
+        ) <= 1.0),
+        "client connections did not return to 1: {}",
+        metric(&proxy, "saltshaker_client_connections")
+    );
+    assert!(metric(&proxy, "saltshaker_client_connections_accepted_total") >= 10_000.0);
+    assert!(
+        wait_until(Duration::from_secs(10), || open_fds(pid) <= fds0 + 8),
+        "file descriptors: {fds0} before, {} after",
+        open_fds(pid)
+    );
+    let rss = rss_bytes(pid);
+    assert!(rss < rss0 + 64 * 1024 * 1024, "RSS {rss0} -> {rss}");
+    assert_eq!(c.cmd(&["GET", "k"]), Reply::bulk("v"));
+}
+
+/// The rules file replaced with garbage (binary noise, then truncated YAML), then with a
+/// valid file, while four clients pipeline INCRs through combining: every command is
+/// answered in time and counted once, the bad files are refused and counted, and the valid
+/// one takes effect.
+#[test]
+fn a_rules_file_replaced_with_garbage_under_load_keeps_the_old_rules_and_loses_nothing() {
+    need_redis();
+    let nodes = pool(2);
+    let refs: Vec<&Redis> = nodes.iter().collect();
+    let dir = TempDir::new("faults-rules");
+    let rules = dir.0.join("rules.yaml");
+    std::fs::write(&rules, COMBINE_RULES).unwrap();
+    let proxy = proxy_with_timeout(&refs, &["--rules", &path_str(&rules)]);
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let writers: Vec<_> = (0..4)
+        .map(|_| {
+            let (addr, stop) = (proxy.addr(), stop.clone());
+            thread::spawn(move || {
+                let mut c = Client::connect(&addr);
+                let cmds: Vec<Vec<&str>> = (0..20).map(|_| vec!["INCR", "votes:x"]).collect();
+                let (mut acked, mut slowest) = (0i64, Duration::ZERO);
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    let t = Instant::now();
+                    for r in c.pipeline(&cmds) {
+                        assert!(matches!(r, Reply::Int(_)), "INCR under reloads: {r:?}");
+                        acked += 1;
+                    }
+                    slowest = slowest.max(t.elapsed());
+                }
+                (acked, slowest)
+            })
+        })
+        .collect();
+    let failed = |p: &Proxy| {
+        p.admin_get("/metrics")
+            .1
+            .lines()
+            .find_map(|l| {
+                l.strip_prefix("saltshaker_rules_reloads_total{result=\"failed\"} ")?
+                    .parse::<f64>()
+                    .ok()
+            })
+            .unwrap_or(0.0)
+    };
+    thread::sleep(Duration::from_millis(300));
+    let noise: Vec<u8> = (0..4096u32)
+        .map(|i| (i.wrapping_mul(2654435761) >> 13) as u8)
+        .collect();
+    std::fs::write(&rules, &noise).unwrap();
+    assert!(
+        wait_until(Duration::from_secs(5), || failed(&proxy) >= 1.0),
+        "binary garbage was not refused"
+    );
+    std::fs::write(
+        &rules,
+        "version: 1\nrules:\n  - match: \"votes:*\n    pin: tr",
+    )
+    .unwrap();
+    assert!(
+        wait_until(Duration::from_secs(5), || failed(&proxy) >= 2.0),
+        "truncated YAML was not refused"
+    );
+    let (_, body) = proxy.admin_get("/rules");
+    assert!(
+        body.contains("votes:*"),
+        "the old rules stay in force: {body}"
+    );
+    std::fs::write(&rules, COMBINE_RULES.replace("votes:*", "other:*")).unwrap();
+    assert!(
+        wait_until(Duration::from_secs(5), || proxy
+            .admin_get("/rules")
+            .1
+            .contains("other:*")),
+        "the valid file did not take effect"
+    );
+    thread::sleep(Duration::from_millis(300));
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let mut total = 0;
+    for w in writers {
+        let (acked, slowest) = w.join().unwrap();
+        assert!(
+            slowest < BOUND,
+            "a pipeline took {slowest:?} during reloads"
+        );
+        total += acked;
+    }
+    assert!(total > 0);
+    let got: i64 = proxy
+        .client()
+        .cmd(&["GET", "votes:x"])
+        .as_str()
+        .parse()
+        .unwrap();
+    assert_eq!(got, total, "every acknowledged INCR counted once");
+    assert!(
+        proxy.stderr().contains("rules"),
+        "no log line for the refused files"
+    );
+}
