@@ -157,6 +157,11 @@ impl HotSet {
         None
     }
 
+    /// Whether any write may be combined now (a write-hot key, or a pin).
+    pub fn may_combine(&self) -> bool {
+        !self.write.is_empty() || self.has_pins
+    }
+
     pub fn write_keys(&self) -> usize {
         self.write.len()
     }

@@ -314,6 +314,7 @@ pub fn transaction(s: &mut Session, req: &Request, c: &Classified, rb: &mut Roun
                     wires: Vec::new(),
                     node: s.watch.as_ref().map(|w| w.0),
                     dirty: false,
+                    writes: Vec::new(),
                 });
                 ready(rb, OK);
             }
@@ -384,6 +385,9 @@ fn exec(s: &mut Session, rb: &mut RoundBuilder) {
         );
         return;
     }
+    // The transaction's writes drop their keys' cached replies, as a write outside MULTI
+    // does, and this session's next reads of them wait for EXEC's reply.
+    super::mitigation::invalidate_keys(s, &tx.writes, rb);
     let count = tx.wires.len() + 2;
     let mut wires = Vec::with_capacity(count);
     wires.push(crate::backend::wire(&["MULTI"]));

@@ -31,18 +31,27 @@ pub(super) fn combine(
 ) {
     let key = req.arg_bytes(c.keys[0] as usize);
     let node = s.ctx.backend.node_for(&key);
-    let conns = s.ctx.backend.node(node).conns(Proto::Resp2, s.db);
-    s.rr = s.rr.wrapping_add(1);
-    let conn = conns[s.rr % conns.len()].clone();
+    let conn = combine_conn(s, node, s.db, &key);
     let bk = BatchKey {
         node,
         db: s.db,
         key,
         field: field.map(|f| req.arg_bytes(f)),
     };
-    let pending = s.ctx.combiner.add(bk, conn, delta, req.wire(), window);
+    let after = s.last_ack.take();
+    let pending = s
+        .ctx
+        .combiner
+        .add(bk, conn, delta, req.wire(), window, after);
     note_combined(s, pending.done);
     rb.slots.push(Slot::Later(pending.reply));
+}
+
+/// The connection a key's combine batches use: always the same one for a key, so two
+/// batches of one key reach the node in the order they were sent.
+pub(super) fn combine_conn(s: &Session, node: usize, db: u32, key: &[u8]) -> ConnHandle {
+    let conns = s.ctx.backend.node(node).conns(Proto::Resp2, db);
+    conns[xxhash_rust::xxh3::xxh3_64(key) as usize % conns.len()].clone()
 }
 
 /// The session's next jobs wait until this combined write has reached its node.
@@ -86,6 +95,22 @@ pub(super) fn invalidate_cached(
     }
 }
 
+/// EXEC of a transaction that wrote `keys`: their cached replies are dropped, as for a
+/// write outside MULTI.
+pub(super) fn invalidate_keys(s: &Session, keys: &[Bytes], rb: &mut RoundBuilder) {
+    let Some(layer) = s.ctx.cache.as_ref() else {
+        return;
+    };
+    let hot = s.ctx.hot.load();
+    for key in keys {
+        layer.cache.invalidate(key, Cause::Write);
+        if hot.read_hot(key).is_some() {
+            rb.wrote_cached = true;
+            rb.invalidate_after.push(key.clone());
+        }
+    }
+}
+
 /// Serves a read of a read-hot key from the cache, filling it on a miss through the node's
 /// tracked fill connection. Returns false when the read must go to the node as usual:
 /// RESP3 or another database (cached replies are RESP2 from database 0), this session's own
@@ -97,7 +122,9 @@ pub(super) fn cached_read(
     p: CachePolicy,
     rb: &mut RoundBuilder,
 ) -> bool {
-    let Some(layer) = s.ctx.cache.as_ref().filter(|_| may_serve_cached(s, rb)) else {
+    // A clone: the layer is used while the session notes its fill.
+    let ctx = s.ctx.clone();
+    let Some(layer) = ctx.cache.as_ref().filter(|_| may_serve_cached(s, rb)) else {
         return false;
     };
     let key = req.arg_bytes(c.keys[0] as usize);
@@ -172,8 +199,12 @@ fn may_serve_cached(s: &Session, rb: &RoundBuilder) -> bool {
 /// `request` on `key` from the cache: the reply at once on a hit, else a receiver for the
 /// (single-flight) fill through the node's tracked fill connection. None when tracking is
 /// not in force for the node: the read must go to the node as usual.
+///
+/// A fill runs on its own connection, so a later write of this session could reach the
+/// node first and the read would see it: the fill is noted in the session (`s.fills`), and
+/// such a write waits for it (`wait_fills`).
 fn from_cache(
-    s: &Session,
+    s: &mut Session,
     layer: &CacheLayer,
     key: Bytes,
     request: Bytes,
@@ -190,6 +221,11 @@ fn from_cache(
         s.ctx.backend.request_timeout,
     );
     let (tx, rx) = oneshot::channel();
+    let (done_tx, done_rx) = oneshot::channel();
+    // Forget the fills that are done, so a session that only reads keeps few.
+    s.fills
+        .retain_mut(|(_, d)| matches!(d.try_recv(), Err(oneshot::error::TryRecvError::Empty)));
+    s.fills.push((key.clone(), done_rx));
     tokio::spawn(async move {
         let fill_wire = request.clone();
         let fill = move || fetch(conn, fill_wire, timeout);
@@ -198,8 +234,29 @@ fn from_cache(
             Err(e) => err_bytes(&format!("ERR saltshaker: {e}")),
         };
         let _ = tx.send(reply);
+        let _ = done_tx.send(());
     });
     Some(CachedGet::Later(rx))
+}
+
+/// Before a write leaves, this session's cache fills of the keys it writes must have read
+/// the node: a read before a write in one pipeline never sees that write.
+pub(super) async fn wait_fills(s: &mut Session, req: &Request, c: &Classified) {
+    if s.fills.is_empty() {
+        return;
+    }
+    let mut i = 0;
+    while i < s.fills.len() {
+        if c.keys
+            .iter()
+            .any(|&k| req.arg(k as usize) == &s.fills[i].0[..])
+        {
+            let (_, done) = s.fills.swap_remove(i);
+            let _ = done.await;
+        } else {
+            i += 1;
+        }
+    }
 }
 
 /// One command on a fill connection.

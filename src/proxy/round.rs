@@ -150,6 +150,7 @@ pub struct RoundBuilder {
     pub started: Instant,
     /// When the round's commands were read: their deadline counts from here.
     pub read_at: tokio::time::Instant,
+
     pub counts: [u64; 3],
 }
 
@@ -162,6 +163,7 @@ impl RoundBuilder {
             slots: Vec::with_capacity(16),
             started: Instant::now(),
             read_at: tokio::time::Instant::now(),
+
             counts: [0; 3],
         }
     }

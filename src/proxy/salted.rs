@@ -308,16 +308,15 @@ fn combine(s: &mut Session, e: Arc<Salted>, op: Op, args: &[Bytes], rb: &mut Rou
     };
     let (mut cmds, part) = ops::plan(&e, &op, args, now_ms(), false);
     let (node, cmd) = cmds.remove(0);
-    let conns = s.ctx.backend.node(node).conns(Proto::Resp2, 0);
-    s.rr = s.rr.wrapping_add(1);
-    let conn = conns[s.rr % conns.len()].clone();
+    let conn = super::mitigation::combine_conn(s, node, 0, &e.parts[part]);
     let bk = BatchKey {
         node,
         db: 0,
         key: e.parts[part].clone(),
         field: field.clone(),
     };
-    let pending = combiner.add(bk, conn, *delta, cmd, window);
+    let after = s.last_ack.take();
+    let pending = combiner.add(bk, conn, *delta, cmd, window, after);
     super::mitigation::note_combined(s, pending.done);
     s.ctx.salt.metrics.shard_writes.inc();
     let (ctx, proto) = (s.ctx.clone(), s.proto);

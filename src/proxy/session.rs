@@ -16,7 +16,9 @@ use tokio::net::TcpStream;
 use tokio::sync::{mpsc, oneshot, watch};
 
 use super::dedicated::DedicatedWorker;
-use super::mitigation::{cached_mget, cached_read, combine, invalidate_cached, wait_barrier};
+use super::mitigation::{
+    cached_mget, cached_read, combine, invalidate_cached, wait_barrier, wait_fills,
+};
 use super::round::{Merge, Round, RoundBuilder, Slot};
 use super::route::{all_nodes, forward_keyed, keys_node, push, scan_one, split};
 use super::{local, reply, tunnel, Ctx};
@@ -41,6 +43,8 @@ pub struct Tx {
     pub wires: Vec<Bytes>,
     pub node: Option<usize>,
     pub dirty: bool,
+    /// Keys the queued commands write: EXEC drops their cached replies.
+    pub writes: Vec<Bytes>,
 }
 
 /// Per-connection state, owned by the reader.
@@ -62,10 +66,14 @@ pub struct Session {
     /// Combined writes not yet acknowledged by their node: this session's next jobs wait
     /// for them, so a read after a combined INCR sees it.
     pub(super) barrier: Vec<oneshot::Receiver<()>>,
-    /// Fired when the last round's replies are in, kept while any key is salted: a salted
-    /// task must not overtake the commands of earlier rounds.
+    /// Fired when the last round's replies are in, kept while any key is salted or may be
+    /// combined: a salted task or a combined write must not overtake the commands of
+    /// earlier rounds (with several connections per node, being queued first is not enough).
     pub(super) last_ack: Option<oneshot::Receiver<()>>,
     pub gone: watch::Receiver<bool>,
+    /// Cache fills this session started, by key, each firing once its read is done: a later
+    /// write of the key waits for it (`mitigation::wait_fills`).
+    pub(super) fills: Vec<(Bytes, oneshot::Receiver<()>)>,
     /// `detection.enabled` of the rules, read once per round rather than per command.
     detect: bool,
 }
@@ -112,6 +120,7 @@ pub async fn run(stream: TcpStream, ctx: Arc<Ctx>, id: u64) {
         barrier: Vec::new(),
         last_ack: None,
         gone: gone_rx,
+        fills: Vec::new(),
         detect: true,
     };
     let end = read_loop(r, &tx, &mut s).await;
@@ -228,7 +237,8 @@ async fn read_loop(
                     .await;
                 let (ack_tx, ack_rx) = oneshot::channel();
                 round.acked = Some(ack_tx);
-                s.barrier.push(ack_rx);
+                // What comes next (a salted task, a combined write) waits for it.
+                s.last_ack = Some(ack_rx);
                 if tx.send((round, s.proto)).await.is_err() {
                     return End::Closed;
                 }
@@ -275,7 +285,7 @@ async fn read_loop(
                 let (tx, rx) = oneshot::channel();
                 round.acked = Some(tx);
                 s.barrier.push(rx);
-            } else if !s.ctx.salt.table.load().is_empty() {
+            } else if !s.ctx.salt.table.load().is_empty() || s.ctx.hot.load().may_combine() {
                 let (tx, rx) = oneshot::channel();
                 round.acked = Some(tx);
                 s.last_ack = Some(rx);
@@ -322,6 +332,9 @@ async fn handle(s: &mut Session, req: Request, rb: &mut RoundBuilder) -> Flow {
     // observe
     let class = observe(s, &req, &c);
     rb.count(class);
+    if class == Class::Write {
+        wait_fills(s, &req, &c).await;
+    }
     // decide
     if s.tx.is_none() {
         let hot = s.ctx.hot.load();
@@ -337,6 +350,11 @@ async fn handle(s: &mut Session, req: Request, rb: &mut RoundBuilder) -> Flow {
     if s.tx.is_none() {
         let hot = s.ctx.hot.load();
         match policy::decide(&c, &req, &hot) {
+            Action::Combine { .. } if !rb.jobs.is_empty() => {
+                // The combined write leaves with its batch, not with this round: the
+                // commands before it go first, and the batch waits for their replies.
+                return Flow::Flush(req);
+            }
             Action::Combine {
                 delta,
                 field,
@@ -474,6 +492,10 @@ fn queue_in_tx(s: &mut Session, req: &Request, c: &Classified) -> Slot {
         _ => {}
     }
     tx.wires.push(req.wire());
+    if c.spec.flags & flags::WRITE != 0 {
+        tx.writes
+            .extend(c.keys.iter().map(|&k| req.arg_bytes(k as usize)));
+    }
     Slot::Ready(Bytes::from_static(b"+QUEUED\r\n"))
 }
 
