@@ -275,6 +275,9 @@ fn random_sequences_through_two_proxies_match_redis_while_keys_are_salted_and_fo
     // Churn: admin promotions and demotions of random keys, and live rules reloads that
     // move the c:* counters between salt, salt+combine and combine and drop the pin.
     let stop = Arc::new(AtomicBool::new(false));
+    // DIFF_CHURN=admin or =reload keeps one kind of churn (narrowing a failure down).
+    let kinds = std::env::var("DIFF_CHURN").unwrap_or_else(|_| "admin,reload".into());
+    let (churn_admin, churn_reload) = (kinds.contains("admin"), kinds.contains("reload"));
     let churn = {
         let (stop, a_admin, b_admin) = (stop.clone(), a.admin_addr(), b.admin_addr());
         let rules = rules.clone();
@@ -295,9 +298,11 @@ fn random_sequences_through_two_proxies_match_redis_while_keys_are_salted_and_fo
                 } else {
                     format!("/hotkeys/promote?key={key}&shards={}", 2 + r.next(3))
                 };
-                let _ = http_request(addr, "POST", &path);
-                admin += 1;
-                if last_reload.elapsed() > Duration::from_secs(3) {
+                if churn_admin {
+                    let _ = http_request(addr, "POST", &path);
+                    admin += 1;
+                }
+                if churn_reload && last_reload.elapsed() > Duration::from_secs(3) {
                     let strategy = ["salt", "salt+combine", "combine"][r.next(3) as usize];
                     let mut text = RULES.replace("STRATEGY", strategy);
                     if r.next(2) == 0 {

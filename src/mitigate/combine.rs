@@ -35,9 +35,6 @@ pub struct BatchKey {
 struct Entry {
     delta: i64,
     wire: Bytes,
-    /// Fires once the caller's earlier commands have their replies: the batch is sent only
-    /// after every entry's, so a combined write never overtakes its caller's earlier ones.
-    after: Option<oneshot::Receiver<()>>,
     reply: oneshot::Sender<Bytes>,
     done: oneshot::Sender<()>,
 }
@@ -92,14 +89,12 @@ impl Combiner {
         delta: i64,
         wire: Bytes,
         window: Duration,
-        after: Option<oneshot::Receiver<()>>,
     ) -> Pending {
         let (reply_tx, reply) = oneshot::channel();
         let (done_tx, done) = oneshot::channel();
         let entry = Entry {
             delta,
             wire,
-            after,
             reply: reply_tx,
             done: done_tx,
         };
@@ -127,31 +122,9 @@ impl Combiner {
     }
 
     async fn flush(&self, bk: BatchKey, conn: ConnHandle, deadline: Option<Instant>) {
-        // Each caller's earlier commands first. The batch stays open meanwhile, so a
-        // caller's later increments join it instead of opening a batch that could leave
-        // before this one. Bounded by the request deadline: past it the send fails anyway.
-        let batch = loop {
-            let after: Vec<oneshot::Receiver<()>> = {
-                let mut open = self.open.lock().unwrap_or_else(|p| p.into_inner());
-                let Some(batch) = open.get_mut(&bk) else {
-                    return;
-                };
-                let after: Vec<_> = batch
-                    .entries
-                    .iter_mut()
-                    .filter_map(|e| e.after.take())
-                    .collect();
-                if after.is_empty() {
-                    break open.remove(&bk).unwrap_or_default();
-                }
-                after
-            };
-            for a in after {
-                let _ = match deadline {
-                    Some(d) => tokio::time::timeout_at(d, a).await.unwrap_or(Ok(())),
-                    None => a.await,
-                };
-            }
+        let batch = {
+            let mut open = self.open.lock().unwrap_or_else(|p| p.into_inner());
+            open.remove(&bk).unwrap_or_default()
         };
         if batch.entries.is_empty() {
             return;

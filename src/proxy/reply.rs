@@ -56,7 +56,7 @@ pub async fn write_loop<W: AsyncWrite + Unpin>(
         // Resolve every round that is already queued, then write once.
         while let Some((mut round, proto)) = next.take() {
             let close = round.close_after;
-            let acked = round.acked.take();
+            let acked = std::mem::take(&mut round.acked);
             let again = std::mem::take(&mut round.invalidate_after);
             let tunnel = resolve(round, proto, &ctx, &mut out).await;
             if let Some(layer) = ctx.cache.as_ref() {
@@ -66,7 +66,7 @@ pub async fn write_loop<W: AsyncWrite + Unpin>(
                         .invalidate(&k, crate::mitigate::cache::Cause::Write);
                 }
             }
-            if let Some(a) = acked {
+            for a in acked {
                 let _ = a.send(());
             }
             if close || tunnel.is_some() {

@@ -133,7 +133,7 @@ pub struct Round {
     pub tunnel: Option<crate::proxy::tunnel::TunnelEnd>,
     /// Fired once every reply of this round has arrived (the session's barrier after a
     /// write to a cached key).
-    pub acked: Option<oneshot::Sender<()>>,
+    pub acked: Vec<oneshot::Sender<()>>,
     pub invalidate_after: Vec<Bytes>,
 }
 
@@ -145,6 +145,10 @@ pub struct RoundBuilder {
     /// Keys whose cache entries are dropped again once this round's replies are in: a fill
     /// that reached the node just before the write must not outlive the write's reply.
     pub invalidate_after: Vec<Bytes>,
+    /// Keys this round writes (while the cache is on): their reads are not served from the
+    /// cache until the round's replies are in, whether or not they were read-hot when written
+    /// (a fill on its own connection could otherwise overtake the write).
+    pub written: Vec<Bytes>,
     pub jobs: SmallVec<[JobBuilder; 4]>,
     pub slots: Vec<Slot>,
     pub started: Instant,
@@ -159,6 +163,7 @@ impl RoundBuilder {
         RoundBuilder {
             wrote_cached: false,
             invalidate_after: Vec::new(),
+            written: Vec::new(),
             jobs: SmallVec::new(),
             slots: Vec::with_capacity(16),
             started: Instant::now(),
@@ -223,7 +228,7 @@ impl RoundBuilder {
             counts: self.counts,
             close_after: false,
             tunnel: None,
-            acked: None,
+            acked: Vec::new(),
             invalidate_after: self.invalidate_after,
         }
     }

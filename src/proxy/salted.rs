@@ -184,6 +184,11 @@ pub(super) async fn act(
 ) -> Next {
     let args: Vec<Bytes> = (0..req.argc()).map(|i| req.arg_bytes(i)).collect();
     let name = c.spec.name;
+    // Something of the session still on its way: an inline shard write, in order.
+    let plan = match plan {
+        Plan::Combine(e, op) if !super::mitigation::may_combine_now(s, rb) => Plan::Inline(e, op),
+        p => p,
+    };
     let table = match plan {
         Plan::Forward => return Next::Forward,
         Plan::Reject(msg) => {
@@ -315,8 +320,7 @@ fn combine(s: &mut Session, e: Arc<Salted>, op: Op, args: &[Bytes], rb: &mut Rou
         key: e.parts[part].clone(),
         field: field.clone(),
     };
-    let after = s.last_ack.take();
-    let pending = combiner.add(bk, conn, *delta, cmd, window, after);
+    let pending = combiner.add(bk, conn, *delta, cmd, window);
     super::mitigation::note_combined(s, pending.done);
     s.ctx.salt.metrics.shard_writes.inc();
     let (ctx, proto) = (s.ctx.clone(), s.proto);
@@ -357,6 +361,10 @@ where
     prior.extend(s.last_ack.take());
     let (done_tx, done_rx) = oneshot::channel();
     s.barrier.push(done_rx);
+    // A combined write after this task waits for it too (through `last_ack`, as for the
+    // last round): it must not reach the node before a read that came before it.
+    let (then_tx, then_rx) = oneshot::channel();
+    s.last_ack = Some(then_rx);
     let (tx, rx) = oneshot::channel();
     tokio::spawn(async move {
         for p in prior {
@@ -364,6 +372,7 @@ where
         }
         let _ = tx.send(work.await);
         let _ = done_tx.send(());
+        let _ = then_tx.send(());
     });
     rb.slots.push(Slot::Later(rx));
 }

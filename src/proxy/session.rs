@@ -74,6 +74,8 @@ pub struct Session {
     /// Cache fills this session started, by key, each firing once its read is done: a later
     /// write of the key waits for it (`mitigation::wait_fills`).
     pub(super) fills: Vec<(Bytes, oneshot::Receiver<()>)>,
+    /// Keys written by rounds whose replies are not all in yet: not served from the cache.
+    pub(super) unacked_writes: Vec<(Vec<Bytes>, oneshot::Receiver<()>)>,
     /// `detection.enabled` of the rules, read once per round rather than per command.
     detect: bool,
 }
@@ -121,6 +123,7 @@ pub async fn run(stream: TcpStream, ctx: Arc<Ctx>, id: u64) {
         last_ack: None,
         gone: gone_rx,
         fills: Vec::new(),
+        unacked_writes: Vec::new(),
         detect: true,
     };
     let end = read_loop(r, &tx, &mut s).await;
@@ -236,7 +239,7 @@ async fn read_loop(
                     .send(s.ctx.backend.request_timeout)
                     .await;
                 let (ack_tx, ack_rx) = oneshot::channel();
-                round.acked = Some(ack_tx);
+                round.acked.push(ack_tx);
                 // What comes next (a salted task, a combined write) waits for it.
                 s.last_ack = Some(ack_rx);
                 if tx.send((round, s.proto)).await.is_err() {
@@ -280,15 +283,26 @@ async fn read_loop(
         if !rb.is_empty() || close {
             wait_barrier(s, &rb).await;
             let want_ack = rb.wrote_cached;
+            // Only a round with jobs has commands a later task or combined write could
+            // overtake.
+            let had_jobs = !rb.jobs.is_empty();
+            let written = std::mem::take(&mut rb.written);
             let mut round = rb.send(s.ctx.backend.request_timeout).await;
             if want_ack {
                 let (tx, rx) = oneshot::channel();
-                round.acked = Some(tx);
+                round.acked.push(tx);
                 s.barrier.push(rx);
-            } else if !s.ctx.salt.table.load().is_empty() || s.ctx.hot.load().may_combine() {
+            } else if had_jobs
+                && (!s.ctx.salt.table.load().is_empty() || s.ctx.hot.load().may_combine())
+            {
                 let (tx, rx) = oneshot::channel();
-                round.acked = Some(tx);
+                round.acked.push(tx);
                 s.last_ack = Some(rx);
+            }
+            if !written.is_empty() {
+                let (tx, rx) = oneshot::channel();
+                round.acked.push(tx);
+                super::mitigation::note_written(s, written, rx);
             }
             round.close_after = close;
             if tx.send((round, s.proto)).await.is_err() {
@@ -350,18 +364,17 @@ async fn handle(s: &mut Session, req: Request, rb: &mut RoundBuilder) -> Flow {
     if s.tx.is_none() {
         let hot = s.ctx.hot.load();
         match policy::decide(&c, &req, &hot) {
-            Action::Combine { .. } if !rb.jobs.is_empty() => {
-                // The combined write leaves with its batch, not with this round: the
-                // commands before it go first, and the batch waits for their replies.
-                return Flow::Flush(req);
-            }
             Action::Combine {
                 delta,
                 field,
                 window,
             } => {
-                combine(s, &req, &c, delta, field, window, rb);
-                return Flow::Continue;
+                // A batch leaves on its own schedule: only when nothing of this session is
+                // still on its way, or it could overtake it (then: a plain command).
+                if super::mitigation::may_combine_now(s, rb) {
+                    combine(s, &req, &c, delta, field, window, rb);
+                    return Flow::Continue;
+                }
             }
             Action::Cache(p) => {
                 if cached_read(s, &req, &c, p, rb) {

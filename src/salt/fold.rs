@@ -60,15 +60,20 @@ return 1
 "#;
 
 /// Adds a journaled move to the base key once. KEYS: applied list, base key. ARGV: `s` or
-/// `h`, the move id, then per entry: field, amount.
+/// `h`, the move id, the shard's time to live in ms (0: none), then per entry: field,
+/// amount. A base key without an expiry takes the shard's: the key had it (an EXPIRE sets
+/// every part that exists; a base key created later did not inherit it).
 const ADD_ONCE: &str = r#"
 if redis.call('HSETNX', KEYS[1], ARGV[2], '1') == 0 then return 0 end
-for i = 3, #ARGV, 2 do
+for i = 4, #ARGV, 2 do
   if ARGV[1] == 's' then
     redis.call('INCRBY', KEYS[2], ARGV[i + 1])
   else
     redis.call('HINCRBY', KEYS[2], ARGV[i], ARGV[i + 1])
   end
+end
+if tonumber(ARGV[3]) > 0 and redis.call('PTTL', KEYS[2]) == -1 then
+  redis.call('PEXPIRE', KEYS[2], ARGV[3])
 end
 redis.call('EXPIRE', KEYS[1], 3600)
 return 1
@@ -216,6 +221,8 @@ pub async fn move_shard(
     // moved is left for the fold's next pass rather than chased forever.
     let mut moved = std::collections::HashSet::new();
     for _ in 0..10_000 {
+        let ttl = call(backend, &[(node, wire(&[&b"PTTL"[..], &shard]))]).await?;
+        let ttl_ms = as_i64(&ttl[0]).filter(|&t| t > 0);
         let delta = match c.rec.kind {
             Kind::String => {
                 let r = call(backend, &[(node, wire(&[&b"GET"[..], &shard]))]).await?;
@@ -262,6 +269,7 @@ pub async fn move_shard(
             delta,
             members: vec![],
             scores: vec![],
+            ttl_ms,
         };
         journal(backend, key, c, Some(mv.clone())).await?;
         failpoint("fold-after-journal");
@@ -298,6 +306,7 @@ async fn apply(backend: &Backend, key: &[u8], rec: &Record, mv: &Move) -> Result
         Bytes::copy_from_slice(key),
         kind,
         id,
+        Bytes::from(mv.ttl_ms.unwrap_or(0).max(0).to_string()),
     ];
     for (f, v) in &mv.delta {
         let field = Bytes::from(unhex(f).ok_or("bad field in the journal")?);

@@ -709,6 +709,7 @@ async fn spread_set(backend: &Backend, salt: &Salt, key: &[u8]) -> Result<usize,
             delta: vec![],
             members,
             scores: vec![],
+            ttl_ms: None,
         };
         fold::journal(backend, key, &mut c, Some(mv.clone())).await?;
         apply_spread(backend, key, &c.rec, &mv).await?;
@@ -816,6 +817,7 @@ pub async fn move_set(
             delta: vec![],
             members,
             scores: vec![],
+            ttl_ms: None,
         };
         fold::journal(backend, key, c, Some(mv.clone())).await?;
         failpoint("fold-after-journal");

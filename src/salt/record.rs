@@ -56,6 +56,10 @@ pub struct Move {
     /// A sorted set's move: the score of each member in `members` (`zset::move_zset`).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub scores: Vec<String>,
+    /// A counter or hash move: the shard's time to live when it was read (ms), given to a
+    /// base key that has none, so a key with an expiry keeps it through the fold.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ttl_ms: Option<i64>,
 }
 
 /// The fold journal: who folds, until when its claim holds, and the move in flight.
@@ -204,6 +208,7 @@ mod tests {
                 delta: vec![(hex(b"f\x00"), -5)],
                 members: vec![],
                 scores: vec![],
+                ttl_ms: None,
             }),
         });
         assert_eq!(Record::decode(r.encode().as_bytes()), Some(r));

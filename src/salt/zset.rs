@@ -692,6 +692,7 @@ pub async fn move_zset(
                 .map(|(_, s)| fmt(*s))
                 .map(|b| String::from_utf8_lossy(&b).into_owned())
                 .collect(),
+            ttl_ms: None,
         };
         fold::journal(backend, key, c, Some(mv.clone())).await?;
         failpoint("fold-after-journal");
