@@ -643,3 +643,150 @@ fn a_rules_file_replaced_with_garbage_under_load_keeps_the_old_rules_and_loses_n
         "no log line for the refused files"
     );
 }
+
+const CHURN_RULES: &str = r#"version: 1
+detection: { window_ms: 200 }
+epoch_ms: 500
+rules:
+  - match: "kc:*"
+    write: { strategy: salt+combine, combine: { window_us: 300 }, salt: { shards: 3 } }
+  - match: "ks:*"
+    write: { strategy: salt, salt: { shards: 3, families: [sets] } }
+"#;
+
+/// Two proxies fold, spread and combine while one of them is killed with SIGKILL at random
+/// moments and started again, over and over; writers INCR a salted counter and SADD to a
+/// salted set through whichever proxy is up. Admin promotions and demotions keep folds
+/// running. At the end every acknowledged increment is counted once (the unknown ones, lost
+/// with a killed proxy, at most once) and every acknowledged member is there.
+#[test]
+fn a_proxy_killed_at_random_while_two_fold_spread_and_combine_loses_and_doubles_nothing() {
+    need_redis();
+    let nodes = pool(4);
+    let dir = TempDir::new("faults-kill");
+    let rules = dir.0.join("rules.yaml");
+    std::fs::write(&rules, CHURN_RULES).unwrap();
+    let rules = path_str(&rules);
+    let start = |nodes: &[Redis]| {
+        let refs: Vec<&Redis> = nodes.iter().collect();
+        proxy_with_timeout(&refs, &["--rules", &rules])
+    };
+    let steady = start(&nodes);
+    let mut victim = start(&nodes);
+    let addrs = Arc::new(std::sync::Mutex::new(vec![steady.addr(), victim.addr()]));
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let writers: Vec<_> = (0..4)
+        .map(|w| {
+            let (addrs, stop) = (addrs.clone(), stop.clone());
+            thread::spawn(move || {
+                let (mut acked, mut unknown) = (0i64, 0i64);
+                let mut members = Vec::new();
+                let mut n = 0u64;
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    let addr = addrs.lock().unwrap()[(w + n as usize) % 2].clone();
+                    let Ok(mut c) = Client::try_connect(&addr) else {
+                        thread::sleep(Duration::from_millis(20));
+                        n += 1;
+                        continue;
+                    };
+                    c.set_read_timeout(Duration::from_secs(10));
+                    for _ in 0..50 {
+                        n += 1;
+                        let m = format!("w{w}:{n}");
+                        let batch = [
+                            vec!["INCR".to_string(), "kc:votes".into()],
+                            vec!["SADD".into(), "ks:who".into(), m.clone()],
+                        ];
+                        match c.try_pipeline(&batch) {
+                            Ok(r) => {
+                                match &r[0] {
+                                    Reply::Int(_) => acked += 1,
+                                    _ => unknown += 1,
+                                }
+                                if matches!(r[1], Reply::Int(_)) {
+                                    members.push(m);
+                                }
+                            }
+                            Err(got) => {
+                                // The proxy died: whatever was not answered may have run.
+                                match got.first() {
+                                    Some(Reply::Int(_)) => acked += 1,
+                                    _ => unknown += 1,
+                                }
+                                if matches!(got.get(1), Some(Reply::Int(_))) {
+                                    members.push(m);
+                                }
+                                break;
+                            }
+                        }
+                    }
+                }
+                (acked, unknown, members)
+            })
+        })
+        .collect();
+    let admin = |p: &Proxy, path: &str| {
+        let _ = p.admin_post(path);
+    };
+    let mut rng = 0x2545_f491_u64;
+    let mut next = || {
+        rng ^= rng << 13;
+        rng ^= rng >> 7;
+        rng ^= rng << 17;
+        rng
+    };
+    let t0 = Instant::now();
+    let mut kills = 0;
+    while t0.elapsed() < Duration::from_secs(12) {
+        // Promote or demote through the steady proxy, so folds and spreads keep starting.
+        for key in ["kc%3Avotes", "ks%3Awho"] {
+            if next() % 2 == 0 {
+                admin(&steady, &format!("/hotkeys/promote?key={key}&shards=3"));
+            } else {
+                admin(&steady, &format!("/hotkeys/demote?key={key}"));
+            }
+        }
+        thread::sleep(Duration::from_millis(200 + next() % 900));
+        victim.kill();
+        kills += 1;
+        thread::sleep(Duration::from_millis(next() % 300));
+        victim = start(&nodes);
+        addrs.lock().unwrap()[1] = victim.addr();
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let (mut acked, mut unknown, mut members) = (0, 0, Vec::new());
+    for w in writers {
+        let (a, u, m) = w.join().unwrap();
+        acked += a;
+        unknown += u;
+        members.extend(m);
+    }
+    // Demote both keys and let the folds finish: the base keys then hold everything.
+    for key in ["kc%3Avotes", "ks%3Awho"] {
+        admin(&steady, &format!("/hotkeys/demote?key={key}"));
+    }
+    support::salting::wait_for("both keys folded", Duration::from_secs(30), || {
+        support::salting::salted(&steady, "kc:votes").is_none()
+            && support::salting::salted(&steady, "ks:who").is_none()
+    });
+    let mut c = steady.client();
+    let total: i64 = c.cmd(&["GET", "kc:votes"]).as_str().parse().unwrap();
+    assert!(
+        total >= acked && total <= acked + unknown,
+        "{total} counted, {acked} acknowledged, {unknown} unknown, after {kills} kills"
+    );
+    let owner = support::owner(&nodes, "kc:votes");
+    assert_eq!(
+        nodes[owner].client().cmd(&["GET", "kc:votes"]).as_str(),
+        total.to_string(),
+        "the base key holds the whole"
+    );
+    let missing: Vec<&String> = members
+        .iter()
+        .filter(|m| c.cmd(&["SISMEMBER", "ks:who", m.as_str()]).as_int() != 1)
+        .take(5)
+        .collect();
+    assert!(missing.is_empty(), "acknowledged members lost: {missing:?}");
+    assert!(kills >= 5, "only {kills} kills");
+    assert!(acked > 100, "only {acked} increments acknowledged");
+}
