@@ -44,21 +44,6 @@ rules:
     write: { strategy: salt, salt: { shards: 3, families: [hashes], by: field } }
 "#;
 
-/// xorshift64*: a reproducible sequence from a seed.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self, n: u64) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        (self.0.wrapping_mul(0x2545_f491_4f6c_dd1d) >> 33) % n.max(1)
-    }
-    fn pick<'a>(&mut self, xs: &[&'a str]) -> &'a str {
-        xs[self.next(xs.len() as u64) as usize]
-    }
-}
-
 /// How a reply is compared with the reference's.
 #[derive(Clone, Copy, PartialEq, Debug)]
 enum Cmp {

@@ -41,18 +41,6 @@ fn setup(tag: &str) -> (Vec<Redis>, TempDir, String) {
     (pool(4), dir, rules)
 }
 
-/// xorshift64*: a reproducible command sequence from a seed.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self, n: u64) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        (self.0.wrapping_mul(0x2545_f491_4f6c_dd1d) >> 33) % n
-    }
-}
-
 fn promote(p: &Proxy, key: &str, shards: u32) {
     let enc = key.replace(':', "%3A");
     let (code, body) = p.admin_post(&format!("/hotkeys/promote?key={enc}&shards={shards}"));

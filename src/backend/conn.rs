@@ -69,8 +69,13 @@ impl Job {
 pub struct ConnHandle {
     tx: mpsc::Sender<Job>,
     up: Arc<AtomicBool>,
-    node: Arc<str>,
-    metrics: NodeMetrics,
+    who: Arc<Who>,
+}
+
+/// The node a call goes to and its timeout counter: one `Arc` clone per call.
+struct Who {
+    node: String,
+    timeouts: prometheus_client::metrics::counter::Counter,
 }
 
 /// A job in flight: its replies, due by a deadline. The one way the proxy waits on a node,
@@ -79,8 +84,7 @@ pub struct Call {
     rx: Option<ReplyRx>,
     /// Set when the job failed before it was queued (its queue was full past the deadline).
     failed: Option<BackendError>,
-    node: Arc<str>,
-    metrics: NodeMetrics,
+    who: Arc<Who>,
 }
 
 impl ConnHandle {
@@ -88,14 +92,12 @@ impl ConnHandle {
     pub fn spawn(hs: Arc<Handshake>, metrics: NodeMetrics) -> ConnHandle {
         let (tx, rx) = mpsc::channel(4096);
         let up = Arc::new(AtomicBool::new(false));
-        let node: Arc<str> = hs.addr.as_str().into();
-        tokio::spawn(supervise(hs, rx, up.clone(), metrics.clone()));
-        ConnHandle {
-            tx,
-            up,
-            node,
-            metrics,
-        }
+        let who = Arc::new(Who {
+            node: hs.addr.clone(),
+            timeouts: metrics.errors("timeout"),
+        });
+        tokio::spawn(supervise(hs, rx, up.clone(), metrics));
+        ConnHandle { tx, up, who }
     }
 
     pub fn is_up(&self) -> bool {
@@ -103,7 +105,7 @@ impl ConnHandle {
     }
 
     pub fn node(&self) -> &str {
-        &self.node
+        &self.who.node
     }
 
     /// Queues `count` commands (their wire bytes in `data`, written contiguously) and
@@ -126,15 +128,14 @@ impl ConnHandle {
             Ok(Ok(())) => None,
             Ok(Err(_)) => Some(BackendError::Closed),
             Err(_) => {
-                self.metrics.errors("timeout").inc();
-                Some(BackendError::Timeout(self.node.to_string()))
+                self.who.timeouts.inc();
+                Some(BackendError::Timeout(self.who.node.clone()))
             }
         };
         Call {
             rx: failed.is_none().then_some(rx),
             failed,
-            node: self.node.clone(),
-            metrics: self.metrics.clone(),
+            who: self.who.clone(),
         }
     }
 
@@ -151,7 +152,7 @@ impl ConnHandle {
 
 impl Call {
     pub fn node(&self) -> &str {
-        &self.node
+        &self.who.node
     }
 
     /// The replies, or why there are none: the node did not answer by `deadline` (counted
@@ -164,8 +165,8 @@ impl Call {
             Some(d) => match tokio::time::timeout_at(d, rx).await {
                 Ok(r) => r,
                 Err(_) => {
-                    self.metrics.errors("timeout").inc();
-                    return Err(BackendError::Timeout(self.node.to_string()));
+                    self.who.timeouts.inc();
+                    return Err(BackendError::Timeout(self.who.node.clone()));
                 }
             },
             None => rx.await,
@@ -175,7 +176,7 @@ impl Call {
             // The connection broke with this job in flight: from the caller's side the node
             // is down (the supervisor now fails new jobs at once until it reconnects).
             Err(_) => Err(BackendError::Down {
-                node: self.node.to_string(),
+                node: self.who.node.clone(),
                 reason: "connection lost before the reply; the command may or may not have run"
                     .into(),
             }),

@@ -50,6 +50,23 @@ pub fn have_tool(name: &str) -> bool {
     true
 }
 
+/// xorshift64*: a reproducible sequence from a seed (the randomized tests print theirs).
+pub struct Rng(pub u64);
+
+impl Rng {
+    /// A number in 0..n (0 when n is 0).
+    pub fn next(&mut self, n: u64) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        (self.0.wrapping_mul(0x2545_f491_4f6c_dd1d) >> 33) % n.max(1)
+    }
+
+    pub fn pick<'a>(&mut self, xs: &[&'a str]) -> &'a str {
+        xs[self.next(xs.len() as u64) as usize]
+    }
+}
+
 /// A loopback port nobody listens on now, and that this test process has not handed out
 /// before: tests run in parallel threads, and two of them must never get the same port.
 pub fn free_port() -> u16 {
