@@ -25,8 +25,11 @@
 //! Imports flow one way: `main -> lib -> proxy, admin, rules::reload`;
 //! `proxy -> resp, command, policy, mitigate, salt, backend, hotkey, metrics`;
 //! `salt -> backend, mitigate, hotkey, rules, resp`;
-//! `policy -> command, hotkey, rules`. Leaves (`resp`, `command`, `hotkey`) import nothing
-//! of the crate. Nothing imports `proxy` or `admin`.
+//! `policy -> command, hotkey, rules`. Leaves (`resp`, `hotkey`) import nothing of the
+//! crate; `command` imports only `resp::parse_i64` (Redis's integer rule is part of the wire
+//! format, and one parser serves the whole crate). Nothing imports `proxy` or `admin`.
+//! Every wait on a node goes through `backend::ConnHandle::start`/`call` and `Call::wait`,
+//! with a deadline.
 
 pub mod admin;
 pub mod backend;
