@@ -120,9 +120,17 @@ impl ConnHandle {
     ) -> Call {
         let (tx, rx) = oneshot::channel();
         let job = Job { data, count, tx };
-        let sent = match deadline {
-            Some(d) => tokio::time::timeout_at(d, self.tx.send(job)).await,
-            None => Ok(self.tx.send(job).await),
+        // The queue has room almost always: no timer unless it is full.
+        let sent = match self.tx.try_send(job) {
+            Ok(()) => Ok(Ok(())),
+            Err(mpsc::error::TrySendError::Closed(_)) => Ok(Err(())),
+            Err(mpsc::error::TrySendError::Full(job)) => {
+                let send = async { self.tx.send(job).await.map_err(|_| ()) };
+                match deadline {
+                    Some(d) => tokio::time::timeout_at(d, send).await,
+                    None => Ok(send.await),
+                }
+            }
         };
         let failed = match sent {
             Ok(Ok(())) => None,

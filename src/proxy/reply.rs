@@ -30,21 +30,32 @@ pub async fn write_loop<W: AsyncWrite + Unpin>(
     client: u64,
 ) -> (W, Option<super::tunnel::TunnelEnd>) {
     let mut out = BytesMut::with_capacity(16 * 1024);
+    // How much of `out` the client has taken; `out` is cleared (keeping its capacity) once
+    // all of it is written.
+    let mut sent = 0usize;
     let limit = if ctx.max_output == 0 {
         usize::MAX
     } else {
         ctx.max_output
     };
     loop {
+        if sent == out.len() {
+            sent = 0;
+            out.clear();
+        } else if sent >= 64 * 1024 {
+            // A client that reads, but never all of it: drop what it took.
+            bytes::Buf::advance(&mut out, sent);
+            sent = 0;
+        }
         let next = if out.is_empty() {
             rounds.recv().await
         } else {
             tokio::select! {
                 biased;
-                n = w.write(&out) => {
+                n = w.write(&out[sent..]) => {
                     match n {
                         Ok(0) | Err(_) => return (w, None),
-                        Ok(n) => bytes::Buf::advance(&mut out, n),
+                        Ok(n) => sent += n,
                     }
                     continue;
                 }
@@ -70,7 +81,7 @@ pub async fn write_loop<W: AsyncWrite + Unpin>(
                 let _ = a.send(());
             }
             if close || tunnel.is_some() {
-                let _ = w.write_all(&out).await;
+                let _ = w.write_all(&out[sent..]).await;
                 let _ = w.flush().await;
                 return (w, tunnel);
             }
@@ -78,18 +89,18 @@ pub async fn write_loop<W: AsyncWrite + Unpin>(
                 next = rounds.try_recv().ok();
             }
         }
-        if out.len() > limit {
+        if out.len() - sent > limit {
             ctx.metrics.output_limit_closed.inc();
             tracing::warn!(
                 client,
-                unread_bytes = out.len(),
+                unread_bytes = out.len() - sent,
                 limit_bytes = limit,
                 "closing a client that leaves its replies unread (limits.max_output_bytes)"
             );
             return (w, None);
         }
     }
-    let _ = w.write_all(&out).await;
+    let _ = w.write_all(&out[sent..]).await;
     let _ = w.flush().await;
     (w, None)
 }
