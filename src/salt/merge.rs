@@ -220,11 +220,25 @@ pub fn merge(e: &Salted, op: &Op, r: &[Value], careful: bool) -> Result<Value, V
         Op::Del | Op::Exists | Op::Expire => {
             Value::Integer(r.iter().any(|v| as_i64(v).unwrap_or(0) > 0) as i64)
         }
-        Op::FirstExisting => r
+        // TTL/PTTL: the longest time to live of any part. An EXPIRE sets every part that
+        // exists; a base key created afterwards (a write before the promotion is in force,
+        // or after demotion) did not inherit it, and the fold gives it the shards' later.
+        // TYPE: the first part that exists.
+        Op::FirstExisting => match r
             .iter()
-            .find(|v| !matches!(v, Value::Integer(-2)) && !is_none_type(v))
-            .cloned()
-            .unwrap_or_else(|| r[0].clone()),
+            .filter_map(|v| match v {
+                Value::Integer(t) if *t >= 0 => Some(*t),
+                _ => None,
+            })
+            .max()
+        {
+            Some(t) => Value::Integer(t),
+            None => r
+                .iter()
+                .find(|v| !matches!(v, Value::Integer(-2)) && !is_none_type(v))
+                .cloned()
+                .unwrap_or_else(|| r[0].clone()),
+        },
         Op::Member(m) => return super::members::merge(m, &r),
         Op::Write { .. } | Op::Other | Op::Reject(_) => err("internal: not a merged command"),
     })
