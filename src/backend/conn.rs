@@ -104,10 +104,6 @@ impl ConnHandle {
         self.up.load(Ordering::Relaxed)
     }
 
-    pub fn node(&self) -> &str {
-        &self.who.node
-    }
-
     /// Queues `count` commands (their wire bytes in `data`, written contiguously) and
     /// returns the call to wait on. Waits for room in the connection's queue until
     /// `deadline` at most: a node that stopped reading fills the queue, and its callers
@@ -159,10 +155,6 @@ impl ConnHandle {
 }
 
 impl Call {
-    pub fn node(&self) -> &str {
-        &self.who.node
-    }
-
     /// The replies, or why there are none: the node did not answer by `deadline` (counted
     /// as a `timeout` error of the node), or its connection broke with the job in flight.
     pub async fn wait(self, deadline: Option<Instant>) -> Result<Replies, BackendError> {
