@@ -87,9 +87,9 @@ pub struct Metrics {
     pub rules_last_reload_failed: Gauge,
     pub mitigated_keys: Family<HotKindLabel, Gauge>,
     pub balance_keys: Family<NodeLabel, Gauge>,
-    pub combine: crate::mitigate::combine::CombineMetrics,
-    pub cache: crate::mitigate::cache::CacheMetrics,
-    pub salt: crate::salt::SaltMetrics,
+    pub combine: CombineMetrics,
+    pub cache: CacheMetrics,
+    pub salt: SaltMetrics,
 }
 
 impl Metrics {
@@ -427,6 +427,91 @@ impl EncodeMetric for ArcMetric {
         MetricType::Histogram
     }
 }
+
+// Metric handles held by the data path, one struct per module that records them.
+
+/// Metric handles of combining.
+#[derive(Clone, Default)]
+pub struct CombineMetrics {
+    /// Client increments that went through a batch.
+    pub ops: Counter,
+    /// Backend writes issued for batches (one per batch, or n on fallback).
+    pub backend_writes: Counter,
+    /// Batches that fell back to one-by-one.
+    pub fallbacks: Counter,
+}
+
+/// Metric handles of the cache.
+#[derive(Clone, Default)]
+pub struct CacheMetrics {
+    pub hits: Counter,
+    pub misses: Counter,
+    /// Callers that waited for a fill already in flight instead of fetching.
+    pub coalesced: Counter,
+    pub stale_served: Counter,
+    pub invalidations_write: Counter,
+    pub invalidations_tracking: Counter,
+    pub invalidations_flush: Counter,
+    /// Waiters that gave up on a slow fill and fetched for themselves.
+    pub wait_timeouts: Counter,
+    pub bytes: Gauge,
+    pub entries: Gauge,
+}
+
+/// Metric handles of salting.
+#[derive(Clone, Default)]
+pub struct SaltMetrics {
+    pub salted_keys: Gauge,
+    pub promotions: Counter,
+    pub demotions: Counter,
+    pub folds: Counter,
+    pub fold_moves: Counter,
+    pub shard_writes: Counter,
+    /// Writes to a salted key sent to its base key: promotion not yet in force, demoted,
+    /// or the registry not read for too long.
+    pub base_writes: Counter,
+    pub merged_reads: Counter,
+    pub registry_up: Gauge,
+    pub registry_errors: Counter,
+}
+
+/// Pre-resolved metric handles of one node.
+#[derive(Clone)]
+pub struct NodeMetrics {
+    pub requests: Counter,
+    pub connections: Gauge,
+    pub up: Gauge,
+    node: String,
+    errors: prometheus_client::metrics::family::Family<NodeErrorLabel, Counter>,
+}
+
+impl NodeMetrics {
+    pub fn new(m: &Metrics, node: &str) -> Self {
+        m.add_node(node);
+        let l = NodeLabel {
+            node: node.to_string(),
+        };
+        NodeMetrics {
+            requests: m.backend_requests.get_or_create(&l).clone(),
+            connections: m.backend_connections.get_or_create(&l).clone(),
+            up: m.backend_up.get_or_create(&l).clone(),
+            node: node.to_string(),
+            errors: m.backend_errors.clone(),
+        }
+    }
+
+    /// Error counter by kind (connect, io, timeout, down, protocol). Errors are rare, so the
+    /// label lookup is not on the fast path.
+    pub fn errors(&self, kind: &'static str) -> Counter {
+        self.errors
+            .get_or_create(&NodeErrorLabel {
+                node: self.node.clone(),
+                kind,
+            })
+            .clone()
+    }
+}
+
 
 #[cfg(test)]
 mod tests {

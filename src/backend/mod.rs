@@ -16,15 +16,14 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
-use prometheus_client::metrics::counter::Counter;
-use prometheus_client::metrics::gauge::Gauge;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
 pub use conn::{deadline, Call, ConnHandle, Dedicated, Replies};
 
 use crate::config::BackendConfig;
-use crate::metrics::{Metrics, NodeErrorLabel, NodeLabel};
+pub use crate::metrics::NodeMetrics;
+use crate::metrics::Metrics;
 use crate::resp::{encode_command, Proto, ReplyFramer};
 use placement::{Distribution, HashFn, Placement};
 
@@ -171,42 +170,7 @@ impl Handshake {
     }
 }
 
-/// Pre-resolved metric handles of one node.
-#[derive(Clone)]
-pub struct NodeMetrics {
-    pub requests: Counter,
-    pub connections: Gauge,
-    pub up: Gauge,
-    node: String,
-    errors: prometheus_client::metrics::family::Family<NodeErrorLabel, Counter>,
-}
 
-impl NodeMetrics {
-    fn new(m: &Metrics, node: &str) -> Self {
-        m.add_node(node);
-        let l = NodeLabel {
-            node: node.to_string(),
-        };
-        NodeMetrics {
-            requests: m.backend_requests.get_or_create(&l).clone(),
-            connections: m.backend_connections.get_or_create(&l).clone(),
-            up: m.backend_up.get_or_create(&l).clone(),
-            node: node.to_string(),
-            errors: m.backend_errors.clone(),
-        }
-    }
-
-    /// Error counter by kind (connect, io, timeout, down, protocol). Errors are rare, so the
-    /// label lookup is not on the fast path.
-    pub fn errors(&self, kind: &'static str) -> Counter {
-        self.errors
-            .get_or_create(&NodeErrorLabel {
-                node: self.node.clone(),
-                kind,
-            })
-            .clone()
-    }
-}
 
 /// Shared connections per (RESP3?, database), started on first use.
 type ConnSets = Mutex<HashMap<(bool, u32), Arc<[ConnHandle]>>>;

@@ -26,12 +26,11 @@ use std::time::Duration;
 use bytes::Bytes;
 use moka::notification::RemovalCause;
 use moka::Expiry;
-use prometheus_client::metrics::counter::Counter;
-use prometheus_client::metrics::gauge::Gauge;
 use tokio::sync::watch;
 use tokio::time::Instant;
 
 use crate::rules::CachePolicy;
+pub use crate::metrics::CacheMetrics;
 
 const SHARDS: usize = 16;
 /// A key read with many different commands (HGET over thousands of fields) keeps only this
@@ -51,22 +50,6 @@ pub enum Cause {
     Flush,
 }
 
-/// Metric handles of the cache.
-#[derive(Clone, Default)]
-pub struct CacheMetrics {
-    pub hits: Counter,
-    pub misses: Counter,
-    /// Callers that waited for a fill already in flight instead of fetching.
-    pub coalesced: Counter,
-    pub stale_served: Counter,
-    pub invalidations_write: Counter,
-    pub invalidations_tracking: Counter,
-    pub invalidations_flush: Counter,
-    /// Waiters that gave up on a slow fill and fetched for themselves.
-    pub wait_timeouts: Counter,
-    pub bytes: Gauge,
-    pub entries: Gauge,
-}
 
 #[derive(Clone)]
 struct Stored {

@@ -14,7 +14,6 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
-use prometheus_client::metrics::counter::Counter;
 use tokio::sync::oneshot;
 
 use smallvec::smallvec;
@@ -22,6 +21,7 @@ use tokio::time::Instant;
 
 use crate::backend::{deadline, wire, BackendError, ConnHandle};
 use crate::resp::{encode_error, encode_int, parse_value, Value};
+pub use crate::metrics::CombineMetrics;
 
 /// What identifies one batch: the node connection's database, the key and, for HINCRBY, the field.
 #[derive(Clone, Debug, Hash, PartialEq, Eq)]
@@ -45,16 +45,6 @@ struct Batch {
     total: Option<i64>, // None once the sum overflowed: fall back to one by one
 }
 
-/// Metric handles of combining.
-#[derive(Clone, Default)]
-pub struct CombineMetrics {
-    /// Client increments that went through a batch.
-    pub ops: Counter,
-    /// Backend writes issued for batches (one per batch, or n on fallback).
-    pub backend_writes: Counter,
-    /// Batches that fell back to one-by-one.
-    pub fallbacks: Counter,
-}
 
 /// All open batches of this proxy.
 pub struct Combiner {

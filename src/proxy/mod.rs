@@ -254,7 +254,7 @@ pub fn spawn_salt_coordinator(ctx: Arc<Ctx>) {
     let spread = move |key: bytes::Bytes| {
         let ctx = owner.clone();
         tokio::spawn(
-            async move { crate::salt::members::spread(&ctx.backend, &ctx.salt, key).await },
+            async move { crate::salt::fold::spread(&ctx.backend, &ctx.salt, key).await },
         );
     };
     tokio::spawn(async move {

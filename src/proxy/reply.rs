@@ -329,7 +329,7 @@ fn merge(m: Merge, replies: &[Result<Replies, BackendError>], proto: Proto, out:
             ctx,
         } => values(replies, &parts).map(|vs| {
             let v = match (&op, ctx) {
-                (crate::salt::ops::Op::Write { .. }, Some(ctx)) => {
+                (crate::salt::kind::Op::Write { .. }, Some(ctx)) => {
                     let (v, created) = crate::salt::merge::written(&entry, &op, written, &vs[0]);
                     if created {
                         tokio::spawn(async move {
@@ -338,7 +338,7 @@ fn merge(m: Merge, replies: &[Result<Replies, BackendError>], proto: Proto, out:
                     }
                     v
                 }
-                _ => crate::salt::merge::merge(&entry, &op, &vs, false).unwrap_or_else(|e| e),
+                _ => crate::salt::ops::merge(&entry, &op, &vs, false).unwrap_or_else(|e| e),
             };
             v.encode(proto, out);
         }),

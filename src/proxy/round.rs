@@ -57,7 +57,7 @@ pub enum Merge {
     /// written) merged by `salt::ops`.
     Salted {
         parts: Vec<Part>,
-        op: crate::salt::ops::Op,
+        op: crate::salt::kind::Op,
         entry: std::sync::Arc<crate::salt::Salted>,
         /// For a write: the part written, and the proxy (a new shard takes the key's expiry).
         part: usize,

@@ -24,8 +24,11 @@ use crate::command::Classified;
 use crate::mitigate::combine::BatchKey;
 use crate::resp::{Proto, Request};
 use crate::rules::Strategy;
-use crate::salt::members::{self, MOp};
-use crate::salt::ops::{self, Op};
+use crate::salt::kind::{self as members, MOp};
+use crate::salt::kinds;
+use crate::salt::kind::Op;
+use crate::salt::merge;
+use crate::salt::ops;
 use crate::salt::{fold, now_ms, SaltTable, Salted};
 
 /// How a command that names a salted key is served.
@@ -39,10 +42,10 @@ pub(super) enum Plan {
     /// Through the shard's combine batch (salt+combine), ordered like any combined write.
     Combine(Arc<Salted>, Op),
     /// By a task: whole reads of a set or HyperLogLog, and its point reads while a fold
-    /// may move members (`members::read`); the flag says whether one may.
+    /// may move members (`SaltKind::read`); the flag says whether one may.
     Members(Arc<Salted>, MOp, bool),
     /// By a task: a removal from a set, sorted set or hash, once no fold or spread moves
-    /// its members (`members::quiet`).
+    /// its members (`ops::quiet`).
     Quiet(Arc<Salted>, MOp),
     /// By a task: multi-key commands over salted keys.
     Task(Arc<SaltTable>),
@@ -124,7 +127,7 @@ pub(super) fn plan(s: &Session, req: &Request, c: &Classified) -> Option<Plan> {
             Plan::Forward
         }
         Op::Write { .. } if combine_with(s, &e.key).is_some() => Plan::Combine(e, op),
-        _ if ops::sums(&op) && s.ctx.salt.careful(&e, now) => Plan::Careful(e, op),
+        _ if merge::sums(&op) && s.ctx.salt.careful(&e, now) => Plan::Careful(e, op),
         _ => Plan::Inline(e, op),
     })
 }
@@ -161,7 +164,7 @@ fn member_plan(s: &Session, e: Arc<Salted>, m: MOp, now: u64) -> Plan {
     if careful && members::needs_quiet(&m) {
         return Plan::Quiet(e, m);
     }
-    if members::inline(&m, careful, !e.base_maybe()) {
+    if kinds::of(e.rec.kind).inline(&m, careful, !e.base_maybe()) {
         return Plan::Inline(e, Op::Member(m));
     }
     Plan::Members(e, m, careful)
@@ -220,7 +223,7 @@ pub(super) async fn act(
             let proto = s.proto;
             s.ctx.salt.metrics.merged_reads.inc();
             later(s, rb, async move {
-                ops::careful(&ctx.backend, &e, op, &args)
+                merge::careful(&ctx.backend, &e, op, &args)
                     .await
                     .to_bytes(proto)
             });
@@ -245,7 +248,7 @@ pub(super) async fn act(
             let ctx = s.ctx.clone();
             let proto = s.proto;
             later(s, rb, async move {
-                members::read(&ctx.backend, &e, &m, careful, proto == Proto::Resp3)
+                kinds::of(e.rec.kind).read(&ctx.backend, &e, &m, careful, proto == Proto::Resp3)
                     .await
                     .unwrap_or_else(|e| e)
                     .to_bytes(proto)
@@ -256,7 +259,7 @@ pub(super) async fn act(
             let ctx = s.ctx.clone();
             let proto = s.proto;
             later(s, rb, async move {
-                members::quiet(&ctx.backend, &ctx.salt, &e.key, &m, &args)
+                ops::quiet(&ctx.backend, &ctx.salt, &e.key, &m, &args)
                     .await
                     .to_bytes(proto)
             });

@@ -20,7 +20,7 @@ use super::record::{boundary_after, Kind, Record, Step};
 use super::registry::{
     announce, cas, demote, get, live_proxies, load_all, node, pinning_rule, promote, wanted_shards,
 };
-use super::{as_i64, call, fold, members, now_ms, Salt, SaltTable, Salted};
+use super::{as_i64, call, fold, now_ms, ops, Salt, SaltTable, Salted};
 use crate::backend::{wire, Backend, Dedicated};
 use crate::hotkey::{HotSnapshot, HotState};
 use crate::resp::Proto;
@@ -183,7 +183,7 @@ async fn tick(
     Ok(())
 }
 
-/// Starts `members::spread` of a salted set's base-key members into its shards, in a task
+/// Starts `fold::spread` of a salted set's base-key members into its shards, in a task
 /// of its own (it may take longer than a tick).
 pub type Spawn = dyn Fn(Bytes) + Send + Sync;
 
@@ -220,7 +220,7 @@ async fn check_bases(backend: &Backend, salt: &Salt, now: u64, spread: &Spawn) {
         }
     }
     for e in table.iter().filter(|e| e.rec.kind.partitioned()) {
-        members::align_expiry(backend, e).await;
+        ops::align_expiry(backend, e).await;
     }
 }
 

@@ -1,20 +1,20 @@
 //! Merging the replies of a salted key's parts into the reply one key would give: sums
 //! of counters and fields, HGETALL merges, the key commands' "any part" and "first part"
 //! rules, the count of values a fold has in transit, and the estimated reply of a shard
-//! write. Pure: the session and `ops::multi` call it with the parts' replies.
+//! write. The session and `ops` call it with the parts'
+//! replies. Also the summing reads themselves: every part's command (`plan_parts`), and
+//! the careful read while a fold may move values (`careful_read`), which counters and
+//! hashes by field share.
 
 use std::collections::HashMap;
 
 use bytes::Bytes;
 
-use super::ops::Op;
+use super::kind::Op;
 use super::record::{hex, unhex};
-use super::{as_i64, Salted};
+use super::{as_i64, call, err, Salted};
+use crate::backend::{wire, Backend};
 use crate::resp::Value;
-
-pub(super) fn err(msg: &str) -> Value {
-    Value::Error(Bytes::from(format!("ERR saltshaker: {msg}")))
-}
 
 /// The sum over parts of one counter; None when no part holds it. A single part holding a
 /// non-integer (a value SET before the key was salted) is returned as it is.
@@ -239,13 +239,80 @@ pub fn merge(e: &Salted, op: &Op, r: &[Value], careful: bool) -> Result<Value, V
                 .cloned()
                 .unwrap_or_else(|| r[0].clone()),
         },
-        Op::Member(m) => return super::members::merge(m, &r),
-        Op::Write { .. } | Op::Other | Op::Reject(_) => err("internal: not a merged command"),
+        // Member commands are merged by their kind (`ops::merge`).
+        Op::Write { .. } | Op::Member(_) | Op::Other | Op::Reject(_) => {
+            err("internal: not a merged command")
+        }
     })
 }
 
 fn is_none_type(v: &Value) -> bool {
     matches!(v, Value::Simple(t) if &t[..] == b"none")
+}
+
+/// The command `args` with its key (position 1) replaced by `part`.
+fn on(args: &[Bytes], part: &Bytes) -> Bytes {
+    let mut a = args.to_vec();
+    a[1] = part.clone();
+    wire(&a)
+}
+
+/// Whether `op` adds up its parts (and so must count values in transit during a fold).
+pub fn sums(op: &Op) -> bool {
+    matches!(op, Op::Get | Op::HGet(_) | Op::HMGet(_) | Op::HGetAll)
+}
+
+/// The command `args` on every part (base key first): a mergeable read or key command.
+/// With `careful`, a summing read reads each part together with its fold bookkeeping.
+pub fn plan_parts(e: &Salted, op: &Op, args: &[Bytes], careful: bool) -> Vec<(usize, Bytes)> {
+    let sums = careful && sums(op);
+    e.parts
+        .iter()
+        .zip(&e.nodes)
+        .enumerate()
+        .map(|(i, (p, &n))| {
+            if !sums {
+                return (n, on(args, p));
+            }
+            // The part and its fold bookkeeping in one script: read atomically together.
+            let aux_cmd: &[u8] = if i == 0 { b"HKEYS" } else { b"HGETALL" };
+            let mut a: Vec<&[u8]> = vec![b"EVAL", READ_WITH_AUX.as_bytes(), b"2", p, &e.aux[i]];
+            a.push(&args[0]);
+            a.push(aux_cmd);
+            a.extend(args[2..].iter().map(|x| &x[..]));
+            (n, wire(&a))
+        })
+        .collect()
+}
+
+/// A summing read of one part with its fold bookkeeping: `{reply, aux}`. KEYS: part, aux
+/// hash. ARGV: the command, the aux command (HKEYS of the base key's applied list, HGETALL
+/// of a shard's stash), then the command's arguments after the key.
+pub const READ_WITH_AUX: &str =
+    "return {redis.call(ARGV[1], KEYS[1], unpack(ARGV, 3)), redis.call(ARGV[2], KEYS[2])}";
+
+/// A summing read while a fold may be moving values: the base key (with its applied list)
+/// is read first, the shards (with their stashes) after it has answered. In that order a
+/// moved value is counted exactly once: were a shard read before its take and the base
+/// key after the add, it would be counted twice, and only reading the base key first rules
+/// that out. The cost, a second round trip, is paid only while `Salt::careful` holds.
+pub async fn careful_read(
+    backend: &Backend,
+    e: &Salted,
+    op: &Op,
+    cmds: &[(usize, Bytes)],
+) -> Result<Value, Value> {
+    let mut r = call(backend, &cmds[..1]).await.map_err(|e| err(&e))?;
+    r.extend(call(backend, &cmds[1..]).await.map_err(|e| err(&e))?);
+    merge(e, op, &r, true)
+}
+
+/// `careful_read` from a command's arguments.
+pub async fn careful(backend: &Backend, e: &Salted, op: Op, args: &[Bytes]) -> Value {
+    let cmds = plan_parts(e, &op, args, true);
+    careful_read(backend, e, &op, &cmds)
+        .await
+        .unwrap_or_else(|e| e)
 }
 
 #[cfg(test)]

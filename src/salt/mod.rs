@@ -1,32 +1,37 @@
-//! Salting: a write-hot key (a counter, a hash of counters, a set, a HyperLogLog, a sorted set) spread over N shard keys on N nodes, merged back on read,
-//! shared by every proxy through a registry in the backend, and folded back when it cools.
+//! Salting: a write-hot key (a counter, a hash of counters, a set, a HyperLogLog, a sorted
+//! set) spread over N shard keys on N nodes, merged back on read, shared by every proxy
+//! through a registry in the backend, and folded back when it cools.
 //!
-//! - `record`: the registry record of one key and the epoch arithmetic (pure).
-//! - `names`: shard and fold bookkeeping names; salts chosen by the node they land on (pure).
-//! - `ops`: one command on a salted key: what to send (shard write, or every part).
-//! - `merge`: the parts' replies made into one key's reply; values a fold has in transit.
-//! - `members`: sets and HyperLogLogs, partitioned by member: their commands, merges and
-//!   fold moves; `zset` and `fields`: the same for sorted sets (the leaderboard's
-//!   ZINCRBY) and for hashes of counters placed by field.
-//! - `fold`: the journaled, idempotent move of shards into the base key.
-//! - `registry`: the registry in the backend: compare-and-set, announcements, promotion,
-//!   demotion, and how many shards a rule wants.
-//! - `coordinator`: the per-proxy task: resync, promote, heartbeat and grow, demote, fold.
+//! Three layers; imports go down only.
+//!
+//! - The engine, which knows no kind. This file: the salt table the data path reads, a
+//!   salted key's parts and nodes, `call` (every node call of salting, with its deadline).
+//!   `record`: the registry record and the epoch arithmetic (pure). `names`: shard and
+//!   bookkeeping names, salts chosen by the node they land on (pure). `registry`: the
+//!   registry in the backend (compare-and-set, announcements, promotion, demotion).
+//!   `journal`: the fold's claim bookkeeping, journaled moves and the counters'
+//!   take-then-add. `merge`: the parts' replies summed into one key's reply, values in
+//!   transit. `kind`: the operations (`Op`, `MOp`) and the `SaltKind` trait.
+//! - The kinds (`kinds/`): counters, hashes by field, sets, HyperLogLogs, sorted sets,
+//!   each implementing `SaltKind`; `kinds::of` is the one `match Kind`.
+//! - On top: `ops` (one command on a salted key: classify, plan, merge, multi-key
+//!   commands), `fold` (moving every shard into the base key; a set's spread), and
+//!   `coordinator` (the per-proxy task: resync, promote, heartbeat and grow, demote, fold).
 //!
 //! The data path reads `Salt::table` (an immutable snapshot swapped by the coordinator), so
 //! a command on a key that is not salted costs one hash lookup, and nothing at all when no
 //! key is salted.
 
 pub mod coordinator;
-pub mod fields;
 pub mod fold;
-pub mod members;
+pub mod journal;
+pub mod kind;
+pub mod kinds;
 pub mod merge;
 pub mod names;
 pub mod ops;
 pub mod record;
 pub mod registry;
-pub mod zset;
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -35,31 +40,14 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use arc_swap::ArcSwap;
 use bytes::Bytes;
-use prometheus_client::metrics::counter::Counter;
-use prometheus_client::metrics::gauge::Gauge;
 use tokio::sync::Notify;
 
 use crate::backend::Backend;
 use crate::resp::{parse_value, Proto, Value};
 use names::Place;
 use record::Record;
+pub use crate::metrics::SaltMetrics;
 
-/// Metric handles of salting.
-#[derive(Clone, Default)]
-pub struct SaltMetrics {
-    pub salted_keys: Gauge,
-    pub promotions: Counter,
-    pub demotions: Counter,
-    pub folds: Counter,
-    pub fold_moves: Counter,
-    pub shard_writes: Counter,
-    /// Writes to a salted key sent to its base key: promotion not yet in force, demoted,
-    /// or the registry not read for too long.
-    pub base_writes: Counter,
-    pub merged_reads: Counter,
-    pub registry_up: Gauge,
-    pub registry_errors: Counter,
-}
 
 /// A salted key as the data path sees it.
 pub struct Salted {
@@ -230,7 +218,7 @@ pub struct Salt {
     /// Wakes the coordinator (an announcement, an admin request).
     pub kick: Arc<Notify>,
     /// Sets whose base-key members this proxy is moving into their shards now
-    /// (`members::spread`), so the coordinator starts one spread per key at a time.
+    /// (`fold::spread`), so the coordinator starts one spread per key at a time.
     pub spreading: Mutex<std::collections::HashSet<Bytes>>,
 }
 
@@ -355,6 +343,11 @@ pub fn failpoint(name: &str) {
     }
 }
 
+/// An error reply in saltshaker's words.
+pub fn err(msg: &str) -> Value {
+    Value::Error(Bytes::from(format!("ERR saltshaker: {msg}")))
+}
+
 /// An integer reply or bulk, as i64.
 pub fn as_i64(v: &Value) -> Option<i64> {
     match v {
@@ -364,7 +357,8 @@ pub fn as_i64(v: &Value) -> Option<i64> {
     }
 }
 
-type Fut<'a, T> = std::pin::Pin<Box<dyn std::future::Future<Output = T> + Send + 'a>>;
+/// A boxed future: what the kinds' trait methods and `Control` return.
+pub type Fut<'a, T> = std::pin::Pin<Box<dyn std::future::Future<Output = T> + Send + 'a>>;
 
 /// What the admin endpoints may ask of salting (the proxy implements it: it owns the backend).
 pub trait Control: Send + Sync {

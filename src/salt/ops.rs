@@ -6,90 +6,27 @@
 //! the part commands in its round; `multi` answers multi-key commands over salted keys.
 //! What cannot be merged (`Op::Other`) is not handled here: the session moves the shards
 //! into the base key first (`fold::move_all`) and then forwards the command unchanged.
+//!
+//! This is where a command meets its key's kind: `classify` and `plan` ask `kinds::of`
+//! for the kind's part, `merge` for member commands, `quiet` for removals.
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
 
-use super::members::{self, MOp};
-use super::merge::{err, merge};
+use super::kind::{cmd, MOp, Op};
+use super::merge::{careful, careful_read, plan_parts, sums};
 use super::record::Kind;
-use super::{as_i64, call, SaltTable, Salted};
+use super::{as_i64, call, err, kinds, Salt, SaltTable, Salted};
 use crate::backend::{wire, Backend};
 use crate::mitigate::combine::Combiner;
 use crate::resp::{Proto, Value};
 
-/// What a command does to a salted key.
-#[derive(Clone, Debug, PartialEq)]
-pub enum Op {
-    /// INCR/INCRBY/DECR/DECRBY (field None) or HINCRBY.
-    Write {
-        delta: i64,
-        field: Option<Bytes>,
-    },
-    Get,
-    HGet(Bytes),
-    HMGet(Vec<Bytes>),
-    HGetAll,
-    /// DEL / UNLINK: every part; 1 if any part existed.
-    Del,
-    /// EXISTS / TOUCH: 1 if any part exists.
-    Exists,
-    /// EXPIRE, PEXPIRE, EXPIREAT, PEXPIREAT (with their options), PERSIST: every part.
-    Expire,
-    /// TTL, PTTL, TYPE: the first part that exists answers.
-    FirstExisting,
-    /// A command on a set or HyperLogLog salted by member (`members`).
-    Member(MOp),
-    /// Refused with Redis's own error before anything is sent (an increment that is not
-    /// an integer by Redis's rules, such as `+5` or `007`, or one that cannot be negated).
-    Reject(&'static str),
-    /// Anything else: fold the shards into the base key, then run it there.
-    Other,
-}
-
 /// What `args` (command name first, the salted key second) does to a salted key of `kind`.
 pub fn classify(kind: Kind, name: &str, args: &[Bytes]) -> Op {
-    if kind == Kind::Fields && name == "HGETALL" && args.len() == 2 {
-        return Op::HGetAll;
-    }
-    if kind.partitioned() {
-        return match key_command(name, args.len()) {
-            Some(op) => op,
-            None => members::classify(kind, name, args).map_or(Op::Other, Op::Member),
-        };
-    }
-    // Redis checks the increment before it looks at the key, with string2ll's rules.
-    let int = |i: usize| -> Option<i64> { crate::resp::parse_i64(args.get(i)?) };
-    let n = args.len();
-    let write = |delta: Option<i64>, field: Option<Bytes>| match delta {
-        Some(delta) => Op::Write { delta, field },
-        None => Op::Reject(NOT_AN_INTEGER),
-    };
-    match (name, n) {
-        ("INCR", 2) => write(Some(1), None),
-        ("DECR", 2) => write(Some(-1), None),
-        ("INCRBY", 3) => write(int(2), None),
-        ("DECRBY", 3) => match int(2) {
-            Some(d) => d
-                .checked_neg()
-                .map_or(Op::Reject("ERR decrement would overflow"), |delta| {
-                    write(Some(delta), None)
-                }),
-            None => Op::Reject(NOT_AN_INTEGER),
-        },
-        ("HINCRBY", 4) => write(int(3), Some(args[2].clone())),
-        ("GET", 2) => Op::Get,
-        ("HGET", 3) => Op::HGet(args[2].clone()),
-        ("HMGET", n) if n >= 3 => Op::HMGet(args[2..].to_vec()),
-        ("HGETALL", 2) => Op::HGetAll,
-        _ => key_command(name, n).unwrap_or(Op::Other),
-    }
+    key_command(name, args.len()).unwrap_or_else(|| kinds::of(kind).classify(name, args))
 }
-
-/// Redis's reply to an increment that is not an integer.
-const NOT_AN_INTEGER: &str = "ERR value is not an integer or out of range";
 
 /// A shard write is safe while the whole stays this far from i64's bounds: no sum of parts
 /// can then overflow. Beyond it (a huge increment, or a total known to be near the bound),
@@ -111,13 +48,6 @@ fn key_command(name: &str, n: usize) -> Option<Op> {
         ("TTL" | "PTTL" | "TYPE", 2) => Op::FirstExisting,
         _ => return None,
     })
-}
-
-/// The command `args` with its key (position 1) replaced by `part`.
-fn on(args: &[Bytes], part: &Bytes) -> Bytes {
-    let mut a = args.to_vec();
-    a[1] = part.clone();
-    wire(&a)
 }
 
 /// Combining for shard writes (salt+combine): the combiner and its window.
@@ -143,6 +73,35 @@ pub async fn inherit_expiry(backend: &Backend, e: &Salted, part: usize) {
     }
 }
 
+/// Gives every part of a partitioned key the key's expiry: a shard created by a write after
+/// an EXPIRE has none (a member write cannot tell that it created its shard, as a counter
+/// write can), so the coordinator, ten times an epoch, sets the longest expiry any part has
+/// on the parts that have none. Until then a new shard outlives the key by at most a tick.
+pub async fn align_expiry(backend: &Backend, e: &Salted) {
+    let cmds: Vec<(usize, Bytes)> = (0..e.parts.len())
+        .map(|p| (e.nodes[p], cmd(&[b"PTTL", &e.parts[p]])))
+        .collect();
+    let Ok(ttls) = call(backend, &cmds).await else {
+        return;
+    };
+    let ttls: Vec<i64> = ttls.iter().map(|v| as_i64(v).unwrap_or(-2)).collect();
+    let Some(ms) = ttls.iter().copied().filter(|&t| t > 0).max() else {
+        return;
+    };
+    let fix: Vec<(usize, Bytes)> = ttls
+        .iter()
+        .enumerate()
+        .filter(|(_, &t)| t == -1)
+        .map(|(p, _)| {
+            let ms = ms.to_string();
+            (e.nodes[p], cmd(&[b"PEXPIRE", &e.parts[p], ms.as_bytes()]))
+        })
+        .collect();
+    if !fix.is_empty() {
+        let _ = call(backend, &fix).await;
+    }
+}
+
 async fn merged(
     backend: &Backend,
     e: &Salted,
@@ -156,35 +115,6 @@ async fn merged(
     }
     let r = call(backend, &cmds).await.map_err(|e| err(&e))?;
     merge(e, &op, &r, careful)
-}
-
-/// Whether `op` adds up its parts (and so must count values in transit during a fold).
-pub fn sums(op: &Op) -> bool {
-    matches!(op, Op::Get | Op::HGet(_) | Op::HMGet(_) | Op::HGetAll)
-}
-
-/// A summing read while a fold may be moving values: the base key (with its applied list)
-/// is read first, the shards (with their stashes) after it has answered. In that order a
-/// moved value is counted exactly once: were a shard read before its take and the base
-/// key after the add, it would be counted twice, and only reading the base key first rules
-/// that out. The cost, a second round trip, is paid only while `Salt::careful` holds.
-pub async fn careful_read(
-    backend: &Backend,
-    e: &Salted,
-    op: &Op,
-    cmds: &[(usize, Bytes)],
-) -> Result<Value, Value> {
-    let mut r = call(backend, &cmds[..1]).await.map_err(|e| err(&e))?;
-    r.extend(call(backend, &cmds[1..]).await.map_err(|e| err(&e))?);
-    merge(e, op, &r, true)
-}
-
-/// `careful_read` from a command's arguments.
-pub async fn careful(backend: &Backend, e: &Salted, op: Op, args: &[Bytes]) -> Value {
-    let (cmds, _) = plan(e, &op, args, 0, true);
-    careful_read(backend, e, &op, &cmds)
-        .await
-        .unwrap_or_else(|e| e)
 }
 
 /// A counter write whose whole this proxy does not know to be safe: the whole is read
@@ -264,35 +194,51 @@ pub fn plan(
         return (vec![(e.nodes[part], cmd)], part);
     }
     if let Op::Member(m) = op {
-        return (members::plan(e, m), 0);
+        return (kinds::of(e.rec.kind).plan(e, m), 0);
     }
-    let sums = careful && sums(op);
-    let cmds = e
-        .parts
-        .iter()
-        .zip(&e.nodes)
-        .enumerate()
-        .map(|(i, (p, &n))| {
-            if !sums {
-                return (n, on(args, p));
-            }
-            // The part and its fold bookkeeping in one script: read atomically together.
-            let aux_cmd: &[u8] = if i == 0 { b"HKEYS" } else { b"HGETALL" };
-            let mut a: Vec<&[u8]> = vec![b"EVAL", READ_WITH_AUX.as_bytes(), b"2", p, &e.aux[i]];
-            a.push(&args[0]);
-            a.push(aux_cmd);
-            a.extend(args[2..].iter().map(|x| &x[..]));
-            (n, wire(&a))
-        })
-        .collect();
-    (cmds, 0)
+    (plan_parts(e, op, args, careful), 0)
 }
 
-/// A summing read of one part with its fold bookkeeping: `{reply, aux}`. KEYS: part, aux
-/// hash. ARGV: the command, the aux command (HKEYS of the base key's applied list, HGETALL
-/// of a shard's stash), then the command's arguments after the key.
-pub(super) const READ_WITH_AUX: &str =
-    "return {redis.call(ARGV[1], KEYS[1], unpack(ARGV, 3)), redis.call(ARGV[2], KEYS[2])}";
+/// Merges the replies of every part (in `plan`'s order) into the reply one key would give.
+pub fn merge(e: &Salted, op: &Op, r: &[Value], careful: bool) -> Result<Value, Value> {
+    match op {
+        Op::Member(m) => kinds::of(e.rec.kind).merge(m, r),
+        op => super::merge::merge(e, op, r, careful),
+    }
+}
+
+/// Runs a removal once no fold or spread holds the key (and this proxy's view of the
+/// registry is fresh, so it would know of one starting: a claim is announced three ticks
+/// before anything moves). Waits up to ten seconds; the removal is then made on the base
+/// key and the member's shard as usual, or on the key alone if it is no longer salted.
+pub async fn quiet(backend: &Backend, salt: &Salt, key: &Bytes, op: &MOp, args: &[Bytes]) -> Value {
+    let end = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        let table = salt.table.load();
+        let now = super::now_ms();
+        match table.get(key) {
+            None => {
+                return call(
+                    backend,
+                    &[(backend.node_for(key), crate::backend::wire(args))],
+                )
+                .await
+                .map(|mut r| r.remove(0))
+                .unwrap_or_else(|m| err(&m));
+            }
+            Some(e) if e.rec.fold.is_none() && !salt.stale(now) => {
+                return match call(backend, &kinds::of(e.rec.kind).plan(e, op)).await {
+                    Ok(r) => kinds::of(e.rec.kind).merge(op, &r).unwrap_or_else(|v| v),
+                    Err(m) => err(&m),
+                };
+            }
+            Some(_) if std::time::Instant::now() >= end => {
+                return err("the salted key has been moving members for ten seconds; try again");
+            }
+            Some(_) => tokio::time::sleep(std::time::Duration::from_millis(20)).await,
+        }
+    }
+}
 
 /// MGET, DEL, UNLINK, EXISTS, TOUCH over several keys of which some are salted: each key
 /// answered as on its own, then put together as the command would.
@@ -353,6 +299,8 @@ pub async fn multi(
 mod tests {
     use super::*;
     use crate::salt::testing::*;
+
+    const NOT_AN_INTEGER: &str = "ERR value is not an integer or out of range";
 
     #[test]
     fn counter_commands_become_shard_writes_others_fold() {

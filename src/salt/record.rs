@@ -50,10 +50,10 @@ pub struct Move {
     pub shard: u32,
     pub delta: Vec<(String, i64)>,
     /// A set's move: hex of the members copied into the base key, then removed from the
-    /// shard (`members::move_set`).
+    /// shard (`kinds::set::move_set`).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub members: Vec<String>,
-    /// A sorted set's move: the score of each member in `members` (`zset::move_zset`).
+    /// A sorted set's move: the score of each member in `members` (`kinds::zset::move_zset`).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub scores: Vec<String>,
     /// A counter or hash move: the shard's time to live when it was read (ms), given to a

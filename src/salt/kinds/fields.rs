@@ -7,29 +7,30 @@
 //!   the field there, so the reply is the field's whole value, exactly.
 //! - HGET, HMGET: the field's shard and the base key, summed. HEXISTS: either. HDEL: both.
 //! - HLEN: the shards' lengths add up while the base key is empty; otherwise the union of
-//!   field names is counted. HGETALL sums every part (`ops::Op::HGetAll`).
+//!   field names is counted. HGETALL sums every part (`Op::HGetAll`).
 //! - HSET and any command without a merge fold the key first, then run on the whole.
 //!
-//! The fold moves fields with the counters' journal (`fold::move_shard`), a page of fields
+//! The fold moves fields with the counters' journal (`journal::move_counters`), a page of fields
 //! at a time; while it may run, HGET, HMGET and HGETALL read each part with its fold
-//! bookkeeping (`ops::careful_read`), and HEXISTS, HDEL and HLEN wait for it.
+//! bookkeeping (`merge::careful_read`), and HEXISTS, HDEL and HLEN wait for it.
 
 use std::collections::HashSet;
 
 use bytes::Bytes;
 
-use super::members::{bulks, every, pairs, MOp};
-use super::merge::err;
-use super::{as_i64, call, Salted};
 use crate::backend::{wire, Backend};
-use crate::resp::Value;
+use crate::resp::{parse_i64, Value};
+use crate::salt::journal::{self, Claimed};
+use crate::salt::kind::{bulks, every, pairs, MOp, Op, SaltKind};
+use crate::salt::merge;
+use crate::salt::record::{Move, Record};
+use crate::salt::{as_i64, call, err, Fut, Salt, Salted};
 
 /// What `args` does to a hash placed by field; None: fold first, then run.
 pub fn classify(name: &str, args: &[Bytes]) -> Option<MOp> {
     let n = args.len();
-    let int = |b: &Bytes| std::str::from_utf8(b).ok()?.parse::<i64>().ok();
     match name {
-        "HINCRBY" if n == 4 && int(&args[3]).is_some() => Some(MOp::HIncrBy {
+        "HINCRBY" if n == 4 && parse_i64(&args[3]).is_some() => Some(MOp::HIncrBy {
             field: args[2].clone(),
             delta: args[3].clone(),
             to_base: false,
@@ -141,6 +142,99 @@ pub async fn hlen(backend: &Backend, e: &Salted) -> Result<Value, Value> {
         .map_err(|m| err(&m))?;
     let names: HashSet<Bytes> = keys.iter().flat_map(bulks).collect();
     Ok(Value::Integer(names.len() as i64))
+}
+
+/// Answers a task `op`: HLEN, and HEXISTS while a fold may run.
+pub async fn read(backend: &Backend, e: &Salted, op: &MOp, careful: bool) -> Result<Value, Value> {
+    match op {
+        MOp::HExists(f) if careful => {
+            let args = [Bytes::from_static(b"HGET"), e.key.clone(), f.clone()];
+            match merge::careful(backend, e, Op::HGet(f.clone()), &args).await {
+                v @ Value::Error(_) => Err(v),
+                Value::Nil => Ok(Value::Integer(0)),
+                _ => Ok(Value::Integer(1)),
+            }
+        }
+        MOp::HLen if careful => {
+            let args = [Bytes::from_static(b"HGETALL"), e.key.clone()];
+            match merge::careful(backend, e, Op::HGetAll, &args).await {
+                Value::Map(m) => Ok(Value::Integer(m.len() as i64)),
+                v => Err(v),
+            }
+        }
+        MOp::HLen => hlen(backend, e).await,
+        _ => Err(err("internal: not a hash read")),
+    }
+}
+
+/// The kind of a hash of counters placed by field.
+pub struct Fields;
+
+impl SaltKind for Fields {
+    fn classify(&self, name: &str, args: &[Bytes]) -> Op {
+        if name == "HGETALL" && args.len() == 2 {
+            return Op::HGetAll;
+        }
+        classify(name, args).map_or(Op::Other, Op::Member)
+    }
+
+    fn inline(&self, op: &MOp, careful: bool, base_empty: bool) -> bool {
+        match op {
+            MOp::HIncrBy { .. } | MOp::HDel(_) => true,
+            MOp::HGetF(_) | MOp::HMGetF(_) | MOp::HExists(_) => !careful,
+            MOp::HLen => !careful && base_empty,
+            _ => false,
+        }
+    }
+
+    fn plan(&self, e: &Salted, op: &MOp) -> Vec<(usize, Bytes)> {
+        match op {
+            MOp::HLen => every(e, b"HLEN"),
+            op => plan(e, op),
+        }
+    }
+
+    fn merge(&self, op: &MOp, r: &[Value]) -> Result<Value, Value> {
+        match op {
+            MOp::HLen => match r.iter().find(|v| matches!(v, Value::Error(_))) {
+                Some(x) => Err(x.clone()),
+                None => Ok(Value::Integer(r.iter().filter_map(as_i64).sum())),
+            },
+            op => merge(op, r),
+        }
+    }
+
+    fn read<'a>(
+        &'a self,
+        backend: &'a Backend,
+        e: &'a Salted,
+        op: &'a MOp,
+        careful: bool,
+        _resp3: bool,
+    ) -> Fut<'a, Result<Value, Value>> {
+        Box::pin(read(backend, e, op, careful))
+    }
+
+    fn move_shard<'a>(
+        &'a self,
+        backend: &'a Backend,
+        salt: &'a Salt,
+        key: &'a [u8],
+        c: &'a mut Claimed,
+        i: usize,
+    ) -> Fut<'a, Result<(), String>> {
+        Box::pin(journal::move_counters(backend, salt, key, c, i))
+    }
+
+    fn apply<'a>(
+        &'a self,
+        backend: &'a Backend,
+        key: &'a [u8],
+        rec: &'a Record,
+        mv: &'a Move,
+    ) -> Fut<'a, Result<(), String>> {
+        Box::pin(journal::apply_counters(backend, key, rec, mv))
+    }
 }
 
 #[cfg(test)]

@@ -1,0 +1,76 @@
+//! Counters: a string counter or a hash of counters salted whole (each shard holds a part
+//! of every field). INCR, INCRBY, DECR, DECRBY and HINCRBY go to the shard writers use
+//! now (`ops::plan`); GET, HGET, HMGET and HGETALL add up every part (`merge`). The fold
+//! moves a shard's value with the journal's take-then-add (`journal::move_counters`).
+
+use bytes::Bytes;
+
+use crate::backend::Backend;
+use crate::salt::journal::{self, Claimed};
+use crate::salt::kind::{Op, SaltKind};
+use crate::salt::record::{Move, Record};
+use crate::salt::{Fut, Salt};
+
+/// What `args` (command name first, the salted key second) does to a salted counter or
+/// hash of counters.
+pub fn classify(name: &str, args: &[Bytes]) -> Op {
+    // Redis checks the increment before it looks at the key, with string2ll's rules.
+    let int = |i: usize| -> Option<i64> { crate::resp::parse_i64(args.get(i)?) };
+    let n = args.len();
+    let write = |delta: Option<i64>, field: Option<Bytes>| match delta {
+        Some(delta) => Op::Write { delta, field },
+        None => Op::Reject(NOT_AN_INTEGER),
+    };
+    match (name, n) {
+        ("INCR", 2) => write(Some(1), None),
+        ("DECR", 2) => write(Some(-1), None),
+        ("INCRBY", 3) => write(int(2), None),
+        ("DECRBY", 3) => match int(2) {
+            Some(d) => d
+                .checked_neg()
+                .map_or(Op::Reject("ERR decrement would overflow"), |delta| {
+                    write(Some(delta), None)
+                }),
+            None => Op::Reject(NOT_AN_INTEGER),
+        },
+        ("HINCRBY", 4) => write(int(3), Some(args[2].clone())),
+        ("GET", 2) => Op::Get,
+        ("HGET", 3) => Op::HGet(args[2].clone()),
+        ("HMGET", n) if n >= 3 => Op::HMGet(args[2..].to_vec()),
+        ("HGETALL", 2) => Op::HGetAll,
+        _ => Op::Other,
+    }
+}
+
+/// Redis's reply to an increment that is not an integer.
+const NOT_AN_INTEGER: &str = "ERR value is not an integer or out of range";
+
+/// The kind of string counters and hashes of counters salted by key.
+pub struct Counters;
+
+impl SaltKind for Counters {
+    fn classify(&self, name: &str, args: &[Bytes]) -> Op {
+        classify(name, args)
+    }
+
+    fn move_shard<'a>(
+        &'a self,
+        backend: &'a Backend,
+        salt: &'a Salt,
+        key: &'a [u8],
+        c: &'a mut Claimed,
+        i: usize,
+    ) -> Fut<'a, Result<(), String>> {
+        Box::pin(journal::move_counters(backend, salt, key, c, i))
+    }
+
+    fn apply<'a>(
+        &'a self,
+        backend: &'a Backend,
+        key: &'a [u8],
+        rec: &'a Record,
+        mv: &'a Move,
+    ) -> Fut<'a, Result<(), String>> {
+        Box::pin(journal::apply_counters(backend, key, rec, mv))
+    }
+}
