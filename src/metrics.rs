@@ -512,7 +512,6 @@ impl NodeMetrics {
     }
 }
 
-
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -67,7 +67,7 @@ pub async fn action(
             (StatusCode::OK, record_json(&shown, &rec).to_string() + "\n")
         }
         Ok(None) => fail(StatusCode::NOT_FOUND, "the key is not salted"),
-        Err(e) => fail(StatusCode::CONFLICT, &e),
+        Err(e) => fail(StatusCode::CONFLICT, &e.to_string()),
     }
 }
 

@@ -22,8 +22,8 @@ use tokio::net::TcpStream;
 pub use conn::{deadline, Call, ConnHandle, Dedicated, Replies};
 
 use crate::config::BackendConfig;
-pub use crate::metrics::NodeMetrics;
 use crate::metrics::Metrics;
+pub use crate::metrics::NodeMetrics;
 use crate::resp::{encode_command, Proto, ReplyFramer};
 use placement::{Distribution, HashFn, Placement};
 
@@ -169,8 +169,6 @@ impl Handshake {
         }
     }
 }
-
-
 
 /// Shared connections per (RESP3?, database), started on first use.
 type ConnSets = Mutex<HashMap<(bool, u32), Arc<[ConnHandle]>>>;

@@ -29,8 +29,8 @@ use moka::Expiry;
 use tokio::sync::watch;
 use tokio::time::Instant;
 
-use crate::rules::CachePolicy;
 pub use crate::metrics::CacheMetrics;
+use crate::rules::CachePolicy;
 
 const SHARDS: usize = 16;
 /// A key read with many different commands (HGET over thousands of fields) keeps only this
@@ -49,7 +49,6 @@ pub enum Cause {
     /// Tracking was lost, or FLUSHALL / FLUSHDB.
     Flush,
 }
-
 
 #[derive(Clone)]
 struct Stored {

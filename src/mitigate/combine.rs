@@ -20,8 +20,8 @@ use smallvec::smallvec;
 use tokio::time::Instant;
 
 use crate::backend::{deadline, wire, BackendError, ConnHandle};
-use crate::resp::{encode_error, encode_int, parse_value, Value};
 pub use crate::metrics::CombineMetrics;
+use crate::resp::{encode_error, encode_int, parse_value, Value};
 
 /// What identifies one batch: the node connection's database, the key and, for HINCRBY, the field.
 #[derive(Clone, Debug, Hash, PartialEq, Eq)]
@@ -44,7 +44,6 @@ struct Batch {
     entries: Vec<Entry>,
     total: Option<i64>, // None once the sum overflowed: fall back to one by one
 }
-
 
 /// All open batches of this proxy.
 pub struct Combiner {

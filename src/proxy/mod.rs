@@ -253,9 +253,7 @@ pub fn spawn_salt_coordinator(ctx: Arc<Ctx>) {
     let owner = ctx.clone();
     let spread = move |key: bytes::Bytes| {
         let ctx = owner.clone();
-        tokio::spawn(
-            async move { crate::salt::fold::spread(&ctx.backend, &ctx.salt, key).await },
-        );
+        tokio::spawn(async move { crate::salt::fold::spread(&ctx.backend, &ctx.salt, key).await });
     };
     tokio::spawn(async move {
         crate::salt::coordinator::run(
@@ -275,13 +273,7 @@ impl crate::salt::Control for Ctx {
         &self,
         key: Vec<u8>,
         shards: u32,
-    ) -> std::pin::Pin<
-        Box<
-            dyn std::future::Future<Output = Result<crate::salt::record::Record, String>>
-                + Send
-                + '_,
-        >,
-    > {
+    ) -> crate::salt::Fut<'_, Result<crate::salt::record::Record, crate::salt::SaltError>> {
         Box::pin(async move {
             let policy = self.rules.load().resolve(&key).write.salt;
             crate::salt::registry::promote(&self.backend, &self.salt, &key, shards, true, policy)
@@ -292,19 +284,14 @@ impl crate::salt::Control for Ctx {
     fn demote(
         &self,
         key: Vec<u8>,
-    ) -> std::pin::Pin<
-        Box<
-            dyn std::future::Future<Output = Result<Option<crate::salt::record::Record>, String>>
-                + Send
-                + '_,
-        >,
-    > {
+    ) -> crate::salt::Fut<'_, Result<Option<crate::salt::record::Record>, crate::salt::SaltError>>
+    {
         Box::pin(async move {
             let rules = self.rules.load();
             if let Some(rule) = crate::salt::registry::pinning_rule(&rules, &key) {
-                return Err(format!(
+                return Err(crate::salt::SaltError::Refused(format!(
                     "the rules pin this key (rule `{rule}`); remove `pin: true` there to end its salting"
-                ));
+                )));
             }
             crate::salt::registry::demote(&self.backend, &self.salt, &key).await
         })

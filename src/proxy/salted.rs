@@ -24,9 +24,9 @@ use crate::command::Classified;
 use crate::mitigate::combine::BatchKey;
 use crate::resp::{Proto, Request};
 use crate::rules::Strategy;
+use crate::salt::kind::Op;
 use crate::salt::kind::{self as members, MOp};
 use crate::salt::kinds;
-use crate::salt::kind::Op;
 use crate::salt::merge;
 use crate::salt::ops;
 use crate::salt::{fold, now_ms, SaltTable, Salted};
@@ -248,7 +248,8 @@ pub(super) async fn act(
             let ctx = s.ctx.clone();
             let proto = s.proto;
             later(s, rb, async move {
-                kinds::of(e.rec.kind).read(&ctx.backend, &e, &m, careful, proto == Proto::Resp3)
+                kinds::of(e.rec.kind)
+                    .read(&ctx.backend, &e, &m, careful, proto == Proto::Resp3)
                     .await
                     .unwrap_or_else(|e| e)
                     .to_bytes(proto)

@@ -20,7 +20,7 @@ use super::record::{boundary_after, Kind, Record, Step};
 use super::registry::{
     announce, cas, demote, get, live_proxies, load_all, node, pinning_rule, promote, wanted_shards,
 };
-use super::{as_i64, call, fold, now_ms, ops, Salt, SaltTable, Salted};
+use super::{as_i64, call, fold, now_ms, ops, Salt, SaltError, SaltTable, Salted};
 use crate::backend::{wire, Backend, Dedicated};
 use crate::hotkey::{HotSnapshot, HotState};
 use crate::resp::Proto;
@@ -97,7 +97,7 @@ async fn tick(
     rules: &RulesHandle,
     epoch: u64,
     spread: &Spawn,
-) -> Result<(), String> {
+) -> Result<(), SaltError> {
     let now = now_ms();
     let records = load_all(backend).await?;
     // The fleet's size matters only to size a write-hot key: skip the query otherwise.
@@ -231,7 +231,7 @@ async fn refresh(
     now: u64,
     epoch: u64,
     grow: Option<u32>,
-) -> Result<(), String> {
+) -> Result<(), SaltError> {
     let Some((raw, mut rec)) = get(backend, key).await? else {
         return Ok(());
     };

@@ -14,13 +14,17 @@ use super::kind::SaltKind;
 use super::kinds::{self, set};
 use super::names::{shard_name, stash_name, Place};
 use super::record::{Fold, Kind, Move, Record};
-use super::{as_i64, call, failpoint, now_ms, registry, Salt};
+use super::{as_i64, call, failpoint, now_ms, registry, Salt, SaltError};
 use crate::backend::{wire, Backend};
 
 /// Takes the key's fold slot, finishing the move a dead claimant left journaled. None when
 /// the key is no longer salted; an error while another claim holds the slot (another
 /// proxy's, or another task's of this proxy).
-pub async fn claim(backend: &Backend, salt: &Salt, key: &[u8]) -> Result<Option<Claimed>, String> {
+pub async fn claim(
+    backend: &Backend,
+    salt: &Salt,
+    key: &[u8],
+) -> Result<Option<Claimed>, SaltError> {
     for _ in 0..3 {
         let Some((raw, mut rec)) = registry::get(backend, key).await? else {
             return Ok(None);
@@ -30,7 +34,10 @@ pub async fn claim(backend: &Backend, salt: &Salt, key: &[u8]) -> Result<Option<
         // (or a session and a spread) must take turns, as two proxies do.
         if let Some(f) = &rec.fold {
             if f.lease_until_ms > now {
-                return Err(format!("key is being folded by {}", f.owner));
+                return Err(SaltError::Busy(format!(
+                    "key is being folded by {}",
+                    f.owner
+                )));
             }
         }
         let pending = rec.fold.as_ref().and_then(|f| f.moving.clone());
@@ -46,18 +53,22 @@ pub async fn claim(backend: &Backend, salt: &Salt, key: &[u8]) -> Result<Option<
         let mut c = Claimed { raw: new, rec };
         if let Some(mv) = pending {
             tracing::warn!(key = %String::from_utf8_lossy(key), move_id = mv.id, "completing a fold move left by a proxy that stopped");
-            kinds::of(c.rec.kind).apply(backend, key, &c.rec, &mv).await?;
+            kinds::of(c.rec.kind)
+                .apply(backend, key, &c.rec, &mv)
+                .await?;
             journal(backend, key, &mut c, None).await?;
         }
         return Ok(Some(c));
     }
-    Err("the key's registry record keeps changing".into())
+    Err(SaltError::Busy(
+        "the key's registry record keeps changing".into(),
+    ))
 }
 
 /// Moves every shard into the base key while the key stays salted: what a command that
 /// cannot be merged needs before it runs on the base key. Waits up to ten seconds for a
 /// fold another proxy is running.
-pub async fn move_all(backend: &Backend, salt: &Salt, key: &[u8]) -> Result<(), String> {
+pub async fn move_all(backend: &Backend, salt: &Salt, key: &[u8]) -> Result<(), SaltError> {
     let mut tries = 0;
     let mut c = loop {
         match claim(backend, salt, key).await {
@@ -91,7 +102,7 @@ pub async fn move_all(backend: &Backend, salt: &Salt, key: &[u8]) -> Result<(), 
 }
 
 /// True when no shard of `key`, and no shard's stash, holds anything.
-async fn nothing_to_move(backend: &Backend, key: &[u8], rec: &Record) -> Result<bool, String> {
+async fn nothing_to_move(backend: &Backend, key: &[u8], rec: &Record) -> Result<bool, SaltError> {
     let tag = backend.tag();
     let cmds: Vec<(usize, Bytes)> = rec
         .salts
@@ -105,7 +116,7 @@ async fn nothing_to_move(backend: &Backend, key: &[u8], rec: &Record) -> Result<
 
 /// The whole fold of a demoted key: move every shard, check that none was written since,
 /// and delete the registry record last. Returns true when the key is no longer salted.
-pub async fn fold_key(backend: &Backend, salt: &Salt, key: &[u8]) -> Result<bool, String> {
+pub async fn fold_key(backend: &Backend, salt: &Salt, key: &[u8]) -> Result<bool, SaltError> {
     let Some(mut c) = claim(backend, salt, key).await? else {
         return Ok(true);
     };
@@ -135,7 +146,9 @@ pub async fn fold_key(backend: &Backend, salt: &Salt, key: &[u8]) -> Result<bool
                 registry::announce(backend, key).await;
                 return Ok(true);
             }
-            return Err("the key's registry record changed before removal".into());
+            return Err(SaltError::Busy(
+                "the key's registry record changed before removal".into(),
+            ));
         }
         // A straggler wrote a shard after it was moved: go round again.
         tokio::time::sleep(Duration::from_millis(20)).await;
@@ -151,8 +164,10 @@ pub async fn move_shard(
     key: &[u8],
     c: &mut Claimed,
     i: usize,
-) -> Result<(), String> {
-    kinds::of(c.rec.kind).move_shard(backend, salt, key, c, i).await
+) -> Result<(), SaltError> {
+    kinds::of(c.rec.kind)
+        .move_shard(backend, salt, key, c, i)
+        .await
 }
 
 /// Moves a set's base-key members (written before it was salted) into their shards, so
@@ -177,7 +192,7 @@ pub async fn spread(backend: &Backend, salt: &Salt, key: Bytes) {
         .remove(&key);
 }
 
-async fn spread_set(backend: &Backend, salt: &Salt, key: &[u8]) -> Result<usize, String> {
+async fn spread_set(backend: &Backend, salt: &Salt, key: &[u8]) -> Result<usize, SaltError> {
     let Some(mut c) = claim(backend, salt, key).await? else {
         return Ok(0);
     };

@@ -36,7 +36,7 @@ use bytes::Bytes;
 
 use super::names::{applied_name, shard_name, stash_name, Place};
 use super::record::{hex, unhex, Kind, Move, Record};
-use super::{as_i64, call, failpoint, now_ms, registry, Salt};
+use super::{as_i64, call, failpoint, now_ms, registry, Salt, SaltError};
 use crate::backend::{wire, Backend};
 use crate::resp::Value;
 
@@ -100,7 +100,7 @@ pub fn move_id(salt: &Salt) -> u64 {
 }
 
 /// Writes `c.rec` over `c.raw`; fails if anyone changed the record in between.
-pub async fn update(backend: &Backend, key: &[u8], c: &mut Claimed) -> Result<(), String> {
+pub async fn update(backend: &Backend, key: &[u8], c: &mut Claimed) -> Result<(), SaltError> {
     let mine = c.rec.fold.as_ref().map(|f| f.owner.clone());
     for _ in 0..5 {
         if let Some(f) = c.rec.fold.as_mut() {
@@ -114,20 +114,24 @@ pub async fn update(backend: &Backend, key: &[u8], c: &mut Claimed) -> Result<()
         // Another proxy changed the record meanwhile (a heartbeat, a growth of N): keep
         // its change and write our fold state over it, as long as the claim is still ours.
         let Some((raw, mut fresh)) = registry::get(backend, key).await? else {
-            return Err("the key's registry record vanished under the fold".into());
+            return Err(SaltError::Busy(
+                "the key's registry record vanished under the fold".into(),
+            ));
         };
         if fresh.fold.as_ref().map(|f| f.owner.clone()) != mine {
-            return Err("another proxy took over the fold".into());
+            return Err(SaltError::Busy("another proxy took over the fold".into()));
         }
         fresh.fold = c.rec.fold.take();
         c.rec = fresh;
         c.raw = raw;
     }
-    Err("the key's registry record keeps changing under the fold".into())
+    Err(SaltError::Busy(
+        "the key's registry record keeps changing under the fold".into(),
+    ))
 }
 
 /// Gives the fold slot back.
-pub async fn release(backend: &Backend, key: &[u8], mut c: Claimed) -> Result<(), String> {
+pub async fn release(backend: &Backend, key: &[u8], mut c: Claimed) -> Result<(), SaltError> {
     for _ in 0..5 {
         let mut rec = c.rec.clone();
         rec.fold = None;
@@ -144,7 +148,9 @@ pub async fn release(backend: &Backend, key: &[u8], mut c: Claimed) -> Result<()
             _ => return Ok(()),
         }
     }
-    Err("the key's registry record keeps changing".into())
+    Err(SaltError::Busy(
+        "the key's registry record keeps changing".into(),
+    ))
 }
 
 /// Records `mv` as the move in flight (None: no move in flight), renewing the claim.
@@ -153,7 +159,7 @@ pub async fn journal(
     key: &[u8],
     c: &mut Claimed,
     mv: Option<Move>,
-) -> Result<(), String> {
+) -> Result<(), SaltError> {
     if let Some(f) = c.rec.fold.as_mut() {
         f.moving = mv;
     }
@@ -168,7 +174,7 @@ pub async fn move_counters(
     key: &[u8],
     c: &mut Claimed,
     i: usize,
-) -> Result<(), String> {
+) -> Result<(), SaltError> {
     let shard = shard_name(key, c.rec.salts[i], backend.tag());
     let node = backend.node_of(&shard);
     // A string moves in one step; a hash a page of fields at a time (a hash placed by
@@ -186,7 +192,11 @@ pub async fn move_counters(
                     // A shard at 0 still moves: it must not outlive the fold.
                     v => match as_i64(v) {
                         Some(n) => vec![(String::new(), n)],
-                        None => return Err("a shard holds a value that is not an integer".into()),
+                        None => {
+                            return Err(SaltError::Reply(
+                                "a shard holds a value that is not an integer".into(),
+                            ))
+                        }
                     },
                 }
             }
@@ -199,14 +209,24 @@ pub async fn move_counters(
                 let items = match &r[0] {
                     Value::Array(a) if a.len() == 2 => match &a[1] {
                         Value::Array(items) => items.clone(),
-                        v => return Err(format!("unexpected HSCAN reply from a shard: {v:?}")),
+                        v => {
+                            return Err(SaltError::Reply(format!(
+                                "unexpected HSCAN reply from a shard: {v:?}"
+                            )))
+                        }
                     },
-                    v => return Err(format!("unexpected HSCAN reply from a shard: {v:?}")),
+                    v => {
+                        return Err(SaltError::Reply(format!(
+                            "unexpected HSCAN reply from a shard: {v:?}"
+                        )))
+                    }
                 };
                 let mut out = Vec::new();
                 for pair in items.chunks(2) {
                     let (Value::Bulk(f), Some(n)) = (&pair[0], pair.get(1).and_then(as_i64)) else {
-                        return Err("a shard field holds a value that is not an integer".into());
+                        return Err(SaltError::Reply(
+                            "a shard field holds a value that is not an integer".into(),
+                        ));
                     };
                     out.push((hex(f), n));
                 }
@@ -236,11 +256,15 @@ pub async fn move_counters(
 }
 
 /// Both steps of a journaled move, each at most once: the take, then the add.
-pub async fn apply_counters(backend: &Backend, key: &[u8], rec: &Record, mv: &Move) -> Result<(), String> {
-    let salt = *rec
-        .salts
-        .get(mv.shard as usize)
-        .ok_or("a journaled move names a shard the record does not have")?;
+pub async fn apply_counters(
+    backend: &Backend,
+    key: &[u8],
+    rec: &Record,
+    mv: &Move,
+) -> Result<(), SaltError> {
+    let salt = *rec.salts.get(mv.shard as usize).ok_or(SaltError::Journal(
+        "a journaled move names a shard the record does not have".into(),
+    ))?;
     let shard = shard_name(key, salt, backend.tag());
     let kind = Bytes::from_static(if rec.kind == Kind::String { b"s" } else { b"h" });
     let id = Bytes::from(mv.id.to_string());
@@ -264,8 +288,11 @@ pub async fn apply_counters(backend: &Backend, key: &[u8], rec: &Record, mv: &Mo
         Bytes::from(mv.ttl_ms.unwrap_or(0).max(0).to_string()),
     ];
     for (f, v) in &mv.delta {
-        let field = Bytes::from(unhex(f).ok_or("bad field in the journal")?);
-        let neg = v.checked_neg().ok_or("a shard value cannot be negated")?;
+        let field =
+            Bytes::from(unhex(f).ok_or(SaltError::Journal("bad field in the journal".into()))?);
+        let neg = v
+            .checked_neg()
+            .ok_or(SaltError::Journal("a shard value cannot be negated".into()))?;
         take.extend([
             Bytes::from(f.clone()),
             field.clone(),
@@ -285,7 +312,7 @@ pub async fn take_then_add(
     key: &[u8],
     take: Bytes,
     add: Bytes,
-) -> Result<(), String> {
+) -> Result<(), SaltError> {
     steps(
         backend,
         vec![
@@ -301,11 +328,14 @@ pub async fn take_then_add(
 pub async fn steps(
     backend: &Backend,
     steps: Vec<(Vec<(usize, Bytes)>, &str)>,
-) -> Result<(), String> {
+) -> Result<(), SaltError> {
     for (cmds, point) in steps {
         let r = call(backend, &cmds).await?;
         if let Some(Value::Error(e)) = r.iter().find(|v| matches!(v, Value::Error(_))) {
-            return Err(format!("fold step failed: {}", String::from_utf8_lossy(e)));
+            return Err(SaltError::Reply(format!(
+                "fold step failed: {}",
+                String::from_utf8_lossy(e)
+            )));
         }
         failpoint(point);
     }

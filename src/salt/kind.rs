@@ -11,7 +11,7 @@ use bytes::Bytes;
 
 use super::journal::Claimed;
 use super::record::{Move, Record};
-use super::{as_i64, call, err, Fut, Salt, Salted};
+use super::{as_i64, call, err, Fut, Salt, SaltError, Salted};
 use crate::backend::{wire, Backend};
 use crate::resp::Value;
 
@@ -161,7 +161,7 @@ pub trait SaltKind: Sync {
         key: &'a [u8],
         c: &'a mut Claimed,
         i: usize,
-    ) -> Fut<'a, Result<(), String>>;
+    ) -> Fut<'a, Result<(), SaltError>>;
 
     /// Both steps of a journaled move `mv`, each at most once (a re-run changes nothing).
     fn apply<'a>(
@@ -170,7 +170,7 @@ pub trait SaltKind: Sync {
         key: &'a [u8],
         rec: &'a Record,
         mv: &'a Move,
-    ) -> Fut<'a, Result<(), String>>;
+    ) -> Fut<'a, Result<(), SaltError>>;
 }
 
 /// Whether `op` is a write (it goes to the shards while writers use them).

@@ -43,11 +43,10 @@ use bytes::Bytes;
 use tokio::sync::Notify;
 
 use crate::backend::Backend;
+pub use crate::metrics::SaltMetrics;
 use crate::resp::{parse_value, Proto, Value};
 use names::Place;
 use record::Record;
-pub use crate::metrics::SaltMetrics;
-
 
 /// A salted key as the data path sees it.
 pub struct Salted {
@@ -295,7 +294,7 @@ impl Place for Backend {
 /// Sends `cmds` (node, command) with one job per node, all in flight at once, and returns
 /// the replies in order. Any node failing fails the whole call: a merged answer is never
 /// built from some of the parts.
-pub async fn call(backend: &Backend, cmds: &[(usize, Bytes)]) -> Result<Vec<Value>, String> {
+pub async fn call(backend: &Backend, cmds: &[(usize, Bytes)]) -> Result<Vec<Value>, SaltError> {
     let mut per_node: Vec<(usize, Vec<usize>)> = Vec::new();
     for (i, (node, _)) in cmds.iter().enumerate() {
         match per_node.iter_mut().find(|(n, _)| n == node) {
@@ -318,14 +317,17 @@ pub async fn call(backend: &Backend, cmds: &[(usize, Bytes)]) -> Result<Vec<Valu
     let mut out = vec![Value::Nil; cmds.len()];
     for ((node, idx), call) in per_node.iter().zip(waits) {
         let addr = &backend.node(*node).addr;
-        let replies = call.wait(deadline).await.map_err(|e| e.to_string())?;
+        let replies = call
+            .wait(deadline)
+            .await
+            .map_err(|e| SaltError::Node(e.to_string()))?;
         for (j, &i) in idx.iter().enumerate() {
             if j >= replies.len() {
-                return Err(format!("backend {addr}: missing reply"));
+                return Err(SaltError::Node(format!("backend {addr}: missing reply")));
             }
             match parse_value(&replies.get(j)) {
                 Ok(Some((v, _))) => out[i] = v,
-                _ => return Err(format!("backend {addr}: unreadable reply")),
+                _ => return Err(SaltError::Node(format!("backend {addr}: unreadable reply"))),
             }
         }
     }
@@ -343,8 +345,33 @@ pub fn failpoint(name: &str) {
     }
 }
 
+/// What goes wrong in salting: the fold, the registry, the coordinator and promotion
+/// report it; the session turns it into an error reply. The text is what clients and logs
+/// have always seen.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum SaltError {
+    /// A node did not answer in time, was down, or its connection failed.
+    #[error("{0}")]
+    Node(String),
+    /// A node answered something salting cannot use: an error reply, a value of the wrong
+    /// type, an unreadable record.
+    #[error("{0}")]
+    Reply(String),
+    /// Another proxy (or task) holds the key's fold, or the registry record kept changing.
+    #[error("{0}")]
+    Busy(String),
+    /// A journaled move or a record names something that cannot be (a shard the record
+    /// does not have, an unreadable member).
+    #[error("{0}")]
+    Journal(String),
+    /// A promotion that is not allowed (saltshaker's own keys, a pool that places keys at
+    /// random, a type the rule does not salt).
+    #[error("{0}")]
+    Refused(String),
+}
+
 /// An error reply in saltshaker's words.
-pub fn err(msg: &str) -> Value {
+pub fn err(msg: impl std::fmt::Display) -> Value {
     Value::Error(Bytes::from(format!("ERR saltshaker: {msg}")))
 }
 
@@ -363,9 +390,9 @@ pub type Fut<'a, T> = std::pin::Pin<Box<dyn std::future::Future<Output = T> + Se
 /// What the admin endpoints may ask of salting (the proxy implements it: it owns the backend).
 pub trait Control: Send + Sync {
     /// Salts `key` over `shards` from the next safe boundary, pinned until demoted.
-    fn promote(&self, key: Vec<u8>, shards: u32) -> Fut<'_, Result<Record, String>>;
+    fn promote(&self, key: Vec<u8>, shards: u32) -> Fut<'_, Result<Record, SaltError>>;
     /// Ends salting at the next safe boundary; None if the key was not salted.
-    fn demote(&self, key: Vec<u8>) -> Fut<'_, Result<Option<Record>, String>>;
+    fn demote(&self, key: Vec<u8>) -> Fut<'_, Result<Option<Record>, SaltError>>;
     fn table(&self) -> Arc<SaltTable>;
 }
 

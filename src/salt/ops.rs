@@ -160,7 +160,7 @@ pub async fn checked_write(
     }
     e.forget();
     if let Err(m) = super::fold::move_all(backend, salt, &e.key).await {
-        return err(&format!(
+        return err(format!(
             "{} needs the salted key folded first, and that failed: {m}",
             String::from_utf8_lossy(&args[0])
         ));

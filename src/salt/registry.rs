@@ -16,7 +16,7 @@ use bytes::Bytes;
 
 use super::names::{choose_salts, CHANNEL, PREFIX, REGISTRY_KEY};
 use super::record::{boundary_after, Kind, Record};
-use super::{as_i64, call, now_ms, Salt};
+use super::{as_i64, call, now_ms, Salt, SaltError};
 use crate::backend::{wire, Backend};
 use crate::resp::Value;
 use crate::rules::{Rules, SaltBy, SaltPolicy, Shards, Strategy, WritePolicy};
@@ -36,15 +36,15 @@ pub(super) fn node(backend: &Backend) -> usize {
 }
 
 /// The key's record and its raw value, if the key is salted.
-pub async fn get(backend: &Backend, key: &[u8]) -> Result<Option<(Bytes, Record)>, String> {
+pub async fn get(backend: &Backend, key: &[u8]) -> Result<Option<(Bytes, Record)>, SaltError> {
     let cmd = wire(&[b"HGET", REGISTRY_KEY.as_bytes(), key]);
     let r = call(backend, &[(node(backend), cmd)]).await?;
     match &r[0] {
         Value::Bulk(b) => Record::decode(b)
             .map(|rec| Some((b.clone(), rec)))
-            .ok_or_else(|| "unreadable registry record".into()),
+            .ok_or_else(|| SaltError::Reply("unreadable registry record".into())),
         Value::Nil => Ok(None),
-        v => Err(format!("registry read failed: {v:?}")),
+        v => Err(SaltError::Reply(format!("registry read failed: {v:?}"))),
     }
 }
 
@@ -54,7 +54,7 @@ pub async fn cas(
     key: &[u8],
     old: Option<&[u8]>,
     new: Option<&[u8]>,
-) -> Result<bool, String> {
+) -> Result<bool, SaltError> {
     let cmd = wire(&[
         b"EVAL",
         CAS.as_bytes(),
@@ -67,7 +67,7 @@ pub async fn cas(
     let r = call(backend, &[(node(backend), cmd)]).await?;
     match &r[0] {
         Value::Integer(n) => Ok(*n == 1),
-        v => Err(format!("registry update failed: {v:?}")),
+        v => Err(SaltError::Reply(format!("registry update failed: {v:?}"))),
     }
 }
 
@@ -81,11 +81,14 @@ pub async fn announce(backend: &Backend, key: &[u8]) {
 }
 
 /// Every record in the registry.
-pub(super) async fn load_all(backend: &Backend) -> Result<Vec<(Bytes, Record)>, String> {
+pub(super) async fn load_all(backend: &Backend) -> Result<Vec<(Bytes, Record)>, SaltError> {
     let cmd = wire(&[b"HGETALL", REGISTRY_KEY.as_bytes()]);
     let r = call(backend, &[(node(backend), cmd)]).await?;
     let Value::Array(items) = &r[0] else {
-        return Err(format!("registry read failed: {:?}", r[0]));
+        return Err(SaltError::Reply(format!(
+            "registry read failed: {:?}",
+            r[0]
+        )));
     };
     let mut out = Vec::new();
     for pair in items.chunks(2) {
@@ -104,7 +107,7 @@ pub(super) async fn load_all(backend: &Backend) -> Result<Vec<(Bytes, Record)>, 
 /// How many proxies are live: each keeps one subscription to the announcement channel on
 /// the registry's node, so the channel's subscriber count is the fleet, and no key is
 /// written for it.
-pub(super) async fn live_proxies(backend: &Backend) -> Result<usize, String> {
+pub(super) async fn live_proxies(backend: &Backend) -> Result<usize, SaltError> {
     let cmd = wire(&[b"PUBSUB", &b"NUMSUB"[..], CHANNEL.as_bytes()]);
     let r = call(backend, &[(node(backend), cmd)]).await?;
     let n = match &r[0] {
@@ -146,13 +149,17 @@ pub async fn promote(
     n: u32,
     pinned: bool,
     policy: SaltPolicy,
-) -> Result<Record, String> {
+) -> Result<Record, SaltError> {
     let families = policy.families;
     if key.starts_with(PREFIX) {
-        return Err("keys starting with saltshaker: belong to saltshaker".into());
+        return Err(SaltError::Refused(
+            "keys starting with saltshaker: belong to saltshaker".into(),
+        ));
     }
     if !salt.enabled {
-        return Err("salting needs a pool that places keys by hash (not random)".into());
+        return Err(SaltError::Refused(
+            "salting needs a pool that places keys by hash (not random)".into(),
+        ));
     }
     let (kind, family) = match key_type(backend, key).await?.as_str() {
         "none" => absent_kind(&policy)?,
@@ -163,16 +170,15 @@ pub async fn promote(
         "set" => (Kind::Set, "sets"),
         "zset" => (Kind::ZSet, "sorted_sets"),
         t => {
-            return Err(format!(
-                "a {t} cannot be salted (counters, hashes of counters, sets, HyperLogLogs and sorted sets only)"
-            ))
+            return Err(SaltError::Reply(format!("a {t} cannot be salted (counters, hashes of counters, sets, HyperLogLogs and sorted sets only)"
+            )))
         }
     };
     if !families.contains(family) {
-        return Err(format!(
+        return Err(SaltError::Reply(format!(
             "the key holds {family}, and its rule's write.salt.families is [{}]",
             families.names().join(", ")
-        ));
+        )));
     }
     let now = now_ms();
     let epoch = salt.epoch_ms.load(Ordering::Relaxed);
@@ -195,12 +201,18 @@ pub async fn promote(
             Ok(cur)
         }
         Some((_, cur)) => Ok(cur),
-        None => Err("the registry changed during the promotion; try again".into()),
+        None => Err(SaltError::Busy(
+            "the registry changed during the promotion; try again".into(),
+        )),
     }
 }
 
 /// Ends salting of `key` at the next safe boundary (the fold follows after a grace epoch).
-pub async fn demote(backend: &Backend, salt: &Salt, key: &[u8]) -> Result<Option<Record>, String> {
+pub async fn demote(
+    backend: &Backend,
+    salt: &Salt,
+    key: &[u8],
+) -> Result<Option<Record>, SaltError> {
     for _ in 0..5 {
         let Some((raw, mut rec)) = get(backend, key).await? else {
             return Ok(None);
@@ -221,7 +233,9 @@ pub async fn demote(backend: &Backend, salt: &Salt, key: &[u8]) -> Result<Option
             return Ok(Some(rec));
         }
     }
-    Err("the registry keeps changing; try again".into())
+    Err(SaltError::Busy(
+        "the registry keeps changing; try again".into(),
+    ))
 }
 
 /// The kind of a key that does not exist yet (pinned before an event). It has no type, so
@@ -229,7 +243,7 @@ pub async fn demote(backend: &Backend, salt: &Salt, key: &[u8]) -> Result<Option
 /// salted once its first write gives it a type (the coordinator retries pins every tick).
 /// Salting it as a counter anyway would make every PFADD, SADD or ZINCRBY on it a command
 /// that cannot be merged, each folding the key first.
-fn absent_kind(policy: &SaltPolicy) -> Result<(Kind, &'static str), String> {
+fn absent_kind(policy: &SaltPolicy) -> Result<(Kind, &'static str), SaltError> {
     let salted = ["counters", "hashes", "sets", "hyperloglogs", "sorted_sets"];
     let allowed: Vec<&str> = salted
         .into_iter()
@@ -243,16 +257,15 @@ fn absent_kind(policy: &SaltPolicy) -> Result<(Kind, &'static str), String> {
         ["hyperloglogs"] => (Kind::Hll, "hyperloglogs"),
         ["sorted_sets"] => (Kind::ZSet, "sorted_sets"),
         _ => {
-            return Err(format!(
-                "the key does not exist yet and its rule's write.salt.families is [{}]: it is salted once its first write gives it a type",
+            return Err(SaltError::Reply(format!("the key does not exist yet and its rule's write.salt.families is [{}]: it is salted once its first write gives it a type",
                 allowed.join(", ")
-            ))
+            )))
         }
     })
 }
 
 /// A HyperLogLog is a string that starts with Redis's `HYLL` magic.
-async fn is_hll(backend: &Backend, key: &[u8]) -> Result<bool, String> {
+async fn is_hll(backend: &Backend, key: &[u8]) -> Result<bool, SaltError> {
     let r = call(
         backend,
         &[(
@@ -264,11 +277,11 @@ async fn is_hll(backend: &Backend, key: &[u8]) -> Result<bool, String> {
     Ok(matches!(&r[0], Value::Bulk(b) if &b[..] == b"HYLL"))
 }
 
-async fn key_type(backend: &Backend, key: &[u8]) -> Result<String, String> {
+async fn key_type(backend: &Backend, key: &[u8]) -> Result<String, SaltError> {
     let r = call(backend, &[(backend.node_for(key), wire(&[b"TYPE", key]))]).await?;
     match &r[0] {
         Value::Simple(t) => Ok(String::from_utf8_lossy(t).into_owned()),
-        v => Err(format!("TYPE failed: {v:?}")),
+        v => Err(SaltError::Reply(format!("TYPE failed: {v:?}"))),
     }
 }
 

@@ -9,7 +9,7 @@ use crate::backend::Backend;
 use crate::salt::journal::{self, Claimed};
 use crate::salt::kind::{Op, SaltKind};
 use crate::salt::record::{Move, Record};
-use crate::salt::{Fut, Salt};
+use crate::salt::{Fut, Salt, SaltError};
 
 /// What `args` (command name first, the salted key second) does to a salted counter or
 /// hash of counters.
@@ -60,7 +60,7 @@ impl SaltKind for Counters {
         key: &'a [u8],
         c: &'a mut Claimed,
         i: usize,
-    ) -> Fut<'a, Result<(), String>> {
+    ) -> Fut<'a, Result<(), SaltError>> {
         Box::pin(journal::move_counters(backend, salt, key, c, i))
     }
 
@@ -70,7 +70,7 @@ impl SaltKind for Counters {
         key: &'a [u8],
         rec: &'a Record,
         mv: &'a Move,
-    ) -> Fut<'a, Result<(), String>> {
+    ) -> Fut<'a, Result<(), SaltError>> {
         Box::pin(journal::apply_counters(backend, key, rec, mv))
     }
 }

@@ -24,7 +24,7 @@ use crate::salt::journal::{self, Claimed};
 use crate::salt::kind::{bulks, every, pairs, MOp, Op, SaltKind};
 use crate::salt::merge;
 use crate::salt::record::{Move, Record};
-use crate::salt::{as_i64, call, err, Fut, Salt, Salted};
+use crate::salt::{as_i64, call, err, Fut, Salt, SaltError, Salted};
 
 /// What `args` does to a hash placed by field; None: fold first, then run.
 pub fn classify(name: &str, args: &[Bytes]) -> Option<MOp> {
@@ -222,7 +222,7 @@ impl SaltKind for Fields {
         key: &'a [u8],
         c: &'a mut Claimed,
         i: usize,
-    ) -> Fut<'a, Result<(), String>> {
+    ) -> Fut<'a, Result<(), SaltError>> {
         Box::pin(journal::move_counters(backend, salt, key, c, i))
     }
 
@@ -232,7 +232,7 @@ impl SaltKind for Fields {
         key: &'a [u8],
         rec: &'a Record,
         mv: &'a Move,
-    ) -> Fut<'a, Result<(), String>> {
+    ) -> Fut<'a, Result<(), SaltError>> {
         Box::pin(journal::apply_counters(backend, key, rec, mv))
     }
 }

@@ -10,12 +10,12 @@
 use bytes::Bytes;
 
 use crate::backend::Backend;
+use crate::resp::Value;
 use crate::salt::journal::{self, Claimed};
 use crate::salt::kind::{cmd, every, MOp, Op, SaltKind};
 use crate::salt::names::{on_node, shard_name, Place};
 use crate::salt::record::{Move, Record};
-use crate::salt::{as_i64, call, err, failpoint, Fut, Salt, Salted};
-use crate::resp::Value;
+use crate::salt::{as_i64, call, err, failpoint, Fut, Salt, SaltError, Salted};
 
 /// What `args` does to a salted HyperLogLog; None: fold first, then run.
 pub fn classify(name: &str, args: &[Bytes]) -> Option<MOp> {
@@ -140,20 +140,27 @@ pub async fn move_hll(
     key: &[u8],
     c: &mut Claimed,
     i: usize,
-) -> Result<(), String> {
+) -> Result<(), SaltError> {
     let shard = shard_name(key, c.rec.salts[i], backend.tag());
     let node = backend.node_of(&shard);
     let r = call(backend, &[(node, cmd(&[b"GET", &shard]))]).await?;
     let raw = match &r[0] {
         Value::Nil => return Ok(()),
         Value::Bulk(b) => b.clone(),
-        v => return Err(format!("unexpected GET reply from a shard: {v:?}")),
+        v => {
+            return Err(SaltError::Reply(format!(
+                "unexpected GET reply from a shard: {v:?}"
+            )))
+        }
     };
     let tmp = scratch(backend, key, 1).remove(0);
     let merge = cmd(&[b"EVAL", MERGE_HLL.as_bytes(), b"2", key, &tmp, &raw]);
     let r = call(backend, &[(backend.node_of(key), merge)]).await?;
     if let Value::Error(e) = &r[0] {
-        return Err(format!("fold merge failed: {}", String::from_utf8_lossy(e)));
+        return Err(SaltError::Reply(format!(
+            "fold merge failed: {}",
+            String::from_utf8_lossy(e)
+        )));
     }
     failpoint("fold-after-add");
     let del = cmd(&[b"EVAL", DEL_IF_SAME.as_bytes(), b"1", &shard, &raw]);
@@ -209,7 +216,7 @@ impl SaltKind for Hll {
         key: &'a [u8],
         c: &'a mut Claimed,
         i: usize,
-    ) -> Fut<'a, Result<(), String>> {
+    ) -> Fut<'a, Result<(), SaltError>> {
         Box::pin(move_hll(backend, salt, key, c, i))
     }
 
@@ -221,7 +228,7 @@ impl SaltKind for Hll {
         key: &'a [u8],
         rec: &'a Record,
         mv: &'a Move,
-    ) -> Fut<'a, Result<(), String>> {
+    ) -> Fut<'a, Result<(), SaltError>> {
         Box::pin(journal::apply_counters(backend, key, rec, mv))
     }
 }

@@ -30,7 +30,7 @@ use crate::salt::journal::{self, Claimed};
 use crate::salt::kind::{bulks, cmd, every, ordered, pairs, MOp, Op, SaltKind};
 use crate::salt::names::{shard_name, Place};
 use crate::salt::record::{hex, unhex, Move, Record};
-use crate::salt::{as_i64, call, err, failpoint, member_shard, Fut, Salt, Salted};
+use crate::salt::{as_i64, call, err, failpoint, member_shard, Fut, Salt, SaltError, Salted};
 
 /// What `args` (command first, the key second) does to a salted set; None when the
 /// command has no merge (it folds the key first, then runs).
@@ -142,7 +142,6 @@ pub fn merge(op: &MOp, r: &[Value]) -> Result<Value, Value> {
     })
 }
 
-
 /// Answers a task set `op` (whole reads, and point reads while a fold may run).
 pub async fn read(backend: &Backend, e: &Salted, op: &MOp, careful: bool) -> Result<Value, Value> {
     match op {
@@ -181,7 +180,6 @@ pub async fn read(backend: &Backend, e: &Salted, op: &MOp, careful: bool) -> Res
         _ => Err(err("internal: not a set read")),
     }
 }
-
 
 /// The union of every part's members, shards first.
 async fn union(backend: &Backend, e: &Salted, careful: bool) -> Result<Vec<Bytes>, Value> {
@@ -291,7 +289,7 @@ pub const SPREAD: u32 = u32::MAX;
 
 /// The next batch of base-key members a spread moves into their shards (hex-encoded for
 /// the journal); empty when the base key holds no more.
-pub async fn spread_batch(backend: &Backend, key: &[u8]) -> Result<Vec<String>, String> {
+pub async fn spread_batch(backend: &Backend, key: &[u8]) -> Result<Vec<String>, SaltError> {
     let node = backend.node_of(key);
     let r = call(
         backend,
@@ -300,7 +298,11 @@ pub async fn spread_batch(backend: &Backend, key: &[u8]) -> Result<Vec<String>, 
     .await?;
     let members: Vec<String> = match &r[0] {
         Value::Array(a) if a.len() == 2 => bulks(&a[1]).iter().map(|m| hex(m)).collect(),
-        v => return Err(format!("unexpected SSCAN reply from the base key: {v:?}")),
+        v => {
+            return Err(SaltError::Reply(format!(
+                "unexpected SSCAN reply from the base key: {v:?}"
+            )))
+        }
     };
     if !members.is_empty() {
         return Ok(members);
@@ -321,11 +323,11 @@ async fn apply_spread(
     key: &[u8],
     rec: &Record,
     mv: &Move,
-) -> Result<(), String> {
+) -> Result<(), SaltError> {
     let members: Vec<Vec<u8>> = mv
         .members
         .iter()
-        .map(|h| unhex(h).ok_or("bad member in the journal"))
+        .map(|h| unhex(h).ok_or(SaltError::Journal("bad member in the journal".into())))
         .collect::<Result<_, _>>()?;
     let mut by: Vec<Vec<&[u8]>> = vec![Vec::new(); rec.salts.len()];
     for m in &members {
@@ -369,7 +371,7 @@ pub async fn move_set(
     key: &[u8],
     c: &mut Claimed,
     i: usize,
-) -> Result<(), String> {
+) -> Result<(), SaltError> {
     let shard = shard_name(key, c.rec.salts[i], backend.tag());
     let node = backend.node_of(&shard);
     // Each batch empties part of the shard; a shard written as fast as it is moved is
@@ -386,7 +388,11 @@ pub async fn move_set(
         .await?;
         let page = match &r[0] {
             Value::Array(a) if a.len() == 2 => bulks(&a[1]),
-            v => return Err(format!("unexpected SSCAN reply from a shard: {v:?}")),
+            v => {
+                return Err(SaltError::Reply(format!(
+                    "unexpected SSCAN reply from a shard: {v:?}"
+                )))
+            }
         };
         let mut members = Vec::new();
         let mut bytes = 0;
@@ -430,19 +436,18 @@ pub async fn apply_set(
     key: &[u8],
     rec: &Record,
     mv: &Move,
-) -> Result<(), String> {
+) -> Result<(), SaltError> {
     if mv.shard == SPREAD {
         return apply_spread(backend, key, rec, mv).await;
     }
-    let salt = *rec
-        .salts
-        .get(mv.shard as usize)
-        .ok_or("a journaled move names a shard the record does not have")?;
+    let salt = *rec.salts.get(mv.shard as usize).ok_or(SaltError::Journal(
+        "a journaled move names a shard the record does not have".into(),
+    ))?;
     let shard = shard_name(key, salt, backend.tag());
     let members: Vec<Vec<u8>> = mv
         .members
         .iter()
-        .map(|h| unhex(h).ok_or("bad member in the journal"))
+        .map(|h| unhex(h).ok_or(SaltError::Journal("bad member in the journal".into())))
         .collect::<Result<_, _>>()?;
     let with = |name: &[u8], target: &[u8]| {
         let mut a: Vec<&[u8]> = vec![name, target];
@@ -503,7 +508,7 @@ impl SaltKind for Set {
         key: &'a [u8],
         c: &'a mut Claimed,
         i: usize,
-    ) -> Fut<'a, Result<(), String>> {
+    ) -> Fut<'a, Result<(), SaltError>> {
         Box::pin(move_set(backend, salt, key, c, i))
     }
 
@@ -513,7 +518,7 @@ impl SaltKind for Set {
         key: &'a [u8],
         rec: &'a Record,
         mv: &'a Move,
-    ) -> Fut<'a, Result<(), String>> {
+    ) -> Fut<'a, Result<(), SaltError>> {
         Box::pin(apply_set(backend, key, rec, mv))
     }
 }

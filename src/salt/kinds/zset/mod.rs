@@ -30,7 +30,7 @@ use crate::salt::journal::{self, Claimed};
 use crate::salt::kind::{bulks, cmd, every, MOp, Op, SaltKind, ZRange};
 use crate::salt::names::{applied_name, shard_name, stash_name, Place};
 use crate::salt::record::{hex, unhex, Move, Record};
-use crate::salt::{as_i64, call, err, failpoint, Fut, Salt, Salted};
+use crate::salt::{as_i64, call, err, failpoint, Fut, Salt, SaltError, Salted};
 use read::plan_range;
 
 mod read;
@@ -106,7 +106,9 @@ pub fn classify(name: &str, args: &[Bytes]) -> Option<MOp> {
         "ZRANGE" if n >= 4 => options(args, false, false, &args[4..], true).map(MOp::ZRange),
         "ZREVRANGE" if n >= 4 => options(args, false, true, &args[4..], false).map(MOp::ZRange),
         "ZRANGEBYSCORE" if n >= 4 => options(args, true, false, &args[4..], false).map(MOp::ZRange),
-        "ZREVRANGEBYSCORE" if n >= 4 => options(args, true, true, &args[4..], false).map(MOp::ZRange),
+        "ZREVRANGEBYSCORE" if n >= 4 => {
+            options(args, true, true, &args[4..], false).map(MOp::ZRange)
+        }
         _ => None,
     }
 }
@@ -272,7 +274,7 @@ pub async fn move_zset(
     key: &[u8],
     c: &mut Claimed,
     i: usize,
-) -> Result<(), String> {
+) -> Result<(), SaltError> {
     let shard = shard_name(key, c.rec.salts[i], backend.tag());
     let node = backend.node_of(&shard);
     for _ in 0..10_000 {
@@ -286,7 +288,9 @@ pub async fn move_zset(
             if bulks(&r[0]).is_empty() {
                 return Ok(());
             }
-            return Err("unreadable ZRANGE reply from a shard".into());
+            return Err(SaltError::Reply(
+                "unreadable ZRANGE reply from a shard".into(),
+            ));
         }
         let mv = Move {
             id: journal::move_id(salt),
@@ -310,11 +314,15 @@ pub async fn move_zset(
 }
 
 /// Both steps of a journaled sorted-set move, each at most once: take, then add.
-pub async fn apply(backend: &Backend, key: &[u8], rec: &Record, mv: &Move) -> Result<(), String> {
-    let salt = *rec
-        .salts
-        .get(mv.shard as usize)
-        .ok_or("a journaled move names a shard the record does not have")?;
+pub async fn apply(
+    backend: &Backend,
+    key: &[u8],
+    rec: &Record,
+    mv: &Move,
+) -> Result<(), SaltError> {
+    let salt = *rec.salts.get(mv.shard as usize).ok_or(SaltError::Journal(
+        "a journaled move names a shard the record does not have".into(),
+    ))?;
     let shard = shard_name(key, salt, backend.tag());
     let id = mv.id.to_string();
     let stash = stash_name(backend, key, salt);
@@ -336,7 +344,7 @@ pub async fn apply(backend: &Backend, key: &[u8], rec: &Record, mv: &Move) -> Re
         id.into(),
     ];
     for (h, s) in mv.members.iter().zip(&mv.scores) {
-        let m = unhex(h).ok_or("bad member in the journal")?;
+        let m = unhex(h).ok_or(SaltError::Journal("bad member in the journal".into()))?;
         let neg = match s.strip_prefix('-') {
             Some(pos) => pos.to_string(),
             None => format!("-{s}"),
@@ -408,7 +416,7 @@ impl SaltKind for ZSet {
         key: &'a [u8],
         c: &'a mut Claimed,
         i: usize,
-    ) -> Fut<'a, Result<(), String>> {
+    ) -> Fut<'a, Result<(), SaltError>> {
         Box::pin(move_zset(backend, salt, key, c, i))
     }
 
@@ -418,7 +426,7 @@ impl SaltKind for ZSet {
         key: &'a [u8],
         rec: &'a Record,
         mv: &'a Move,
-    ) -> Fut<'a, Result<(), String>> {
+    ) -> Fut<'a, Result<(), SaltError>> {
         Box::pin(apply(backend, key, rec, mv))
     }
 }

@@ -247,10 +247,10 @@ pub(super) fn slice(all: Vec<(Bytes, f64)>, r: &ZRange) -> Result<Vec<(Bytes, f6
 
 pub(super) fn int(b: &[u8]) -> Result<i64, Value> {
     parse_i64(b).ok_or_else(|| {
-            Value::Error(Bytes::from_static(
-                b"ERR value is not an integer or out of range",
-            ))
-        })
+        Value::Error(Bytes::from_static(
+            b"ERR value is not an integer or out of range",
+        ))
+    })
 }
 
 /// The command each shard answers for a range read while the base key is empty (`KEY`
