@@ -184,6 +184,13 @@ impl Call {
     }
 }
 
+/// Which of a node's shared connections carries a job: `spread` is the session's rotation
+/// (route), a key's hash (combine batches: one connection per key keeps their order), or
+/// the first command's index (salting's calls). The one place a connection is chosen.
+pub fn pick(conns: &[ConnHandle], spread: usize) -> ConnHandle {
+    conns[spread % conns.len()].clone()
+}
+
 /// The deadline of a request started now, under `timeout` (None: wait forever).
 pub fn deadline(timeout: Option<Duration>) -> Option<Instant> {
     timeout.map(|t| Instant::now() + t)

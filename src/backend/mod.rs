@@ -19,7 +19,7 @@ use bytes::{Bytes, BytesMut};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
-pub use conn::{deadline, Call, ConnHandle, Dedicated, Replies};
+pub use conn::{deadline, pick, Call, ConnHandle, Dedicated, Replies};
 
 use crate::config::BackendConfig;
 use crate::metrics::Metrics;

@@ -39,7 +39,7 @@ pub(super) fn combine(
         field: field.map(|f| req.arg_bytes(f)),
     };
     let pending = s.ctx.combiner.add(bk, conn, delta, req.wire(), window);
-    note_combined(s, pending.done);
+    s.order.combined(pending.done);
     rb.slots.push(Slot::Later(pending.reply));
 }
 
@@ -50,35 +50,14 @@ pub(super) fn combine(
 /// plain command, in order. Found by tests/differential.rs: a GET before an INCR in one
 /// pipeline saw the INCR.
 pub(super) fn may_combine_now(s: &mut Session, rb: &RoundBuilder) -> bool {
-    if !rb.jobs.is_empty() {
-        return false;
-    }
-    match s.last_ack.as_mut().map(|a| a.try_recv()) {
-        Some(Err(oneshot::error::TryRecvError::Empty)) => false,
-        Some(_) => {
-            s.last_ack = None;
-            true
-        }
-        None => true,
-    }
+    rb.jobs.is_empty() && s.order.settled()
 }
 
 /// The connection a key's combine batches use: always the same one for a key, so two
 /// batches of one key reach the node in the order they were sent.
 pub(super) fn combine_conn(s: &Session, node: usize, db: u32, key: &[u8]) -> ConnHandle {
     let conns = s.ctx.backend.node(node).conns(Proto::Resp2, db);
-    conns[xxhash_rust::xxh3::xxh3_64(key) as usize % conns.len()].clone()
-}
-
-/// The session's next jobs wait until this combined write has reached its node.
-pub(super) fn note_combined(s: &mut Session, done: oneshot::Receiver<()>) {
-    if s.barrier.len() >= 64 {
-        // A client that only ever increments hot keys never sends a job: forget the
-        // writes that have landed so the barrier stays small.
-        s.barrier
-            .retain_mut(|d| matches!(d.try_recv(), Err(oneshot::error::TryRecvError::Empty)));
-    }
-    s.barrier.push(done);
+    crate::backend::pick(&conns, xxhash_rust::xxh3::xxh3_64(key) as usize)
 }
 
 /// A write drops the key's cached replies at once (a fill that raced with it is discarded
@@ -211,30 +190,16 @@ pub(super) fn cached_mget(
     true
 }
 
-/// Remembers the keys a round wrote until its replies are in (`ack`).
-pub(super) fn note_written(s: &mut Session, keys: Vec<Bytes>, ack: oneshot::Receiver<()>) {
-    s.unacked_writes
-        .retain_mut(|(_, a)| matches!(a.try_recv(), Err(oneshot::error::TryRecvError::Empty)));
-    s.unacked_writes.push((keys, ack));
-}
-
 /// Whether this session wrote `key` in this round or in one whose replies are not all in:
 /// then its read goes to the node, in order with the write.
 fn written_pending(s: &mut Session, rb: &RoundBuilder, key: &[u8]) -> bool {
-    if rb.written.iter().any(|k| &k[..] == key) {
-        return true;
-    }
-    s.unacked_writes
-        .retain_mut(|(_, a)| matches!(a.try_recv(), Err(oneshot::error::TryRecvError::Empty)));
-    s.unacked_writes
-        .iter()
-        .any(|(keys, _)| keys.iter().any(|k| &k[..] == key))
+    rb.written.iter().any(|k| &k[..] == key) || s.order.unacked_write(key)
 }
 
 /// Whether this session may be served from the cache now: RESP2 on database 0 (cached
 /// replies are RESP2 from database 0), and no write of its own to a cached key pending.
 fn may_serve_cached(s: &Session, rb: &RoundBuilder) -> bool {
-    s.proto == Proto::Resp2 && s.db == 0 && !rb.wrote_cached && s.barrier.is_empty()
+    s.proto == Proto::Resp2 && s.db == 0 && !rb.wrote_cached && s.order.no_barrier()
 }
 
 /// `request` on `key` from the cache: the reply at once on a hit, else a receiver for the
@@ -242,7 +207,7 @@ fn may_serve_cached(s: &Session, rb: &RoundBuilder) -> bool {
 /// not in force for the node: the read must go to the node as usual.
 ///
 /// A fill runs on its own connection, so a later write of this session could reach the
-/// node first and the read would see it: the fill is noted in the session (`s.fills`), and
+/// node first and the read would see it: the fill is noted in the session (`Order::fill`), and
 /// such a write waits for it (`wait_fills`).
 fn from_cache(
     s: &mut Session,
@@ -263,10 +228,7 @@ fn from_cache(
     );
     let (tx, rx) = oneshot::channel();
     let (done_tx, done_rx) = oneshot::channel();
-    // Forget the fills that are done, so a session that only reads keeps few.
-    s.fills
-        .retain_mut(|(_, d)| matches!(d.try_recv(), Err(oneshot::error::TryRecvError::Empty)));
-    s.fills.push((key.clone(), done_rx));
+    s.order.fill(key.clone(), done_rx);
     tokio::spawn(async move {
         let fill_wire = request.clone();
         let fill = move || fetch(conn, fill_wire, timeout);
@@ -283,21 +245,12 @@ fn from_cache(
 /// Before a write leaves, this session's cache fills of the keys it writes must have read
 /// the node: a read before a write in one pipeline never sees that write.
 pub(super) async fn wait_fills(s: &mut Session, req: &Request, c: &Classified) {
-    if s.fills.is_empty() {
+    if s.order.no_fills() {
         return;
     }
-    let mut i = 0;
-    while i < s.fills.len() {
-        if c.keys
-            .iter()
-            .any(|&k| req.arg(k as usize) == &s.fills[i].0[..])
-        {
-            let (_, done) = s.fills.swap_remove(i);
-            let _ = done.await;
-        } else {
-            i += 1;
-        }
-    }
+    s.order
+        .wait_fills(|key| c.keys.iter().any(|&k| req.arg(k as usize) == key))
+        .await;
 }
 
 /// One command on a fill connection.
@@ -319,10 +272,7 @@ async fn fetch(
 /// Before this session's next jobs leave, its combined writes (and salted-key tasks) must
 /// have reached their node.
 pub(super) async fn wait_barrier(s: &mut Session, rb: &RoundBuilder) {
-    if s.barrier.is_empty() || rb.jobs.is_empty() {
-        return;
-    }
-    for done in s.barrier.drain(..) {
-        let _ = done.await;
+    if !rb.jobs.is_empty() {
+        s.order.wait_barrier().await;
     }
 }

@@ -10,6 +10,7 @@
 mod dedicated;
 mod local;
 mod mitigation;
+mod order;
 mod reply;
 mod round;
 mod route;

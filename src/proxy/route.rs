@@ -61,8 +61,8 @@ pub fn push_n(
         .get_or_insert_with(|| ctx.backend.node(node).conns(proto, db))
         .clone();
     s.rr = s.rr.wrapping_add(1);
-    let pick = s.rr % conns.len();
-    rb.push(node, || conns[pick].clone(), wire, count)
+    let rr = s.rr;
+    rb.push(node, || crate::backend::pick(&conns, rr), wire, count)
 }
 
 /// Forget cached connections after a protocol or database change.

@@ -277,12 +277,7 @@ pub(super) async fn act(
         Plan::Fold(table) => table,
     };
     // Not mergeable (or inside MULTI): fold the shards into the base key, then run it.
-    for d in s.barrier.drain(..) {
-        let _ = d.await;
-    }
-    if let Some(a) = s.last_ack.take() {
-        let _ = a.await;
-    }
+    s.order.wait_all().await;
     for &k in &c.keys {
         let key = req.arg(k as usize);
         if table.get(key).is_none() {
@@ -325,7 +320,7 @@ fn combine(s: &mut Session, e: Arc<Salted>, op: Op, args: &[Bytes], rb: &mut Rou
         field: field.clone(),
     };
     let pending = combiner.add(bk, conn, *delta, cmd, window);
-    super::mitigation::note_combined(s, pending.done);
+    s.order.combined(pending.done);
     s.ctx.salt.metrics.shard_writes.inc();
     let (ctx, proto) = (s.ctx.clone(), s.proto);
     let then = move |raw: Bytes| -> Bytes {
@@ -361,14 +356,9 @@ fn later<F>(s: &mut Session, rb: &mut RoundBuilder, work: F)
 where
     F: std::future::Future<Output = Bytes> + Send + 'static,
 {
-    let mut prior: Vec<oneshot::Receiver<()>> = s.barrier.drain(..).collect();
-    prior.extend(s.last_ack.take());
-    let (done_tx, done_rx) = oneshot::channel();
-    s.barrier.push(done_rx);
     // A combined write after this task waits for it too (through `last_ack`, as for the
     // last round): it must not reach the node before a read that came before it.
-    let (then_tx, then_rx) = oneshot::channel();
-    s.last_ack = Some(then_rx);
+    let (prior, done_tx, then_tx) = s.order.task();
     let (tx, rx) = oneshot::channel();
     tokio::spawn(async move {
         for p in prior {

@@ -19,6 +19,7 @@ use super::dedicated::DedicatedWorker;
 use super::mitigation::{
     cached_mget, cached_read, combine, invalidate_cached, wait_barrier, wait_fills,
 };
+use super::order::Order;
 use super::round::{Merge, Round, RoundBuilder, Slot};
 use super::route::{all_nodes, forward_keyed, keys_node, push, scan_one, split};
 use super::{local, reply, tunnel, Ctx};
@@ -63,19 +64,9 @@ pub struct Session {
     blocking: Vec<(usize, DedicatedWorker)>,
     pub(super) conns: Vec<Option<Arc<[ConnHandle]>>>,
     pub(super) rr: usize,
-    /// Combined writes not yet acknowledged by their node: this session's next jobs wait
-    /// for them, so a read after a combined INCR sees it.
-    pub(super) barrier: Vec<oneshot::Receiver<()>>,
-    /// Fired when the last round's replies are in, kept while any key is salted or may be
-    /// combined: a salted task or a combined write must not overtake the commands of
-    /// earlier rounds (with several connections per node, being queued first is not enough).
-    pub(super) last_ack: Option<oneshot::Receiver<()>>,
+    /// What must be done before the session's next command leaves (see `order`).
+    pub(super) order: Order,
     pub gone: watch::Receiver<bool>,
-    /// Cache fills this session started, by key, each firing once its read is done: a later
-    /// write of the key waits for it (`mitigation::wait_fills`).
-    pub(super) fills: Vec<(Bytes, oneshot::Receiver<()>)>,
-    /// Keys written by rounds whose replies are not all in yet: not served from the cache.
-    pub(super) unacked_writes: Vec<(Vec<Bytes>, oneshot::Receiver<()>)>,
     /// `detection.enabled` of the rules, read once per round rather than per command.
     detect: bool,
 }
@@ -119,11 +110,8 @@ pub async fn run(stream: TcpStream, ctx: Arc<Ctx>, id: u64) {
         watch: None,
         blocking: Vec::new(),
         rr: 0,
-        barrier: Vec::new(),
-        last_ack: None,
+        order: Order::default(),
         gone: gone_rx,
-        fills: Vec::new(),
-        unacked_writes: Vec::new(),
         detect: true,
     };
     let end = read_loop(r, &tx, &mut s).await;
@@ -238,10 +226,8 @@ async fn read_loop(
                 let mut round = std::mem::take(&mut rb)
                     .send(s.ctx.backend.request_timeout)
                     .await;
-                let (ack_tx, ack_rx) = oneshot::channel();
-                round.acked.push(ack_tx);
                 // What comes next (a salted task, a combined write) waits for it.
-                s.last_ack = Some(ack_rx);
+                s.order.flushed(&mut round);
                 if tx.send((round, s.proto)).await.is_err() {
                     return End::Closed;
                 }
@@ -288,22 +274,9 @@ async fn read_loop(
             let had_jobs = !rb.jobs.is_empty();
             let written = std::mem::take(&mut rb.written);
             let mut round = rb.send(s.ctx.backend.request_timeout).await;
-            if want_ack {
-                let (tx, rx) = oneshot::channel();
-                round.acked.push(tx);
-                s.barrier.push(rx);
-            } else if had_jobs
-                && (!s.ctx.salt.table.load().is_empty() || s.ctx.hot.load().may_combine())
-            {
-                let (tx, rx) = oneshot::channel();
-                round.acked.push(tx);
-                s.last_ack = Some(rx);
-            }
-            if !written.is_empty() {
-                let (tx, rx) = oneshot::channel();
-                round.acked.push(tx);
-                super::mitigation::note_written(s, written, rx);
-            }
+            let ctx = &s.ctx;
+            let track = || !ctx.salt.table.load().is_empty() || ctx.hot.load().may_combine();
+            s.order.sent(&mut round, had_jobs, want_ack, track, written);
             round.close_after = close;
             if tx.send((round, s.proto)).await.is_err() {
                 return End::Closed;

@@ -309,8 +309,7 @@ pub async fn call(backend: &Backend, cmds: &[(usize, Bytes)]) -> Result<Vec<Valu
     ));
     let mut waits = Vec::with_capacity(per_node.len());
     for (node, idx) in &per_node {
-        let conns = backend.node(*node).conns(Proto::Resp2, 0);
-        let conn = conns[idx[0] % conns.len()].clone();
+        let conn = crate::backend::pick(&backend.node(*node).conns(Proto::Resp2, 0), idx[0]);
         let data = idx.iter().map(|&i| cmds[i].1.clone()).collect();
         waits.push(conn.start(data, idx.len() as u32, deadline).await);
     }
