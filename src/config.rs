@@ -8,6 +8,8 @@ use std::fmt;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 
+pub use crate::backend::BackendConfig;
+
 use serde::{Deserialize, Serialize};
 
 /// The whole configuration file.
@@ -92,48 +94,6 @@ impl Default for CacheConfig {
             max_entries: 100_000,
             max_bytes: 64 * 1024 * 1024,
             fill_wait_ms: 1000,
-        }
-    }
-}
-
-#[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
-#[serde(deny_unknown_fields, default)]
-pub struct BackendConfig {
-    /// twemproxy-style server lines: `host:port[:weight] [name]`.
-    pub nodes: Vec<String>,
-    /// twemproxy hash function name. Default `fnv1a_64`.
-    pub hash: String,
-    /// `ketama` (default) or `modula`.
-    pub distribution: String,
-    /// Two characters such as `{}`; only the part between them is hashed.
-    pub hash_tag: Option<String>,
-    /// Shared pipelined connections per node and protocol. Default 1.
-    pub connections_per_node: usize,
-    pub connect_timeout_ms: u64,
-    /// How long a client waits for a backend reply before it gets an error. 0 = forever.
-    pub request_timeout_ms: u64,
-    /// First reconnect delay after a failure; doubles up to `reconnect_max_ms`.
-    pub reconnect_min_ms: u64,
-    pub reconnect_max_ms: u64,
-    /// Backend AUTH: password alone, or ACL user and password.
-    pub username: Option<String>,
-    pub password: Option<String>,
-}
-
-impl Default for BackendConfig {
-    fn default() -> Self {
-        BackendConfig {
-            nodes: Vec::new(),
-            hash: "fnv1a_64".into(),
-            distribution: "ketama".into(),
-            hash_tag: None,
-            connections_per_node: 1,
-            connect_timeout_ms: 1000,
-            request_timeout_ms: 5000,
-            reconnect_min_ms: 50,
-            reconnect_max_ms: 2000,
-            username: None,
-            password: None,
         }
     }
 }

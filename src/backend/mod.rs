@@ -21,11 +21,54 @@ use tokio::net::TcpStream;
 
 pub use conn::{deadline, pick, Call, ConnHandle, Dedicated, Replies};
 
-use crate::config::BackendConfig;
 use crate::metrics::Metrics;
 pub use crate::metrics::NodeMetrics;
 use crate::resp::{encode_command, Proto, ReplyFramer};
 use placement::{Distribution, HashFn, Placement};
+use serde::{Deserialize, Serialize};
+
+/// How to reach the nodes (`backend:` in the config file; flags override it).
+#[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct BackendConfig {
+    /// twemproxy-style server lines: `host:port[:weight] [name]`.
+    pub nodes: Vec<String>,
+    /// twemproxy hash function name. Default `fnv1a_64`.
+    pub hash: String,
+    /// `ketama` (default) or `modula`.
+    pub distribution: String,
+    /// Two characters such as `{}`; only the part between them is hashed.
+    pub hash_tag: Option<String>,
+    /// Shared pipelined connections per node and protocol. Default 1.
+    pub connections_per_node: usize,
+    pub connect_timeout_ms: u64,
+    /// How long a client waits for a backend reply before it gets an error. 0 = forever.
+    pub request_timeout_ms: u64,
+    /// First reconnect delay after a failure; doubles up to `reconnect_max_ms`.
+    pub reconnect_min_ms: u64,
+    pub reconnect_max_ms: u64,
+    /// Backend AUTH: password alone, or ACL user and password.
+    pub username: Option<String>,
+    pub password: Option<String>,
+}
+
+impl Default for BackendConfig {
+    fn default() -> Self {
+        BackendConfig {
+            nodes: Vec::new(),
+            hash: "fnv1a_64".into(),
+            distribution: "ketama".into(),
+            hash_tag: None,
+            connections_per_node: 1,
+            connect_timeout_ms: 1000,
+            request_timeout_ms: 5000,
+            reconnect_min_ms: 50,
+            reconnect_max_ms: 2000,
+            username: None,
+            password: None,
+        }
+    }
+}
 
 /// Why a backend request failed. Display is the text a client sees after "ERR saltshaker: ".
 #[derive(Debug, Clone, thiserror::Error)]

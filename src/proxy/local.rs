@@ -5,8 +5,8 @@ use bytes::{Bytes, BytesMut};
 
 use super::dedicated::DedicatedWorker;
 use super::round::{Merge, RoundBuilder, Slot};
-use super::route::{keys_node, push, push_n, reset_conns};
-use super::session::{err_bytes, ready_later, reset_dedicated, Flow, Session, Tx};
+use super::route::{keys_node, push, push_n};
+use super::state::{err_bytes, ready_later, reset_dedicated, Flow, Session, Tx};
 use crate::command::Classified;
 use crate::resp::{
     encode_bulk, encode_int, encode_map_header, encode_simple, Proto, Request, Value,
@@ -82,7 +82,7 @@ pub fn handle(s: &mut Session, req: &Request, c: &Classified, rb: &mut RoundBuil
             if s.proto != Proto::Resp2 || s.db != 0 {
                 s.proto = Proto::Resp2;
                 s.db = 0;
-                reset_conns(s);
+                s.reset_conns();
             }
             reset_dedicated(s);
             ready(rb, b"+RESET\r\n");
@@ -132,7 +132,7 @@ fn check_auth(s: &mut Session, pass: &[u8]) -> Result<(), &'static str> {
 fn set_db(s: &mut Session, db: u32) {
     if s.db != db {
         s.db = db;
-        reset_conns(s);
+        s.reset_conns();
         reset_dedicated(s);
     }
 }
@@ -191,12 +191,12 @@ fn hello(s: &mut Session, req: &Request, rb: &mut RoundBuilder) -> Flow {
     }
     if proto != s.proto {
         s.proto = proto;
-        reset_conns(s);
+        s.reset_conns();
         reset_dedicated(s);
     }
     let fields: Vec<(Value, Value)> = vec![
         (bulk("server"), bulk("redis")),
-        (bulk("version"), bulk(crate::proxy::REDIS_VERSION)),
+        (bulk("version"), bulk(super::ctx::REDIS_VERSION)),
         (
             bulk("proto"),
             Value::Integer(if proto == Proto::Resp3 { 3 } else { 2 }),

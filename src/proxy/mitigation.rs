@@ -7,15 +7,15 @@ use tokio::sync::oneshot;
 
 use smallvec::SmallVec;
 
+use super::ctx::CacheLayer;
 use super::round::{CachedGet, MgetFrom, MgetPerKey, RoundBuilder, Slot};
 use super::route::push;
-use super::session::{err_bytes, Session};
+use super::state::{err_bytes, Session};
 use crate::backend::ConnHandle;
 use crate::command::Classified;
 use crate::mitigate::cache::Cause;
 use crate::mitigate::combine::BatchKey;
 use crate::policy::HotSet;
-use crate::proxy::CacheLayer;
 use crate::resp::{Proto, Request};
 use crate::rules::CachePolicy;
 

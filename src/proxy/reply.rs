@@ -8,8 +8,8 @@ use bytes::{Bytes, BytesMut};
 use tokio::io::{AsyncWrite, AsyncWriteExt};
 use tokio::sync::{mpsc, oneshot};
 
+use super::ctx::Ctx;
 use super::round::{CachedGet, Merge, MgetFrom, MgetPerKey, Part, Round, Slot};
-use super::Ctx;
 use crate::backend::{BackendError, Replies};
 use crate::resp::{
     encode_array_header, encode_bulk, encode_error, encode_int, parse_value, Proto, Value,

@@ -61,7 +61,7 @@ pub enum Merge {
         entry: std::sync::Arc<crate::salt::Salted>,
         /// For a write: the part written, and the proxy (a new shard takes the key's expiry).
         part: usize,
-        ctx: Option<std::sync::Arc<super::Ctx>>,
+        ctx: Option<std::sync::Arc<super::ctx::Ctx>>,
     },
 }
 

@@ -7,7 +7,7 @@ use smallvec::SmallVec;
 
 use super::round::{Merge, Part, RoundBuilder, Slot};
 use super::scan;
-use super::session::{err_bytes, Session};
+use super::state::{err_bytes, Session};
 use crate::command::{Agg, Classified, Split};
 use crate::resp::Request;
 
@@ -55,21 +55,7 @@ pub fn push_n(
     wire: Bytes,
     count: u32,
 ) -> Part {
-    let (proto, db) = (s.proto, s.db);
-    let ctx = &s.ctx;
-    let conns = s.conns[node]
-        .get_or_insert_with(|| ctx.backend.node(node).conns(proto, db))
-        .clone();
-    s.rr = s.rr.wrapping_add(1);
-    let rr = s.rr;
-    rb.push(node, || crate::backend::pick(&conns, rr), wire, count)
-}
-
-/// Forget cached connections after a protocol or database change.
-pub fn reset_conns(s: &mut Session) {
-    for c in s.conns.iter_mut() {
-        *c = None;
-    }
+    rb.push(node, || s.conn(node), wire, count)
 }
 
 pub(super) fn split(

@@ -19,155 +19,37 @@ use tokio::sync::oneshot;
 
 use super::round::{Merge, RoundBuilder, Slot};
 use super::route::push;
-use super::session::{err_bytes, Session};
+use super::state::{err_bytes, Session};
 use crate::command::Classified;
 use crate::mitigate::combine::BatchKey;
+use crate::policy::{SaltPlan, SaltPlan as Plan};
 use crate::resp::{Proto, Request};
 use crate::rules::Strategy;
-use crate::salt::kind::Op;
-use crate::salt::kind::{self as members, MOp};
+use crate::salt::kind::{is_write, Op};
 use crate::salt::kinds;
 use crate::salt::merge;
 use crate::salt::ops;
-use crate::salt::{fold, now_ms, SaltTable, Salted};
+use crate::salt::{fold, now_ms, Salted};
 
-/// How a command that names a salted key is served.
-pub(super) enum Plan {
-    /// In this round, like any command: the part commands join the round's node jobs and a
-    /// merge slot puts the replies together (reads, key commands, plain shard writes).
-    Inline(Arc<Salted>, Op),
-    /// A summing read while a fold may move values: base key first, then the shards
-    /// (`ops::careful_read`), by a task.
-    Careful(Arc<Salted>, Op),
-    /// Through the shard's combine batch (salt+combine), ordered like any combined write.
-    Combine(Arc<Salted>, Op),
-    /// By a task: whole reads of a set or HyperLogLog, and its point reads while a fold
-    /// may move members (`SaltKind::read`); the flag says whether one may.
-    Members(Arc<Salted>, MOp, bool),
-    /// By a task: a removal from a set, sorted set or hash, once no fold or spread moves
-    /// its members (`ops::quiet`).
-    Quiet(Arc<Salted>, MOp),
-    /// By a task: multi-key commands over salted keys.
-    Task(Arc<SaltTable>),
-    /// Fold the shards into the base key first, then go on as usual.
-    Fold(Arc<SaltTable>),
-    /// Refused with Redis's own error before anything is sent.
-    Reject(&'static str),
-    /// A counter write whose whole is not known to stay clear of i64's bounds: by a task
-    /// that reads the whole first (`ops::checked_write`).
-    Checked(Arc<Salted>, Op),
-    /// As if the key were not salted (a write before the promotion is in force, or after
-    /// demotion: the base key takes it, and reads merge it).
-    Forward,
-}
-
-impl Plan {
-    /// Tasks and folds run outside the round, so the round built so far must go first.
-    pub(super) fn needs_flush(&self) -> bool {
-        matches!(
-            self,
-            Plan::Task(_)
-                | Plan::Fold(_)
-                | Plan::Careful(..)
-                | Plan::Checked(..)
-                | Plan::Members(..)
-                | Plan::Quiet(..)
-        )
-    }
-}
-
-/// The plan for a command that names a salted key; None for any other command. Database 0
-/// only: the registry speaks of database 0's keys.
-pub(super) fn plan(s: &Session, req: &Request, c: &Classified) -> Option<Plan> {
-    if s.db != 0 || c.keys.is_empty() {
-        return None;
-    }
-    let table = s.ctx.salt.table.load();
-    if table.is_empty()
-        || !c
-            .keys
-            .iter()
-            .any(|&k| table.get(req.arg(k as usize)).is_some())
-    {
-        return None;
-    }
-    let table = table.clone();
-    let name = c.spec.name;
-    if s.tx.is_some() {
-        return Some(Plan::Fold(table));
-    }
-    if c.keys.len() > 1 {
-        return Some(match name {
-            "MGET" | "DEL" | "UNLINK" | "EXISTS" | "TOUCH" => Plan::Task(table),
-            _ => Plan::Fold(table),
-        });
-    }
-    let e = table.get(req.arg(c.keys[0] as usize))?.clone();
-    let args: Vec<Bytes> = (0..req.argc()).map(|i| req.arg_bytes(i)).collect();
-    let op = ops::classify(e.rec.kind, name, &args);
-    let now = now_ms();
-    if let Op::Member(m) = op {
-        return Some(member_plan(s, e, m, now));
-    }
-    Some(match op {
-        Op::Other => Plan::Fold(table),
-        Op::Reject(msg) => Plan::Reject(msg),
-        // A shard write must not take the whole past i64 (Redis would refuse it, and the
-        // merged read could not answer): with no safe known total, read it first.
-        Op::Write { delta, ref field }
-            if e.rec.writers(now).is_some()
-                && !e
-                    .known_total(field.as_ref())
-                    .is_some_and(|t| ops::write_fits(t, delta)) =>
-        {
-            Plan::Checked(e, op)
+/// Counts what `plan` does in the salting metrics: shard writes, writes the base key
+/// takes, merged reads.
+fn count(s: &Session, plan: &SaltPlan) {
+    let m = &s.ctx.salt.metrics;
+    let c = match plan {
+        Plan::Base(_) => &m.base_writes,
+        Plan::Inline(_, Op::Member(op)) if is_write(op) => match op.to_base() {
+            true => &m.base_writes,
+            false => &m.shard_writes,
+        },
+        Plan::Inline(_, Op::Write { .. }) | Plan::Combine(..) | Plan::Checked(..) => {
+            &m.shard_writes
         }
-        Op::Write { .. } if e.rec.writers(now).is_none() || !s.ctx.salt.fresh(now) => {
-            s.ctx.salt.metrics.base_writes.inc();
-            Plan::Forward
+        Plan::Inline(..) | Plan::Careful(..) | Plan::Members(..) | Plan::Quiet(..) => {
+            &m.merged_reads
         }
-        Op::Write { .. } if combine_with(s, &e.key).is_some() => Plan::Combine(e, op),
-        _ if merge::sums(&op) && s.ctx.salt.careful(&e, now) => Plan::Careful(e, op),
-        _ => Plan::Inline(e, op),
-    })
-}
-
-/// The plan for a command on a set or HyperLogLog salted by member.
-fn member_plan(s: &Session, e: Arc<Salted>, m: MOp, now: u64) -> Plan {
-    let salt = &s.ctx.salt;
-    let careful = salt.careful(&e, now);
-    if members::is_write(&m) {
-        let to_base = e.rec.writers(now).is_none() || !salt.fresh(now);
-        if to_base {
-            e.note_base_write();
-            salt.metrics.base_writes.inc();
-        } else {
-            salt.metrics.shard_writes.inc();
-        }
-        return match m {
-            // PFADD's reply says whether a register changed, which the base key tells.
-            MOp::PfAdd(_) if to_base => Plan::Forward,
-            m => Plan::Inline(
-                e.clone(),
-                Op::Member(members::prepare(m, &e, to_base, careful)),
-            ),
-        };
-    }
-    salt.metrics.merged_reads.inc();
-    // A hash placed by field reads like one placed at random while a fold may run: every
-    // part with its fold bookkeeping.
-    match m {
-        MOp::HGetF(f) if careful => return Plan::Careful(e, Op::HGet(f)),
-        MOp::HMGetF(fs) if careful => return Plan::Careful(e, Op::HMGet(fs)),
-        _ => {}
-    }
-    if careful && members::needs_quiet(&m) {
-        return Plan::Quiet(e, m);
-    }
-    if kinds::of(e.rec.kind).inline(&m, careful, !e.base_maybe()) {
-        return Plan::Inline(e, Op::Member(m));
-    }
-    Plan::Members(e, m, careful)
+        Plan::Task(_) | Plan::Fold(_) | Plan::Reject(_) => return,
+    };
+    c.inc();
 }
 
 /// What the session does next.
@@ -182,7 +64,7 @@ pub(super) async fn act(
     s: &mut Session,
     req: &Request,
     c: &Classified,
-    plan: Plan,
+    plan: SaltPlan,
     rb: &mut RoundBuilder,
 ) -> Next {
     let args: Vec<Bytes> = (0..req.argc()).map(|i| req.arg_bytes(i)).collect();
@@ -192,8 +74,14 @@ pub(super) async fn act(
         Plan::Combine(e, op) if !super::mitigation::may_combine_now(s, rb) => Plan::Inline(e, op),
         p => p,
     };
+    count(s, &plan);
     let table = match plan {
-        Plan::Forward => return Next::Forward,
+        Plan::Base(e) => {
+            if e.rec.kind.partitioned() {
+                e.note_base_write();
+            }
+            return Next::Forward;
+        }
         Plan::Reject(msg) => {
             rb.slots.push(Slot::Ready(err_bytes(msg)));
             return Next::Done;
@@ -202,13 +90,6 @@ pub(super) async fn act(
             let (cmds, part) = ops::plan(&e, &op, &args, now_ms(), false);
             let parts = cmds.into_iter().map(|(n, w)| push(s, rb, n, w)).collect();
             let write = matches!(op, Op::Write { .. });
-            let m = &s.ctx.salt.metrics;
-            match op {
-                Op::Write { .. } => m.shard_writes.inc(),
-                // Counted by `member_plan`.
-                Op::Member(_) => 0,
-                _ => m.merged_reads.inc(),
-            };
             rb.slots.push(Slot::Merge(Box::new(Merge::Salted {
                 parts,
                 op,
@@ -221,7 +102,6 @@ pub(super) async fn act(
         Plan::Careful(e, op) => {
             let ctx = s.ctx.clone();
             let proto = s.proto;
-            s.ctx.salt.metrics.merged_reads.inc();
             later(s, rb, async move {
                 merge::careful(&ctx.backend, &e, op, &args)
                     .await
@@ -236,7 +116,6 @@ pub(super) async fn act(
         Plan::Checked(e, op) => {
             let ctx = s.ctx.clone();
             let proto = s.proto;
-            s.ctx.salt.metrics.shard_writes.inc();
             later(s, rb, async move {
                 ops::checked_write(&ctx.backend, &ctx.salt, &e, op, &args)
                     .await
@@ -321,7 +200,6 @@ fn combine(s: &mut Session, e: Arc<Salted>, op: Op, args: &[Bytes], rb: &mut Rou
     };
     let pending = combiner.add(bk, conn, *delta, cmd, window);
     s.order.combined(pending.done);
-    s.ctx.salt.metrics.shard_writes.inc();
     let (ctx, proto) = (s.ctx.clone(), s.proto);
     let then = move |raw: Bytes| -> Bytes {
         let v = match crate::resp::parse_value(&raw) {
@@ -339,7 +217,7 @@ fn combine(s: &mut Session, e: Arc<Salted>, op: Op, args: &[Bytes], rb: &mut Rou
 }
 
 /// salt+combine (and auto, once it salts) combine the writes of each shard.
-fn combine_with(s: &Session, key: &[u8]) -> ops::CombineWith {
+pub(super) fn combine_with(s: &Session, key: &[u8]) -> ops::CombineWith {
     let w = s.ctx.rules.load().resolve(key).write;
     matches!(w.strategy, Strategy::SaltCombine | Strategy::Auto).then(|| {
         (

@@ -13,22 +13,21 @@ use tokio::io::AsyncReadExt;
 
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::TcpStream;
-use tokio::sync::{mpsc, oneshot, watch};
+use tokio::sync::{mpsc, watch};
 
-use super::dedicated::DedicatedWorker;
+use super::ctx::Ctx;
 use super::mitigation::{
     cached_mget, cached_read, combine, invalidate_cached, wait_barrier, wait_fills,
 };
-use super::order::Order;
 use super::round::{Merge, Round, RoundBuilder, Slot};
 use super::route::{all_nodes, forward_keyed, keys_node, push, scan_one, split};
-use super::{local, reply, tunnel, Ctx};
-use crate::backend::ConnHandle;
+use super::state::{blocking_worker, err_bytes, Flow, Session};
+use super::{local, reply, tunnel};
 use crate::command::{self, flags, Args, Classified, Route};
 use crate::hotkey::Kind;
 use crate::metrics::Class;
 use crate::policy::{self, Action};
-use crate::resp::{encode_error, Proto, Request, RequestParser};
+use crate::resp::{Proto, Request, RequestParser};
 
 impl Args for Request {
     fn argc(&self) -> usize {
@@ -37,48 +36,6 @@ impl Args for Request {
     fn arg(&self, i: usize) -> &[u8] {
         Request::arg(self, i)
     }
-}
-
-/// A queued MULTI.
-pub struct Tx {
-    pub wires: Vec<Bytes>,
-    pub node: Option<usize>,
-    pub dirty: bool,
-    /// Keys the queued commands write: EXEC drops their cached replies.
-    pub writes: Vec<Bytes>,
-}
-
-/// Per-connection state, owned by the reader.
-pub struct Session {
-    pub ctx: Arc<Ctx>,
-    pub id: u64,
-    pub peer: String,
-    pub local: String,
-    pub proto: Proto,
-    pub db: u32,
-    pub name: Option<Bytes>,
-    pub authed: bool,
-    pub tx: Option<Tx>,
-    /// Node of the WATCHed keys and the dedicated connection holding the WATCH.
-    pub watch: Option<(usize, DedicatedWorker)>,
-    blocking: Vec<(usize, DedicatedWorker)>,
-    pub(super) conns: Vec<Option<Arc<[ConnHandle]>>>,
-    pub(super) rr: usize,
-    /// What must be done before the session's next command leaves (see `order`).
-    pub(super) order: Order,
-    pub gone: watch::Receiver<bool>,
-    /// `detection.enabled` of the rules, read once per round rather than per command.
-    detect: bool,
-}
-
-/// What the reader does after a command.
-pub enum Flow {
-    Continue,
-    Close,
-    Tunnel(tunnel::Start),
-    /// Send the round built so far and wait for its replies before this command: it
-    /// names a salted key and runs as a task, which must not overtake earlier commands.
-    Flush(Request),
 }
 
 /// Serves one client connection until it closes.
@@ -96,24 +53,7 @@ pub async fn run(stream: TcpStream, ctx: Arc<Ctx>, id: u64) {
     let (tx, rx) = mpsc::channel::<(Round, Proto)>(64);
     let writer = tokio::spawn(reply::write_loop(w, rx, ctx.clone(), id));
     let (gone_tx, gone_rx) = watch::channel(false);
-    let mut s = Session {
-        authed: ctx.password.is_none(),
-        conns: vec![None; ctx.backend.len()],
-        ctx,
-        id,
-        peer,
-        local,
-        proto: Proto::Resp2,
-        db: 0,
-        name: None,
-        tx: None,
-        watch: None,
-        blocking: Vec::new(),
-        rr: 0,
-        order: Order::default(),
-        gone: gone_rx,
-        detect: true,
-    };
+    let mut s = Session::new(ctx, id, peer, local, gone_rx);
     let end = read_loop(r, &tx, &mut s).await;
     let _ = gone_tx.send(true);
     drop(tx);
@@ -288,12 +228,6 @@ async fn read_loop(
     }
 }
 
-pub fn err_bytes(msg: &str) -> Bytes {
-    let mut out = BytesMut::new();
-    encode_error(msg, &mut out);
-    out.freeze()
-}
-
 /// classify -> observe -> decide -> act, for one command.
 async fn handle(s: &mut Session, req: Request, rb: &mut RoundBuilder) -> Flow {
     // classify
@@ -312,8 +246,9 @@ async fn handle(s: &mut Session, req: Request, rb: &mut RoundBuilder) -> Flow {
             .push(Slot::Ready(err_bytes("NOAUTH Authentication required.")));
         return Flow::Continue;
     }
-    let salted = super::salted::plan(s, &req, &c);
-    if salted.as_ref().is_some_and(|p| p.needs_flush()) && !rb.jobs.is_empty() {
+    // decide
+    let mut action = decide(s, &req, &c);
+    if matches!(&action, Action::Salted(p) if p.needs_flush()) && !rb.jobs.is_empty() {
         return Flow::Flush(req);
     }
     // observe
@@ -321,22 +256,25 @@ async fn handle(s: &mut Session, req: Request, rb: &mut RoundBuilder) -> Flow {
     rb.count(class);
     if class == Class::Write {
         wait_fills(s, &req, &c).await;
-    }
-    // decide
-    if s.tx.is_none() {
-        let hot = s.ctx.hot.load();
-        if class == Class::Write {
-            invalidate_cached(s, &req, &c, &hot, rb);
+        if s.tx.is_none() {
+            invalidate_cached(s, &req, &c, &s.ctx.hot.load(), rb);
         }
     }
-    if let Some(plan) = salted {
+    // act
+    if let Action::Salted(plan) = action {
         if let super::salted::Next::Done = super::salted::act(s, &req, &c, plan, rb).await {
             return Flow::Continue;
         }
+        // Folded, or a write the base key takes: on as usual (it may be combined or
+        // cached like any command on its key).
+        action = if s.tx.is_none() {
+            policy::decide_plain(&c, &req, &s.ctx.hot.load())
+        } else {
+            Action::Forward
+        };
     }
-    if s.tx.is_none() {
-        let hot = s.ctx.hot.load();
-        match policy::decide(&c, &req, &hot) {
+    {
+        match action {
             Action::Combine {
                 delta,
                 field,
@@ -359,10 +297,9 @@ async fn handle(s: &mut Session, req: Request, rb: &mut RoundBuilder) -> Flow {
                     return Flow::Continue;
                 }
             }
-            Action::Forward => {}
+            Action::Forward | Action::Salted(_) => {}
         }
     }
-    // act
     if s.tx.is_some()
         && !matches!(
             c.spec.name,
@@ -404,7 +341,15 @@ async fn handle(s: &mut Session, req: Request, rb: &mut RoundBuilder) -> Flow {
         }
         Route::Local => return local::handle(s, &req, &c, rb),
         Route::Transaction => return local::transaction(s, &req, &c, rb),
-        Route::Subscribe => return tunnel::begin(s, &req, rb).await,
+        Route::Subscribe => {
+            let hs = s.ctx.backend.node(0).handshake(s.proto, s.db);
+            match tunnel::open(&hs, req.wire()).await {
+                Ok(start) => return Flow::Tunnel(start),
+                Err(e) => rb
+                    .slots
+                    .push(Slot::Ready(err_bytes(&format!("ERR saltshaker: {e}")))),
+            }
+        }
         Route::Unsupported(why) => rb
             .slots
             .push(Slot::Ready(err_bytes(&format!("ERR saltshaker: {why}")))),
@@ -414,6 +359,30 @@ async fn handle(s: &mut Session, req: Request, rb: &mut RoundBuilder) -> Flow {
 
 fn is_pubsub_command(name: &str) -> bool {
     name == "PUBLISH" || name == "SPUBLISH" || name.starts_with("PUBSUB")
+}
+
+/// The decide phase: what the rules, the hot set and the salt table say to do with the
+/// command (`policy::decide`, pure).
+fn decide(s: &Session, req: &Request, c: &Classified) -> Action {
+    let hot = s.ctx.hot.load();
+    let table = s.ctx.salt.table.load();
+    // No salted key (the common case): the plan looks no further, so skip the clock.
+    let now = if table.is_empty() {
+        0
+    } else {
+        crate::salt::now_ms()
+    };
+    let combine = |key: &[u8]| super::salted::combine_with(s, key).is_some();
+    let view = policy::SaltView {
+        table: &table,
+        db: s.db,
+        in_tx: s.tx.is_some(),
+        now_ms: now,
+        fresh: now > 0 && s.ctx.salt.fresh(now),
+        stale: now > 0 && s.ctx.salt.stale(now),
+        combine: &combine,
+    };
+    policy::decide(c, req, &hot, &view)
 }
 
 /// The observe phase: every key of every command feeds the hot-key detector.
@@ -483,28 +452,4 @@ fn queue_in_tx(s: &mut Session, req: &Request, c: &Classified) -> Slot {
             .extend(c.keys.iter().map(|&k| req.arg_bytes(k as usize)));
     }
     Slot::Ready(Bytes::from_static(b"+QUEUED\r\n"))
-}
-
-/// The session's dedicated connection to `node` for blocking commands, opened on first use.
-fn blocking_worker(s: &mut Session, node: usize) -> &DedicatedWorker {
-    if let Some(i) = s.blocking.iter().position(|(n, _)| *n == node) {
-        return &s.blocking[i].1;
-    }
-    let hs = s.ctx.backend.node(node).handshake(s.proto, s.db);
-    s.blocking
-        .push((node, DedicatedWorker::spawn(hs, s.gone.clone())));
-    &s.blocking.last().expect("just pushed").1
-}
-
-/// Drops dedicated connections that were opened for another protocol or database.
-pub fn reset_dedicated(s: &mut Session) {
-    s.blocking.clear();
-    s.watch = None;
-}
-
-/// A oneshot already answered with `bytes`.
-pub fn ready_later(bytes: Bytes) -> oneshot::Receiver<Bytes> {
-    let (tx, rx) = oneshot::channel();
-    let _ = tx.send(bytes);
-    rx
 }

@@ -11,10 +11,7 @@ use bytes::{Bytes, BytesMut};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 
-use super::round::{RoundBuilder, Slot};
-use super::session::{err_bytes, Flow, Session};
-use crate::backend::Dedicated;
-use crate::resp::Request;
+use crate::backend::{BackendError, Dedicated, Handshake};
 
 /// The reader's end: the node's write half and what still has to be sent to it.
 pub struct Start {
@@ -35,28 +32,19 @@ pub struct TunnelEnd {
     leftover: BytesMut,
 }
 
-/// Opens the tunnel for a SUBSCRIBE-family command.
-pub async fn begin(s: &mut Session, req: &Request, rb: &mut RoundBuilder) -> Flow {
-    let hs = s.ctx.backend.node(0).handshake(s.proto, s.db);
-    match Dedicated::open(&hs).await {
-        Ok(d) => {
-            let (stream, leftover) = d.into_parts();
-            let (backend_r, backend_w) = stream.into_split();
-            Flow::Tunnel(Start {
-                backend_w,
-                pending: vec![req.wire()],
-                end: Some(TunnelEnd {
-                    backend_r,
-                    leftover,
-                }),
-            })
-        }
-        Err(e) => {
-            rb.slots
-                .push(Slot::Ready(err_bytes(&format!("ERR saltshaker: {e}"))));
-            Flow::Continue
-        }
-    }
+/// Opens a tunnel on a dedicated connection made with `hs`; `first` (the SUBSCRIBE) is
+/// the first thing sent on it.
+pub async fn open(hs: &Handshake, first: Bytes) -> Result<Start, BackendError> {
+    let (stream, leftover) = Dedicated::open(hs).await?.into_parts();
+    let (backend_r, backend_w) = stream.into_split();
+    Ok(Start {
+        backend_w,
+        pending: vec![first],
+        end: Some(TunnelEnd {
+            backend_r,
+            leftover,
+        }),
+    })
 }
 
 /// Copies both ways until either side closes.

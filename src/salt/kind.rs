@@ -187,6 +187,18 @@ pub fn needs_quiet(op: &MOp) -> bool {
     matches!(op, MOp::SRem(_) | MOp::ZRem(_) | MOp::HDel(_))
 }
 
+impl MOp {
+    /// Whether a prepared write goes to the base key (writers do not use the shards now).
+    pub fn to_base(&self) -> bool {
+        matches!(
+            self,
+            MOp::SAdd { to_base: true, .. }
+                | MOp::ZIncrBy { to_base: true, .. }
+                | MOp::HIncrBy { to_base: true, .. }
+        )
+    }
+}
+
 /// An SADD set up for where writers go now: `to_base` when they use the base key, and a
 /// check of the other part when the member could already be there.
 pub fn prepare(op: MOp, e: &Salted, to_base: bool, careful: bool) -> MOp {

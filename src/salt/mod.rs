@@ -184,7 +184,30 @@ pub struct SaltTable {
     keys: HashMap<Bytes, Arc<Salted>>,
 }
 
+impl std::fmt::Debug for SaltTable {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "SaltTable({} keys)", self.keys.len())
+    }
+}
+
+impl std::fmt::Debug for Salted {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Salted")
+            .field("key", &String::from_utf8_lossy(&self.key))
+            .field("kind", &self.rec.kind)
+            .field("parts", &self.parts.len())
+            .finish()
+    }
+}
+
 impl SaltTable {
+    /// A table of these entries, by key.
+    pub fn from_entries(entries: impl IntoIterator<Item = Arc<Salted>>) -> SaltTable {
+        SaltTable {
+            keys: entries.into_iter().map(|e| (e.key.clone(), e)).collect(),
+        }
+    }
+
     pub fn get(&self, key: &[u8]) -> Option<&Arc<Salted>> {
         self.keys.get(key)
     }

@@ -1,136 +1,79 @@
-//! A tiny blocking HTTP/1.1 GET client, enough for an admin port.
+//! The admin port's HTTP client: one GET per connection, on hyper's HTTP/1 client (the
+//! same hyper the admin server runs on), driven by a small current-thread runtime so that
+//! `top` itself stays a plain blocking loop.
 
-use std::io::{Read, Write};
-use std::net::{TcpStream, ToSocketAddrs};
-use std::time::Duration;
+use std::sync::OnceLock;
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Empty, Limited};
+use hyper_util::rt::TokioIo;
 
 use super::*;
 
-// ---- HTTP: one GET per connection, enough for an admin port on localhost. ----
-
-/// `GET path` from `addr` with `Connection: close`: the body of a 200, or an error that says
-/// who failed. `timeout` bounds the connect and the whole exchange.
-pub fn http_get(addr: &str, path: &str, timeout: Duration) -> Result<String, String> {
-    let deadline = Instant::now() + timeout;
-    let addrs = addr.to_socket_addrs().map_err(|e| format!("{addr}: {e}"))?;
-    let mut last = format!("{addr}: resolves to no address");
-    let mut stream = None;
-    for a in addrs {
-        match TcpStream::connect_timeout(&a, timeout) {
-            Ok(s) => {
-                stream = Some(s);
-                break;
-            }
-            Err(e) => last = format!("{addr}: {e}"),
-        }
-    }
-    let mut stream = stream.ok_or(last)?;
-    let io_err = |e: io::Error| match e.kind() {
-        io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut => {
-            format!("{addr}{path}: no answer within {} ms", timeout.as_millis())
-        }
-        _ => format!("{addr}{path}: {e}"),
-    };
-    stream.set_read_timeout(Some(timeout)).map_err(io_err)?;
-    stream.set_write_timeout(Some(timeout)).map_err(io_err)?;
-    let req = format!(
-        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nUser-Agent: saltshaker-top\r\nAccept: */*\r\nConnection: close\r\n\r\n"
-    );
-    stream.write_all(req.as_bytes()).map_err(io_err)?;
-    let mut raw = Vec::new();
-    let mut buf = [0u8; 16 * 1024];
-    loop {
-        // A server that trickles bytes would reset the read timeout forever.
-        if Instant::now() > deadline {
-            return Err(format!(
-                "{addr}{path}: no complete answer within {} ms",
-                timeout.as_millis()
-            ));
-        }
-        match stream.read(&mut buf) {
-            Ok(0) => break,
-            Ok(n) => raw.extend_from_slice(&buf[..n]),
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-            Err(e) => return Err(io_err(e)),
-        }
-        if raw.len() > MAX_RESPONSE_BYTES {
-            return Err(format!(
-                "{addr}{path}: answer larger than {MAX_RESPONSE_BYTES} bytes"
-            ));
-        }
-    }
-    parse_response(&raw).map_err(|e| format!("{addr}{path}: {e}"))
+/// The runtime every GET of this process runs on (top polls from one thread).
+fn runtime() -> Result<&'static tokio::runtime::Runtime, String> {
+    static RT: OnceLock<Result<tokio::runtime::Runtime, String>> = OnceLock::new();
+    RT.get_or_init(|| {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .map_err(|e| format!("cannot start the HTTP client: {e}"))
+    })
+    .as_ref()
+    .map_err(|e| e.clone())
 }
 
-/// Splits a whole HTTP/1.x response into head and body; the body of a 200, else an error.
-pub(super) fn parse_response(raw: &[u8]) -> Result<String, String> {
-    if raw.is_empty() {
-        return Err("connection closed without an answer".into());
-    }
-    let split = raw
-        .windows(4)
-        .position(|w| w == b"\r\n\r\n")
-        .ok_or("answer ended inside its headers")?;
-    let head = String::from_utf8_lossy(&raw[..split]);
-    let mut lines = head.split("\r\n");
-    let status = lines.next().unwrap_or("");
-    let mut parts = status.splitn(3, ' ');
-    if !parts.next().unwrap_or("").starts_with("HTTP/1.") {
-        return Err("not an HTTP/1 answer".into());
-    }
-    let code: u16 = parts
-        .next()
-        .and_then(|c| c.parse().ok())
-        .ok_or("bad HTTP status line")?;
-    let reason = parts.next().unwrap_or("").trim();
-    let (mut chunked, mut length) = (false, None);
-    for h in lines {
-        let Some((name, value)) = h.split_once(':') else {
-            continue;
-        };
-        let (name, value) = (name.trim().to_ascii_lowercase(), value.trim());
-        if name == "transfer-encoding" && value.to_ascii_lowercase().contains("chunked") {
-            chunked = true;
-        } else if name == "content-length" {
-            length = Some(value.parse::<usize>().map_err(|_| "bad Content-Length")?);
-        }
-    }
-    let mut body = &raw[split + 4..];
-    let dechunked;
-    if chunked {
-        dechunked = dechunk(body)?;
-        body = &dechunked;
-    } else if let Some(n) = length {
-        body = body
-            .get(..n)
-            .ok_or("answer shorter than its Content-Length")?;
-    }
-    let text = String::from_utf8_lossy(body).into_owned();
-    if code != 200 {
+/// `GET path` from `addr`: the body of a 200, or an error that says who failed. `timeout`
+/// bounds the whole exchange (connect, headers, body); a body over `MAX_RESPONSE_BYTES` is
+/// refused.
+pub fn http_get(addr: &str, path: &str, timeout: Duration) -> Result<String, String> {
+    let rt = runtime()?;
+    let late = || format!("{addr}{path}: no answer within {} ms", timeout.as_millis());
+    rt.block_on(async {
+        tokio::time::timeout(timeout, get(addr, path))
+            .await
+            .unwrap_or_else(|_| Err(late()))
+    })
+}
+
+async fn get(addr: &str, path: &str) -> Result<String, String> {
+    let at = |e: &dyn std::fmt::Display| format!("{addr}{path}: {e}");
+    let stream = tokio::net::TcpStream::connect(addr)
+        .await
+        .map_err(|e| format!("{addr}: {e}"))?;
+    let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+        .await
+        .map_err(|e| at(&e))?;
+    // The connection is driven beside the request; it ends when the answer is read.
+    let driver = tokio::spawn(conn);
+    let req = hyper::Request::get(path)
+        .header(hyper::header::HOST, addr)
+        .header(hyper::header::USER_AGENT, "saltshaker-top")
+        .header(hyper::header::CONNECTION, "close")
+        .body(Empty::<Bytes>::new())
+        .map_err(|e| at(&e))?;
+    let res = sender.send_request(req).await.map_err(|e| at(&e))?;
+    let status = res.status();
+    let body = Limited::new(res.into_body(), MAX_RESPONSE_BYTES)
+        .collect()
+        .await
+        .map_err(
+            |e| match e.downcast_ref::<http_body_util::LengthLimitError>() {
+                Some(_) => at(&format!("answer larger than {MAX_RESPONSE_BYTES} bytes")),
+                None => at(&e),
+            },
+        )?
+        .to_bytes();
+    driver.abort();
+    let text = String::from_utf8_lossy(&body).into_owned();
+    if status != hyper::StatusCode::OK {
         let first = text.lines().next().unwrap_or("").trim();
-        return Err(format!(
-            "HTTP {code} {reason}{}{first}",
+        return Err(at(&format!(
+            "HTTP {} {}{}{first}",
+            status.as_u16(),
+            status.canonical_reason().unwrap_or(""),
             if first.is_empty() { "" } else { ": " }
-        ));
+        )));
     }
     Ok(text)
-}
-
-pub(super) fn dechunk(mut body: &[u8]) -> Result<Vec<u8>, String> {
-    let mut out = Vec::new();
-    loop {
-        let eol = body
-            .windows(2)
-            .position(|w| w == b"\r\n")
-            .ok_or("chunked answer cut short")?;
-        let size_line = String::from_utf8_lossy(&body[..eol]);
-        let size_hex = size_line.split(';').next().unwrap_or("").trim();
-        let size = usize::from_str_radix(size_hex, 16).map_err(|_| "bad chunk size")?;
-        body = &body[eol + 2..];
-        if size == 0 {
-            return Ok(out);
-        }
-        out.extend_from_slice(body.get(..size).ok_or("chunked answer cut short")?);
-        body = body.get(size + 2..).ok_or("chunked answer cut short")?;
-    }
 }

@@ -1,7 +1,7 @@
 //! `saltshaker top`: a live terminal view of hot keys, polled from a proxy's admin port.
 //!
-//! Owns a tiny blocking HTTP/1.1 GET client (one connection per request, `Connection:
-//! close`), the parsing of `/hotkeys` JSON and `/metrics` text, and a pure [`render`] of one
+//! Owns a GET of the admin port (hyper's HTTP/1 client, one connection per request), the
+//! parsing of `/hotkeys` JSON and `/metrics` text, and a pure [`render`] of one
 //! frame to a string, so tests check frames on a buffer without a terminal. It knows nothing
 //! of the proxy's internals: only what the admin port serves. No terminal library: ANSI
 //! escapes to redraw in place, and the size from `$COLUMNS`/`$LINES`, `stty size` or 80x24.

@@ -305,20 +305,32 @@ fn control_characters_in_keys_never_reach_the_terminal() {
 }
 
 #[test]
-fn http_answers_are_split_checked_and_dechunked() {
-    let ok = b"HTTP/1.1 200 OK\r\ncontent-length: 5\r\n\r\nhello trailing";
-    assert_eq!(parse_response(ok).unwrap(), "hello");
-    let chunked = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n2;x=y\r\nde\r\n0\r\n\r\n";
-    assert_eq!(parse_response(chunked).unwrap(), "abcde");
-    let e = parse_response(b"HTTP/1.1 404 Not Found\r\n\r\nnot found: try /metrics\n").unwrap_err();
-    assert_eq!(e, "HTTP 404 Not Found: not found: try /metrics");
-    assert!(parse_response(b"").is_err());
-    assert!(parse_response(b"HTTP/1.1 200 OK\r\ncontent-length: 9\r\n\r\nshort").is_err());
-    assert!(parse_response(b"SSH-2.0-OpenSSH\r\n\r\n").is_err());
+fn http_answers_are_checked_and_dechunked() {
+    let get = |answer: fn(&str) -> String| {
+        http_get(&fake_admin(1, answer), "/metrics", Duration::from_secs(2))
+    };
+    let ok = get(|_| "HTTP/1.1 200 OK\r\ncontent-length: 5\r\n\r\nhello".into());
+    assert_eq!(ok.unwrap(), "hello");
+    let chunked = get(|_| {
+        "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n2;x=y\r\nde\r\n0\r\n\r\n"
+            .into()
+    });
+    assert_eq!(chunked.unwrap(), "abcde");
+    let e = get(|_| {
+        "HTTP/1.1 404 Not Found\r\ncontent-length: 24\r\n\r\nnot found: try /metrics\n".into()
+    })
+    .unwrap_err();
     assert!(
-        parse_response(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n").is_err()
+        e.ends_with("/metrics: HTTP 404 Not Found: not found: try /metrics"),
+        "{e}"
     );
-    assert!(parse_response(b"HTTP/1.1 200 OK\r\nContent-Length: 3").is_err());
+    assert!(get(|_| String::new()).is_err(), "closed without an answer");
+    assert!(get(|_| "SSH-2.0-OpenSSH\r\n\r\n".into()).is_err());
+    assert!(
+        get(|_| "HTTP/1.1 200 OK\r\ncontent-length: 9\r\n\r\nshort".into()).is_err(),
+        "shorter than its Content-Length"
+    );
+    assert!(get(|_| "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n".into()).is_err());
 }
 
 /// An admin port stand-in: answers each connection from `route`, `n` times.

@@ -20,8 +20,6 @@
 //! most once per move id. Scores are doubles, so a score's move is exact for integer
 //! scores (the leaderboard case) and for any score no increment lands on meanwhile.
 
-use std::cmp::Ordering;
-
 use bytes::Bytes;
 
 use crate::backend::Backend;
@@ -32,13 +30,10 @@ use crate::salt::names::{applied_name, shard_name, stash_name, Place};
 use crate::salt::record::{hex, unhex, Move, Record};
 use crate::salt::{as_i64, call, err, failpoint, Fut, Salt, SaltError, Salted};
 use read::plan_range;
+use score::{float, fmt, score, scored};
 
 mod read;
-
-pub(super) fn float(b: &[u8]) -> Option<f64> {
-    let f: f64 = std::str::from_utf8(b).ok()?.parse().ok()?;
-    (!f.is_nan()).then_some(f)
-}
+mod score;
 
 /// A range read's options after the two bounds (`rest`); None when one has no merge here
 /// (BYLEX, a malformed option): the key folds and Redis answers.
@@ -153,21 +148,6 @@ pub fn plan(e: &Salted, op: &MOp) -> Vec<(usize, Bytes)> {
     }
 }
 
-pub(super) fn score(v: &Value) -> Option<f64> {
-    match v {
-        Value::Bulk(b) | Value::Double(b) => float(b),
-        _ => None,
-    }
-}
-
-/// A score as Redis writes it: the shortest form that reads back the same.
-pub(super) fn fmt(f: f64) -> Bytes {
-    if f.is_infinite() {
-        return Bytes::from_static(if f > 0.0 { b"inf" } else { b"-inf" });
-    }
-    Bytes::from(format!("{f}"))
-}
-
 /// The sum of the present scores among `vs`; the reply itself when only one is present.
 fn sum(vs: &[&Value]) -> Value {
     let present: Vec<&&Value> = vs.iter().filter(|v| score(v).is_some()).collect();
@@ -205,43 +185,6 @@ pub fn merge(op: &MOp, r: &[Value]) -> Result<Value, Value> {
         ),
         _ => return Err(err("internal: not an inline sorted-set command")),
     })
-}
-
-/// Member/score pairs of a WITHSCORES reply in either protocol.
-pub(super) fn scored(v: &Value) -> Vec<(Bytes, f64)> {
-    let Value::Array(a) = v else { return vec![] };
-    if a.iter().all(|x| matches!(x, Value::Array(_))) {
-        return a
-            .iter()
-            .filter_map(|x| match x {
-                Value::Array(p) if p.len() == 2 => match (&p[0], score(&p[1])) {
-                    (Value::Bulk(m), Some(s)) => Some((m.clone(), s)),
-                    _ => None,
-                },
-                _ => None,
-            })
-            .collect();
-    }
-    a.chunks(2)
-        .filter_map(|c| match (&c[0], c.get(1).and_then(score)) {
-            (Value::Bulk(m), Some(s)) => Some((m.clone(), s)),
-            _ => None,
-        })
-        .collect()
-}
-
-pub(super) fn order(rev: bool) -> impl Fn(&(Bytes, f64), &(Bytes, f64)) -> Ordering {
-    move |x, y| {
-        let o =
-            x.1.partial_cmp(&y.1)
-                .unwrap_or(Ordering::Equal)
-                .then_with(|| x.0.cmp(&y.0));
-        if rev {
-            o.reverse()
-        } else {
-            o
-        }
-    }
 }
 
 /// Takes a journaled batch of scores out of a shard once, noting each amount in the stash

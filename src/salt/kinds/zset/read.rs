@@ -9,7 +9,7 @@ use bytes::Bytes;
 
 use std::collections::HashMap;
 
-use super::{float, fmt, order, score, scored};
+use super::score::{float, fmt, order, score, scored};
 use crate::backend::Backend;
 use crate::resp::{parse_i64, Value};
 use crate::salt::kind::{bulks, cmd, every, MOp, ZRange};

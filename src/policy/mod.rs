@@ -12,6 +12,9 @@ use std::time::Duration;
 use bytes::Bytes;
 
 use crate::command::{flags, Args, Classified};
+pub use salted::{SaltPlan, SaltView};
+
+mod salted;
 use crate::hotkey::{HotSnapshot, HotState};
 use crate::rules::{CachePolicy, Rules, Strategy, WritePolicy};
 
@@ -31,6 +34,10 @@ pub enum Action {
     /// MGET with read-hot keys: the policy of each key in order, `None` for a cold one.
     /// Hot keys are served from the cache like a `GET` of the key, cold ones by their node.
     CachePerKey(Vec<Option<CachePolicy>>),
+    /// The command names a salted key: served as the plan says (`salted`). When the plan
+    /// goes on as usual (a fold first, or a write the base key takes), the session asks
+    /// `decide_plain` for the rest.
+    Salted(SaltPlan),
 }
 
 /// Read commands whose replies may be cached for a read-hot key: single-key reads whose
@@ -177,8 +184,26 @@ fn write_hot(p: &WritePolicy) -> Option<WriteHot> {
     }
 }
 
-/// Decides what to do with a command.
-pub fn decide<A: Args + ?Sized>(c: &Classified, args: &A, hot: &HotSet) -> Action {
+/// Decides what to do with a command: its salted plan if it names a salted key, else what
+/// the hot set says (outside MULTI).
+pub fn decide<A: Args + ?Sized>(
+    c: &Classified,
+    args: &A,
+    hot: &HotSet,
+    salted: &SaltView,
+) -> Action {
+    if let Some(p) = salted::plan(salted, args, c) {
+        return Action::Salted(p);
+    }
+    if salted.in_tx {
+        return Action::Forward;
+    }
+    decide_plain(c, args, hot)
+}
+
+/// Decides what to do with a command that names no salted key (or goes on as usual after
+/// its salted plan): combine, cache, or forward.
+pub fn decide_plain<A: Args + ?Sized>(c: &Classified, args: &A, hot: &HotSet) -> Action {
     if hot.is_empty() {
         return Action::Forward;
     }
@@ -279,7 +304,7 @@ mod tests {
     fn act(line: &str, hot: &HotSet) -> Action {
         let args: Vec<&[u8]> = line.split(' ').map(|s| s.as_bytes()).collect();
         let c = classify(&args[..]).unwrap();
-        decide(&c, &args[..], hot)
+        decide_plain(&c, &args[..], hot)
     }
 
     const RULES: &str = "version: 1\nrules:\n  - match: \"lock:*\"\n    write: { strategy: off }\n  - match: \"vote:final\"\n    pin: true\n    write: { strategy: combine, combine: { window_us: 200 } }\n";

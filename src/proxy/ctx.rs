@@ -1,0 +1,129 @@
+//! What every session shares: the backend, the metrics, the detector, the rules, the
+//! hot set, the combiner, the cache and the salt table.
+
+use std::sync::atomic::AtomicU64;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use arc_swap::ArcSwap;
+use tokio::sync::watch;
+
+use crate::backend::tracking::{Filler, Invalidation, Tracker};
+use crate::backend::Backend;
+use crate::hotkey::Detector;
+use crate::metrics::Metrics;
+use crate::mitigate::cache::{Cache, Cause};
+use crate::mitigate::combine::Combiner;
+use crate::policy::HotSet;
+use crate::resp::Limits;
+use crate::rules::RulesHandle;
+
+/// The Redis version the proxy reports in HELLO.
+pub const REDIS_VERSION: &str = "7.0.0";
+
+/// What every session shares.
+pub struct Ctx {
+    pub backend: Backend,
+    pub metrics: Metrics,
+    pub detector: Detector,
+    pub limits: Limits,
+    pub max_pending: usize,
+    pub max_clients: usize,
+    /// Unread replies a client may owe before it is closed (0 = no limit).
+    pub max_output: usize,
+    pub password: Option<String>,
+    pub shutdown: watch::Receiver<bool>,
+    pub started: Instant,
+    /// Keys under mitigation now; rebuilt by `spawn_hot_updater`, read lock-free per round.
+    pub hot: ArcSwap<HotSet>,
+    pub rules: RulesHandle,
+    pub combiner: Arc<Combiner>,
+    /// The read-hot cache and its per-node fill connections; None when disabled.
+    pub cache: Option<CacheLayer>,
+    /// Salted keys (shared with every proxy through the backend's registry).
+    pub salt: Arc<crate::salt::Salt>,
+    pub(super) next_id: AtomicU64,
+}
+
+impl Ctx {
+    #[allow(clippy::too_many_arguments)]
+    pub fn new(
+        backend: Backend,
+        metrics: Metrics,
+        detector: Detector,
+        limits: Limits,
+        max_pending: usize,
+        max_clients: usize,
+        password: Option<String>,
+        shutdown: watch::Receiver<bool>,
+        rules: RulesHandle,
+    ) -> Ctx {
+        let combiner = Combiner::new(metrics.combine.clone(), backend.request_timeout);
+        let salt = Arc::new(crate::salt::Salt::new(&backend, metrics.salt.clone()));
+        Ctx {
+            salt,
+            hot: ArcSwap::from_pointee(HotSet::default()),
+            rules,
+            combiner,
+            cache: None,
+            backend,
+            metrics,
+            detector,
+            limits,
+            max_pending,
+            max_clients,
+            max_output: 0,
+            password,
+            shutdown,
+            started: Instant::now(),
+            next_id: AtomicU64::new(1),
+        }
+    }
+}
+
+/// The read-hot cache: entries, and per node a tracker (Redis tells it which keys changed)
+/// and the fill connection whose reads Redis tracks.
+pub struct CacheLayer {
+    pub cache: Arc<Cache>,
+    pub fillers: Vec<Filler>,
+    pub fill_wait: Duration,
+    _trackers: Vec<Tracker>,
+}
+
+impl CacheLayer {
+    /// Starts a tracker and a filler per node.
+    pub fn start(
+        backend: &Backend,
+        cfg: &crate::config::CacheConfig,
+        metrics: &Metrics,
+    ) -> CacheLayer {
+        let cache = Cache::new(cfg.max_entries, cfg.max_bytes, metrics.cache.clone());
+        let mut trackers = Vec::new();
+        let mut fillers = Vec::new();
+        for node in backend.nodes() {
+            let hs = node.handshake(crate::resp::Proto::Resp2, 0);
+            let c = cache.clone();
+            let (index, placement) = (node.index, backend.placement());
+            let tracker = Tracker::spawn(&hs, move |inv| match inv {
+                Invalidation::Keys(keys) => {
+                    for k in keys {
+                        c.invalidate(&k, Cause::Tracking);
+                    }
+                }
+                // Without tracking nothing bounds staleness but the TTL: drop the node's keys.
+                Invalidation::All => match &placement {
+                    Some(p) => c.invalidate_matching(|k| p.node_for(k) == index, Cause::Flush),
+                    None => c.invalidate_all(Cause::Flush),
+                },
+            });
+            fillers.push(Filler::spawn(&tracker, &hs, node.metrics.clone()));
+            trackers.push(tracker);
+        }
+        CacheLayer {
+            cache,
+            fillers,
+            fill_wait: Duration::from_millis(cfg.fill_wait_ms),
+            _trackers: trackers,
+        }
+    }
+}

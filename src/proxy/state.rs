@@ -1,0 +1,137 @@
+//! One client connection's state: what the session handlers (`local`, `route`,
+//! `mitigation`, `salted`) read and change, and what they return to the session loop
+//! (`Flow`). The ordering rules live in `order`, behind methods.
+
+use std::sync::Arc;
+
+use bytes::{Bytes, BytesMut};
+use tokio::sync::{oneshot, watch};
+
+use super::ctx::Ctx;
+use super::dedicated::DedicatedWorker;
+use super::order::Order;
+use super::tunnel;
+use crate::backend::ConnHandle;
+use crate::resp::{encode_error, Proto, Request};
+
+/// A queued MULTI.
+pub struct Tx {
+    pub wires: Vec<Bytes>,
+    pub node: Option<usize>,
+    pub dirty: bool,
+    /// Keys the queued commands write: EXEC drops their cached replies.
+    pub writes: Vec<Bytes>,
+}
+
+/// Per-connection state, owned by the reader.
+pub struct Session {
+    pub ctx: Arc<Ctx>,
+    pub id: u64,
+    pub peer: String,
+    pub local: String,
+    pub proto: Proto,
+    pub db: u32,
+    pub name: Option<Bytes>,
+    pub authed: bool,
+    pub tx: Option<Tx>,
+    /// Node of the WATCHed keys and the dedicated connection holding the WATCH.
+    pub watch: Option<(usize, DedicatedWorker)>,
+    blocking: Vec<(usize, DedicatedWorker)>,
+    /// Each node's shared connections in this session's protocol and database, looked up
+    /// once (`conn`).
+    conns: Vec<Option<Arc<[ConnHandle]>>>,
+    /// The rotation over a node's connections.
+    rr: usize,
+    /// What must be done before the session's next command leaves (see `order`).
+    pub(super) order: Order,
+    pub gone: watch::Receiver<bool>,
+    /// `detection.enabled` of the rules, read once per round rather than per command.
+    pub(super) detect: bool,
+}
+
+impl Session {
+    pub fn new(
+        ctx: Arc<Ctx>,
+        id: u64,
+        peer: String,
+        local: String,
+        gone: watch::Receiver<bool>,
+    ) -> Session {
+        Session {
+            authed: ctx.password.is_none(),
+            conns: vec![None; ctx.backend.len()],
+            ctx,
+            id,
+            peer,
+            local,
+            proto: Proto::Resp2,
+            db: 0,
+            name: None,
+            tx: None,
+            watch: None,
+            blocking: Vec::new(),
+            rr: 0,
+            order: Order::default(),
+            gone,
+            detect: true,
+        }
+    }
+
+    /// The shared connection to `node` the next job of this session goes on: the
+    /// session's rotation over the node's connections in its protocol and database.
+    pub fn conn(&mut self, node: usize) -> ConnHandle {
+        let (proto, db) = (self.proto, self.db);
+        let ctx = &self.ctx;
+        let conns = self.conns[node].get_or_insert_with(|| ctx.backend.node(node).conns(proto, db));
+        self.rr = self.rr.wrapping_add(1);
+        crate::backend::pick(conns, self.rr)
+    }
+
+    /// Forgets the connections looked up, and the dedicated ones, after a protocol or
+    /// database change.
+    pub fn reset_conns(&mut self) {
+        for c in self.conns.iter_mut() {
+            *c = None;
+        }
+    }
+}
+
+/// What the reader does after a command.
+pub enum Flow {
+    Continue,
+    Close,
+    Tunnel(tunnel::Start),
+    /// Send the round built so far and wait for its replies before this command: it
+    /// names a salted key and runs as a task, which must not overtake earlier commands.
+    Flush(Request),
+}
+
+pub fn err_bytes(msg: &str) -> Bytes {
+    let mut out = BytesMut::new();
+    encode_error(msg, &mut out);
+    out.freeze()
+}
+
+/// The session's dedicated connection to `node` for blocking commands, opened on first use.
+pub(super) fn blocking_worker(s: &mut Session, node: usize) -> &DedicatedWorker {
+    if let Some(i) = s.blocking.iter().position(|(n, _)| *n == node) {
+        return &s.blocking[i].1;
+    }
+    let hs = s.ctx.backend.node(node).handshake(s.proto, s.db);
+    s.blocking
+        .push((node, DedicatedWorker::spawn(hs, s.gone.clone())));
+    &s.blocking.last().expect("just pushed").1
+}
+
+/// Drops dedicated connections that were opened for another protocol or database.
+pub fn reset_dedicated(s: &mut Session) {
+    s.blocking.clear();
+    s.watch = None;
+}
+
+/// A oneshot already answered with `bytes`.
+pub fn ready_later(bytes: Bytes) -> oneshot::Receiver<Bytes> {
+    let (tx, rx) = oneshot::channel();
+    let _ = tx.send(bytes);
+    rx
+}

@@ -1,0 +1,347 @@
+//! The shape of the code, checked: no file in `src/` over 600 lines, the leaves import
+//! nothing of the crate, no import cycle between the folders of `src/`, imports inside
+//! `salt/` and `proxy/` go one way, and a salt kind imports no other kind.
+//!
+//! Imports are read from the source text: `crate::a::b`, `super::x` (also in `{...}`
+//! groups), and a parent module naming its own children (`child::f`). Test code
+//! (`#[cfg(test)]` onwards, `*tests.rs` files) is left out: tests may reach anywhere.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+
+type Module = Vec<String>;
+
+/// Every `.rs` file under `dir`, by its module path (`salt/kinds/set.rs` is
+/// `[salt, kinds, set]`, a `mod.rs` names its folder).
+fn modules(dir: &Path) -> BTreeMap<Module, PathBuf> {
+    let mut out = BTreeMap::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for e in std::fs::read_dir(&d).unwrap() {
+            let p = e.unwrap().path();
+            if p.is_dir() {
+                stack.push(p);
+            } else if p.extension().is_some_and(|x| x == "rs") {
+                let rel = p.strip_prefix(dir).unwrap().with_extension("");
+                let mut m: Module = rel
+                    .components()
+                    .map(|c| c.as_os_str().to_string_lossy().into_owned())
+                    .collect();
+                if matches!(m.last().map(String::as_str), Some("mod" | "lib" | "main")) {
+                    m.pop();
+                }
+                out.insert(m, p);
+            }
+        }
+    }
+    out
+}
+
+fn is_test_file(p: &Path) -> bool {
+    p.file_stem()
+        .is_some_and(|s| s.to_string_lossy().ends_with("tests"))
+}
+
+/// The source without test code and line comments.
+fn code(p: &Path) -> String {
+    let s = std::fs::read_to_string(p).unwrap();
+    let s = match s.find("#[cfg(test)]") {
+        Some(i) => &s[..i],
+        None => &s[..],
+    };
+    s.lines()
+        .map(|l| match l.find("//") {
+            Some(i) => &l[..i],
+            None => l,
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+fn ident(c: char) -> bool {
+    c.is_ascii_alphanumeric() || c == '_'
+}
+
+/// The paths named after each occurrence of `prefix` (`crate::` or `super::`): `a::b::C`
+/// as `[a, b, C]`, and each first-level name of a `{...}` group.
+fn paths_after(src: &str, prefix: &str) -> Vec<Vec<String>> {
+    let mut out = Vec::new();
+    let mut at = 0;
+    while let Some(i) = src[at..].find(prefix) {
+        let start = at + i;
+        at = start + prefix.len();
+        if src[..start].chars().next_back().is_some_and(ident) {
+            continue;
+        }
+        let rest = &src[at..];
+        if let Some(group) = rest.strip_prefix('{') {
+            // The first name of each item at the group's first level: `{a::B, c}` names
+            // `a` and `c`.
+            let (mut depth, mut word, mut first) = (0, String::new(), true);
+            for c in group.chars() {
+                if depth == 0 && ident(c) {
+                    word.push(c);
+                    continue;
+                }
+                if !word.is_empty() && first {
+                    out.push(vec![std::mem::take(&mut word)]);
+                    first = false;
+                }
+                word.clear();
+                match c {
+                    '{' => depth += 1,
+                    '}' if depth == 0 => break,
+                    '}' => depth -= 1,
+                    ',' if depth == 0 => first = true,
+                    _ => {}
+                }
+            }
+            continue;
+        }
+        let mut path = Vec::new();
+        let mut s = rest;
+        loop {
+            let n = s.find(|c: char| !ident(c)).unwrap_or(s.len());
+            if n == 0 {
+                break;
+            }
+            path.push(s[..n].to_string());
+            match s[n..].strip_prefix("::") {
+                Some(r) if r.starts_with(|c: char| ident(c)) => s = r,
+                _ => break,
+            }
+        }
+        if !path.is_empty() {
+            out.push(path);
+        }
+    }
+    out
+}
+
+/// Which modules each module's code names (the deepest file module of each path).
+fn imports(mods: &BTreeMap<Module, PathBuf>) -> BTreeMap<Module, BTreeSet<Module>> {
+    let owner = |p: &[String]| -> Option<Module> {
+        (1..=p.len())
+            .rev()
+            .map(|n| p[..n].to_vec())
+            .find(|m| mods.contains_key(m))
+    };
+    let mut out = BTreeMap::new();
+    for (m, p) in mods {
+        if is_test_file(p) || m.is_empty() {
+            continue;
+        }
+        let src = code(p);
+        let mut named = Vec::new();
+        named.extend(paths_after(&src, "crate::"));
+        let parent = &m[..m.len() - 1];
+        for p in paths_after(&src, "super::") {
+            named.push(parent.iter().cloned().chain(p).collect());
+        }
+        // A module naming its own child modules: `child::f`, `use child::X`.
+        for child in mods
+            .keys()
+            .filter(|k| k.len() == m.len() + 1 && k[..m.len()] == m[..])
+        {
+            let name = format!("{}::", child.last().unwrap());
+            let found = src.match_indices(&name).any(|(i, _)| {
+                !src[..i].ends_with("::") && !src[..i].chars().next_back().is_some_and(ident)
+            });
+            if found {
+                named.push(child.clone());
+            }
+        }
+        let set: BTreeSet<Module> = named
+            .iter()
+            .filter_map(|p| owner(p))
+            .filter(|o| o != m && !o.is_empty())
+            .collect();
+        out.insert(m.clone(), set);
+    }
+    out
+}
+
+/// A cycle in `graph`, if there is one.
+fn cycle<T: Ord + Clone>(graph: &BTreeMap<T, BTreeSet<T>>) -> Option<Vec<T>> {
+    fn visit<T: Ord + Clone>(
+        n: &T,
+        g: &BTreeMap<T, BTreeSet<T>>,
+        state: &mut BTreeMap<T, u8>,
+        path: &mut Vec<T>,
+    ) -> Option<Vec<T>> {
+        match state.get(n) {
+            Some(2) => return None,
+            Some(1) => {
+                let i = path.iter().position(|x| x == n).unwrap();
+                let mut c = path[i..].to_vec();
+                c.push(n.clone());
+                return Some(c);
+            }
+            _ => {}
+        }
+        state.insert(n.clone(), 1);
+        path.push(n.clone());
+        for m in g.get(n).into_iter().flatten() {
+            if let Some(c) = visit(m, g, state, path) {
+                return Some(c);
+            }
+        }
+        path.pop();
+        state.insert(n.clone(), 2);
+        None
+    }
+    let mut state = BTreeMap::new();
+    for n in graph.keys() {
+        if let Some(c) = visit(n, graph, &mut state, &mut Vec::new()) {
+            return Some(c);
+        }
+    }
+    None
+}
+
+/// Everything wrong with the layout of the tree at `dir`.
+fn problems(dir: &Path) -> Vec<String> {
+    let mods = modules(dir);
+    let imp = imports(&mods);
+    let mut out = Vec::new();
+    for p in mods.values() {
+        let n = std::fs::read_to_string(p).unwrap().lines().count();
+        if n > 600 {
+            out.push(format!("{} has {n} lines (at most 600)", p.display()));
+        }
+    }
+    let show = |m: &Module| m.join("/");
+    // Leaves.
+    let leaves: &[(&str, &[&str])] = &[
+        ("resp", &[]),
+        ("hotkey", &[]),
+        ("metrics", &[]),
+        ("command", &["resp"]),
+    ];
+    for (m, to) in &imp {
+        for (leaf, allowed) in leaves {
+            if m[0] == *leaf {
+                for t in to
+                    .iter()
+                    .filter(|t| t[0] != *leaf && !allowed.contains(&t[0].as_str()))
+                {
+                    out.push(format!("the leaf {} imports {}", show(m), show(t)));
+                }
+            }
+        }
+    }
+    // Folders of src/.
+    let mut top: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    for (m, to) in &imp {
+        for t in to.iter().filter(|t| t[0] != m[0]) {
+            top.entry(m[0].clone()).or_default().insert(t[0].clone());
+        }
+    }
+    if let Some(c) = cycle(&top) {
+        out.push(format!("import cycle between folders: {}", c.join(" -> ")));
+    }
+    // Inside salt/ and proxy/: files import one way.
+    for folder in ["salt", "proxy"] {
+        let inner: BTreeMap<Module, BTreeSet<Module>> = imp
+            .iter()
+            .filter(|(m, _)| m[0] == folder)
+            .map(|(m, to)| {
+                (
+                    m.clone(),
+                    to.iter().filter(|t| t[0] == folder).cloned().collect(),
+                )
+            })
+            .collect();
+        if let Some(c) = cycle(&inner) {
+            let c: Vec<String> = c.iter().map(show).collect();
+            out.push(format!("import cycle in {folder}/: {}", c.join(" -> ")));
+        }
+    }
+    // A salt kind imports no other kind; the engine imports no kind.
+    let kind_of = |m: &Module| (m.len() >= 3 && m[..2] == ["salt", "kinds"]).then(|| m[2].clone());
+    let engine = [
+        "salt",
+        "salt/record",
+        "salt/names",
+        "salt/registry",
+        "salt/journal",
+        "salt/merge",
+        "salt/kind",
+    ];
+    for (m, to) in &imp {
+        for t in to {
+            let into_kinds = t.len() >= 2 && t[..2] == ["salt", "kinds"];
+            match kind_of(m) {
+                Some(k) if into_kinds && kind_of(t).as_ref() != Some(&k) => {
+                    out.push(format!("the salt kind {} imports {}", show(m), show(t)))
+                }
+                _ => {}
+            }
+            let top_of_salt =
+                ["salt/ops", "salt/fold", "salt/coordinator"].contains(&show(t).as_str());
+            if engine.contains(&show(m).as_str()) && (into_kinds || top_of_salt) {
+                out.push(format!(
+                    "the salt engine file {} imports {}",
+                    show(m),
+                    show(t)
+                ));
+            }
+        }
+    }
+    out
+}
+
+#[test]
+fn the_source_tree_keeps_its_shape() {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let p = problems(&src);
+    assert!(
+        p.is_empty(),
+        "the layout rules are broken:\n  {}",
+        p.join("\n  ")
+    );
+}
+
+/// The checks can fail: a small tree that breaks each rule is caught.
+#[test]
+fn a_tree_that_breaks_the_rules_is_caught() {
+    let dir = std::env::temp_dir().join(format!("saltshaker-layout-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let write = |rel: &str, text: &str| {
+        let p = dir.join(rel);
+        std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+        std::fs::write(p, text).unwrap();
+    };
+    write("lib.rs", "pub mod resp;\npub mod salt;\npub mod proxy;\n");
+    write("resp.rs", "use crate::salt::Salt;\n");
+    write(
+        "salt/mod.rs",
+        "pub mod kinds;\npub struct Salt;\nuse crate::proxy::Thing;\n",
+    );
+    write("salt/kinds/mod.rs", "pub mod set;\npub mod hll;\n");
+    write("salt/kinds/set.rs", "use crate::salt::kinds::hll::X;\n");
+    write("salt/kinds/hll.rs", "pub struct X;\n");
+    write(
+        "proxy/mod.rs",
+        "mod a;\nmod b;\npub struct Thing;\nuse crate::salt::Salt;\n",
+    );
+    write("proxy/a.rs", "use super::b::B;\npub struct A;\n");
+    write(
+        "proxy/b.rs",
+        &format!(
+            "use super::{{a::A, Thing}};\npub struct B;\n{}",
+            "//\n".repeat(601)
+        ),
+    );
+    let p = problems(&dir).join("\n");
+    let _ = std::fs::remove_dir_all(&dir);
+    for want in [
+        "b.rs has 603 lines",
+        "the leaf resp imports salt",
+        "import cycle between folders",
+        "import cycle in proxy/",
+        "the salt kind salt/kinds/set imports salt/kinds/hll",
+    ] {
+        assert!(p.contains(want), "not caught: {want}\nfound:\n{p}");
+    }
+}
