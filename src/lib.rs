@@ -9,12 +9,13 @@
 //! | `command`  | the command table: key positions, read/write, routing class            |
 //! | `hotkey`   | Count-Min sketch, top-k, windows, aggregation; knows nothing of Redis  |
 //! | `rules`    | hot-key rules (YAML): thresholds, strategies, live reload              |
-//! | `policy`   | decide(command, hot set) -> Action; pure                               |
+//! | `policy`   | decide(command, hot set, salt view) -> Action; pure, table-tested      |
 //! | `mitigate` | combine (batched increments, exact replies); cache (read-hot replies); |
 //! |            | balance (a busy node's hottest keys made read-hot)                     |
-//! | `salt`     | salted keys (counters, sets, HLLs, zsets): merges, registry, fold      |
+//! | `salt`     | salted keys: an engine that knows no kind, the kinds (counters, hashes |
+//! |            | by field, sets, HLLs, zsets) behind one trait, ops, fold, coordinator  |
 //! | `backend`  | nodes, shared pipelined connections, placement, tracking invalidation  |
-//! | `proxy`    | listener, session (read, classify, observe, decide, act, reply)        |
+//! | `proxy`    | listener, session (read, classify, decide, observe, act, reply)        |
 //! | `admin`    | HTTP: /metrics /healthz /readyz /hotkeys /rules                        |
 //! | `config`   | startup settings, units in names, located errors                       |
 //! | `metrics`  | every Prometheus series the proxy exports                              |
@@ -23,13 +24,16 @@
 //! | `top`      | `saltshaker top`: the live terminal view of hot keys                   |
 //!
 //! Imports flow one way: `main -> lib -> proxy, admin, rules::reload`;
-//! `proxy -> resp, command, policy, mitigate, salt, backend, hotkey, metrics`;
-//! `salt -> backend, mitigate, hotkey, rules, resp`;
-//! `policy -> command, hotkey, rules`. Leaves (`resp`, `hotkey`) import nothing of the
-//! crate; `command` imports only `resp::parse_i64` (Redis's integer rule is part of the wire
-//! format, and one parser serves the whole crate). Nothing imports `proxy` or `admin`.
-//! Every wait on a node goes through `backend::ConnHandle::start`/`call` and `Call::wait`,
-//! with a deadline.
+//! `proxy -> policy, mitigate, salt, backend, command, hotkey, rules, resp, metrics`;
+//! `policy -> salt, command, hotkey, rules`; `salt -> mitigate, backend, hotkey, rules,
+//! resp, metrics`; `mitigate -> backend, hotkey, rules, resp, metrics`;
+//! `rules -> config, hotkey`; `config -> backend`; `backend -> resp, metrics`. The leaves (`resp`, `hotkey`,
+//! `metrics`) import nothing of the crate; `command` imports only `resp::parse_i64`
+//! (Redis's integer rule is part of the wire format, and one parser serves the whole
+//! crate). Nothing imports `proxy` or `admin`. Inside `salt/` and `proxy/` the files form
+//! layers (see their module docs). `tests/layout.rs` checks all of this, and that no file
+//! of `src/` is over 600 lines. Every wait on a node goes through
+//! `backend::ConnHandle::start`/`call` and `Call::wait`, with a deadline.
 
 pub mod admin;
 pub mod backend;

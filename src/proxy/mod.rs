@@ -6,6 +6,17 @@
 //!                                                                     ▼
 //!           reply::write_loop ◀── replies in request order ◀── backend connections
 //! ```
+//!
+//! The files form layers; each imports only the layers below it (`tests/layout.rs`):
+//!
+//! - bottom: `ctx` (what every session shares), `tunnel` (the pub/sub pipe), `dedicated`,
+//!   `scan` (cursors), `round` (a round's jobs and reply slots), `order` (the ordering
+//!   rules), `state` (one connection's state, and what a handler returns: `Flow`);
+//! - handlers, given the state: `route` (node jobs, splits, all nodes), `mitigation`
+//!   (combine, cache), `salted` (acting on a salt plan), `local` (commands answered here,
+//!   transactions);
+//! - top: `session` (the read loop: classify, decide, observe, act), `reply` (the writer),
+//!   and this file (the listener and the background tasks).
 
 mod ctx;
 mod dedicated;
