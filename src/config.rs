@@ -207,10 +207,27 @@ impl Config {
         check_addr("listen", &self.listen)?;
         check_addr("admin", &self.admin)?;
         let b = &self.backend;
-        if b.nodes.is_empty() {
+        if let Some(c) = &b.cluster {
+            if !b.nodes.is_empty() {
+                return Err((
+                    "backend.cluster".into(),
+                    "give either backend.nodes (one node or a pool) or backend.cluster, not both"
+                        .into(),
+                ));
+            }
+            if c.seeds.is_empty() {
+                return Err((
+                    "backend.cluster.seeds".into(),
+                    "at least one seed node (HOST:PORT) is required".into(),
+                ));
+            }
+            for (i, s) in c.seeds.iter().enumerate() {
+                check_addr(&format!("backend.cluster.seeds[{i}]"), s)?;
+            }
+        } else if b.nodes.is_empty() {
             return Err((
                 "backend.nodes".into(),
-                "at least one node is required".into(),
+                "at least one node is required (or backend.cluster with seed nodes)".into(),
             ));
         }
         for (i, n) in b.nodes.iter().enumerate() {

@@ -76,7 +76,12 @@ pub async fn run(
     };
     let (listener, admin_listener, successor) = listeners(&cfg, upgrade).await?;
     // Replies may carry any value a node stores; cap them at Redis's own bulk limit.
-    let backend = backend::Backend::new(&cfg.backend, 512 * 1024 * 1024, &metrics)?;
+    let backend = match &cfg.backend.cluster {
+        Some(c) => {
+            backend::Backend::connect_cluster(&cfg.backend, c, 512 * 1024 * 1024, &metrics).await?
+        }
+        None => backend::Backend::new(&cfg.backend, 512 * 1024 * 1024, &metrics)?,
+    };
     let rules = match &cfg.rules {
         Some(p) => rules::Rules::load(p).map_err(|e| e.to_string())?,
         None => rules::Rules::default(),

@@ -24,6 +24,9 @@ struct Cli {
     /// Backend nodes: HOST:PORT[:WEIGHT],... (one node, or a twemproxy-compatible pool).
     #[arg(long)]
     nodes: Option<String>,
+    /// A Redis Cluster behind the proxy: seed nodes HOST:PORT,... (any one that answers).
+    #[arg(long, conflicts_with = "nodes")]
+    cluster: Option<String>,
     /// Admin HTTP address, HOST:PORT.
     #[arg(long)]
     admin: Option<String>,
@@ -228,6 +231,16 @@ fn load(cli: &Cli) -> Result<Config, String> {
             .map(|s| s.trim().to_string())
             .filter(|s| !s.is_empty())
             .collect();
+    }
+    if let Some(v) = &cli.cluster {
+        let seeds = v
+            .split(',')
+            .map(|s| s.trim().to_string())
+            .filter(|s| !s.is_empty())
+            .collect();
+        let c = cfg.backend.cluster.get_or_insert_with(Default::default);
+        c.seeds = seeds;
+        cfg.backend.nodes.clear();
     }
     if let Some(v) = &cli.rules {
         cfg.rules = Some(v.clone());

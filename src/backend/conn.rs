@@ -10,7 +10,7 @@
 
 use std::io::IoSlice;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
@@ -21,8 +21,9 @@ use tokio::net::TcpStream;
 use tokio::sync::{mpsc, oneshot};
 use tokio::time::Instant;
 
+use super::cluster::Cluster;
 use super::{BackendError, Handshake, NodeMetrics};
-use crate::resp::ReplyFramer;
+use crate::resp::{Proto, ReplyFramer};
 
 /// Replies to one job: `ends[i]` is where reply `i` ends in `buf`.
 #[derive(Debug, Clone)]
@@ -76,6 +77,15 @@ pub struct ConnHandle {
 struct Who {
     node: String,
     timeouts: prometheus_client::metrics::counter::Counter,
+    /// The cluster of a cluster node: its calls follow MOVED and ASK (`Cluster::follow`).
+    cluster: Option<Weak<Cluster>>,
+    proto: Proto,
+}
+
+/// What a call to a cluster node needs to follow redirections: the commands again.
+struct Redo {
+    cluster: Arc<Cluster>,
+    data: SmallVec<[Bytes; 4]>,
 }
 
 /// A job in flight: its replies, due by a deadline. The one way the proxy waits on a node,
@@ -85,16 +95,23 @@ pub struct Call {
     /// Set when the job failed before it was queued (its queue was full past the deadline).
     failed: Option<BackendError>,
     who: Arc<Who>,
+    redo: Option<Box<Redo>>,
 }
 
 impl ConnHandle {
     /// Starts the supervisor task for one shared connection.
-    pub fn spawn(hs: Arc<Handshake>, metrics: NodeMetrics) -> ConnHandle {
+    pub fn spawn(
+        hs: Arc<Handshake>,
+        metrics: NodeMetrics,
+        cluster: Option<Weak<Cluster>>,
+    ) -> ConnHandle {
         let (tx, rx) = mpsc::channel(4096);
         let up = Arc::new(AtomicBool::new(false));
         let who = Arc::new(Who {
             node: hs.addr.clone(),
             timeouts: metrics.errors("timeout"),
+            cluster,
+            proto: hs.proto,
         });
         tokio::spawn(supervise(hs, rx, up.clone(), metrics));
         ConnHandle { tx, up, who }
@@ -108,7 +125,32 @@ impl ConnHandle {
     /// returns the call to wait on. Waits for room in the connection's queue until
     /// `deadline` at most: a node that stopped reading fills the queue, and its callers
     /// then get a timeout instead of holding their session forever.
+    ///
+    /// On a cluster node, a reply that redirects (MOVED, ASK, TRYAGAIN, CLUSTERDOWN) is
+    /// followed before `Call::wait` returns, for jobs of one command per buffer (a
+    /// transaction sent as one buffer gets the node's reply as it is).
     pub async fn start(
+        &self,
+        data: SmallVec<[Bytes; 4]>,
+        count: u32,
+        deadline: Option<Instant>,
+    ) -> Call {
+        let redo = match &self.who.cluster {
+            Some(c) if data.len() == count as usize => c.upgrade().map(|cluster| {
+                Box::new(Redo {
+                    cluster,
+                    data: data.clone(),
+                })
+            }),
+            _ => None,
+        };
+        let mut call = self.start_direct(data, count, deadline).await;
+        call.redo = redo;
+        call
+    }
+
+    /// `start`, with replies given as the node sent them (no redirection followed).
+    pub async fn start_direct(
         &self,
         data: SmallVec<[Bytes; 4]>,
         count: u32,
@@ -140,7 +182,19 @@ impl ConnHandle {
             rx: failed.is_none().then_some(rx),
             failed,
             who: self.who.clone(),
+            redo: None,
         }
+    }
+
+    /// `call` without following redirections (the cluster's own questions and hops).
+    pub async fn call_direct(
+        &self,
+        data: SmallVec<[Bytes; 4]>,
+        count: u32,
+        deadline: Option<Instant>,
+    ) -> Result<Replies, BackendError> {
+        let mut call = self.start_direct(data, count, deadline).await;
+        call.wait_direct(deadline).await
     }
 
     /// Sends `count` commands and waits for their replies until `deadline`.
@@ -157,9 +211,34 @@ impl ConnHandle {
 impl Call {
     /// The replies, or why there are none: the node did not answer by `deadline` (counted
     /// as a `timeout` error of the node), or its connection broke with the job in flight.
-    pub async fn wait(self, deadline: Option<Instant>) -> Result<Replies, BackendError> {
-        let Some(rx) = self.rx else {
-            return Err(self.failed.unwrap_or(BackendError::Closed));
+    pub async fn wait(mut self, deadline: Option<Instant>) -> Result<Replies, BackendError> {
+        let redo = self.redo.take();
+        let r = self.wait_direct(deadline).await;
+        let Some(redo) = redo else {
+            return r;
+        };
+        match r {
+            Ok(replies) => Ok(redo
+                .cluster
+                .follow(
+                    replies,
+                    &redo.data,
+                    self.who.proto,
+                    &self.who.node,
+                    deadline,
+                )
+                .await),
+            Err(e) => {
+                // The node may have failed over: read the map again soon.
+                redo.cluster.stale();
+                Err(e)
+            }
+        }
+    }
+
+    async fn wait_direct(&mut self, deadline: Option<Instant>) -> Result<Replies, BackendError> {
+        let Some(rx) = self.rx.take() else {
+            return Err(self.failed.take().unwrap_or(BackendError::Closed));
         };
         let r = match deadline {
             Some(d) => match tokio::time::timeout_at(d, rx).await {

@@ -2,17 +2,19 @@
 //!
 //! `Backend` is the one interface the session talks to: `node_for(key)` places a key,
 //! `node(i)` gives the node's shared pipelined connections (per protocol and database,
-//! created on first use) and its handshake for dedicated connections. Two topologies sit
-//! behind it today: a single node, and a twemproxy-compatible pool (`placement`). Redis
-//! Cluster fits the same shape: `node_for` becomes a slot lookup and a MOVED/ASK reply is
-//! handled by the node's connection before the session sees it.
+//! created on first use) and its handshake for dedicated connections. Three topologies
+//! sit behind it: a single node, a twemproxy-compatible pool (`placement`), and a Redis
+//! Cluster (`cluster`, `slots`), where `node_for` is a slot lookup and a MOVED or ASK
+//! reply is followed by the node's call before the session sees it.
 
+pub mod cluster;
 mod conn;
 pub mod placement;
+pub mod slots;
 pub mod tracking;
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock, Weak};
 use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
@@ -50,6 +52,8 @@ pub struct BackendConfig {
     /// Backend AUTH: password alone, or ACL user and password.
     pub username: Option<String>,
     pub password: Option<String>,
+    /// A Redis Cluster instead of `nodes`.
+    pub cluster: Option<ClusterConfig>,
 }
 
 impl Default for BackendConfig {
@@ -66,6 +70,26 @@ impl Default for BackendConfig {
             reconnect_max_ms: 2000,
             username: None,
             password: None,
+            cluster: None,
+        }
+    }
+}
+
+/// A Redis Cluster behind the proxy (`backend.cluster`, `--cluster`).
+#[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct ClusterConfig {
+    /// Nodes to learn the map from, `host:port`; any one that answers will do.
+    pub seeds: Vec<String>,
+    /// How often the map is read again when nothing asks for it sooner.
+    pub refresh_ms: u64,
+}
+
+impl Default for ClusterConfig {
+    fn default() -> Self {
+        ClusterConfig {
+            seeds: Vec::new(),
+            refresh_ms: 1000,
         }
     }
 }
@@ -224,6 +248,8 @@ pub struct Node {
     per_node: usize,
     pub metrics: NodeMetrics,
     conns: ConnSets,
+    /// The cluster this node belongs to, if any: its calls follow redirections.
+    cluster: OnceLock<Weak<cluster::Cluster>>,
 }
 
 impl Node {
@@ -234,7 +260,10 @@ impl Node {
             .or_insert_with(|| {
                 let hs = Arc::new(self.handshake(proto, db));
                 (0..self.per_node)
-                    .map(|_| ConnHandle::spawn(hs.clone(), self.metrics.clone()))
+                    .map(|_| {
+                        let c = self.cluster.get().cloned();
+                        ConnHandle::spawn(hs.clone(), self.metrics.clone(), c)
+                    })
                     .collect()
             })
             .clone()
@@ -254,9 +283,43 @@ impl Node {
     }
 }
 
+impl Node {
+    fn new(
+        cfg: &BackendConfig,
+        addr: String,
+        index: usize,
+        max_reply_bulk: usize,
+        metrics: &Metrics,
+    ) -> Node {
+        let base = Handshake {
+            addr: addr.clone(),
+            proto: Proto::Resp2,
+            db: 0,
+            username: cfg.username.clone(),
+            password: cfg.password.clone(),
+            connect_timeout: Duration::from_millis(cfg.connect_timeout_ms),
+            reconnect_min_ms: cfg.reconnect_min_ms,
+            reconnect_max_ms: cfg.reconnect_max_ms,
+            max_reply_bulk,
+            tracking_redirect: None,
+        };
+        Node {
+            metrics: NodeMetrics::new(metrics, &addr),
+            addr,
+            index,
+            base,
+            per_node: cfg.connections_per_node,
+            conns: Mutex::new(HashMap::new()),
+            cluster: OnceLock::new(),
+        }
+    }
+}
+
 /// The set of nodes and the rule that places keys on them.
 pub struct Backend {
     nodes: Vec<Arc<Node>>,
+    /// Set for a Redis Cluster: the slot map (then `placement` is None).
+    cluster: Option<Arc<cluster::Cluster>>,
     /// The single node's `databases` setting (SELECT range), learnt on first connect.
     databases: Arc<std::sync::atomic::AtomicU32>,
     /// Shared with the cache's invalidation callbacks, which run on other tasks.
@@ -276,26 +339,7 @@ impl Backend {
         let mut nodes = Vec::new();
         for (i, line) in cfg.nodes.iter().enumerate() {
             let (addr, spec) = placement::parse_server(line)?;
-            let base = Handshake {
-                addr: addr.clone(),
-                proto: Proto::Resp2,
-                db: 0,
-                username: cfg.username.clone(),
-                password: cfg.password.clone(),
-                connect_timeout: Duration::from_millis(cfg.connect_timeout_ms),
-                reconnect_min_ms: cfg.reconnect_min_ms,
-                reconnect_max_ms: cfg.reconnect_max_ms,
-                max_reply_bulk,
-                tracking_redirect: None,
-            };
-            let node = Node {
-                metrics: NodeMetrics::new(metrics, &addr),
-                addr,
-                index: i,
-                base,
-                per_node: cfg.connections_per_node,
-                conns: Mutex::new(HashMap::new()),
-            };
+            let node = Node::new(cfg, addr, i, max_reply_bulk, metrics);
             node.conns(Proto::Resp2, 0);
             nodes.push(Arc::new(node));
             specs.push(spec);
@@ -328,10 +372,83 @@ impl Backend {
         }
         Ok(Backend {
             nodes,
+            cluster: None,
             placement,
             request_timeout,
             databases,
         })
+    }
+
+    /// A Redis Cluster backend: reads the map from the first seed that answers, makes a
+    /// node of every master and replica it names, and keeps the map current in a task.
+    pub async fn connect_cluster(
+        cfg: &BackendConfig,
+        cc: &ClusterConfig,
+        max_reply_bulk: usize,
+        metrics: &Metrics,
+    ) -> Result<Backend, String> {
+        let topo = discover(cfg, cc, max_reply_bulk).await?;
+        // Every node the map names, and the seeds (a node the answering seed has not
+        // heard of yet is still one of the cluster's).
+        let mut addrs = topo.addrs();
+        for s in &cc.seeds {
+            if !addrs.contains(s) {
+                addrs.push(s.clone());
+            }
+        }
+        let nodes: Vec<Arc<Node>> = addrs
+            .into_iter()
+            .enumerate()
+            .map(|(i, a)| Arc::new(Node::new(cfg, a, i, max_reply_bulk, metrics)))
+            .collect();
+        let c = cluster::Cluster::new(
+            nodes.clone(),
+            topo,
+            Duration::from_millis(cc.refresh_ms.max(100)),
+        );
+        for n in &nodes {
+            let _ = n.cluster.set(Arc::downgrade(&c));
+            n.conns(Proto::Resp2, 0);
+        }
+        tokio::spawn(c.clone().run());
+        let request_timeout =
+            (cfg.request_timeout_ms > 0).then(|| Duration::from_millis(cfg.request_timeout_ms));
+        Ok(Backend {
+            nodes,
+            cluster: Some(c),
+            placement: None,
+            request_timeout,
+            databases: Arc::new(std::sync::atomic::AtomicU32::new(1)),
+        })
+    }
+
+    /// The cluster's map, for a Redis Cluster backend.
+    pub fn cluster(&self) -> Option<&Arc<cluster::Cluster>> {
+        self.cluster.as_ref()
+    }
+
+    /// Where `key` goes: its group (the slot on a cluster, where keys of one command must
+    /// share a slot; the node otherwise) and its node.
+    #[inline]
+    pub fn group_of(&self, key: &[u8]) -> (u32, usize) {
+        match &self.cluster {
+            Some(c) => {
+                let slot = slots::slot_of(key);
+                (slot as u32, c.owner(slot))
+            }
+            None => {
+                let n = self.node_for(key);
+                (n as u32, n)
+            }
+        }
+    }
+
+    /// The nodes that together hold every key: all nodes, or a cluster's masters.
+    pub fn masters(&self) -> Vec<usize> {
+        match &self.cluster {
+            Some(c) => c.masters().to_vec(),
+            None => (0..self.nodes.len()).collect(),
+        }
     }
 
     /// The pool's placement (None for a single node).
@@ -342,6 +459,9 @@ impl Backend {
     /// The index of the node that owns `key`.
     #[inline]
     pub fn node_for(&self, key: &[u8]) -> usize {
+        if let Some(c) = &self.cluster {
+            return c.node_for(key);
+        }
         match &self.placement {
             Some(p) => p.node_for(key),
             None => 0,
@@ -366,7 +486,7 @@ impl Backend {
 
     /// One node is the whole keyspace: SELECT and every database work.
     pub fn is_single(&self) -> bool {
-        self.nodes.len() == 1
+        self.nodes.len() == 1 && self.cluster.is_none()
     }
 
     /// How many databases SELECT may choose from (a single node's `databases`).
@@ -374,9 +494,16 @@ impl Backend {
         self.databases.load(std::sync::atomic::Ordering::Relaxed)
     }
 
-    /// The first node whose connection is up, for keyless commands.
+    /// The first node whose connection is up, for keyless commands (a master, on a
+    /// cluster).
     pub fn any_node(&self) -> usize {
-        self.nodes.iter().position(|n| n.is_up()).unwrap_or(0)
+        let masters = self.masters();
+        masters
+            .iter()
+            .copied()
+            .find(|&i| self.nodes[i].is_up())
+            .or(masters.first().copied())
+            .unwrap_or(0)
     }
 }
 
@@ -385,6 +512,58 @@ pub fn wire<A: AsRef<[u8]>>(args: &[A]) -> Bytes {
     let mut out = BytesMut::new();
     encode_command(args, &mut out);
     out.freeze()
+}
+
+/// The cluster's map from the first seed that answers.
+async fn discover(
+    cfg: &BackendConfig,
+    cc: &ClusterConfig,
+    max_reply_bulk: usize,
+) -> Result<slots::Topology, String> {
+    let mut last = String::from("no seed nodes given");
+    for seed in &cc.seeds {
+        let hs = Handshake {
+            addr: seed.clone(),
+            proto: Proto::Resp2,
+            db: 0,
+            username: cfg.username.clone(),
+            password: cfg.password.clone(),
+            connect_timeout: Duration::from_millis(cfg.connect_timeout_ms),
+            reconnect_min_ms: cfg.reconnect_min_ms,
+            reconnect_max_ms: cfg.reconnect_max_ms,
+            max_reply_bulk,
+            tracking_redirect: None,
+        };
+        let ask = |cmd: &'static [&'static str]| {
+            let hs = &hs;
+            async move {
+                let mut d = Dedicated::open(hs).await.map_err(|e| e.to_string())?;
+                let r = d.call(&[wire(cmd)], 1).await.map_err(|e| e.to_string())?;
+                match crate::resp::parse_value(&r.get(0)) {
+                    Ok(Some((v, _))) => Ok(v),
+                    _ => Err("unreadable reply".to_string()),
+                }
+            }
+        };
+        let topo = match ask(&["CLUSTER", "SHARDS"]).await {
+            Ok(crate::resp::Value::Error(_)) => match ask(&["CLUSTER", "SLOTS"]).await {
+                Ok(crate::resp::Value::Error(e)) => Err(String::from_utf8_lossy(&e).into_owned()),
+                Ok(v) => slots::parse_slots(&v),
+                Err(e) => Err(e),
+            },
+            Ok(v) => slots::parse_shards(&v),
+            Err(e) => Err(e),
+        };
+        match topo {
+            Ok(t) if t.covered() > 0 => {
+                tracing::info!(seed = %seed, masters = t.shards.len(), slots = t.covered(), "read the cluster map");
+                return Ok(t);
+            }
+            Ok(_) => last = format!("{seed}: the cluster owns no slots (is it created?)"),
+            Err(e) => last = format!("{seed}: {e}"),
+        }
+    }
+    Err(format!("cannot read the Redis Cluster map: {last}"))
 }
 
 /// Asks the node for its `databases` setting, retrying until it answers, so SELECT is

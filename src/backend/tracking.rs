@@ -233,7 +233,7 @@ impl Filler {
                         tracking_redirect: Some(id),
                         ..hs.clone()
                     };
-                    ConnHandle::spawn(Arc::new(hs), metrics.clone())
+                    ConnHandle::spawn(Arc::new(hs), metrics.clone(), None)
                 });
                 // The old connection closes once the fills using it finish.
                 *cur.lock().unwrap_or_else(|p| p.into_inner()) = id.zip(conn.clone());

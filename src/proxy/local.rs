@@ -3,6 +3,7 @@
 
 use bytes::{Bytes, BytesMut};
 
+use super::as_cluster;
 use super::dedicated::DedicatedWorker;
 use super::round::{Merge, RoundBuilder, Slot};
 use super::route::{keys_node, push, push_n};
@@ -41,7 +42,12 @@ pub fn handle(s: &mut Session, req: &Request, c: &Classified, rb: &mut RoundBuil
             ready(rb, OK);
             return Flow::Close;
         }
-        "READONLY" | "READWRITE" => encode_simple("OK", &mut out),
+        "ASKING" | "READONLY" | "READWRITE" => {
+            out.extend_from_slice(&as_cluster::answer(s, req, c.spec.name))
+        }
+        name if name.starts_with("CLUSTER ") => {
+            out.extend_from_slice(&as_cluster::answer(s, req, name))
+        }
         "AUTH" => {
             let pass = req.arg(req.argc() - 1);
             match check_auth(s, pass) {

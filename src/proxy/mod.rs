@@ -18,6 +18,7 @@
 //! - top: `session` (the read loop: classify, decide, observe, act), `reply` (the writer),
 //!   and this file (the listener and the background tasks).
 
+mod as_cluster;
 mod ctx;
 mod dedicated;
 mod local;

@@ -11,9 +11,26 @@ use super::state::{err_bytes, Session};
 use crate::command::{Agg, Classified, Split};
 use crate::resp::Request;
 
-/// The node of every key of a keyed command, or the error a client sees when they span nodes.
+/// The node of every key of a keyed command, or the error a client sees when they span
+/// nodes (on a cluster: slots, with Redis Cluster's own CROSSSLOT error).
 pub fn keys_node(s: &Session, req: &Request, c: &Classified) -> Result<usize, Bytes> {
     let b = &s.ctx.backend;
+    if b.cluster().is_some() {
+        let mut group = None;
+        for &k in &c.keys {
+            let g = b.group_of(req.arg(k as usize));
+            match group {
+                None => group = Some(g),
+                Some((slot, _)) if slot != g.0 => {
+                    return Err(err_bytes(
+                        "CROSSSLOT Keys in request don't hash to the same slot",
+                    ))
+                }
+                _ => {}
+            }
+        }
+        return Ok(group.map_or_else(|| b.any_node(), |(_, n)| n));
+    }
     let mut node: Option<usize> = None;
     for &k in &c.keys {
         let n = b.node_for(req.arg(k as usize));
@@ -67,12 +84,15 @@ pub(super) fn split(
 ) {
     let b = &s.ctx.backend;
     let step = if matches!(kind, Split::Mset) { 2 } else { 1 };
-    // Group key positions by node, keeping request order inside each group.
-    let mut groups: SmallVec<[(usize, Vec<u32>); 4]> = SmallVec::new();
+    // Group key positions by node (by slot, on a cluster), keeping request order inside
+    // each group.
+    // ((group, node), key positions)
+    type Groups = SmallVec<[((u32, usize), Vec<u32>); 4]>;
+    let mut groups: Groups = SmallVec::new();
     let mut order: Vec<(u16, u32)> = Vec::with_capacity(c.keys.len());
     for &k in &c.keys {
-        let n = b.node_for(req.arg(k as usize));
-        let g = match groups.iter().position(|(m, _)| *m == n) {
+        let n = b.group_of(req.arg(k as usize));
+        let g = match groups.iter().position(|(m, _)| m.0 == n.0) {
             Some(g) => g,
             None => {
                 groups.push((n, Vec::new()));
@@ -88,7 +108,7 @@ pub(super) fn split(
     }
     let name = req.arg(0);
     let mut parts = Vec::with_capacity(groups.len());
-    for (node, keys) in &groups {
+    for ((_, node), keys) in &groups {
         let mut args: Vec<&[u8]> = Vec::with_capacity(1 + keys.len() * step);
         args.push(name);
         for &k in keys {
@@ -114,14 +134,19 @@ pub(super) fn all_nodes(
     agg: Agg,
     rb: &mut RoundBuilder,
 ) {
-    let nodes = s.ctx.backend.len();
     if let Agg::First = agg {
         let node = s.ctx.backend.any_node();
         let part = push(s, rb, node, req.wire());
         rb.slots.push(Slot::Reply(part));
         return;
     }
-    let parts: Vec<Part> = (0..nodes).map(|n| push(s, rb, n, req.wire())).collect();
+    let parts: Vec<Part> = s
+        .ctx
+        .backend
+        .masters()
+        .into_iter()
+        .map(|n| push(s, rb, n, req.wire()))
+        .collect();
     let merge = match agg {
         Agg::SumInt => Merge::SumInt(parts),
         Agg::AllOk => Merge::AllOk(parts),
@@ -133,8 +158,11 @@ pub(super) fn all_nodes(
     rb.slots.push(Slot::Merge(Box::new(merge)));
 }
 
+/// SCAN walks the nodes that hold the keys (a cluster's masters) one after another; the
+/// cursor carries the place in that list.
 pub(super) fn scan_one(s: &mut Session, req: &Request, rb: &mut RoundBuilder) {
-    let nodes = s.ctx.backend.len();
+    let masters = s.ctx.backend.masters();
+    let nodes = masters.len().max(1);
     let cursor = std::str::from_utf8(req.arg(1))
         .ok()
         .and_then(|c| c.parse::<u64>().ok());
@@ -145,7 +173,8 @@ pub(super) fn scan_one(s: &mut Session, req: &Request, rb: &mut RoundBuilder) {
     let (node, backend_cursor) = scan::decode_cursor(cursor, nodes);
     let mut args: Vec<Bytes> = (0..req.argc()).map(|i| req.arg_bytes(i)).collect();
     args[1] = Bytes::from(backend_cursor.to_string());
-    let part = push(s, rb, node, crate::backend::wire(&args));
+    let target = masters.get(node).copied().unwrap_or(0);
+    let part = push(s, rb, target, crate::backend::wire(&args));
     rb.slots
         .push(Slot::Merge(Box::new(Merge::Scan { part, node, nodes })));
 }

@@ -333,7 +333,11 @@ async fn handle(s: &mut Session, req: Request, rb: &mut RoundBuilder) -> Flow {
         Route::Scan => scan_one(s, &req, rb),
         Route::Kill => super::route::kill(s, &req, rb),
         Route::RandomKey => {
-            let parts = (0..s.ctx.backend.len())
+            let parts = s
+                .ctx
+                .backend
+                .masters()
+                .into_iter()
                 .map(|n| push(s, rb, n, req.wire()))
                 .collect();
             rb.slots

@@ -11,6 +11,7 @@ use std::process::{Child, Command, ExitStatus, Output, Stdio};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
+pub mod cluster;
 pub mod salting;
 
 pub const BIN: &str = env!("CARGO_BIN_EXE_saltshaker");
@@ -140,6 +141,11 @@ impl Redis {
     }
 
     pub fn start_with(args: &[&str]) -> Redis {
+        Redis::start_on(args, free_port)
+    }
+
+    /// `start_with`, taking ports from `port` (a cluster node needs port + 10000 free).
+    pub fn start_on(args: &[&str], port: fn() -> u16) -> Redis {
         let dir = temp_dir("redis");
         let mut r = Redis {
             port: 0,
@@ -150,7 +156,7 @@ impl Redis {
         // A port picked by free_port() can be taken by a parallel test before
         // redis-server binds it: pick again rather than fail.
         for _ in 0..5 {
-            r.port = free_port();
+            r.port = port();
             if r.spawn() {
                 return r;
             }
@@ -366,6 +372,11 @@ impl Proxy {
         Proxy::launch_env(node_list, yaml, extra_args, &[])
     }
 
+    /// A proxy in front of a Redis Cluster, given its seed nodes (`--cluster`).
+    pub fn start_cluster(seeds: &str, extra_args: &[&str]) -> Proxy {
+        Proxy::launch_env(vec![format!("cluster:{seeds}")], None, extra_args, &[])
+    }
+
     fn launch_env(
         node_list: Vec<String>,
         yaml: Option<&str>,
@@ -391,7 +402,12 @@ impl Proxy {
                 std::fs::write(&path, text).expect("write config");
                 cmd.arg("--config").arg(&path);
             }
-            cmd.args(["--listen", &listen, "--admin", &admin, "--nodes", &node_arg])
+            let backend = match node_arg.strip_prefix("cluster:") {
+                Some(seeds) => ["--cluster", seeds],
+                None => ["--nodes", &node_arg],
+            };
+            cmd.args(["--listen", &listen, "--admin", &admin])
+                .args(backend)
                 .args(extra_args)
                 .envs(env.iter().copied())
                 .stdin(Stdio::null())

@@ -1,0 +1,337 @@
+//! A Redis Cluster backend: which node owns each of the 16384 slots, kept current, and
+//! the redirections a node answers with followed so that clients never see them.
+//!
+//! - The map is read from `CLUSTER SHARDS` (`CLUSTER SLOTS` on servers before 7) at start
+//!   and by `run`: on a timer, after a MOVED, and after a node's connection fails, at most
+//!   once per `MIN_REFRESH` however many ask (a storm of MOVED replies is one refresh).
+//! - A MOVED reply updates the slot at once and the command is sent to the new owner; an
+//!   ASK reply sends it once to the importing node after `ASKING`, leaving the map alone;
+//!   TRYAGAIN and CLUSTERDOWN are retried with backoff until the command's deadline
+//!   (`follow`). Only then does the client get the node's error.
+//! - The nodes are those the cluster announced at start (masters and replicas), so a
+//!   failover to a known replica is followed; a node added later is not used until the
+//!   proxy restarts (the MOVED error that names it says so).
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU16, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use arc_swap::ArcSwap;
+use bytes::{Bytes, BytesMut};
+use smallvec::{smallvec, SmallVec};
+use tokio::sync::Notify;
+use tokio::time::Instant;
+
+use super::slots::{self, redirect, Redirect, Topology, SLOTS};
+use super::{pick, wire, BackendError, Node, Replies};
+use crate::resp::{parse_value, Proto};
+
+/// No slot owner known.
+const NONE: u16 = u16::MAX;
+/// The least time between two reads of the map.
+pub const MIN_REFRESH: Duration = Duration::from_millis(100);
+/// Redirections followed for one command before its last reply is given to the client.
+const MAX_HOPS: usize = 5;
+
+/// The slot map and the nodes of one cluster.
+pub struct Cluster {
+    /// Owner (node index) of each slot.
+    slots: Box<[AtomicU16]>,
+    nodes: Vec<Arc<Node>>,
+    by_addr: HashMap<String, usize>,
+    /// Node indices of the masters now, in slot order.
+    masters: ArcSwap<Vec<usize>>,
+    /// The map as last read, for `CLUSTER` answers and logs.
+    topology: ArcSwap<Topology>,
+    wake: Notify,
+    last_refresh: Mutex<Option<Instant>>,
+    pub refresh_every: Duration,
+}
+
+impl Cluster {
+    /// The cluster over `nodes` (every node the map names), owning slots as `topo` says.
+    pub fn new(nodes: Vec<Arc<Node>>, topo: Topology, refresh_every: Duration) -> Arc<Cluster> {
+        let by_addr = nodes
+            .iter()
+            .enumerate()
+            .map(|(i, n)| (n.addr.clone(), i))
+            .collect();
+        let c = Arc::new(Cluster {
+            slots: (0..SLOTS).map(|_| AtomicU16::new(NONE)).collect(),
+            nodes,
+            by_addr,
+            masters: ArcSwap::from_pointee(Vec::new()),
+            topology: ArcSwap::from_pointee(Topology::default()),
+            wake: Notify::new(),
+            last_refresh: Mutex::new(None),
+            refresh_every,
+        });
+        c.apply(topo);
+        c
+    }
+
+    /// The node that owns `key`'s slot (node 0 while a slot has no owner: it answers
+    /// CLUSTERDOWN, which is retried).
+    #[inline]
+    pub fn node_for(&self, key: &[u8]) -> usize {
+        self.owner(slots::slot_of(key))
+    }
+
+    pub fn owner(&self, slot: u16) -> usize {
+        match self.slots[slot as usize].load(Ordering::Relaxed) {
+            NONE => 0,
+            n => n as usize,
+        }
+    }
+
+    /// The masters now, in slot order: where all-node commands go.
+    pub fn masters(&self) -> Arc<Vec<usize>> {
+        self.masters.load_full()
+    }
+
+    pub fn topology(&self) -> Arc<Topology> {
+        self.topology.load_full()
+    }
+
+    pub fn index_of(&self, addr: &str) -> Option<usize> {
+        self.by_addr.get(addr).copied()
+    }
+
+    /// Takes a map read from a node; returns what changed, for the log.
+    fn apply(&self, topo: Topology) -> Vec<String> {
+        let mut changed = Vec::new();
+        let mut masters = Vec::new();
+        let mut owner = vec![NONE; SLOTS];
+        for shard in &topo.shards {
+            let Some(i) = self.index_of(&shard.master.addr) else {
+                changed.push(format!(
+                    "master {} is not a node this proxy knows (it started before the node \
+                     joined); its slots are not served until the proxy restarts",
+                    shard.master.addr
+                ));
+                continue;
+            };
+            if !masters.contains(&i) {
+                masters.push(i);
+            }
+            for &(a, b) in &shard.slots {
+                for s in a..=b {
+                    owner[s as usize] = i as u16;
+                }
+            }
+        }
+        // In slot order, whichever node told the map.
+        masters.sort_by_key(|&i| owner.iter().position(|&o| o == i as u16));
+        let mut moved = 0;
+        for (s, &o) in owner.iter().enumerate() {
+            if self.slots[s].swap(o, Ordering::Relaxed) != o {
+                moved += 1;
+            }
+        }
+        if moved > 0 {
+            changed.push(format!("{moved} slots changed owner"));
+        }
+        let old = self.masters.load();
+        if **old != masters {
+            let names: Vec<&str> = masters.iter().map(|&i| &self.nodes[i].addr[..]).collect();
+            changed.push(format!("masters are now {}", names.join(", ")));
+            self.masters.store(Arc::new(masters));
+        }
+        self.topology.store(Arc::new(topo));
+        changed
+    }
+
+    /// Asks for a refresh of the map soon (a MOVED, a node's connection failed).
+    pub fn stale(&self) {
+        self.wake.notify_one();
+    }
+
+    /// A MOVED reply: `slot` is on `addr` now. Returns that node's index.
+    fn moved(&self, slot: u16, addr: &str) -> Option<usize> {
+        let i = self.index_of(addr)?;
+        self.slots[slot as usize].store(i as u16, Ordering::Relaxed);
+        self.stale();
+        Some(i)
+    }
+
+    /// Reads the map from the first node that answers (masters first).
+    pub async fn read_map(&self, deadline: Duration) -> Result<Topology, String> {
+        let masters = self.masters();
+        let order = masters
+            .iter()
+            .copied()
+            .chain((0..self.nodes.len()).filter(|i| !masters.contains(i)));
+        let mut last = String::from("no node to ask");
+        for i in order {
+            let conns = self.nodes[i].conns(Proto::Resp2, 0);
+            match read_map_from(&pick(&conns, 0), deadline).await {
+                Ok(t) if t.covered() > 0 => return Ok(t),
+                Ok(_) => last = format!("{}: it owns no slots", self.nodes[i].addr),
+                Err(e) => last = format!("{}: {e}", self.nodes[i].addr),
+            }
+        }
+        Err(last)
+    }
+
+    /// Keeps the map current until the process ends: every `refresh_every`, and soon after
+    /// `stale`, never more often than `MIN_REFRESH`.
+    pub async fn run(self: Arc<Cluster>) {
+        loop {
+            let _ = tokio::time::timeout(self.refresh_every, self.wake.notified()).await;
+            let since = self
+                .last_refresh
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .map(|t| t.elapsed());
+            if let Some(since) = since.filter(|&s| s < MIN_REFRESH) {
+                tokio::time::sleep(MIN_REFRESH - since).await;
+            }
+            *self.last_refresh.lock().unwrap_or_else(|p| p.into_inner()) = Some(Instant::now());
+            match self.read_map(Duration::from_secs(1)).await {
+                Ok(t) => {
+                    for c in self.apply(t) {
+                        tracing::info!(change = %c, "cluster map changed");
+                    }
+                }
+                Err(e) => tracing::warn!(error = %e, "could not read the cluster map"),
+            }
+        }
+    }
+
+    /// Follows the redirections in `replies` to the commands `data` (one command each):
+    /// each redirected command is sent where the cluster says, until it gets a reply that
+    /// is not a redirection, `MAX_HOPS` are used, or `deadline` passes.
+    pub async fn follow(
+        &self,
+        replies: Replies,
+        data: &[Bytes],
+        proto: Proto,
+        from: &str,
+        deadline: Option<Instant>,
+    ) -> Replies {
+        if !(0..replies.len()).any(|i| is_redirect(&replies, i)) {
+            return replies;
+        }
+        let mut out = BytesMut::with_capacity(replies.buf.len());
+        let mut ends = SmallVec::new();
+        for (i, cmd) in data.iter().enumerate().take(replies.len()) {
+            let mut reply = replies.get(i);
+            let mut at = from.to_string();
+            for hop in 0..MAX_HOPS {
+                let Some(r) = redirect(&reply) else {
+                    break;
+                };
+                match self.resend(&r, cmd, proto, &at, hop, deadline).await {
+                    Some((next, node)) => {
+                        reply = next;
+                        at = node;
+                    }
+                    None => break,
+                }
+            }
+            out.extend_from_slice(&reply);
+            ends.push(out.len() as u32);
+        }
+        Replies {
+            buf: out.freeze(),
+            ends,
+        }
+    }
+
+    /// One hop: the reply of `cmd` sent where redirection `r` (answered by `at`) says, and
+    /// the node that gave it. None when there is nowhere to send it (an unknown node, the
+    /// deadline): the redirection is then the client's reply.
+    async fn resend(
+        &self,
+        r: &Redirect,
+        cmd: &Bytes,
+        proto: Proto,
+        at: &str,
+        hop: usize,
+        deadline: Option<Instant>,
+    ) -> Option<(Bytes, String)> {
+        // `MOVED 3999 :6381`: a node that does not know its own address.
+        let resolve = |addr: &str| match addr.strip_prefix(':') {
+            Some(port) => format!("{}:{port}", at.rsplit_once(':').map_or(at, |(h, _)| h)),
+            None => addr.to_string(),
+        };
+        let (node, data, want): (usize, SmallVec<[Bytes; 4]>, usize) = match r {
+            Redirect::Moved { slot, addr } => {
+                let node = match self.moved(*slot, &resolve(addr)) {
+                    Some(n) => n,
+                    None => {
+                        tracing::warn!(slot, node = %addr, "MOVED to a node this proxy does not know; restart the proxy to use it");
+                        return None;
+                    }
+                };
+                (node, smallvec![cmd.clone()], 0)
+            }
+            Redirect::Ask { addr, .. } => {
+                let node = self.index_of(&resolve(addr))?;
+                // ASKING holds for the next command on the connection: one job writes both.
+                (node, smallvec![slots::asking(), cmd.clone()], 1)
+            }
+            Redirect::Retry => {
+                // TRYAGAIN (a multi-key command during a migration) or CLUSTERDOWN (a
+                // failover): wait a little, then ask the node that answered again.
+                let pause = Duration::from_millis(10 << hop.min(4));
+                if deadline.is_some_and(|d| Instant::now() + pause >= d) {
+                    return None;
+                }
+                self.stale();
+                tokio::time::sleep(pause).await;
+                (self.index_of(at)?, smallvec![cmd.clone()], 0)
+            }
+        };
+        let n = &self.nodes[node];
+        let count = data.len() as u32;
+        let conn = pick(&n.conns(proto, 0), hop);
+        match conn.call_direct(data, count, deadline).await {
+            Ok(r) if r.len() > want => Some((r.get(want), n.addr.clone())),
+            Ok(_) => None,
+            Err(e) => Some((error_reply(&e), n.addr.clone())),
+        }
+    }
+}
+
+fn is_redirect(r: &Replies, i: usize) -> bool {
+    let b = r.get(i);
+    b.first() == Some(&b'-') && redirect(&b).is_some()
+}
+
+fn error_reply(e: &BackendError) -> Bytes {
+    let mut out = BytesMut::new();
+    crate::resp::encode_error(&format!("ERR saltshaker: {e}"), &mut out);
+    out.freeze()
+}
+
+/// `CLUSTER SHARDS` from one node, or `CLUSTER SLOTS` where SHARDS is unknown.
+async fn read_map_from(conn: &super::ConnHandle, timeout: Duration) -> Result<Topology, String> {
+    let deadline = Some(Instant::now() + timeout);
+    let ask = |cmd: &'static [&'static str]| {
+        let data = smallvec![wire(cmd)];
+        conn.call_direct(data, 1, deadline)
+    };
+    let r = ask(&["CLUSTER", "SHARDS"])
+        .await
+        .map_err(|e| e.to_string())?;
+    let v = value(&r.get(0))?;
+    if !matches!(v, crate::resp::Value::Error(_)) {
+        return slots::parse_shards(&v);
+    }
+    let r = ask(&["CLUSTER", "SLOTS"])
+        .await
+        .map_err(|e| e.to_string())?;
+    match value(&r.get(0))? {
+        crate::resp::Value::Error(e) => Err(String::from_utf8_lossy(&e).into_owned()),
+        v => slots::parse_slots(&v),
+    }
+}
+
+fn value(raw: &[u8]) -> Result<crate::resp::Value, String> {
+    match parse_value(raw) {
+        Ok(Some((v, _))) => Ok(v),
+        _ => Err("unreadable reply".into()),
+    }
+}

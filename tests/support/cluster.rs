@@ -1,0 +1,243 @@
+//! A real Redis Cluster for the tests: `redis-server --cluster-enabled yes` processes on
+//! loopback ports whose bus ports (port + 10000) are free too, joined by
+//! `redis-cli --cluster create ... --cluster-replicas R`.
+
+use std::process::Command;
+use std::thread;
+use std::time::{Duration, Instant};
+
+use super::*;
+
+/// A port below 55536 whose cluster bus port (+10000) is free as well.
+pub fn cluster_port() -> u16 {
+    static NEXT: AtomicUsize = AtomicUsize::new(0);
+    let base = 20000 + (std::process::id() as usize * 97) % 20000;
+    loop {
+        let n = NEXT.fetch_add(1, Ordering::Relaxed);
+        let port = (base + n * 7) % 35000 + 20000;
+        if TcpListener::bind(("127.0.0.1", port as u16)).is_ok()
+            && TcpListener::bind(("127.0.0.1", port as u16 + 10000)).is_ok()
+        {
+            return port as u16;
+        }
+    }
+}
+
+pub struct RedisCluster {
+    pub nodes: Vec<Redis>,
+}
+
+impl RedisCluster {
+    /// `masters` masters with `replicas` replicas each, every slot assigned, every node
+    /// agreeing that the cluster is ok.
+    pub fn start(masters: usize, replicas: usize) -> RedisCluster {
+        need_redis();
+        need_tool("redis-cli");
+        let nodes: Vec<Redis> = (0..masters * (1 + replicas))
+            .map(|_| {
+                Redis::start_on(
+                    &[
+                        "--cluster-enabled",
+                        "yes",
+                        "--cluster-config-file",
+                        "nodes.conf",
+                        "--cluster-node-timeout",
+                        "1500",
+                        // Production clusters that want the rest of the keyspace served
+                        // while a master fails over set this; the failure tests need it.
+                        "--cluster-require-full-coverage",
+                        "no",
+                        // A replica syncs at once (the default waits 5 s for more replicas),
+                        // so a master killed early has a replica to fail over to.
+                        "--repl-diskless-sync-delay",
+                        "0",
+                    ],
+                    cluster_port,
+                )
+            })
+            .collect();
+        let addrs: Vec<String> = nodes.iter().map(|n| n.addr()).collect();
+        let out = Command::new("redis-cli")
+            .args(["--cluster", "create"])
+            .args(&addrs)
+            .args(["--cluster-replicas", &replicas.to_string(), "--cluster-yes"])
+            .output()
+            .expect("run redis-cli --cluster create");
+        assert!(
+            out.status.success(),
+            "redis-cli --cluster create failed:\n{}\n{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let c = RedisCluster { nodes };
+        c.wait_ok(Duration::from_secs(30));
+        c
+    }
+
+    /// Every node's address, comma-separated (the proxy's seeds).
+    pub fn seeds(&self) -> String {
+        self.nodes
+            .iter()
+            .map(|n| n.addr())
+            .collect::<Vec<_>>()
+            .join(",")
+    }
+
+    /// Waits until every running node says `cluster_state:ok` and agrees on the masters.
+    pub fn wait_ok(&self, timeout: Duration) {
+        let ok = wait_until(timeout, || {
+            let mut views = Vec::new();
+            for n in &self.nodes {
+                let Ok(mut c) = Client::try_connect(&n.addr()) else {
+                    continue;
+                };
+                match c.try_cmd(&["CLUSTER", "INFO"]) {
+                    Ok(r) if r.as_str().contains("cluster_state:ok") => {}
+                    _ => return false,
+                }
+                // A replica counts once it has synced with its master.
+                match c.try_cmd(&["INFO", "replication"]) {
+                    Ok(r)
+                        if r.as_str().contains("role:slave")
+                            && !r.as_str().contains("master_link_status:up") =>
+                    {
+                        return false
+                    }
+                    Ok(_) => {}
+                    Err(_) => return false,
+                }
+                views.push(self.masters_seen_by(&mut c));
+            }
+            !views.is_empty() && views.windows(2).all(|w| w[0] == w[1])
+        });
+        assert!(ok, "the cluster did not become ok within {timeout:?}");
+    }
+
+    fn masters_seen_by(&self, c: &mut Client) -> Vec<String> {
+        let Ok(r) = c.try_cmd(&["CLUSTER", "SLOTS"]) else {
+            return vec![];
+        };
+        let Reply::Array(Some(ranges)) = r else {
+            return vec![];
+        };
+        let mut m: Vec<String> = ranges
+            .iter()
+            .map(|range| {
+                let node = &range.as_array()[2];
+                format!(
+                    "{}:{}",
+                    node.as_array()[0].as_str(),
+                    node.as_array()[1].as_int()
+                )
+            })
+            .collect();
+        m.sort();
+        m.dedup();
+        m
+    }
+
+    /// The index (in `nodes`) of the node that serves `key`'s slot now.
+    pub fn master_of(&self, key: &str) -> usize {
+        for n in &self.nodes {
+            let Ok(mut c) = Client::try_connect(&n.addr()) else {
+                continue;
+            };
+            let Ok(slot) = c.try_cmd(&["CLUSTER", "KEYSLOT", key]) else {
+                continue;
+            };
+            let slot = slot.as_int();
+            let Ok(Reply::Array(Some(ranges))) = c.try_cmd(&["CLUSTER", "SLOTS"]) else {
+                continue;
+            };
+            for r in &ranges {
+                let a = r.as_array();
+                if a[0].as_int() <= slot && slot <= a[1].as_int() {
+                    let port = a[2].as_array()[1].as_int() as u16;
+                    return self
+                        .nodes
+                        .iter()
+                        .position(|n| n.port == port)
+                        .expect("the owner is one of ours");
+                }
+            }
+        }
+        panic!("no node knows the owner of {key}");
+    }
+
+    /// The id of node `i` (`CLUSTER MYID`).
+    pub fn id(&self, i: usize) -> String {
+        self.nodes[i].client().cmd(&["CLUSTER", "MYID"]).as_str()
+    }
+
+    /// The masters now, as indices into `nodes`.
+    pub fn masters(&self) -> Vec<usize> {
+        (0..self.nodes.len())
+            .filter(|&i| {
+                Client::try_connect(&self.nodes[i].addr())
+                    .ok()
+                    .and_then(|mut c| c.try_cmd(&["ROLE"]).ok())
+                    .is_some_and(|r| r.as_array()[0].as_str() == "master")
+            })
+            .collect()
+    }
+
+    /// Moves `slot` from node `from` to node `to` the way `redis-cli --cluster reshard`
+    /// does: IMPORTING and MIGRATING, MIGRATE of its keys in batches of `batch` (with
+    /// `pause` between batches, so traffic meets the slot mid-move), then the new owner
+    /// everywhere.
+    pub fn move_slot(&self, slot: u16, from: usize, to: usize, batch: usize, pause: Duration) {
+        let (from_id, to_id) = (self.id(from), self.id(to));
+        let s = slot.to_string();
+        let mut src = self.nodes[from].client();
+        let mut dst = self.nodes[to].client();
+        assert_eq!(
+            dst.cmd(&["CLUSTER", "SETSLOT", &s, "IMPORTING", &from_id]),
+            Reply::ok()
+        );
+        assert_eq!(
+            src.cmd(&["CLUSTER", "SETSLOT", &s, "MIGRATING", &to_id]),
+            Reply::ok()
+        );
+        let port = self.nodes[to].port.to_string();
+        loop {
+            let keys = src
+                .cmd(&["CLUSTER", "GETKEYSINSLOT", &s, &batch.to_string()])
+                .strings();
+            if keys.is_empty() {
+                break;
+            }
+            let mut args = vec!["MIGRATE", "127.0.0.1", &port, "", "0", "5000", "KEYS"];
+            args.extend(keys.iter().map(|k| k.as_str()));
+            let r = src.cmd(&args);
+            assert!(!r.is_error(), "MIGRATE failed: {r}");
+            thread::sleep(pause);
+        }
+        for n in [to, from] {
+            let r = self.nodes[n]
+                .client()
+                .cmd(&["CLUSTER", "SETSLOT", &s, "NODE", &to_id]);
+            assert_eq!(r, Reply::ok());
+        }
+        for (i, n) in self.nodes.iter().enumerate() {
+            if i != to && i != from {
+                let _ = Client::try_connect(&n.addr())
+                    .map(|mut c| c.try_cmd(&["CLUSTER", "SETSLOT", &s, "NODE", &to_id]));
+            }
+        }
+    }
+
+    /// Waits until `key`'s slot is served by a node other than `old`, and returns it.
+    pub fn wait_new_master(&self, key: &str, old: usize, timeout: Duration) -> usize {
+        let end = Instant::now() + timeout;
+        while Instant::now() < end {
+            let m = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.master_of(key)));
+            if let Ok(m) = m {
+                if m != old {
+                    return m;
+                }
+            }
+            thread::sleep(Duration::from_millis(100));
+        }
+        panic!("{key}'s slot did not get a new master within {timeout:?}");
+    }
+}
