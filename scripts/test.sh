@@ -95,6 +95,13 @@ rc=${PIPESTATUS[0]}
 count "$logdir/py.log" "$rc"
 [ "$rc" -eq 0 ] || { echo "redis-py suite failed (exit $rc)"; finish 1; }
 
+step "redis-py against a Redis Cluster behind the proxy (tests/py/run.sh --cluster)"
+SALTSHAKER_BIN="$target_dir/debug/saltshaker" timeout 300 tests/py/run.sh --cluster 2>&1 \
+    | tee "$logdir/py-cluster.log"
+rc=${PIPESTATUS[0]}
+count "$logdir/py-cluster.log" "$rc"
+[ "$rc" -eq 0 ] || { echo "redis-py cluster clients failed (exit $rc)"; finish 1; }
+
 if [ -f .ci/fuzz.sh ]; then
     step "fuzz smoke run (.ci/fuzz.sh)"
     timeout 1500 bash .ci/fuzz.sh 2>&1 | tee "$logdir/fuzz.log"

@@ -52,7 +52,7 @@ fn rig(redis: &Redis) -> Rig {
         }
         let _ = tx.send((Instant::now(), inv));
     });
-    let filler = Filler::spawn(&tracker, &hs, node.metrics.clone());
+    let filler = Filler::spawn(&tracker, &hs, node.metrics.clone(), None);
     Rig {
         cache,
         metrics,

@@ -88,6 +88,11 @@ fn a_plain_client_reaches_every_slot_and_multi_key_commands_are_split_by_slot() 
     c.cmd(&["INCR", "{t}.a"]);
     c.cmd(&["INCR", "{t}.b"]);
     assert_eq!(c.cmd(&["EXEC"]).as_array().len(), 2);
+    // Blocking commands wait on the key's master; PUBLISH reaches the cluster.
+    assert!(c.cmd(&["BLPOP", "q:1", "0.2"]).is_nil());
+    c.cmd(&["RPUSH", "q:1", "job"]);
+    assert_eq!(c.cmd(&["BLPOP", "q:1", "1"]).strings(), vec!["q:1", "job"]);
+    assert_eq!(c.cmd(&["PUBLISH", "news", "hello"]), Reply::Int(0));
     assert_eq!(c.cmd(&["FLUSHALL"]), Reply::ok());
     assert_eq!(c.cmd(&["DBSIZE"]), Reply::Int(0));
 }
@@ -363,4 +368,65 @@ fn a_manual_failover_under_load_loses_no_acknowledged_write() {
         acked.iter().sum::<u64>() > 50,
         "the load ran through the failover"
     );
+}
+
+#[test]
+fn a_cached_key_whose_slot_moves_is_never_served_stale() {
+    let cluster = RedisCluster::start(3, 1);
+    let dir = TempDir::new("cluster-cache");
+    let rules = dir.0.join("rules.yaml");
+    std::fs::write(
+        &rules,
+        "version: 1\nrules:\n  - match: \"celeb:*\"\n    pin: true\n    read: { cache: { ttl_ms: 60000, jitter_pct: 0, stale_while_revalidate_ms: 0 } }\n",
+    )
+    .unwrap();
+    let proxy = Proxy::start_cluster(&cluster.seeds(), &["--rules", &path_str(&rules)]);
+    let mut c = proxy.client();
+    let key = "celeb:1";
+    assert_eq!(c.cmd(&["SET", key, "v1"]), Reply::ok());
+    let from = cluster.master_of(key);
+    // Served from the cache: the node sees no more GETs.
+    let mut hits = false;
+    for _ in 0..50 {
+        assert_eq!(c.cmd(&["GET", key]), Reply::bulk("v1"));
+        let before = calls(&cluster.nodes[from], "get");
+        assert_eq!(c.cmd(&["GET", key]), Reply::bulk("v1"));
+        if calls(&cluster.nodes[from], "get") == before {
+            hits = true;
+            break;
+        }
+        thread::sleep(Duration::from_millis(50));
+    }
+    assert!(hits, "the key is served from the proxy's cache");
+    let slot = c.cmd(&["CLUSTER", "KEYSLOT", key]).as_int() as u16;
+    let to = *cluster.masters().iter().find(|&&m| m != from).unwrap();
+    cluster.move_slot(slot, from, to, 10, Duration::from_millis(0));
+    assert_eq!(
+        c.cmd(&["GET", key]),
+        Reply::bulk("v1"),
+        "the value moved with its slot"
+    );
+    // Written on its new node behind the proxy's back: the proxy must not keep v1.
+    assert_eq!(
+        cluster.nodes[to].client().cmd(&["SET", key, "v2"]),
+        Reply::ok()
+    );
+    let fresh = wait_until(Duration::from_secs(2), || {
+        c.cmd(&["GET", key]) == Reply::bulk("v2")
+    });
+    assert!(
+        fresh,
+        "the proxy served the moved key's old value: {}",
+        c.cmd(&["GET", key])
+    );
+    // And it is cached again, now on the new node, and dropped when written there.
+    thread::sleep(Duration::from_millis(200));
+    assert_eq!(
+        cluster.nodes[to].client().cmd(&["SET", key, "v3"]),
+        Reply::ok()
+    );
+    let fresh = wait_until(Duration::from_secs(2), || {
+        c.cmd(&["GET", key]) == Reply::bulk("v3")
+    });
+    assert!(fresh, "a write on the new node did not reach the cache");
 }

@@ -47,7 +47,13 @@ pub struct Cluster {
     wake: Notify,
     last_refresh: Mutex<Option<Instant>>,
     pub refresh_every: Duration,
+    /// Told which keys moved (by a predicate) whenever slots change owner: the cache drops
+    /// their entries.
+    on_move: std::sync::OnceLock<MoveHook>,
 }
+
+/// What `on_move` runs: given a predicate that is true for keys whose slot moved.
+type MoveHook = Box<dyn Fn(&dyn Fn(&[u8]) -> bool) + Send + Sync>;
 
 impl Cluster {
     /// The cluster over `nodes` (every node the map names), owning slots as `topo` says.
@@ -66,6 +72,7 @@ impl Cluster {
             wake: Notify::new(),
             last_refresh: Mutex::new(None),
             refresh_every,
+            on_move: std::sync::OnceLock::new(),
         });
         c.apply(topo);
         c
@@ -123,14 +130,14 @@ impl Cluster {
         }
         // In slot order, whichever node told the map.
         masters.sort_by_key(|&i| owner.iter().position(|&o| o == i as u16));
-        let mut moved = 0;
+        let mut moved = vec![false; SLOTS];
         for (s, &o) in owner.iter().enumerate() {
-            if self.slots[s].swap(o, Ordering::Relaxed) != o {
-                moved += 1;
-            }
+            moved[s] = self.slots[s].swap(o, Ordering::Relaxed) != o;
         }
-        if moved > 0 {
-            changed.push(format!("{moved} slots changed owner"));
+        let n = moved.iter().filter(|&&m| m).count();
+        if n > 0 {
+            changed.push(format!("{n} slots changed owner"));
+            self.moved_slots(&moved);
         }
         let old = self.masters.load();
         if **old != masters {
@@ -142,6 +149,18 @@ impl Cluster {
         changed
     }
 
+    /// Runs `f` whenever slots change owner, with a predicate that is true for the keys of
+    /// those slots. One hook (the cache's); a second is ignored.
+    pub fn on_move(&self, f: impl Fn(&dyn Fn(&[u8]) -> bool) + Send + Sync + 'static) {
+        let _ = self.on_move.set(Box::new(f));
+    }
+
+    fn moved_slots(&self, moved: &[bool]) {
+        if let Some(f) = self.on_move.get() {
+            f(&|k: &[u8]| moved[slots::slot_of(k) as usize]);
+        }
+    }
+
     /// Asks for a refresh of the map soon (a MOVED, a node's connection failed).
     pub fn stale(&self) {
         self.wake.notify_one();
@@ -150,7 +169,11 @@ impl Cluster {
     /// A MOVED reply: `slot` is on `addr` now. Returns that node's index.
     fn moved(&self, slot: u16, addr: &str) -> Option<usize> {
         let i = self.index_of(addr)?;
-        self.slots[slot as usize].store(i as u16, Ordering::Relaxed);
+        if self.slots[slot as usize].swap(i as u16, Ordering::Relaxed) != i as u16 {
+            let mut moved = vec![false; SLOTS];
+            moved[slot as usize] = true;
+            self.moved_slots(&moved);
+        }
         self.stale();
         Some(i)
     }

@@ -277,6 +277,11 @@ impl Node {
         }
     }
 
+    /// The cluster this node belongs to, for connections made outside `conns`.
+    pub fn cluster_link(&self) -> Option<Weak<cluster::Cluster>> {
+        self.cluster.get().cloned()
+    }
+
     /// True when the node's default shared connection is established.
     pub fn is_up(&self) -> bool {
         self.conns(Proto::Resp2, 0).iter().any(|c| c.is_up())

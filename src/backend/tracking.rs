@@ -219,7 +219,13 @@ const POLL: Duration = Duration::from_millis(5);
 impl Filler {
     /// `hs` is the node's handshake (its database; RESP2 is forced, since a RESP3
     /// connection with tracking would get pushes, which shared connections refuse).
-    pub fn spawn(tracker: &Tracker, hs: &Handshake, metrics: NodeMetrics) -> Filler {
+    /// `cluster`: the node's cluster, if any, so a fill that meets a redirection follows it.
+    pub fn spawn(
+        tracker: &Tracker,
+        hs: &Handshake,
+        metrics: NodeMetrics,
+        cluster: Option<std::sync::Weak<super::cluster::Cluster>>,
+    ) -> Filler {
         let on_event = tracker.on_event.clone();
         let current = Arc::new(Mutex::new(None));
         let mut ids = tracker.ids();
@@ -233,7 +239,7 @@ impl Filler {
                         tracking_redirect: Some(id),
                         ..hs.clone()
                     };
-                    ConnHandle::spawn(Arc::new(hs), metrics.clone(), None)
+                    ConnHandle::spawn(Arc::new(hs), metrics.clone(), cluster.clone())
                 });
                 // The old connection closes once the fills using it finish.
                 *cur.lock().unwrap_or_else(|p| p.into_inner()) = id.zip(conn.clone());

@@ -116,8 +116,18 @@ impl CacheLayer {
                     None => c.invalidate_all(Cause::Flush),
                 },
             });
-            fillers.push(Filler::spawn(&tracker, &hs, node.metrics.clone()));
+            fillers.push(Filler::spawn(
+                &tracker,
+                &hs,
+                node.metrics.clone(),
+                node.cluster_link(),
+            ));
             trackers.push(tracker);
+        }
+        if let Some(cl) = backend.cluster() {
+            // A slot that moves (a reshard, a failover) takes its cached replies with it.
+            let c = cache.clone();
+            cl.on_move(move |moved| c.invalidate_matching(moved, Cause::Flush));
         }
         CacheLayer {
             cache,

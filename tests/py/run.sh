@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Runs the redis-py suite: makes tests/py/.venv on first use, installs redis-py into it,
 # then suite.py starts 4 redis-servers and the proxy (target/debug/saltshaker, or
-# $SALTSHAKER_BIN) over them. `run.sh --direct` runs against one plain redis-server.
+# $SALTSHAKER_BIN) over them. `run.sh --direct` runs against one plain redis-server;
+# `run.sh --cluster` runs cluster_clients.py (a Redis Cluster behind the proxy).
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 venv="$here/.venv"
@@ -18,4 +19,8 @@ if ! cmp -s "$req" "$stamp"; then
     cp "$req" "$stamp"
 fi
 cd "$here"
+if [ "${1:-}" = "--cluster" ]; then
+    # redis-py's plain and cluster clients through the proxy in front of a Redis Cluster.
+    exec "$venv/bin/python" -u cluster_clients.py
+fi
 exec "$venv/bin/python" -u suite.py "$@"
