@@ -285,7 +285,15 @@ impl Cluster {
                     Some(n) => n,
                     None => {
                         tracing::warn!(slot, node = %addr, "MOVED to a node this proxy does not know; restart the proxy to use it");
-                        return None;
+                        let mut e = BytesMut::new();
+                        crate::resp::encode_error(
+                            &format!(
+                                "ERR saltshaker: slot {slot} moved to {addr}, a node this proxy \
+                                 did not know at start; restart the proxy to use it"
+                            ),
+                            &mut e,
+                        );
+                        return Some((e.freeze(), at.to_string()));
                     }
                 };
                 (node, smallvec![cmd.clone()], 0)

@@ -80,9 +80,7 @@ impl Topology {
         }
         out
     }
-}
 
-impl Topology {
     /// How many of the 16384 slots have an owner.
     pub fn covered(&self) -> usize {
         self.shards
