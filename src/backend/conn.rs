@@ -41,6 +41,18 @@ impl Replies {
         self.ends.is_empty()
     }
 
+    /// Whether any reply is an error (its first byte is `-`).
+    pub fn has_error(&self) -> bool {
+        let mut start = 0;
+        for &end in &self.ends {
+            if self.buf.get(start) == Some(&b'-') {
+                return true;
+            }
+            start = end as usize;
+        }
+        false
+    }
+
     /// Reply `i` as raw RESP bytes (zero-copy).
     pub fn get(&self, i: usize) -> Bytes {
         let start = if i == 0 { 0 } else { self.ends[i - 1] as usize };
@@ -82,11 +94,9 @@ struct Who {
     proto: Proto,
 }
 
-/// What a call to a cluster node needs to follow redirections: the commands again.
-struct Redo {
-    cluster: Arc<Cluster>,
-    data: SmallVec<[Bytes; 4]>,
-}
+/// What a call to a cluster node needs to follow redirections: the commands again (the
+/// cluster itself is reached through `Who`, only when a reply is an error).
+type Redo = SmallVec<[Bytes; 4]>;
 
 /// A job in flight: its replies, due by a deadline. The one way the proxy waits on a node,
 /// so every wait has the same timeout, the same errors and the same metrics.
@@ -136,12 +146,7 @@ impl ConnHandle {
         deadline: Option<Instant>,
     ) -> Call {
         let redo = match &self.who.cluster {
-            Some(c) if data.len() == count as usize => c.upgrade().map(|cluster| {
-                Box::new(Redo {
-                    cluster,
-                    data: data.clone(),
-                })
-            }),
+            Some(_) if data.len() == count as usize => Some(Box::new(data.clone())),
             _ => None,
         };
         let mut call = self.start_direct(data, count, deadline).await;
@@ -214,23 +219,24 @@ impl Call {
     pub async fn wait(mut self, deadline: Option<Instant>) -> Result<Replies, BackendError> {
         let redo = self.redo.take();
         let r = self.wait_direct(deadline).await;
-        let Some(redo) = redo else {
+        let Some(data) = redo else {
             return r;
         };
+        let cluster = || self.who.cluster.as_ref().and_then(Weak::upgrade);
         match r {
-            Ok(replies) => Ok(redo
-                .cluster
-                .follow(
-                    replies,
-                    &redo.data,
-                    self.who.proto,
-                    &self.who.node,
-                    deadline,
-                )
-                .await),
+            // Only an error reply can be a redirection: most calls stop at this scan.
+            Ok(replies) if !replies.has_error() => Ok(replies),
+            Ok(replies) => match cluster() {
+                Some(c) => Ok(c
+                    .follow(replies, &data, self.who.proto, &self.who.node, deadline)
+                    .await),
+                None => Ok(replies),
+            },
             Err(e) => {
                 // The node may have failed over: read the map again soon.
-                redo.cluster.stale();
+                if let Some(c) = cluster() {
+                    c.stale();
+                }
                 Err(e)
             }
         }
