@@ -323,12 +323,17 @@ async fn handle(s: &mut Session, req: Request, rb: &mut RoundBuilder) -> Flow {
         Route::AllNodes(agg) => all_nodes(s, &req, &c, agg, rb),
         Route::AnyNode => {
             let node = if is_pubsub_command(c.spec.name) {
-                0
+                pubsub_node(s, &req)
             } else {
-                s.ctx.backend.any_node()
+                Ok(s.ctx.backend.any_node())
             };
-            let part = push(s, rb, node, req.wire());
-            rb.slots.push(Slot::Reply(part));
+            match node {
+                Ok(node) => {
+                    let part = push(s, rb, node, req.wire());
+                    rb.slots.push(Slot::Reply(part));
+                }
+                Err(e) => rb.slots.push(Slot::Ready(e)),
+            }
         }
         Route::Scan => scan_one(s, &req, rb),
         Route::Kill => super::route::kill(s, &req, rb),
@@ -345,15 +350,18 @@ async fn handle(s: &mut Session, req: Request, rb: &mut RoundBuilder) -> Flow {
         }
         Route::Local => return local::handle(s, &req, &c, rb),
         Route::Transaction => return local::transaction(s, &req, &c, rb),
-        Route::Subscribe => {
-            let hs = s.ctx.backend.node(0).handshake(s.proto, s.db);
-            match tunnel::open(&hs, req.wire()).await {
-                Ok(start) => return Flow::Tunnel(start),
-                Err(e) => rb
-                    .slots
-                    .push(Slot::Ready(err_bytes(&format!("ERR saltshaker: {e}")))),
+        Route::Subscribe => match pubsub_node(s, &req) {
+            Ok(node) => {
+                let hs = s.ctx.backend.node(node).handshake(s.proto, s.db);
+                match tunnel::open(&hs, req.wire()).await {
+                    Ok(start) => return Flow::Tunnel(start),
+                    Err(e) => rb
+                        .slots
+                        .push(Slot::Ready(err_bytes(&format!("ERR saltshaker: {e}")))),
+                }
             }
-        }
+            Err(e) => rb.slots.push(Slot::Ready(e)),
+        },
         Route::Unsupported(why) => rb
             .slots
             .push(Slot::Ready(err_bytes(&format!("ERR saltshaker: {why}")))),
@@ -363,6 +371,33 @@ async fn handle(s: &mut Session, req: Request, rb: &mut RoundBuilder) -> Flow {
 
 fn is_pubsub_command(name: &str) -> bool {
     name == "PUBLISH" || name == "SPUBLISH" || name.starts_with("PUBSUB")
+}
+
+/// Where a pub/sub command goes. A pool keeps every channel on its first node, so every
+/// proxy's subscribers meet every publisher there. A cluster broadcasts PUBLISH to every
+/// node, so any master will do; its shard channels (SPUBLISH, SSUBSCRIBE) live on the
+/// master of the channel's slot, and one SSUBSCRIBE names one slot.
+fn pubsub_node(s: &Session, req: &Request) -> Result<usize, Bytes> {
+    let b = &s.ctx.backend;
+    if b.cluster().is_none() {
+        return Ok(0);
+    }
+    let name = req.arg(0).to_ascii_uppercase();
+    if !matches!(&name[..], b"SPUBLISH" | b"SSUBSCRIBE" | b"SUNSUBSCRIBE") || req.argc() < 2 {
+        return Ok(b.any_node());
+    }
+    let last = if &name[..] == b"SPUBLISH" {
+        2
+    } else {
+        req.argc()
+    };
+    let (slot, node) = b.group_of(req.arg(1));
+    if (2..last).any(|i| b.group_of(req.arg(i)).0 != slot) {
+        return Err(err_bytes(
+            "CROSSSLOT Keys in request don't hash to the same slot",
+        ));
+    }
+    Ok(node)
 }
 
 /// The decide phase: what the rules, the hot set and the salt table say to do with the
