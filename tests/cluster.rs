@@ -488,3 +488,54 @@ fn publish_reaches_subscribers_across_the_cluster_and_shard_channels_live_on_the
         "CROSSSLOT Keys in request don't hash to the same slot"
     );
 }
+
+#[test]
+fn a_master_added_and_rebalanced_under_load_takes_its_share_with_no_error() {
+    let mut cluster = RedisCluster::start(3, 0);
+    let proxy = Proxy::start_cluster(&cluster.seeds(), &[]);
+    // Counters all over the keyspace, so the rebalance moves some of them.
+    let keys: Vec<String> = (0..60).map(|i| format!("grow:{i}")).collect();
+    let stop = Arc::new(AtomicBool::new(false));
+    let workers: Vec<_> = (0..2)
+        .map(|_| increment_until(&proxy, keys.clone(), stop.clone()))
+        .collect();
+    thread::sleep(Duration::from_millis(300));
+    let new = cluster.add_master();
+    cluster.rebalance();
+    thread::sleep(Duration::from_millis(1500));
+    stop.store(true, Ordering::Relaxed);
+    let mut acked = vec![0u64; keys.len()];
+    for w in workers {
+        let (a, errors) = w.join().unwrap();
+        assert!(
+            errors.is_empty(),
+            "clients saw errors: {:?}",
+            &errors[..errors.len().min(5)]
+        );
+        for (t, n) in acked.iter_mut().zip(a) {
+            *t += n;
+        }
+    }
+    let on_new: Vec<&String> = keys
+        .iter()
+        .filter(|k| cluster.master_of(k) == new)
+        .collect();
+    assert!(
+        !on_new.is_empty(),
+        "the new master took a share of the slots"
+    );
+    for (k, n) in keys.iter().zip(&acked) {
+        let owner = cluster.master_of(k);
+        let v = cluster.nodes[owner].client().cmd(&["GET", k]);
+        assert_eq!(v.as_int() as u64, *n, "{k}");
+    }
+    // The proxy serves the new master's keys, and counts it among the masters.
+    let mut c = proxy.client();
+    assert!(c.cmd(&["GET", on_new[0]]).as_int() > 0);
+    assert_eq!(c.cmd(&["DBSIZE"]), Reply::Int(keys.len() as i64));
+    assert!(
+        proxy.stderr().contains("a node joined the cluster"),
+        "{}",
+        proxy.stderr()
+    );
+}

@@ -9,8 +9,8 @@
 //!   TRYAGAIN and CLUSTERDOWN are retried with backoff until the command's deadline
 //!   (`follow`). Only then does the client get the node's error.
 //! - The nodes are those the cluster announced at start (masters and replicas), so a
-//!   failover to a known replica is followed; a node added later is not used until the
-//!   proxy restarts (the MOVED error that names it says so).
+//!   failover to a known replica is a change of the slot table; a master added later joins
+//!   the node table when the map or a redirection first names it.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU16, Ordering};
@@ -24,7 +24,7 @@ use tokio::sync::Notify;
 use tokio::time::Instant;
 
 use super::slots::{self, redirect, Redirect, Topology, SLOTS};
-use super::{pick, wire, BackendError, Node, Replies};
+use super::{pick, wire, BackendError, Node, NodeTable, Replies};
 use crate::resp::{parse_value, Proto};
 
 /// No slot owner known.
@@ -38,8 +38,11 @@ const MAX_HOPS: usize = 5;
 pub struct Cluster {
     /// Owner (node index) of each slot.
     slots: Box<[AtomicU16]>,
-    nodes: Vec<Arc<Node>>,
-    by_addr: HashMap<String, usize>,
+    nodes: Arc<NodeTable>,
+    by_addr: Mutex<HashMap<String, usize>>,
+    /// Builds the node of a master that joined after the proxy started.
+    make: Box<dyn Fn(String, usize) -> Node + Send + Sync>,
+    me: std::sync::OnceLock<std::sync::Weak<Cluster>>,
     /// Node indices of the masters now, in slot order.
     masters: ArcSwap<Vec<usize>>,
     /// The map as last read, for `CLUSTER` answers and logs.
@@ -56,17 +59,26 @@ pub struct Cluster {
 type MoveHook = Box<dyn Fn(&dyn Fn(&[u8]) -> bool) + Send + Sync>;
 
 impl Cluster {
-    /// The cluster over `nodes` (every node the map names), owning slots as `topo` says.
-    pub fn new(nodes: Vec<Arc<Node>>, topo: Topology, refresh_every: Duration) -> Arc<Cluster> {
+    /// The cluster over `nodes` (every node the map names), owning slots as `topo` says;
+    /// `make` builds a node for a master that shows up later. Starts every node's
+    /// connections.
+    pub fn new(
+        nodes: Arc<NodeTable>,
+        topo: Topology,
+        refresh_every: Duration,
+        make: Box<dyn Fn(String, usize) -> Node + Send + Sync>,
+    ) -> Arc<Cluster> {
         let by_addr = nodes
+            .all()
             .iter()
-            .enumerate()
-            .map(|(i, n)| (n.addr.clone(), i))
+            .map(|n| (n.addr.clone(), n.index))
             .collect();
         let c = Arc::new(Cluster {
             slots: (0..SLOTS).map(|_| AtomicU16::new(NONE)).collect(),
             nodes,
-            by_addr,
+            by_addr: Mutex::new(by_addr),
+            make,
+            me: std::sync::OnceLock::new(),
             masters: ArcSwap::from_pointee(Vec::new()),
             topology: ArcSwap::from_pointee(Topology::default()),
             wake: Notify::new(),
@@ -74,6 +86,11 @@ impl Cluster {
             refresh_every,
             on_move: std::sync::OnceLock::new(),
         });
+        let _ = c.me.set(Arc::downgrade(&c));
+        for n in c.nodes.all() {
+            let _ = n.cluster.set(Arc::downgrade(&c));
+            n.conns(Proto::Resp2, 0);
+        }
         c.apply(topo);
         c
     }
@@ -102,7 +119,32 @@ impl Cluster {
     }
 
     pub fn index_of(&self, addr: &str) -> Option<usize> {
-        self.by_addr.get(addr).copied()
+        self.by_addr
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(addr)
+            .copied()
+    }
+
+    /// The node at `addr`, added (connections started) if the cluster named it only now:
+    /// a master added to the cluster after the proxy started. None when the table is full.
+    fn node_at(&self, addr: &str) -> Option<usize> {
+        if let Some(i) = self.index_of(addr) {
+            return Some(i);
+        }
+        let mut by_addr = self.by_addr.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(&i) = by_addr.get(addr) {
+            return Some(i);
+        }
+        let i = self.nodes.push(|i| (self.make)(addr.to_string(), i))?;
+        let n = self.nodes.get(i);
+        if let Some(me) = self.me.get() {
+            let _ = n.cluster.set(me.clone());
+        }
+        n.conns(Proto::Resp2, 0);
+        by_addr.insert(addr.to_string(), i);
+        tracing::info!(node = %addr, index = i, "a node joined the cluster; connecting to it");
+        Some(i)
     }
 
     /// Takes a map read from a node; returns what changed, for the log.
@@ -111,11 +153,11 @@ impl Cluster {
         let mut masters = Vec::new();
         let mut owner = vec![NONE; SLOTS];
         for shard in &topo.shards {
-            let Some(i) = self.index_of(&shard.master.addr) else {
+            let Some(i) = self.node_at(&shard.master.addr) else {
                 changed.push(format!(
-                    "master {} is not a node this proxy knows (it started before the node \
-                     joined); its slots are not served until the proxy restarts",
-                    shard.master.addr
+                    "master {} cannot be added: this proxy has {} nodes already",
+                    shard.master.addr,
+                    super::MAX_NODES
                 ));
                 continue;
             };
@@ -141,7 +183,10 @@ impl Cluster {
         }
         let old = self.masters.load();
         if **old != masters {
-            let names: Vec<&str> = masters.iter().map(|&i| &self.nodes[i].addr[..]).collect();
+            let names: Vec<&str> = masters
+                .iter()
+                .map(|&i| &self.nodes.get(i).addr[..])
+                .collect();
             changed.push(format!("masters are now {}", names.join(", ")));
             self.masters.store(Arc::new(masters));
         }
@@ -168,7 +213,7 @@ impl Cluster {
 
     /// A MOVED reply: `slot` is on `addr` now. Returns that node's index.
     fn moved(&self, slot: u16, addr: &str) -> Option<usize> {
-        let i = self.index_of(addr)?;
+        let i = self.node_at(addr)?;
         if self.slots[slot as usize].swap(i as u16, Ordering::Relaxed) != i as u16 {
             let mut moved = vec![false; SLOTS];
             moved[slot as usize] = true;
@@ -185,13 +230,14 @@ impl Cluster {
             .iter()
             .copied()
             .chain((0..self.nodes.len()).filter(|i| !masters.contains(i)));
+        let node = |i: usize| self.nodes.get(i);
         let mut last = String::from("no node to ask");
         for i in order {
-            let conns = self.nodes[i].conns(Proto::Resp2, 0);
+            let conns = node(i).conns(Proto::Resp2, 0);
             match read_map_from(&pick(&conns, 0), deadline).await {
                 Ok(t) if t.covered() > 0 => return Ok(t),
-                Ok(_) => last = format!("{}: it owns no slots", self.nodes[i].addr),
-                Err(e) => last = format!("{}: {e}", self.nodes[i].addr),
+                Ok(_) => last = format!("{}: it owns no slots", node(i).addr),
+                Err(e) => last = format!("{}: {e}", node(i).addr),
             }
         }
         Err(last)
@@ -284,12 +330,13 @@ impl Cluster {
                 let node = match self.moved(*slot, &resolve(addr)) {
                     Some(n) => n,
                     None => {
-                        tracing::warn!(slot, node = %addr, "MOVED to a node this proxy does not know; restart the proxy to use it");
+                        tracing::warn!(slot, node = %addr, "MOVED to a node this proxy cannot add: its node table is full");
                         let mut e = BytesMut::new();
                         crate::resp::encode_error(
                             &format!(
-                                "ERR saltshaker: slot {slot} moved to {addr}, a node this proxy \
-                                 did not know at start; restart the proxy to use it"
+                                "ERR saltshaker: slot {slot} moved to {addr}, and this proxy \
+                                 cannot add another node ({} already)",
+                                super::MAX_NODES
                             ),
                             &mut e,
                         );
@@ -299,7 +346,7 @@ impl Cluster {
                 (node, smallvec![cmd.clone()], 0)
             }
             Redirect::Ask { addr, .. } => {
-                let node = self.index_of(&resolve(addr))?;
+                let node = self.node_at(&resolve(addr))?;
                 // ASKING holds for the next command on the connection: one job writes both.
                 (node, smallvec![slots::asking(), cmd.clone()], 1)
             }
@@ -315,7 +362,7 @@ impl Cluster {
                 (self.index_of(at)?, smallvec![cmd.clone()], 0)
             }
         };
-        let n = &self.nodes[node];
+        let n = self.nodes.get(node);
         let count = data.len() as u32;
         let conn = pick(&n.conns(proto, 0), hop);
         match conn.call_direct(data, count, deadline).await {

@@ -9,12 +9,12 @@
 
 pub mod cluster;
 mod conn;
+mod node;
 pub mod placement;
 pub mod slots;
 pub mod tracking;
 
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex, OnceLock, Weak};
+use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
@@ -22,6 +22,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
 pub use conn::{deadline, pick, Call, ConnHandle, Dedicated, Replies};
+pub use node::{Node, NodeTable, MAX_NODES};
 
 use crate::metrics::Metrics;
 pub use crate::metrics::NodeMetrics;
@@ -237,92 +238,9 @@ impl Handshake {
     }
 }
 
-/// Shared connections per (RESP3?, database), started on first use.
-type ConnSets = Mutex<HashMap<(bool, u32), Arc<[ConnHandle]>>>;
-
-/// One backend node and its shared connections.
-pub struct Node {
-    pub addr: String,
-    pub index: usize,
-    base: Handshake,
-    per_node: usize,
-    pub metrics: NodeMetrics,
-    conns: ConnSets,
-    /// The cluster this node belongs to, if any: its calls follow redirections.
-    cluster: OnceLock<Weak<cluster::Cluster>>,
-}
-
-impl Node {
-    /// The shared connections for a protocol and database, started on first use.
-    pub fn conns(&self, proto: Proto, db: u32) -> Arc<[ConnHandle]> {
-        let mut map = self.conns.lock().unwrap_or_else(|p| p.into_inner());
-        map.entry((proto == Proto::Resp3, db))
-            .or_insert_with(|| {
-                let hs = Arc::new(self.handshake(proto, db));
-                (0..self.per_node)
-                    .map(|_| {
-                        let c = self.cluster.get().cloned();
-                        ConnHandle::spawn(hs.clone(), self.metrics.clone(), c)
-                    })
-                    .collect()
-            })
-            .clone()
-    }
-
-    pub fn handshake(&self, proto: Proto, db: u32) -> Handshake {
-        Handshake {
-            proto,
-            db,
-            ..self.base.clone()
-        }
-    }
-
-    /// The cluster this node belongs to, for connections made outside `conns`.
-    pub fn cluster_link(&self) -> Option<Weak<cluster::Cluster>> {
-        self.cluster.get().cloned()
-    }
-
-    /// True when the node's default shared connection is established.
-    pub fn is_up(&self) -> bool {
-        self.conns(Proto::Resp2, 0).iter().any(|c| c.is_up())
-    }
-}
-
-impl Node {
-    fn new(
-        cfg: &BackendConfig,
-        addr: String,
-        index: usize,
-        max_reply_bulk: usize,
-        metrics: &Metrics,
-    ) -> Node {
-        let base = Handshake {
-            addr: addr.clone(),
-            proto: Proto::Resp2,
-            db: 0,
-            username: cfg.username.clone(),
-            password: cfg.password.clone(),
-            connect_timeout: Duration::from_millis(cfg.connect_timeout_ms),
-            reconnect_min_ms: cfg.reconnect_min_ms,
-            reconnect_max_ms: cfg.reconnect_max_ms,
-            max_reply_bulk,
-            tracking_redirect: None,
-        };
-        Node {
-            metrics: NodeMetrics::new(metrics, &addr),
-            addr,
-            index,
-            base,
-            per_node: cfg.connections_per_node,
-            conns: Mutex::new(HashMap::new()),
-            cluster: OnceLock::new(),
-        }
-    }
-}
-
 /// The set of nodes and the rule that places keys on them.
 pub struct Backend {
-    nodes: Vec<Arc<Node>>,
+    nodes: Arc<NodeTable>,
     /// Set for a Redis Cluster: the slot map (then `placement` is None).
     cluster: Option<Arc<cluster::Cluster>>,
     /// The single node's `databases` setting (SELECT range), learnt on first connect.
@@ -346,7 +264,7 @@ impl Backend {
             let (addr, spec) = placement::parse_server(line)?;
             let node = Node::new(cfg, addr, i, max_reply_bulk, metrics);
             node.conns(Proto::Resp2, 0);
-            nodes.push(Arc::new(node));
+            nodes.push(node);
             specs.push(spec);
         }
         let placement = if nodes.len() > 1 {
@@ -376,7 +294,7 @@ impl Backend {
             ));
         }
         Ok(Backend {
-            nodes,
+            nodes: Arc::new(NodeTable::new(nodes)),
             cluster: None,
             placement,
             request_timeout,
@@ -401,20 +319,22 @@ impl Backend {
                 addrs.push(s.clone());
             }
         }
-        let nodes: Vec<Arc<Node>> = addrs
-            .into_iter()
-            .enumerate()
-            .map(|(i, a)| Arc::new(Node::new(cfg, a, i, max_reply_bulk, metrics)))
-            .collect();
+        let nodes = Arc::new(NodeTable::new(
+            addrs
+                .into_iter()
+                .enumerate()
+                .map(|(i, a)| Node::new(cfg, a, i, max_reply_bulk, metrics))
+                .collect(),
+        ));
+        // A master that joins later becomes a node like these.
+        let (cfg2, m2) = (cfg.clone(), metrics.clone());
+        let make = move |addr: String, i: usize| Node::new(&cfg2, addr, i, max_reply_bulk, &m2);
         let c = cluster::Cluster::new(
             nodes.clone(),
             topo,
             Duration::from_millis(cc.refresh_ms.max(100)),
+            Box::new(make),
         );
-        for n in &nodes {
-            let _ = n.cluster.set(Arc::downgrade(&c));
-            n.conns(Proto::Resp2, 0);
-        }
         tokio::spawn(c.clone().run());
         let request_timeout =
             (cfg.request_timeout_ms > 0).then(|| Duration::from_millis(cfg.request_timeout_ms));
@@ -474,11 +394,12 @@ impl Backend {
     }
 
     pub fn node(&self, i: usize) -> &Arc<Node> {
-        &self.nodes[i]
+        self.nodes.get(i)
     }
 
-    pub fn nodes(&self) -> &[Arc<Node>] {
-        &self.nodes
+    /// Every node now (a snapshot: a cluster may add one later).
+    pub fn nodes(&self) -> Vec<Arc<Node>> {
+        self.nodes.all()
     }
 
     pub fn len(&self) -> usize {
@@ -506,7 +427,7 @@ impl Backend {
         masters
             .iter()
             .copied()
-            .find(|&i| self.nodes[i].is_up())
+            .find(|&i| self.nodes.get(i).is_up())
             .or(masters.first().copied())
             .unwrap_or(0)
     }

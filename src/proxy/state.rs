@@ -82,6 +82,10 @@ impl Session {
     pub fn conn(&mut self, node: usize) -> ConnHandle {
         let (proto, db) = (self.proto, self.db);
         let ctx = &self.ctx;
+        if node >= self.conns.len() {
+            // A cluster node added since this session started.
+            self.conns.resize(node + 1, None);
+        }
         let conns = self.conns[node].get_or_insert_with(|| ctx.backend.node(node).conns(proto, db));
         self.rr = self.rr.wrapping_add(1);
         crate::backend::pick(conns, self.rr)

@@ -34,27 +34,11 @@ impl RedisCluster {
         need_redis();
         need_tool("redis-cli");
         let nodes: Vec<Redis> = (0..masters * (1 + replicas))
-            .map(|_| {
-                Redis::start_on(
-                    &[
-                        "--cluster-enabled",
-                        "yes",
-                        "--cluster-config-file",
-                        "nodes.conf",
-                        "--cluster-node-timeout",
-                        "1500",
-                        // Production clusters that want the rest of the keyspace served
-                        // while a master fails over set this; the failure tests need it.
-                        "--cluster-require-full-coverage",
-                        "no",
-                        // A replica syncs at once (the default waits 5 s for more replicas),
-                        // so a master killed early has a replica to fail over to.
-                        "--repl-diskless-sync-delay",
-                        "0",
-                    ],
-                    cluster_port,
-                )
-            })
+            // cluster-require-full-coverage no: production clusters that want the rest of
+            // the keyspace served while a master fails over set it, and the failure tests
+            // need it. repl-diskless-sync-delay 0: a replica syncs at once (the default
+            // waits 5 s for more replicas), so a master killed early can fail over.
+            .map(|_| Redis::start_on(&Self::node_args(), cluster_port))
             .collect();
         let addrs: Vec<String> = nodes.iter().map(|n| n.addr()).collect();
         let out = Command::new("redis-cli")
@@ -72,6 +56,70 @@ impl RedisCluster {
         let c = RedisCluster { nodes };
         c.wait_ok(Duration::from_secs(30));
         c
+    }
+
+    fn node_args() -> Vec<&'static str> {
+        vec![
+            "--cluster-enabled",
+            "yes",
+            "--cluster-config-file",
+            "nodes.conf",
+            "--cluster-node-timeout",
+            "1500",
+            "--cluster-require-full-coverage",
+            "no",
+            "--repl-diskless-sync-delay",
+            "0",
+        ]
+    }
+
+    /// Starts one more node and joins it as an empty master (`redis-cli --cluster
+    /// add-node`); returns its index.
+    pub fn add_master(&mut self) -> usize {
+        let n = Redis::start_on(&Self::node_args(), cluster_port);
+        let out = Command::new("redis-cli")
+            .args(["--cluster", "add-node", &n.addr(), &self.nodes[0].addr()])
+            .output()
+            .expect("run redis-cli --cluster add-node");
+        assert!(
+            out.status.success(),
+            "add-node failed: {}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let addr = n.addr();
+        self.nodes.push(n);
+        let known = wait_until(Duration::from_secs(20), || {
+            self.nodes.iter().all(|m| {
+                Client::try_connect(&m.addr())
+                    .ok()
+                    .and_then(|mut c| c.try_cmd(&["CLUSTER", "NODES"]).ok())
+                    .is_some_and(|r| r.as_str().contains(&addr))
+            })
+        });
+        assert!(known, "the new node did not join");
+        self.wait_ok(Duration::from_secs(20));
+        self.nodes.len() - 1
+    }
+
+    /// `redis-cli --cluster rebalance --cluster-use-empty-masters`: slots move to the new
+    /// master, keys and all.
+    pub fn rebalance(&self) {
+        let out = Command::new("redis-cli")
+            .args([
+                "--cluster",
+                "rebalance",
+                &self.nodes[0].addr(),
+                "--cluster-use-empty-masters",
+            ])
+            .output()
+            .expect("run redis-cli --cluster rebalance");
+        assert!(
+            out.status.success(),
+            "rebalance failed: {}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
     }
 
     /// Every node's address, comma-separated (the proxy's seeds).

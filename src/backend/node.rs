@@ -1,0 +1,149 @@
+//! The nodes: one backend node and its shared connections, and the table of all of them,
+//! which a cluster grows when a master it did not know at start shows up (indices never
+//! change, so a session's per-node state stays valid).
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, OnceLock, Weak};
+use std::time::Duration;
+
+use super::cluster::Cluster;
+use super::{BackendConfig, ConnHandle, Handshake, NodeMetrics};
+use crate::metrics::Metrics;
+use crate::resp::Proto;
+
+/// Most nodes one proxy talks to (masters and replicas of a cluster, or a pool).
+pub const MAX_NODES: usize = 1024;
+
+/// Every node, by index: filled once per index, never emptied.
+pub struct NodeTable {
+    slots: Box<[OnceLock<Arc<Node>>]>,
+    len: AtomicUsize,
+    adding: Mutex<()>,
+}
+
+impl NodeTable {
+    pub fn new(nodes: Vec<Node>) -> NodeTable {
+        let t = NodeTable {
+            slots: (0..MAX_NODES).map(|_| OnceLock::new()).collect(),
+            len: AtomicUsize::new(0),
+            adding: Mutex::new(()),
+        };
+        for n in nodes {
+            let _ = t.push(|_| n);
+        }
+        t
+    }
+
+    /// Adds the node `make(index)` builds; None when the table is full.
+    pub fn push(&self, make: impl FnOnce(usize) -> Node) -> Option<usize> {
+        let _g = self.adding.lock().unwrap_or_else(|p| p.into_inner());
+        let i = self.len.load(Ordering::Acquire);
+        if i >= MAX_NODES {
+            return None;
+        }
+        let _ = self.slots[i].set(Arc::new(make(i)));
+        self.len.store(i + 1, Ordering::Release);
+        Some(i)
+    }
+
+    /// Node `i`, which must be below `len()`.
+    pub fn get(&self, i: usize) -> &Arc<Node> {
+        self.slots[i].get().expect("a node index below len()")
+    }
+
+    pub fn len(&self) -> usize {
+        self.len.load(Ordering::Acquire)
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    pub fn all(&self) -> Vec<Arc<Node>> {
+        (0..self.len()).map(|i| self.get(i).clone()).collect()
+    }
+}
+
+/// Shared connections per (RESP3?, database), started on first use.
+type ConnSets = Mutex<HashMap<(bool, u32), Arc<[ConnHandle]>>>;
+
+/// One backend node and its shared connections.
+pub struct Node {
+    pub addr: String,
+    pub index: usize,
+    base: Handshake,
+    per_node: usize,
+    pub metrics: NodeMetrics,
+    conns: ConnSets,
+    /// The cluster this node belongs to, if any: its calls follow redirections.
+    pub(super) cluster: OnceLock<Weak<Cluster>>,
+}
+
+impl Node {
+    /// The shared connections for a protocol and database, started on first use.
+    pub fn conns(&self, proto: Proto, db: u32) -> Arc<[ConnHandle]> {
+        let mut map = self.conns.lock().unwrap_or_else(|p| p.into_inner());
+        map.entry((proto == Proto::Resp3, db))
+            .or_insert_with(|| {
+                let hs = Arc::new(self.handshake(proto, db));
+                (0..self.per_node)
+                    .map(|_| {
+                        let c = self.cluster.get().cloned();
+                        ConnHandle::spawn(hs.clone(), self.metrics.clone(), c)
+                    })
+                    .collect()
+            })
+            .clone()
+    }
+
+    pub fn handshake(&self, proto: Proto, db: u32) -> Handshake {
+        Handshake {
+            proto,
+            db,
+            ..self.base.clone()
+        }
+    }
+
+    /// The cluster this node belongs to, for connections made outside `conns`.
+    pub fn cluster_link(&self) -> Option<Weak<Cluster>> {
+        self.cluster.get().cloned()
+    }
+
+    /// True when the node's default shared connection is established.
+    pub fn is_up(&self) -> bool {
+        self.conns(Proto::Resp2, 0).iter().any(|c| c.is_up())
+    }
+}
+
+impl Node {
+    pub fn new(
+        cfg: &BackendConfig,
+        addr: String,
+        index: usize,
+        max_reply_bulk: usize,
+        metrics: &Metrics,
+    ) -> Node {
+        let base = Handshake {
+            addr: addr.clone(),
+            proto: Proto::Resp2,
+            db: 0,
+            username: cfg.username.clone(),
+            password: cfg.password.clone(),
+            connect_timeout: Duration::from_millis(cfg.connect_timeout_ms),
+            reconnect_min_ms: cfg.reconnect_min_ms,
+            reconnect_max_ms: cfg.reconnect_max_ms,
+            max_reply_bulk,
+            tracking_redirect: None,
+        };
+        Node {
+            metrics: NodeMetrics::new(metrics, &addr),
+            addr,
+            index,
+            base,
+            per_node: cfg.connections_per_node,
+            conns: Mutex::new(HashMap::new()),
+            cluster: OnceLock::new(),
+        }
+    }
+}
