@@ -27,6 +27,9 @@ struct Cli {
     /// A Redis Cluster behind the proxy: seed nodes HOST:PORT,... (any one that answers).
     #[arg(long, conflicts_with = "nodes")]
     cluster: Option<String>,
+    /// On a cluster, where single-slot reads go: master, prefer_replica or replica.
+    #[arg(long, requires = "cluster")]
+    read_from: Option<saltshaker::backend::ReadFrom>,
     /// Admin HTTP address, HOST:PORT.
     #[arg(long)]
     admin: Option<String>,
@@ -240,6 +243,9 @@ fn load(cli: &Cli) -> Result<Config, String> {
             .collect();
         let c = cfg.backend.cluster.get_or_insert_with(Default::default);
         c.seeds = seeds;
+        if let Some(r) = cli.read_from {
+            c.read_from = r;
+        }
         cfg.backend.nodes.clear();
     }
     if let Some(v) = &cli.rules {

@@ -539,3 +539,45 @@ fn a_master_added_and_rebalanced_under_load_takes_its_share_with_no_error() {
         proxy.stderr()
     );
 }
+
+#[test]
+fn reads_go_to_a_healthy_replica_with_read_from_prefer_replica() {
+    let cluster = RedisCluster::start(3, 1);
+    let proxy = Proxy::start_cluster(&cluster.seeds(), &["--read-from", "prefer_replica"]);
+    let mut c = proxy.client();
+    let key = "replicated";
+    assert_eq!(c.cmd(&["SET", key, "v"]), Reply::ok());
+    assert_eq!(c.cmd(&["WAIT", "1", "2000"]), Reply::Int(1));
+    let master = cluster.master_of(key);
+    let replica = (0..cluster.nodes.len())
+        .find(|&i| {
+            let role = cluster.nodes[i].client().cmd(&["ROLE"]);
+            let r = role.as_array();
+            r[0].as_str() == "slave" && r[2].as_int() == cluster.nodes[master].port as i64
+        })
+        .unwrap();
+    // Right after `cluster create` a node may still list a replica as a master of its own;
+    // the proxy's next reading of the map (refresh_ms, 1 s) sets it right.
+    let mut on_replica = false;
+    let end = Instant::now() + Duration::from_secs(5);
+    while !on_replica && Instant::now() < end {
+        for n in &cluster.nodes {
+            n.client().cmd(&["CONFIG", "RESETSTAT"]);
+        }
+        for _ in 0..20 {
+            assert_eq!(c.cmd(&["GET", key]), Reply::bulk("v"));
+        }
+        on_replica = calls(&cluster.nodes[replica], "get") == 20
+            && calls(&cluster.nodes[master], "get") == 0;
+        thread::sleep(Duration::from_millis(200));
+    }
+    assert!(on_replica, "reads went to the replica, none to the master");
+    // Writes still go to the master.
+    assert_eq!(c.cmd(&["INCR", "replicated:n"]), Reply::Int(1));
+    // A replica that fails is not read from: the master answers once the cluster says so.
+    cluster.nodes[replica].signal("KILL");
+    let back = wait_until(Duration::from_secs(15), || {
+        c.cmd(&["GET", key]) == Reply::bulk("v") && calls(&cluster.nodes[master], "get") > 0
+    });
+    assert!(back, "reads moved to the master after its replica failed");
+}

@@ -24,7 +24,7 @@ use tokio::sync::Notify;
 use tokio::time::Instant;
 
 use super::slots::{self, redirect, Redirect, Topology, SLOTS};
-use super::{pick, wire, BackendError, Node, NodeTable, Replies};
+use super::{pick, wire, BackendError, Node, NodeTable, ReadFrom, Replies};
 use crate::resp::{parse_value, Proto};
 
 /// No slot owner known.
@@ -45,6 +45,9 @@ pub struct Cluster {
     me: std::sync::OnceLock<std::sync::Weak<Cluster>>,
     /// Node indices of the masters now, in slot order.
     masters: ArcSwap<Vec<usize>>,
+    /// The healthy replicas of each master now (by node index), for `read_from`.
+    replicas: ArcSwap<HashMap<usize, Vec<usize>>>,
+    read_from: ReadFrom,
     /// The map as last read, for `CLUSTER` answers and logs.
     topology: ArcSwap<Topology>,
     wake: Notify,
@@ -66,6 +69,7 @@ impl Cluster {
         nodes: Arc<NodeTable>,
         topo: Topology,
         refresh_every: Duration,
+        read_from: ReadFrom,
         make: Box<dyn Fn(String, usize) -> Node + Send + Sync>,
     ) -> Arc<Cluster> {
         let by_addr = nodes
@@ -80,6 +84,8 @@ impl Cluster {
             make,
             me: std::sync::OnceLock::new(),
             masters: ArcSwap::from_pointee(Vec::new()),
+            replicas: ArcSwap::from_pointee(HashMap::new()),
+            read_from,
             topology: ArcSwap::from_pointee(Topology::default()),
             wake: Notify::new(),
             last_refresh: Mutex::new(None),
@@ -106,6 +112,19 @@ impl Cluster {
         match self.slots[slot as usize].load(Ordering::Relaxed) {
             NONE => 0,
             n => n as usize,
+        }
+    }
+
+    /// Where a read of `slot` goes under `read_from`: the master, or one of its healthy
+    /// replicas (the slot picks which, so reads of one key stay on one replica).
+    pub fn reader(&self, slot: u16) -> usize {
+        let master = self.owner(slot);
+        if self.read_from == ReadFrom::Master {
+            return master;
+        }
+        match self.replicas.load().get(&master) {
+            Some(r) if !r.is_empty() => r[slot as usize % r.len()],
+            _ => master,
         }
     }
 
@@ -151,6 +170,7 @@ impl Cluster {
     fn apply(&self, topo: Topology) -> Vec<String> {
         let mut changed = Vec::new();
         let mut masters = Vec::new();
+        let mut replicas = HashMap::new();
         let mut owner = vec![NONE; SLOTS];
         for shard in &topo.shards {
             let Some(i) = self.node_at(&shard.master.addr) else {
@@ -164,6 +184,14 @@ impl Cluster {
             if !masters.contains(&i) {
                 masters.push(i);
             }
+            // A replica that is loading or failed is never read from.
+            let healthy: Vec<usize> = shard
+                .replicas
+                .iter()
+                .filter(|r| r.healthy)
+                .filter_map(|r| self.node_at(&r.addr))
+                .collect();
+            replicas.insert(i, healthy);
             for &(a, b) in &shard.slots {
                 for s in a..=b {
                     owner[s as usize] = i as u16;
@@ -190,6 +218,7 @@ impl Cluster {
             changed.push(format!("masters are now {}", names.join(", ")));
             self.masters.store(Arc::new(masters));
         }
+        self.replicas.store(Arc::new(replicas));
         self.topology.store(Arc::new(topo));
         changed
     }

@@ -84,6 +84,33 @@ pub struct ClusterConfig {
     pub seeds: Vec<String>,
     /// How often the map is read again when nothing asks for it sooner.
     pub refresh_ms: u64,
+    /// Where single-slot reads go: the slot's master (default), one of its healthy
+    /// replicas when there is one (`prefer_replica`), or replicas only, the master
+    /// serving while none is healthy (`replica`). Replicas lag their master: a read there
+    /// may not see a write just made.
+    pub read_from: ReadFrom,
+}
+
+/// `backend.cluster.read_from`.
+#[derive(Clone, Copy, Debug, Default, Deserialize, Serialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum ReadFrom {
+    #[default]
+    Master,
+    PreferReplica,
+    Replica,
+}
+
+impl std::str::FromStr for ReadFrom {
+    type Err = String;
+    fn from_str(s: &str) -> Result<ReadFrom, String> {
+        match s {
+            "master" => Ok(ReadFrom::Master),
+            "prefer_replica" => Ok(ReadFrom::PreferReplica),
+            "replica" => Ok(ReadFrom::Replica),
+            _ => Err(format!("{s:?} is not master, prefer_replica or replica")),
+        }
+    }
 }
 
 impl Default for ClusterConfig {
@@ -91,6 +118,7 @@ impl Default for ClusterConfig {
         ClusterConfig {
             seeds: Vec::new(),
             refresh_ms: 1000,
+            read_from: ReadFrom::Master,
         }
     }
 }
@@ -129,6 +157,9 @@ pub struct Handshake {
     /// Turn on Redis client-side caching for this connection, with invalidations sent to
     /// this client id (a `tracking::Tracker`): the connection that fills the read cache.
     pub tracking_redirect: Option<u64>,
+    /// Send READONLY: a cluster replica then serves reads of its master's slots (on a
+    /// master it changes nothing, so a node that changes role keeps working).
+    pub readonly: bool,
 }
 
 impl Handshake {
@@ -173,6 +204,10 @@ impl Handshake {
                 &[b"SELECT".as_slice(), self.db.to_string().as_bytes()],
                 &mut out,
             );
+            n += 1;
+        }
+        if self.readonly {
+            encode_command(&[b"READONLY".as_slice()], &mut out);
             n += 1;
         }
         if let Some(id) = self.tracking_redirect {
@@ -333,6 +368,7 @@ impl Backend {
             nodes.clone(),
             topo,
             Duration::from_millis(cc.refresh_ms.max(100)),
+            cc.read_from,
             Box::new(make),
         );
         tokio::spawn(c.clone().run());
@@ -365,6 +401,16 @@ impl Backend {
                 let n = self.node_for(key);
                 (n as u32, n)
             }
+        }
+    }
+
+    /// The node a read-only command on `key` goes to: its master, or on a cluster with
+    /// `read_from` set, a healthy replica of it.
+    #[inline]
+    pub fn reader_for(&self, key: &[u8]) -> usize {
+        match &self.cluster {
+            Some(c) => c.reader(slots::slot_of(key)),
+            None => self.node_for(key),
         }
     }
 
@@ -459,6 +505,7 @@ async fn discover(
             reconnect_max_ms: cfg.reconnect_max_ms,
             max_reply_bulk,
             tracking_redirect: None,
+            readonly: false,
         };
         let ask = |cmd: &'static [&'static str]| {
             let hs = &hs;

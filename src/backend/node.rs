@@ -135,6 +135,10 @@ impl Node {
             reconnect_max_ms: cfg.reconnect_max_ms,
             max_reply_bulk,
             tracking_redirect: None,
+            readonly: cfg
+                .cluster
+                .as_ref()
+                .is_some_and(|c| c.read_from != super::ReadFrom::Master),
         };
         Node {
             metrics: NodeMetrics::new(metrics, &addr),

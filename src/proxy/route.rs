@@ -8,7 +8,7 @@ use smallvec::SmallVec;
 use super::round::{Merge, Part, RoundBuilder, Slot};
 use super::scan;
 use super::state::{err_bytes, Session};
-use crate::command::{Agg, Classified, Split};
+use crate::command::{flags, Agg, Classified, Split};
 use crate::resp::Request;
 
 /// The node of every key of a keyed command, or the error a client sees when they span
@@ -50,9 +50,18 @@ pub fn keys_node(s: &Session, req: &Request, c: &Classified) -> Result<usize, By
     Ok(node.unwrap_or_else(|| b.any_node()))
 }
 
+/// A command that only reads: on a cluster with `read_from`, a replica may answer it.
+fn reads_only(c: &Classified) -> bool {
+    c.spec.flags & flags::READ != 0 && c.spec.flags & flags::WRITE == 0
+}
+
 pub(super) fn forward_keyed(s: &mut Session, req: &Request, c: &Classified, rb: &mut RoundBuilder) {
     match keys_node(s, req, c) {
         Ok(node) => {
+            let node = match c.keys.first() {
+                Some(&k) if reads_only(c) => s.ctx.backend.reader_for(req.arg(k as usize)),
+                _ => node,
+            };
             let part = push(s, rb, node, req.wire());
             rb.slots.push(Slot::Reply(part));
         }
@@ -109,6 +118,11 @@ pub(super) fn split(
     let name = req.arg(0);
     let mut parts = Vec::with_capacity(groups.len());
     for ((_, node), keys) in &groups {
+        // MGET reads only: on a cluster with `read_from`, a replica of the slot answers.
+        let node = &match kind {
+            Split::Mget => s.ctx.backend.reader_for(req.arg(keys[0] as usize)),
+            _ => *node,
+        };
         let mut args: Vec<&[u8]> = Vec::with_capacity(1 + keys.len() * step);
         args.push(name);
         for &k in keys {
