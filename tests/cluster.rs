@@ -581,3 +581,130 @@ fn reads_go_to_a_healthy_replica_with_read_from_prefer_replica() {
     });
     assert!(back, "reads moved to the master after its replica failed");
 }
+
+#[test]
+fn a_salted_counter_spreads_over_masters_and_folds_back_exactly() {
+    let cluster = RedisCluster::start(3, 0);
+    let a = Proxy::start_cluster(&cluster.seeds(), &[]);
+    let b = Proxy::start_cluster(&cluster.seeds(), &[]);
+    let (code, body) = a.admin_post("/hotkeys/promote?key=likes%3Aviral&shards=3");
+    assert_eq!(code, 200, "{body}");
+    support::salting::wait_in_force(&[&a, &b], "likes:viral");
+    // Two proxies, two clients each: every increment acknowledged is counted once.
+    let per = 300;
+    let workers: Vec<_> = [&a, &a, &b, &b]
+        .iter()
+        .map(|p| {
+            let addr = p.addr();
+            thread::spawn(move || {
+                let mut c = Client::connect(&addr);
+                for _ in 0..per {
+                    assert!(matches!(c.cmd(&["INCR", "likes:viral"]), Reply::Int(_)));
+                }
+            })
+        })
+        .collect();
+    for w in workers {
+        w.join().unwrap();
+    }
+    assert_eq!(
+        a.client().cmd(&["GET", "likes:viral"]),
+        Reply::bulk(&(4 * per).to_string())
+    );
+    assert_eq!(
+        b.client().cmd(&["GET", "likes:viral"]),
+        Reply::bulk(&(4 * per).to_string())
+    );
+    // The shards sit on the three masters.
+    let holding: Vec<usize> = cluster
+        .masters()
+        .into_iter()
+        .filter(|&m| {
+            !cluster.nodes[m]
+                .client()
+                .cmd(&["KEYS", "saltshaker:s:*"])
+                .as_array()
+                .is_empty()
+        })
+        .collect();
+    assert_eq!(holding.len(), 3, "shards on every master");
+    // Demoted: the fold moves every shard home on the cluster, nothing lost or doubled.
+    assert_eq!(a.admin_post("/hotkeys/demote?key=likes%3Aviral").0, 200);
+    support::salting::wait_for("the fold", Duration::from_secs(30), || {
+        support::salting::salted(&a, "likes:viral").is_none()
+    });
+    let owner = cluster.master_of("likes:viral");
+    assert_eq!(
+        cluster.nodes[owner].client().cmd(&["GET", "likes:viral"]),
+        Reply::bulk(&(4 * per).to_string())
+    );
+    for &m in &cluster.masters() {
+        let left = cluster.nodes[m].client().cmd(&["KEYS", "saltshaker:s:*"]);
+        assert!(
+            left.as_array().is_empty(),
+            "shards left on a master: {left}"
+        );
+    }
+}
+
+#[test]
+fn salted_sets_hyperloglogs_and_sorted_sets_merge_exactly_on_a_cluster() {
+    let cluster = RedisCluster::start(3, 0);
+    let dir = TempDir::new("cluster-members");
+    let rules = dir.0.join("rules.yaml");
+    std::fs::write(
+        &rules,
+        "version: 1\nepoch_ms: 1000\nrules:\n  - match: \"set:*\"\n    write: { strategy: salt, salt: { shards: 3, families: [sets] } }\n  - match: \"hll:*\"\n    write: { strategy: salt, salt: { shards: 3, families: [hyperloglogs] } }\n  - match: \"lb:*\"\n    write: { strategy: salt, salt: { shards: 3, families: [sorted_sets] } }\n",
+    )
+    .unwrap();
+    let p = Proxy::start_cluster(&cluster.seeds(), &["--rules", &path_str(&rules)]);
+    let mut c = p.client();
+    // Typed before promotion, with members on the base key too.
+    c.cmd(&["SADD", "set:a", "base"]);
+    c.cmd(&["PFADD", "hll:a", "base"]);
+    c.cmd(&["ZINCRBY", "lb:a", "1", "base"]);
+    for k in ["set:a", "hll:a", "lb:a"] {
+        let (code, body) = p.admin_post(&format!("/hotkeys/promote?key={}", k.replace(':', "%3A")));
+        assert_eq!(code, 200, "{k}: {body}");
+        support::salting::wait_in_force(&[&p], k);
+    }
+    for i in 0..200 {
+        let m = format!("m{i}");
+        c.cmd(&["SADD", "set:a", &m]);
+        c.cmd(&["PFADD", "hll:a", &m]);
+        c.cmd(&[
+            "ZINCRBY",
+            "lb:a",
+            &(i % 7).to_string(),
+            &format!("p{}", i % 20),
+        ]);
+    }
+    assert_eq!(c.cmd(&["SCARD", "set:a"]), Reply::Int(201));
+    assert_eq!(c.cmd(&["SISMEMBER", "set:a", "base"]), Reply::Int(1));
+    let n = c.cmd(&["PFCOUNT", "hll:a"]).as_int();
+    assert!((195..=207).contains(&n), "PFCOUNT {n}");
+    assert_eq!(c.cmd(&["ZCARD", "lb:a"]), Reply::Int(21));
+    let top = c.cmd(&["ZRANGE", "lb:a", "0", "2", "REV", "WITHSCORES"]);
+    assert_eq!(top.as_array().len(), 6, "{top}");
+    // Folded home: the same answers from the base keys alone.
+    for k in ["set:a", "hll:a", "lb:a"] {
+        assert_eq!(
+            p.admin_post(&format!("/hotkeys/demote?key={}", k.replace(':', "%3A")))
+                .0,
+            200
+        );
+    }
+    support::salting::wait_for("the folds", Duration::from_secs(40), || {
+        ["set:a", "hll:a", "lb:a"]
+            .iter()
+            .all(|k| support::salting::salted(&p, k).is_none())
+    });
+    assert_eq!(c.cmd(&["SCARD", "set:a"]), Reply::Int(201));
+    let owner = cluster.master_of("lb:a");
+    assert_eq!(
+        cluster.nodes[owner].client().cmd(&["ZCARD", "lb:a"]),
+        Reply::Int(21)
+    );
+    let n2 = c.cmd(&["PFCOUNT", "hll:a"]).as_int();
+    assert_eq!(n2, n, "the fold merged the registers");
+}

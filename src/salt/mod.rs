@@ -312,6 +312,9 @@ impl Place for Backend {
     fn tag(&self) -> [u8; 2] {
         self.placement().and_then(|p| p.tag()).unwrap_or(*b"{}")
     }
+    fn by_slot(&self) -> bool {
+        self.cluster().is_some()
+    }
 }
 
 /// Sends `cmds` (node, command) with one job per node, all in flight at once, and returns

@@ -27,6 +27,44 @@ pub trait Place {
     fn node_of(&self, key: &[u8]) -> usize;
     fn nodes(&self) -> usize;
     fn tag(&self) -> [u8; 2];
+    /// A Redis Cluster: keys named by one script must share a slot, not just a node.
+    fn by_slot(&self) -> bool {
+        false
+    }
+}
+
+/// The part of `key` Redis Cluster hashes: the first non-empty `{...}`, else the whole key.
+fn hashed_part(key: &[u8]) -> &[u8] {
+    key.iter()
+        .position(|&c| c == b'{')
+        .and_then(|s| {
+            let e = key[s + 1..].iter().position(|&c| c == b'}')?;
+            (e > 0).then(|| &key[s + 1..s + 1 + e])
+        })
+        .unwrap_or(key)
+}
+
+/// Whether `key`'s bookkeeping can share its slot on a cluster: what Redis hashes of it
+/// holds no `}` (a key such as `x{}y` hashes whole, and a tag cannot carry it).
+pub fn slot_safe(key: &[u8]) -> bool {
+    !hashed_part(key).contains(&b'}')
+}
+
+/// `saltshaker:KIND:{H}:KEY`, where `{H}` holds what Redis Cluster hashes of `like`: a name
+/// in `like`'s slot (None when that part holds a `}`, which a tag cannot carry).
+fn in_slot_of(kind: &str, like: &[u8], key: &[u8]) -> Option<Bytes> {
+    let h = hashed_part(like);
+    if h.contains(&b'}') {
+        return None;
+    }
+    let mut b = BytesMut::with_capacity(key.len() + h.len() + 24);
+    b.put_slice(b"saltshaker:");
+    b.put_slice(kind.as_bytes());
+    b.put_slice(b":{");
+    b.put_slice(h);
+    b.put_slice(b"}:");
+    b.put_slice(key);
+    Some(b.freeze())
 }
 
 /// `saltshaker:KIND:{N}:KEY`, with N in the pool's hash-tag delimiters.
@@ -51,6 +89,12 @@ pub fn shard_name(key: &[u8], salt: u32, tag: [u8; 2]) -> Bytes {
 /// every proxy derives alike, on the node whose script must update it atomically with data.
 pub(super) fn on_node(p: &dyn Place, node: usize, kind: &str, key: &[u8]) -> Bytes {
     let name = |n: u32| owned_name(kind, n, p.tag(), key);
+    if p.by_slot() && node == p.node_of(key) {
+        // On a cluster a script's keys must share a slot: the base key's, here.
+        if let Some(n) = in_slot_of(kind, key, key) {
+            return n;
+        }
+    }
     (0..SEARCH)
         .map(name)
         .find(|n| p.node_of(n) == node)
@@ -65,8 +109,14 @@ pub fn applied_name(p: &dyn Place, key: &[u8]) -> Bytes {
 /// The hash on a shard's node holding what fold moves took out of that shard (`t` for
 /// "in transit"), so a merged read counts a move exactly once at every step.
 pub fn stash_name(p: &dyn Place, key: &[u8], salt: u32) -> Bytes {
-    let node = p.node_of(&shard_name(key, salt, p.tag()));
-    on_node(p, node, &format!("t:{salt}"), key)
+    let shard = shard_name(key, salt, p.tag());
+    if p.by_slot() {
+        // In the shard's slot: the shard's own tag, `{SALT}`.
+        if let Some(n) = in_slot_of(&format!("t:{salt}"), &shard, key) {
+            return n;
+        }
+    }
+    on_node(p, p.node_of(&shard), &format!("t:{salt}"), key)
 }
 
 /// Salts for shards `have.len()..n`, keeping the ones in `have`.
@@ -93,6 +143,48 @@ pub fn choose_salts(p: &dyn Place, key: &[u8], have: &[u32], n: usize) -> Vec<u3
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A cluster of three masters owning equal slot ranges.
+    struct Slots;
+    impl Place for Slots {
+        fn node_of(&self, key: &[u8]) -> usize {
+            crate::backend::slots::slot_of(key) as usize * 3 / 16384
+        }
+        fn nodes(&self) -> usize {
+            3
+        }
+        fn tag(&self) -> [u8; 2] {
+            *b"{}"
+        }
+        fn by_slot(&self) -> bool {
+            true
+        }
+    }
+
+    #[test]
+    fn on_a_cluster_bookkeeping_shares_the_slot_of_what_it_keeps_books_for() {
+        let slot = crate::backend::slots::slot_of;
+        assert!(
+            !slot_safe(b"x{}y"),
+            "hashed whole, with a brace a tag cannot carry"
+        );
+        for key in [&b"likes:1"[..], b"{user9}.votes", b"a{b", b"x{y"] {
+            assert_eq!(slot(&applied_name(&Slots, key)), slot(key), "{key:?}");
+            for s in choose_salts(&Slots, key, &[], 3) {
+                let shard = shard_name(key, s, *b"{}");
+                assert_eq!(slot(&stash_name(&Slots, key, s)), slot(&shard));
+            }
+            let scratch = on_node(&Slots, Slots.node_of(key), "u:0", key);
+            assert_eq!(slot(&scratch), slot(key));
+        }
+        // Three shards on three masters.
+        let mut nodes: Vec<usize> = choose_salts(&Slots, b"likes:1", &[], 3)
+            .iter()
+            .map(|&s| Slots.node_of(&shard_name(b"likes:1", s, *b"{}")))
+            .collect();
+        nodes.sort();
+        assert_eq!(nodes, vec![0, 1, 2]);
+    }
     use crate::backend::placement::{Distribution, HashFn, NodeSpec, Placement};
 
     struct P(Placement);

@@ -156,12 +156,10 @@ pub async fn promote(
             "keys starting with saltshaker: belong to saltshaker".into(),
         ));
     }
-    if backend.cluster().is_some() {
-        // The fold's scripts and the careful reads name a part and its bookkeeping in one
-        // command, which a cluster refuses unless both share a slot: not yet so.
+    if backend.cluster().is_some() && !super::names::slot_safe(key) {
         return Err(SaltError::Refused(
-            "salting is not available on a Redis Cluster backend yet; write-hot counters \
-             are combined instead"
+            "on a Redis Cluster this key cannot be salted: the part of it Redis hashes holds \
+             a '}', so its bookkeeping cannot share its slot"
                 .into(),
         ));
     }
