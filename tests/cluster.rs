@@ -708,3 +708,84 @@ fn salted_sets_hyperloglogs_and_sorted_sets_merge_exactly_on_a_cluster() {
     let n2 = c.cmd(&["PFCOUNT", "hll:a"]).as_int();
     assert_eq!(n2, n, "the fold merged the registers");
 }
+
+#[test]
+fn a_salted_counter_stays_exact_through_a_reshard_and_a_fold_during_one() {
+    let cluster = RedisCluster::start(3, 0);
+    let a = Proxy::start_cluster(&cluster.seeds(), &[]);
+    let b = Proxy::start_cluster(&cluster.seeds(), &[]);
+    assert_eq!(
+        a.admin_post("/hotkeys/promote?key=votes%3Afinal&shards=3")
+            .0,
+        200
+    );
+    support::salting::wait_in_force(&[&a, &b], "votes:final");
+    let stop = Arc::new(AtomicBool::new(false));
+    let counted = Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let workers: Vec<_> = [&a, &b]
+        .iter()
+        .map(|p| {
+            let (addr, stop, counted) = (p.addr(), stop.clone(), counted.clone());
+            thread::spawn(move || {
+                let mut c = Client::connect(&addr);
+                let mut errors = Vec::new();
+                while !stop.load(Ordering::Relaxed) {
+                    match c.cmd(&["INCR", "votes:final"]) {
+                        Reply::Int(_) => {
+                            counted.fetch_add(1, Ordering::Relaxed);
+                        }
+                        r => errors.push(format!("{r}")),
+                    }
+                }
+                errors
+            })
+        })
+        .collect();
+    thread::sleep(Duration::from_millis(300));
+    // The shards the writes created.
+    let shards: Vec<String> = cluster
+        .masters()
+        .into_iter()
+        .flat_map(|m| {
+            cluster.nodes[m]
+                .client()
+                .cmd(&["KEYS", "saltshaker:s:*"])
+                .strings()
+        })
+        .collect();
+    // Move a shard's slot to another master while both proxies write it.
+    let shard = shards.first().expect("a shard").clone();
+    let slot = a.client().cmd(&["CLUSTER", "KEYSLOT", &shard]).as_int() as u16;
+    let from = cluster.master_of(&shard);
+    let to = *cluster.masters().iter().find(|&&m| m != from).unwrap();
+    cluster.move_slot(slot, from, to, 1, Duration::from_millis(50));
+    thread::sleep(Duration::from_millis(300));
+    // Then demote, and move another shard's slot while the fold runs.
+    assert_eq!(b.admin_post("/hotkeys/demote?key=votes%3Afinal").0, 200);
+    let other = shards.get(1).expect("a second shard").clone();
+    let slot2 = a.client().cmd(&["CLUSTER", "KEYSLOT", &other]).as_int() as u16;
+    let from2 = cluster.master_of(&other);
+    let to2 = *cluster.masters().iter().find(|&&m| m != from2).unwrap();
+    cluster.move_slot(slot2, from2, to2, 1, Duration::from_millis(50));
+    support::salting::wait_for("the fold", Duration::from_secs(40), || {
+        support::salting::salted(&a, "votes:final").is_none()
+            && support::salting::salted(&b, "votes:final").is_none()
+    });
+    stop.store(true, Ordering::Relaxed);
+    for w in workers {
+        let errors = w.join().unwrap();
+        assert!(
+            errors.is_empty(),
+            "errors: {:?}",
+            &errors[..errors.len().min(5)]
+        );
+    }
+    let n = counted.load(Ordering::Relaxed);
+    assert!(n > 200, "the load ran: {n}");
+    let owner = cluster.master_of("votes:final");
+    assert_eq!(
+        cluster.nodes[owner].client().cmd(&["GET", "votes:final"]),
+        Reply::bulk(&n.to_string()),
+        "every acknowledged increment, once"
+    );
+}
