@@ -69,19 +69,18 @@ done
 node_list=$(printf '127.0.0.1:%s,' "${ports[@]}")
 node_list=${node_list%,}
 
-start_proxy() { # rules-file -> port
-    local port
+start_proxy() { # rules-file -> sets $port (not in a subshell: the proxy must stay ours)
     port=$(free_port)
     "$bin" --listen "127.0.0.1:$port" --admin "127.0.0.1:$(free_port)" \
-        --cluster "127.0.0.1:${ports[0]}" --rules "$1" --log-level warn 2>>"$work/proxy.log" &
+        --cluster "127.0.0.1:${ports[0]}" --rules "$1" --log-level warn \
+        >>"$work/proxy.log" 2>&1 &
     pids+=($!)
     for _ in $(seq 50); do redis-cli -p "$port" ping >/dev/null 2>&1 && break; sleep 0.1; done
-    echo "$port"
 }
 printf 'version: 1\nbalance: { enabled: false }\ndefaults:\n  write: { strategy: off }\n  read: { cache: { enabled: false } }\n' >"$work/off.yaml"
 printf 'version: 1\n' >"$work/default.yaml"
-off=$(start_proxy "$work/off.yaml")
-on=$(start_proxy "$work/default.yaml")
+start_proxy "$work/off.yaml"; off=$port
+start_proxy "$work/default.yaml"; on=$port
 
 run() { # name port workload mix
     for p in "${ports[@]}"; do redis-cli -p "$p" flushall >/dev/null; done
