@@ -14,7 +14,8 @@
 //! |            | balance (a busy node's hottest keys made read-hot)                     |
 //! | `salt`     | salted keys: an engine that knows no kind, the kinds (counters, hashes |
 //! |            | by field, sets, HLLs, zsets) behind one trait, ops, fold, coordinator  |
-//! | `backend`  | nodes, shared pipelined connections, placement, tracking invalidation  |
+//! | `backend`  | nodes, shared pipelined connections, placement, tracking invalidation, |
+//! |            | Redis Cluster (slot map kept current, MOVED/ASK followed in the call)  |
 //! | `proxy`    | listener, session (read, classify, decide, observe, act, reply)        |
 //! | `admin`    | HTTP: /metrics /healthz /readyz /hotkeys /rules                        |
 //! | `config`   | startup settings, units in names, located errors                       |
