@@ -38,7 +38,7 @@ cluster_port() {
     python3 - <<'EOF'
 import random, socket
 while True:
-    p = random.randint(20000, 45000)
+    p = random.randint(10000, 22700)
     try:
         for q in (p, p + 10000):
             s = socket.socket(); s.bind(("127.0.0.1", q)); s.close()
