@@ -153,7 +153,9 @@ pub trait SaltKind: Sync {
         Box::pin(async { Err(err("internal: this kind has no member reads")) })
     }
 
-    /// Moves shard `i` into the base key, journaling each step in `c` (see `journal`).
+    /// Moves shard `i` into the base key, journaling each step in `c` (see `journal`). By
+    /// default the counters' move (a string, or a hash's fields), which hashes by field
+    /// share.
     fn move_shard<'a>(
         &'a self,
         backend: &'a Backend,
@@ -161,16 +163,21 @@ pub trait SaltKind: Sync {
         key: &'a [u8],
         c: &'a mut Claimed,
         i: usize,
-    ) -> Fut<'a, Result<(), SaltError>>;
+    ) -> Fut<'a, Result<(), SaltError>> {
+        Box::pin(super::journal::move_counters(backend, salt, key, c, i))
+    }
 
     /// Both steps of a journaled move `mv`, each at most once (a re-run changes nothing).
+    /// By default the counters' take-then-add.
     fn apply<'a>(
         &'a self,
         backend: &'a Backend,
         key: &'a [u8],
         rec: &'a Record,
         mv: &'a Move,
-    ) -> Fut<'a, Result<(), SaltError>>;
+    ) -> Fut<'a, Result<(), SaltError>> {
+        Box::pin(super::journal::apply_counters(backend, key, rec, mv))
+    }
 }
 
 /// Whether `op` is a write (it goes to the shards while writers use them).

@@ -5,11 +5,7 @@
 
 use bytes::Bytes;
 
-use crate::backend::Backend;
-use crate::salt::journal::{self, Claimed};
 use crate::salt::kind::{Op, SaltKind};
-use crate::salt::record::{Move, Record};
-use crate::salt::{Fut, Salt, SaltError};
 
 /// What `args` (command name first, the salted key second) does to a salted counter or
 /// hash of counters.
@@ -51,26 +47,5 @@ pub struct Counters;
 impl SaltKind for Counters {
     fn classify(&self, name: &str, args: &[Bytes]) -> Op {
         classify(name, args)
-    }
-
-    fn move_shard<'a>(
-        &'a self,
-        backend: &'a Backend,
-        salt: &'a Salt,
-        key: &'a [u8],
-        c: &'a mut Claimed,
-        i: usize,
-    ) -> Fut<'a, Result<(), SaltError>> {
-        Box::pin(journal::move_counters(backend, salt, key, c, i))
-    }
-
-    fn apply<'a>(
-        &'a self,
-        backend: &'a Backend,
-        key: &'a [u8],
-        rec: &'a Record,
-        mv: &'a Move,
-    ) -> Fut<'a, Result<(), SaltError>> {
-        Box::pin(journal::apply_counters(backend, key, rec, mv))
     }
 }

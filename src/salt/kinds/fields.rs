@@ -20,11 +20,9 @@ use bytes::Bytes;
 
 use crate::backend::{wire, Backend};
 use crate::resp::{parse_i64, Value};
-use crate::salt::journal::{self, Claimed};
 use crate::salt::kind::{bulks, every, pairs, MOp, Op, SaltKind};
 use crate::salt::merge;
-use crate::salt::record::{Move, Record};
-use crate::salt::{as_i64, call, err, Fut, Salt, SaltError, Salted};
+use crate::salt::{as_i64, call, err, Fut, Salted};
 
 /// What `args` does to a hash placed by field; None: fold first, then run.
 pub fn classify(name: &str, args: &[Bytes]) -> Option<MOp> {
@@ -213,27 +211,6 @@ impl SaltKind for Fields {
         _resp3: bool,
     ) -> Fut<'a, Result<Value, Value>> {
         Box::pin(read(backend, e, op, careful))
-    }
-
-    fn move_shard<'a>(
-        &'a self,
-        backend: &'a Backend,
-        salt: &'a Salt,
-        key: &'a [u8],
-        c: &'a mut Claimed,
-        i: usize,
-    ) -> Fut<'a, Result<(), SaltError>> {
-        Box::pin(journal::move_counters(backend, salt, key, c, i))
-    }
-
-    fn apply<'a>(
-        &'a self,
-        backend: &'a Backend,
-        key: &'a [u8],
-        rec: &'a Record,
-        mv: &'a Move,
-    ) -> Fut<'a, Result<(), SaltError>> {
-        Box::pin(journal::apply_counters(backend, key, rec, mv))
     }
 }
 

@@ -11,10 +11,9 @@ use bytes::Bytes;
 
 use crate::backend::Backend;
 use crate::resp::Value;
-use crate::salt::journal::{self, Claimed};
+use crate::salt::journal::Claimed;
 use crate::salt::kind::{cmd, every, MOp, Op, SaltKind};
 use crate::salt::names::{on_node, shard_name, Place};
-use crate::salt::record::{Move, Record};
 use crate::salt::{as_i64, call, err, failpoint, Fut, Salt, SaltError, Salted};
 
 /// What `args` does to a salted HyperLogLog; None: fold first, then run.
@@ -218,18 +217,6 @@ impl SaltKind for Hll {
         i: usize,
     ) -> Fut<'a, Result<(), SaltError>> {
         Box::pin(move_hll(backend, salt, key, c, i))
-    }
-
-    /// A HyperLogLog's move is never journaled; a journal left by an older version is
-    /// finished the counters' way, as it always was.
-    fn apply<'a>(
-        &'a self,
-        backend: &'a Backend,
-        key: &'a [u8],
-        rec: &'a Record,
-        mv: &'a Move,
-    ) -> Fut<'a, Result<(), SaltError>> {
-        Box::pin(journal::apply_counters(backend, key, rec, mv))
     }
 }
 
