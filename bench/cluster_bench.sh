@@ -29,48 +29,9 @@ for tool in redis-server redis-cli redis-benchmark python3; do
 done
 [ -x "$bin" ] || { echo "cluster_bench: build first (cargo build --release) or pass --bin" >&2; exit 1; }
 
-work=$(mktemp -d)
-pids=()
-cleanup() { kill "${pids[@]}" 2>/dev/null || true; wait 2>/dev/null || true; rm -rf "$work"; }
-trap cleanup EXIT
-# A port below 55536 whose cluster bus port (+10000) is free too.
-cluster_port() {
-    python3 - <<'EOF'
-import random, socket
-while True:
-    p = random.randint(10000, 22700)
-    try:
-        for q in (p, p + 10000):
-            s = socket.socket(); s.bind(("127.0.0.1", q)); s.close()
-        print(p); break
-    except OSError:
-        pass
-EOF
-}
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
-
-ports=()
-for i in 1 2 3; do
-    p=$(cluster_port)
-    mkdir -p "$work/$p"
-    redis-server --port "$p" --bind 127.0.0.1 --save "" --appendonly no --dir "$work/$p" \
-        --cluster-enabled yes --cluster-config-file nodes.conf --logfile redis.log &
-    pids+=($!)
-    ports+=("$p")
-done
-for p in "${ports[@]}"; do
-    for _ in $(seq 50); do redis-cli -p "$p" ping >/dev/null 2>&1 && break; sleep 0.1; done
-done
-redis-cli --cluster create $(printf '127.0.0.1:%s ' "${ports[@]}") --cluster-replicas 0 \
-    --cluster-yes >/dev/null
-for _ in $(seq 100); do
-    ok=1
-    for p in "${ports[@]}"; do
-        redis-cli -p "$p" cluster info | grep -q 'cluster_state:ok' || ok=0
-    done
-    [ "$ok" -eq 1 ] && break
-    sleep 0.1
-done
+# shellcheck source=bench/cluster.sh
+source "$here/cluster.sh"
+start_cluster
 pport=$(free_port)
 "$bin" --listen "127.0.0.1:$pport" --admin "127.0.0.1:$(free_port)" \
     --cluster "127.0.0.1:${ports[0]}" --threads "$threads" --log-level warn 2>"$work/proxy.log" &
