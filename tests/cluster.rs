@@ -342,13 +342,7 @@ fn a_manual_failover_under_load_loses_no_acknowledged_write() {
     let proxy = Proxy::start_cluster(&cluster.seeds(), &[]);
     let keys: Vec<String> = (0..10).map(|i| format!("{{fo}}:{i}")).collect();
     let master = cluster.master_of(&keys[0]);
-    let replica = (0..cluster.nodes.len())
-        .find(|&i| {
-            let role = cluster.nodes[i].client().cmd(&["ROLE"]);
-            let r = role.as_array();
-            r[0].as_str() == "slave" && r[2].as_int() == cluster.nodes[master].port as i64
-        })
-        .expect("the master has a replica");
+    let replica = cluster.replica_of(master);
     let stop = Arc::new(AtomicBool::new(false));
     let worker = increment_until(&proxy, keys.clone(), stop.clone());
     thread::sleep(Duration::from_millis(300));
@@ -549,13 +543,7 @@ fn reads_go_to_a_healthy_replica_with_read_from_prefer_replica() {
     assert_eq!(c.cmd(&["SET", key, "v"]), Reply::ok());
     assert_eq!(c.cmd(&["WAIT", "1", "2000"]), Reply::Int(1));
     let master = cluster.master_of(key);
-    let replica = (0..cluster.nodes.len())
-        .find(|&i| {
-            let role = cluster.nodes[i].client().cmd(&["ROLE"]);
-            let r = role.as_array();
-            r[0].as_str() == "slave" && r[2].as_int() == cluster.nodes[master].port as i64
-        })
-        .unwrap();
+    let replica = cluster.replica_of(master);
     // Right after `cluster create` a node may still list a replica as a master of its own;
     // the proxy's next reading of the map (refresh_ms, 1 s) sets it right.
     let mut on_replica = false;

@@ -220,6 +220,17 @@ impl RedisCluster {
         self.nodes[i].client().cmd(&["CLUSTER", "MYID"]).as_str()
     }
 
+    /// A replica of node `master` (an index into `nodes`).
+    pub fn replica_of(&self, master: usize) -> usize {
+        (0..self.nodes.len())
+            .find(|&i| {
+                let role = self.nodes[i].client().cmd(&["ROLE"]);
+                let r = role.as_array();
+                r[0].as_str() == "slave" && r[2].as_int() == self.nodes[master].port as i64
+            })
+            .expect("the master has a replica")
+    }
+
     /// The masters now, as indices into `nodes`.
     pub fn masters(&self) -> Vec<usize> {
         (0..self.nodes.len())
