@@ -469,13 +469,20 @@ impl Backend {
     /// The first node whose connection is up, for keyless commands (a master, on a
     /// cluster).
     pub fn any_node(&self) -> usize {
-        let masters = self.masters();
-        masters
-            .iter()
-            .copied()
-            .find(|&i| self.nodes.get(i).is_up())
-            .or(masters.first().copied())
-            .unwrap_or(0)
+        let up = |i: &usize| self.nodes.get(*i).is_up();
+        match &self.cluster {
+            // No list built on the request path of a pool's keyless commands.
+            None => (0..self.nodes.len()).find(up).unwrap_or(0),
+            Some(c) => {
+                let masters = c.masters();
+                masters
+                    .iter()
+                    .copied()
+                    .find(up)
+                    .or(masters.first().copied())
+                    .unwrap_or(0)
+            }
+        }
     }
 }
 
