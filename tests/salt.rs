@@ -279,6 +279,61 @@ fn a_proxy_killed_between_fold_steps_leaves_a_fold_the_next_proxy_completes() {
     }
 }
 
+/// An SRE promotes a key again while its fold is between two steps: the promotion cancels
+/// the demotion and writers return to the shards at once, so the fold must stop and leave
+/// the record. (It used to finish and delete the record it had just adopted, and whatever
+/// a proxy wrote to a shard before its next registry read was never counted again; the
+/// random-kill fault test lost 4 acknowledged increments so.)
+#[test]
+fn a_key_promoted_again_mid_fold_stays_salted_and_loses_nothing() {
+    need_redis();
+    let (nodes, _dir, rules) = setup("salt-repromote");
+    let key = "ctr:again";
+    let p = proxy(
+        &nodes,
+        &rules,
+        &[("SALTSHAKER_FAILPOINT", "fold-after-journal+2500")],
+    );
+    assert_eq!(
+        p.admin_post("/hotkeys/promote?key=ctr%3Aagain&shards=4").0,
+        200
+    );
+    wait_in_force(&[&p], key);
+    let mut c = p.client();
+    for _ in 0..200 {
+        assert!(matches!(c.cmd(&["INCR", key]), Reply::Int(_)));
+    }
+    wait_for("writes on the shards", Duration::from_secs(5), || {
+        shard_keys(&nodes).len() >= 3
+    });
+    assert_eq!(p.admin_post("/hotkeys/demote?key=ctr%3Aagain").0, 200);
+    wait_for(
+        "the fold to pause mid-move",
+        Duration::from_secs(15),
+        || p.stderr().contains("failpoint reached: pausing"),
+    );
+    let (code, body) = p.admin_post("/hotkeys/promote?key=ctr%3Aagain&shards=4");
+    assert_eq!(code, 200, "{body}");
+    // The pause ends and the fold goes on; it must see the new promotion and stop.
+    wait_for(
+        "the fold to stop or finish",
+        Duration::from_secs(10),
+        || {
+            p.stderr()
+                .contains("fold stopped: the key was promoted again")
+                || salted(&p, key).is_none()
+        },
+    );
+    let e = salted(&p, key).unwrap_or_else(|| panic!("the record was removed:\n{}", p.stderr()));
+    assert!(e["demote_ms"].is_null(), "{e}");
+    for _ in 0..100 {
+        assert!(matches!(c.cmd(&["INCR", key]), Reply::Int(_)));
+    }
+    thread::sleep(Duration::from_millis(1200));
+    assert!(salted(&p, key).is_some(), "still salted: it is pinned");
+    assert_eq!(get_int(&p, key), 300, "{}", p.stderr());
+}
+
 #[test]
 fn salt_plus_combine_batches_each_shard_and_loses_nothing() {
     need_redis();

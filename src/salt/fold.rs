@@ -125,9 +125,18 @@ pub async fn fold_key(backend: &Backend, salt: &Salt, key: &[u8]) -> Result<bool
     registry::announce(backend, key).await;
     tokio::time::sleep(Duration::from_millis(3 * salt.tick_ms())).await;
     update(backend, key, &mut c).await?;
+    let epoch = salt.epoch_ms.load(std::sync::atomic::Ordering::Relaxed);
     for _pass in 0..5 {
         for i in 0..c.rec.salts.len() {
             move_shard(backend, salt, key, &mut c, i).await?;
+        }
+        // Each journaled step adopts the record as it is now. If the key was promoted
+        // again meanwhile (an SRE's pin cancels a demotion), writers are back on the
+        // shards: removing the record would strand what they write before they resync.
+        if !c.rec.foldable(now_ms(), epoch) {
+            tracing::info!(key = %String::from_utf8_lossy(key), "fold stopped: the key was promoted again while it was being folded");
+            release(backend, key, c).await?;
+            return Ok(false);
         }
         let cmds: Vec<(usize, Bytes)> = c
             .rec
@@ -140,7 +149,7 @@ pub async fn fold_key(backend: &Backend, salt: &Salt, key: &[u8]) -> Result<bool
             .collect();
         let left = call(backend, &cmds).await?;
         if left.iter().all(|v| as_i64(v) == Some(0)) {
-            failpoint("fold-before-remove");
+            failpoint("fold-before-remove").await;
             if registry::cas(backend, key, Some(&c.raw), None).await? {
                 salt.metrics.folds.inc();
                 registry::announce(backend, key).await;

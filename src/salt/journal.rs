@@ -247,7 +247,7 @@ pub async fn move_counters(
             ttl_ms,
         };
         journal(backend, key, c, Some(mv.clone())).await?;
-        failpoint("fold-after-journal");
+        failpoint("fold-after-journal").await;
         apply_counters(backend, key, &c.rec, &mv).await?;
         journal(backend, key, c, None).await?;
         salt.metrics.fold_moves.inc();
@@ -337,7 +337,7 @@ pub async fn steps(
                 String::from_utf8_lossy(e)
             )));
         }
-        failpoint(point);
+        failpoint(point).await;
     }
     Ok(())
 }

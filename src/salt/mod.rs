@@ -359,14 +359,34 @@ pub async fn call(backend: &Backend, cmds: &[(usize, Bytes)]) -> Result<Vec<Valu
     Ok(out)
 }
 
-/// Kills the process at a named point when `SALTSHAKER_FAILPOINT` names it: the crash
-/// tests of the fold use it to die between two journaled steps. Not for production use.
-pub fn failpoint(name: &str) {
-    static WANT: std::sync::OnceLock<Option<String>> = std::sync::OnceLock::new();
-    let want = WANT.get_or_init(|| std::env::var("SALTSHAKER_FAILPOINT").ok());
-    if want.as_deref() == Some(name) {
-        tracing::error!(failpoint = name, "failpoint reached: aborting the process");
-        std::process::abort();
+/// Stops at a named point when `SALTSHAKER_FAILPOINT` names it: `NAME` kills the process
+/// there (the crash tests of the fold die between two journaled steps), `NAME+MS` pauses
+/// the first task to reach it for MS milliseconds (the race tests change the registry
+/// while a fold is between two steps). Not for production use.
+pub async fn failpoint(name: &str) {
+    static WANT: std::sync::OnceLock<Option<(String, Option<u64>)>> = std::sync::OnceLock::new();
+    static PAUSED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+    let want = WANT.get_or_init(|| {
+        let v = std::env::var("SALTSHAKER_FAILPOINT").ok()?;
+        Some(match v.split_once('+') {
+            Some((n, ms)) => (n.to_string(), ms.parse().ok()),
+            None => (v, None),
+        })
+    });
+    match want {
+        Some((n, None)) if n == name => {
+            tracing::error!(failpoint = name, "failpoint reached: aborting the process");
+            std::process::abort();
+        }
+        Some((n, Some(ms))) if n == name && !PAUSED.swap(true, Ordering::Relaxed) => {
+            tracing::warn!(
+                failpoint = name,
+                pause_ms = ms,
+                "failpoint reached: pausing"
+            );
+            tokio::time::sleep(std::time::Duration::from_millis(*ms)).await;
+        }
+        _ => {}
     }
 }
 

@@ -161,7 +161,7 @@ pub async fn move_hll(
             String::from_utf8_lossy(e)
         )));
     }
-    failpoint("fold-after-add");
+    failpoint("fold-after-add").await;
     let del = cmd(&[b"EVAL", DEL_IF_SAME.as_bytes(), b"1", &shard, &raw]);
     call(backend, &[(node, del)]).await?;
     salt.metrics.fold_moves.inc();

@@ -421,7 +421,7 @@ pub async fn move_set(
             ttl_ms: None,
         };
         journal::journal(backend, key, c, Some(mv.clone())).await?;
-        failpoint("fold-after-journal");
+        failpoint("fold-after-journal").await;
         apply_set(backend, key, &c.rec, &mv).await?;
         journal::journal(backend, key, c, None).await?;
         salt.metrics.fold_moves.inc();
