@@ -309,6 +309,31 @@ impl Metrics {
             "Coordinator ticks that could not read or write the salt registry",
             s.registry_errors.clone(),
         );
+        r.register(
+            "idempotent_applied",
+            "SALTSHAKER.INCRBY increments applied (the first time their ID was seen)",
+            s.idem_applied.clone(),
+        );
+        r.register(
+            "idempotent_duplicates",
+            "SALTSHAKER.INCRBY retries answered without applying them again",
+            s.idem_duplicates.clone(),
+        );
+        r.register(
+            "idempotent_evicted",
+            "Increment IDs forgotten before their window ended because the key held max_ids IDs",
+            s.idem_evicted.clone(),
+        );
+        r.register(
+            "salt_display_reads",
+            "Merged reads of a salted key served from its display-tier rollup",
+            s.display_reads.clone(),
+        );
+        r.register(
+            "salt_display_refreshes",
+            "Display-tier rollups refreshed by a merged read",
+            s.display_refreshes.clone(),
+        );
         let c = &m.cache;
         r.register(
             "cache_hits",
@@ -473,6 +498,14 @@ pub struct SaltMetrics {
     pub merged_reads: Counter,
     pub registry_up: Gauge,
     pub registry_errors: Counter,
+    /// `SALTSHAKER.INCRBY`: applied, answered as a retry of an applied ID, and IDs
+    /// forgotten early because a key held `max_ids` of them.
+    pub idem_applied: Counter,
+    pub idem_duplicates: Counter,
+    pub idem_evicted: Counter,
+    /// Display tier: merged reads served from a rollup, and rollup refreshes.
+    pub display_reads: Counter,
+    pub display_refreshes: Counter,
 }
 
 /// Pre-resolved metric handles of one node.

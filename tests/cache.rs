@@ -159,13 +159,8 @@ fn rules_without_cache_and_resp3_clients_go_to_the_node() {
     assert!(!r.as_map().is_empty(), "{r:?}");
 }
 
-/// A counter of the proxy's /metrics, summed over its label sets.
 fn metric(p: &Proxy, name: &str) -> f64 {
-    let (_, m) = p.admin_get("/metrics");
-    m.lines()
-        .filter(|l| l.split(['{', ' ']).next() == Some(name))
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-        .sum()
+    p.metric(name)
 }
 
 /// An MGET's reply as strings, nil as "(nil)".

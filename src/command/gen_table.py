@@ -78,8 +78,11 @@ for n in ["MONITOR", "SHUTDOWN", "DEBUG", "MOVE", "SWAPDB", "FAILOVER", "PFDEBUG
     route(n, not_through(n))
 route("SYNC, PSYNC, REPLCONF, REPLICAOF, SLAVEOF",
       unsupported("replication commands are not supported through the proxy"))
-route("ASKING, RESTORE-ASKING",
+route("RESTORE-ASKING",
       unsupported("cluster commands are not supported through the proxy"))
+# The proxy presents itself as a one-node cluster (`proxy::as_cluster`).
+route("ASKING, CLUSTER INFO, CLUSTER KEYSLOT, CLUSTER MYID, CLUSTER NODES, CLUSTER SHARDS, "
+      "CLUSTER SLOTS", "Route::Local")
 route("CLIENT TRACKING, CLIENT CACHING, CLIENT GETREDIR, CLIENT TRACKINGINFO",
       unsupported("client-side caching (CLIENT TRACKING) is not supported through the proxy"))
 # Whole families, by container name.
@@ -109,6 +112,8 @@ EXTRAS = [
     ("HGETDEL", -5, "write fast", (1, 1, 1), "8.0"),
     ("HGETEX", -5, "write fast", (1, 1, 1), "8.0"),
     ("HSETEX", -6, "write denyoom fast", (1, 1, 1), "8.0"),
+    # saltshaker's own: an increment applied once per increment ID (`salt::idem`).
+    ("SALTSHAKER.INCRBY", 4, "write denyoom fast", (1, 1, 1), "saltshaker"),
 ]
 
 

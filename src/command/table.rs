@@ -19,7 +19,7 @@ const fn s(name: &'static str, arity: i32, flags: u32, keys: KeySpec, route: Rou
 /// lookup.rs keeps the one static copy.
 #[rustfmt::skip]
 #[allow(clippy::large_const_arrays)]
-pub(super) const SPECS: [Spec; 382] = [
+pub(super) const SPECS: [Spec; 383] = [
     s("ACL", -2, CONTAINER, KeySpec::None, Route::Unsupported("ACL is not supported through the proxy")),
     s("ACL CAT", -2, NOSCRIPT | LOADING | STALE, KeySpec::None, Route::Unsupported("ACL is not supported through the proxy")),
     s("ACL DELUSER", -3, ADMIN | NOSCRIPT | LOADING | STALE, KeySpec::None, Route::Unsupported("ACL is not supported through the proxy")),
@@ -287,6 +287,7 @@ pub(super) const SPECS: [Spec; 382] = [
     s("RPUSH", -3, WRITE | DENYOOM | FAST, KeySpec::Range { first: 1, last: 1, step: 1 }, Route::Keyed),
     s("RPUSHX", -3, WRITE | DENYOOM | FAST, KeySpec::Range { first: 1, last: 1, step: 1 }, Route::Keyed),
     s("SADD", -3, WRITE | DENYOOM | FAST, KeySpec::Range { first: 1, last: 1, step: 1 }, Route::Keyed),
+    s("SALTSHAKER.INCRBY", 4, WRITE | DENYOOM | FAST, KeySpec::Range { first: 1, last: 1, step: 1 }, Route::Keyed),
     s("SAVE", 1, ADMIN | NOSCRIPT | NO_ASYNC_LOADING | NO_MULTI, KeySpec::None, Route::Unsupported("SAVE is not supported through the proxy")),
     s("SCAN", -2, READ, KeySpec::None, Route::Scan),
     s("SCARD", 2, READ | FAST, KeySpec::Range { first: 1, last: 1, step: 1 }, Route::Keyed),

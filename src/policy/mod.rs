@@ -38,6 +38,9 @@ pub enum Action {
     /// goes on as usual (a fold first, or a write the base key takes), the session asks
     /// `decide_plain` for the rest.
     Salted(SaltPlan),
+    /// `SALTSHAKER.INCRBY key delta id`: applied once per ID by a task (`salt::idem`),
+    /// on the key's shard if it is salted.
+    Idempotent { delta: i64 },
 }
 
 /// Read commands whose replies may be cached for a read-hot key: single-key reads whose
@@ -192,6 +195,9 @@ pub fn decide<A: Args + ?Sized>(
     hot: &HotSet,
     salted: &SaltView,
 ) -> Action {
+    if c.spec.name == "SALTSHAKER.INCRBY" {
+        return idempotent(args, salted);
+    }
     if let Some(p) = salted::plan(salted, args, c) {
         return Action::Salted(p);
     }
@@ -199,6 +205,22 @@ pub fn decide<A: Args + ?Sized>(
         return Action::Forward;
     }
     decide_plain(c, args, hot)
+}
+
+/// `SALTSHAKER.INCRBY key delta id` (arity checked by the table).
+fn idempotent<A: Args + ?Sized>(args: &A, v: &SaltView) -> Action {
+    let reject = |m| Action::Salted(SaltPlan::Reject(m));
+    if v.in_tx {
+        return reject("ERR saltshaker: SALTSHAKER.INCRBY cannot run inside MULTI");
+    }
+    let Some(delta) = crate::resp::parse_i64(args.arg(2)) else {
+        return reject("ERR value is not an integer or out of range");
+    };
+    let id = args.arg(3);
+    if id.is_empty() || id.len() > crate::salt::idem::MAX_ID_BYTES {
+        return reject("ERR saltshaker: an increment ID is 1 to 256 bytes");
+    }
+    Action::Idempotent { delta }
 }
 
 /// Decides what to do with a command that names no salted key (or goes on as usual after

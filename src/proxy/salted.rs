@@ -29,7 +29,7 @@ use crate::salt::kind::{is_write, Op};
 use crate::salt::kinds;
 use crate::salt::merge;
 use crate::salt::ops;
-use crate::salt::{fold, now_ms, Salted};
+use crate::salt::{fold, idem, now_ms, Salted};
 
 /// Counts what `plan` does in the salting metrics: shard writes, writes the base key
 /// takes, merged reads.
@@ -214,6 +214,40 @@ fn combine(s: &mut Session, e: Arc<Salted>, op: Op, args: &[Bytes], rb: &mut Rou
     };
     rb.slots
         .push(Slot::LaterThen(pending.reply, Box::new(then)));
+}
+
+/// `SALTSHAKER.INCRBY key delta id`, by a task like any salted command that leaves the
+/// round: once the session's earlier commands have landed, before its later ones.
+pub(super) fn idempotent(s: &mut Session, req: &Request, delta: i64, rb: &mut RoundBuilder) {
+    let refuse = if s.db != 0 {
+        Some("ERR saltshaker: SALTSHAKER.INCRBY works in database 0 only")
+    } else if !s.ctx.salt.enabled {
+        Some("ERR saltshaker: SALTSHAKER.INCRBY needs a pool that places keys by hash")
+    } else {
+        None
+    };
+    if let Some(msg) = refuse {
+        rb.slots.push(Slot::Ready(err_bytes(msg)));
+        return;
+    }
+    let (key, id) = (req.arg_bytes(1), req.arg_bytes(3));
+    let now = now_ms();
+    let entry = s.ctx.salt.table.load().get(&key).cloned();
+    let fresh = s.ctx.salt.fresh(now);
+    let w = s.ctx.rules.load().resolve(&key).write.idempotency;
+    let (ctx, proto) = (s.ctx.clone(), s.proto);
+    later(s, rb, async move {
+        let once = idem::Once {
+            key: &key,
+            delta,
+            id: &id,
+            window_ms: w.window_ms,
+            max_ids: w.max_ids,
+        };
+        idem::incr(&ctx.backend, &ctx.salt, entry, once, now, fresh)
+            .await
+            .to_bytes(proto)
+    });
 }
 
 /// salt+combine (and auto, once it salts) combine the writes of each shard.

@@ -248,7 +248,12 @@ async fn handle(s: &mut Session, req: Request, rb: &mut RoundBuilder) -> Flow {
     }
     // decide
     let mut action = decide(s, &req, &c);
-    if matches!(&action, Action::Salted(p) if p.needs_flush()) && !rb.jobs.is_empty() {
+    let task = match &action {
+        Action::Salted(p) => p.needs_flush(),
+        Action::Idempotent { .. } => true,
+        _ => false,
+    };
+    if task && !rb.jobs.is_empty() {
         return Flow::Flush(req);
     }
     // observe
@@ -261,6 +266,10 @@ async fn handle(s: &mut Session, req: Request, rb: &mut RoundBuilder) -> Flow {
         }
     }
     // act
+    if let Action::Idempotent { delta } = action {
+        super::salted::idempotent(s, &req, delta, rb);
+        return Flow::Continue;
+    }
     if let Action::Salted(plan) = action {
         if let super::salted::Next::Done = super::salted::act(s, &req, &c, plan, rb).await {
             return Flow::Continue;
@@ -297,7 +306,7 @@ async fn handle(s: &mut Session, req: Request, rb: &mut RoundBuilder) -> Flow {
                     return Flow::Continue;
                 }
             }
-            Action::Forward | Action::Salted(_) => {}
+            Action::Forward | Action::Salted(_) | Action::Idempotent { .. } => {}
         }
     }
     if s.tx.is_some()

@@ -23,8 +23,8 @@ use crate::config::{parse_yaml, ConfigError};
 
 pub use glob::{stringmatch, Glob, MAX_PATTERN_BYTES};
 pub use model::{
-    Balance, CachePolicy, CombinePolicy, Detection, Families, Policies, ReadPolicy, SaltBy,
-    SaltPolicy, Shards, Strategy, WritePolicy,
+    Balance, CachePolicy, CombinePolicy, Detection, Families, Idempotency, Policies, ReadPolicy,
+    ReadTier, SaltBy, SaltPolicy, SaltedReads, Shards, Strategy, WritePolicy,
 };
 pub use reload::{spawn_reloader, RulesHandle, POLL_INTERVAL};
 pub use validate::MAX_RULES;

@@ -215,6 +215,8 @@ pub struct ReadPolicy {
     /// A read-hot key below this rate cools down (hysteresis). Default 500 per second.
     pub cool_below_per_sec: f64,
     pub cache: CachePolicy,
+    /// How merged reads of a salted key are served.
+    pub salted: SaltedReads,
 }
 
 impl Default for ReadPolicy {
@@ -223,6 +225,56 @@ impl Default for ReadPolicy {
             hot_at_per_sec: 2000.0,
             cool_below_per_sec: 500.0,
             cache: CachePolicy::default(),
+            salted: SaltedReads::default(),
+        }
+    }
+}
+
+/// `read.salted`: the exactness tier of a salted key's merged reads.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct SaltedReads {
+    /// `exact` (every read merges every part) or `display` (reads are served from a
+    /// rollup each proxy refreshes at most once per `refresh_ms`). Default exact.
+    pub tier: ReadTier,
+    /// Display tier: how old the rollup may be. Default 2000 ms.
+    pub refresh_ms: u64,
+}
+
+impl Default for SaltedReads {
+    fn default() -> Self {
+        SaltedReads {
+            tier: ReadTier::Exact,
+            refresh_ms: 2000,
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ReadTier {
+    #[default]
+    Exact,
+    Display,
+}
+
+/// `write.idempotency`: how long `SALTSHAKER.INCRBY` remembers an increment ID, and how
+/// many IDs one key (one part of a salted key) keeps at most.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Idempotency {
+    /// Default 86400000 ms (24 h).
+    pub window_ms: u64,
+    /// Default 100000. Past it the oldest ID is forgotten first (counted in
+    /// `saltshaker_idempotent_evicted_total`).
+    pub max_ids: u64,
+}
+
+impl Default for Idempotency {
+    fn default() -> Self {
+        Idempotency {
+            window_ms: 86_400_000,
+            max_ids: 100_000,
         }
     }
 }
@@ -291,6 +343,7 @@ pub struct WritePolicy {
     pub strategy: Strategy,
     pub combine: CombinePolicy,
     pub salt: SaltPolicy,
+    pub idempotency: Idempotency,
 }
 
 impl Default for WritePolicy {
@@ -301,6 +354,7 @@ impl Default for WritePolicy {
             strategy: Strategy::Auto,
             combine: CombinePolicy::default(),
             salt: SaltPolicy::default(),
+            idempotency: Idempotency::default(),
         }
     }
 }
@@ -330,6 +384,21 @@ pub(crate) struct ReadPatch {
     hot_at_per_sec: Option<f64>,
     cool_below_per_sec: Option<f64>,
     cache: Option<CachePatch>,
+    salted: Option<SaltedReadsPatch>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct SaltedReadsPatch {
+    tier: Option<ReadTier>,
+    refresh_ms: Option<u64>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct IdempotencyPatch {
+    window_ms: Option<u64>,
+    max_ids: Option<u64>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -356,6 +425,7 @@ pub(crate) struct WritePatch {
     strategy: Option<Strategy>,
     combine: Option<CombinePatch>,
     salt: Option<SaltPatch>,
+    idempotency: Option<IdempotencyPatch>,
 }
 
 fn set<T: Copy>(field: &mut T, v: Option<T>) {
@@ -377,6 +447,10 @@ impl ReadPatch {
                 c.stale_while_revalidate_ms,
             );
         }
+        if let Some(t) = &self.salted {
+            set(&mut r.salted.tier, t.tier);
+            set(&mut r.salted.refresh_ms, t.refresh_ms);
+        }
         r
     }
 }
@@ -395,6 +469,10 @@ impl WritePatch {
             set(&mut w.salt.max_shards, s.max_shards);
             set(&mut w.salt.families, s.families);
             set(&mut w.salt.by, s.by);
+        }
+        if let Some(i) = &self.idempotency {
+            set(&mut w.idempotency.window_ms, i.window_ms);
+            set(&mut w.idempotency.max_ids, i.max_ids);
         }
         w
     }

@@ -142,7 +142,9 @@ pub fn read(base: &str, r: &ReadPolicy) -> Result<(), Problem> {
         0,
         86_400_000,
         " ms",
-    )
+    )?;
+    let t = format!("{base}.salted");
+    range(&t, "refresh_ms", r.salted.refresh_ms, 10, 3_600_000, " ms")
 }
 
 pub fn write(base: &str, w: &WritePolicy) -> Result<(), Problem> {
@@ -155,6 +157,16 @@ pub fn write(base: &str, w: &WritePolicy) -> Result<(), Problem> {
         1_000_000,
         " us",
     )?;
+    let i = format!("{base}.idempotency");
+    range(
+        &i,
+        "window_ms",
+        w.idempotency.window_ms,
+        1000,
+        7 * 86_400_000,
+        " ms",
+    )?;
+    range(&i, "max_ids", w.idempotency.max_ids, 1, 100_000_000, " IDs")?;
     let s = format!("{base}.salt");
     range(&s, "max_shards", w.salt.max_shards, 1, 1024, " shards")?;
     if let Shards::Fixed(n) = w.salt.shards {

@@ -138,6 +138,8 @@ pub async fn fold_key(backend: &Backend, salt: &Salt, key: &[u8]) -> Result<bool
             release(backend, key, c).await?;
             return Ok(false);
         }
+        // Writers have left the shards: their increment IDs go to the base key's lists.
+        super::idem::fold_ids(backend, key, &c.rec).await?;
         let cmds: Vec<(usize, Bytes)> = c
             .rec
             .salts

@@ -24,6 +24,7 @@
 
 pub mod coordinator;
 pub mod fold;
+pub mod idem;
 pub mod journal;
 pub mod kind;
 pub mod kinds;

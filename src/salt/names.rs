@@ -109,14 +109,32 @@ pub fn applied_name(p: &dyn Place, key: &[u8]) -> Bytes {
 /// The hash on a shard's node holding what fold moves took out of that shard (`t` for
 /// "in transit"), so a merged read counts a move exactly once at every step.
 pub fn stash_name(p: &dyn Place, key: &[u8], salt: u32) -> Bytes {
+    beside_shard(p, "t", key, salt)
+}
+
+/// `saltshaker:KIND:SALT:...` on shard `salt`'s node (in its slot on a cluster).
+fn beside_shard(p: &dyn Place, kind: &str, key: &[u8], salt: u32) -> Bytes {
     let shard = shard_name(key, salt, p.tag());
+    let kind = format!("{kind}:{salt}");
     if p.by_slot() {
         // In the shard's slot: the shard's own tag, `{SALT}`.
-        if let Some(n) = in_slot_of(&format!("t:{salt}"), &shard, key) {
+        if let Some(n) = in_slot_of(&kind, &shard, key) {
             return n;
         }
     }
-    on_node(p, p.node_of(&shard), &format!("t:{salt}"), key)
+    on_node(p, p.node_of(&shard), &kind, key)
+}
+
+/// The increment IDs `SALTSHAKER.INCRBY` applied to the base key (`salt` None) or to a
+/// shard: a hash (ID -> the value it left) and a sorted set (ID by expiry), beside it.
+pub fn ids_names(p: &dyn Place, key: &[u8], salt: Option<u32>) -> (Bytes, Bytes) {
+    match salt {
+        None => {
+            let node = p.node_of(key);
+            (on_node(p, node, "i", key), on_node(p, node, "e", key))
+        }
+        Some(s) => (beside_shard(p, "i", key, s), beside_shard(p, "e", key, s)),
+    }
 }
 
 /// Salts for shards `have.len()..n`, keeping the ones in `have`.
@@ -173,7 +191,11 @@ mod tests {
             for s in choose_salts(&Slots, key, &[], 3) {
                 let shard = shard_name(key, s, *b"{}");
                 assert_eq!(slot(&stash_name(&Slots, key, s)), slot(&shard));
+                let (i, e) = ids_names(&Slots, key, Some(s));
+                assert_eq!((slot(&i), slot(&e)), (slot(&shard), slot(&shard)));
             }
+            let (i, e) = ids_names(&Slots, key, None);
+            assert_eq!((slot(&i), slot(&e)), (slot(key), slot(key)));
             let scratch = on_node(&Slots, Slots.node_of(key), "u:0", key);
             assert_eq!(slot(&scratch), slot(key));
         }
@@ -268,7 +290,15 @@ mod tests {
                 let a = applied_name(&p, key);
                 assert_eq!(p.node_of(&a), p.node_of(key));
                 assert!(a.starts_with(PREFIX));
+                let (i, e) = ids_names(&p, key, None);
+                assert_eq!(
+                    (p.node_of(&i), p.node_of(&e)),
+                    (p.node_of(key), p.node_of(key))
+                );
                 for s in choose_salts(&p, key, &[], 4) {
+                    let (i, e) = ids_names(&p, key, Some(s));
+                    let shard = p.node_of(&shard_name(key, s, p.tag()));
+                    assert_eq!((p.node_of(&i), p.node_of(&e)), (shard, shard));
                     let t = stash_name(&p, key, s);
                     assert_eq!(p.node_of(&t), p.node_of(&shard_name(key, s, p.tag())));
                     assert_ne!(t, stash_name(&p, key, s + 1));

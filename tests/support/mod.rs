@@ -511,6 +511,15 @@ impl Proxy {
     pub fn admin_post(&self, path: &str) -> (u16, String) {
         http_request(&self.admin_addr(), "POST", path)
     }
+
+    /// A series of /metrics, summed over its label sets (0 when absent).
+    pub fn metric(&self, name: &str) -> f64 {
+        let (_, m) = self.admin_get("/metrics");
+        m.lines()
+            .filter(|l| l.split(['{', ' ']).next() == Some(name))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum()
+    }
 }
 
 impl Drop for Proxy {
