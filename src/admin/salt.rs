@@ -6,6 +6,7 @@
 use hyper::{Method, StatusCode};
 
 use super::AdminState;
+use crate::rules::{ReadTier, Strategy};
 use crate::salt::record::Record;
 use crate::salt::SaltTable;
 
@@ -84,12 +85,29 @@ fn record_json(shown: &str, r: &Record) -> serde_json::Value {
     })
 }
 
-/// The salted keys, for `/hotkeys`.
+/// The salted keys, for `/hotkeys`, each with its exactness: `write` is `exact` (each
+/// increment its own write) or `combine` (batched, every reply still exact), `read` is the
+/// merged reads' tier (`exact`, or `display` with its refresh period).
 pub fn listing(state: &AdminState, table: &SaltTable) -> serde_json::Value {
+    let rules = state.rules.load();
     serde_json::Value::Array(
         table
             .iter()
-            .map(|e| record_json(&state.show(&e.key), &e.rec))
+            .map(|e| {
+                let mut j = record_json(&state.show(&e.key), &e.rec);
+                let r = rules.resolve(&e.key);
+                let write = match r.write.strategy {
+                    Strategy::SaltCombine | Strategy::Auto => "combine",
+                    _ => "exact",
+                };
+                j["exactness"] = match r.read.salted.tier {
+                    ReadTier::Display => serde_json::json!({
+                        "write": write, "read": "display", "refresh_ms": r.read.salted.refresh_ms,
+                    }),
+                    ReadTier::Exact => serde_json::json!({ "write": write, "read": "exact" }),
+                };
+                j
+            })
             .collect(),
     )
 }

@@ -9,6 +9,7 @@ use bytes::Bytes;
 
 use crate::command::{Args, Classified};
 use crate::salt::kind::{is_write, needs_quiet, prepare, MOp, Op};
+use crate::salt::record::Kind;
 use crate::salt::{kinds, merge, ops, SaltTable, Salted};
 
 /// What the salted plan needs to know besides the command.
@@ -25,6 +26,8 @@ pub struct SaltView<'a> {
     pub stale: bool,
     /// Whether writes of this key are combined per shard (salt+combine, auto).
     pub combine: &'a dyn Fn(&[u8]) -> bool,
+    /// The display tier's refresh period of this key's merged reads, if its rule says so.
+    pub display: &'a dyn Fn(&[u8]) -> Option<u64>,
 }
 
 impl SaltView<'_> {
@@ -55,6 +58,9 @@ pub enum SaltPlan {
     Task(Arc<SaltTable>),
     /// Fold the shards into the base key first, then go on as usual.
     Fold(Arc<SaltTable>),
+    /// A counter read of the display tier: from the key's rollup, refreshed by one merge
+    /// per period (ms) (`salt::rollup`).
+    Display(Arc<Salted>, Op, u64),
     /// Refused with Redis's own error before anything is sent.
     Reject(&'static str),
     /// A counter write whose whole is not known to stay clear of i64's bounds: by a task
@@ -79,6 +85,7 @@ impl PartialEq for SaltPlan {
             (Members(a, x, f), Members(b, y, g)) => Arc::ptr_eq(a, b) && x == y && f == g,
             (Quiet(a, x), Quiet(b, y)) => Arc::ptr_eq(a, b) && x == y,
             (Task(a), Task(b)) | (Fold(a), Fold(b)) => Arc::ptr_eq(a, b),
+            (Display(a, x, m), Display(b, y, n)) => Arc::ptr_eq(a, b) && x == y && m == n,
             (Reject(a), Reject(b)) => a == b,
             (Base(a), Base(b)) => Arc::ptr_eq(a, b),
             _ => false,
@@ -147,6 +154,13 @@ pub fn plan<A: Args + ?Sized>(v: &SaltView, args: &A, c: &Classified) -> Option<
         }
         Op::Write { .. } if e.rec.writers(now).is_none() || !v.fresh => SaltPlan::Base(e),
         Op::Write { .. } if (v.combine)(&e.key) => SaltPlan::Combine(e, op),
+        Op::Get | Op::HGet(_) if matches!(e.rec.kind, Kind::String | Kind::Hash) => {
+            match (v.display)(&e.key) {
+                Some(ms) => SaltPlan::Display(e, op, ms),
+                None if v.careful(&e) => SaltPlan::Careful(e, op),
+                None => SaltPlan::Inline(e, op),
+            }
+        }
         _ if merge::sums(&op) && v.careful(&e) => SaltPlan::Careful(e, op),
         _ => SaltPlan::Inline(e, op),
     })
@@ -189,7 +203,7 @@ mod tests {
     use crate::command;
     use crate::resp::Request;
     use crate::salt::names::Place;
-    use crate::salt::record::{Fold, Kind, Record};
+    use crate::salt::record::{Fold, Record};
 
     struct Two;
     impl Place for Two {
@@ -226,6 +240,7 @@ mod tests {
     fn decide(line: &str, now_ms: u64, db: u32, in_tx: bool, fresh: bool) -> Option<String> {
         let t = table();
         let combine = |k: &[u8]| k == b"k" && now_ms >= 5000;
+        let display = |k: &[u8]| (k == b"k" && now_ms >= 9000).then_some(2000);
         let v = SaltView {
             table: &t,
             db,
@@ -234,6 +249,7 @@ mod tests {
             fresh,
             stale: false,
             combine: &combine,
+            display: &display,
         };
         let words: Vec<&str> = line.split(' ').collect();
         let req = Request::from_args(&words);
@@ -254,6 +270,8 @@ mod tests {
             ("INCR k", 500, Some("Base")),
             ("INCRBY k +5", 2000, Some("Reject")),
             ("GET k", 2000, Some("Inline")),
+            ("GET k", 9000, Some("Display")),
+            ("GETRANGE k 0 1", 9000, Some("Fold")),
             ("SET k 1", 2000, Some("Fold")),
             ("MGET k cold", 2000, Some("Task")),
             ("RENAME k x", 2000, Some("Fold")),
@@ -296,6 +314,7 @@ mod tests {
             fresh: true,
             stale: false,
             combine: &no,
+            display: &|_| None,
         };
         let req = Request::from_args(&["SADD", "s", "a"]);
         let c = command::classify(&req).unwrap();

@@ -192,7 +192,7 @@ pub(super) fn cached_mget(
 
 /// Whether this session wrote `key` in this round or in one whose replies are not all in:
 /// then its read goes to the node, in order with the write.
-fn written_pending(s: &mut Session, rb: &RoundBuilder, key: &[u8]) -> bool {
+pub(super) fn written_pending(s: &mut Session, rb: &RoundBuilder, key: &[u8]) -> bool {
     rb.written.iter().any(|k| &k[..] == key) || s.order.unacked_write(key)
 }
 

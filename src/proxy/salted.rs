@@ -47,6 +47,7 @@ fn count(s: &Session, plan: &SaltPlan) {
         Plan::Inline(..) | Plan::Careful(..) | Plan::Members(..) | Plan::Quiet(..) => {
             &m.merged_reads
         }
+        Plan::Display(..) => &m.display_reads,
         Plan::Task(_) | Plan::Fold(_) | Plan::Reject(_) => return,
     };
     c.inc();
@@ -74,13 +75,36 @@ pub(super) async fn act(
         Plan::Combine(e, op) if !super::mitigation::may_combine_now(s, rb) => Plan::Inline(e, op),
         p => p,
     };
+    // A read of the display tier right after this session's own write of the key (in
+    // this round, or in one whose replies are not all in) merges exactly: it must see it.
+    let plan = match plan {
+        Plan::Display(e, op, _) if super::mitigation::written_pending(s, rb, &e.key) => {
+            match s.ctx.salt.careful(&e, now_ms()) {
+                true => Plan::Careful(e, op),
+                false => Plan::Inline(e, op),
+            }
+        }
+        p => p,
+    };
     count(s, &plan);
+    if matches!(
+        &plan,
+        Plan::Base(_) | Plan::Inline(_, Op::Write { .. }) | Plan::Combine(..) | Plan::Checked(..)
+    ) {
+        rb.written.push(req.arg_bytes(c.keys[0] as usize));
+    }
     let table = match plan {
         Plan::Base(e) => {
             if e.rec.kind.partitioned() {
                 e.note_base_write();
             }
+            // The base key takes it as a plain command: no reply here to count it by.
+            e.rollup.stale();
             return Next::Forward;
+        }
+        Plan::Display(e, op, ms) => {
+            display(s, e, op, ms, &args, rb);
+            return Next::Done;
         }
         Plan::Reject(msg) => {
             rb.slots.push(Slot::Ready(err_bytes(msg)));
@@ -248,6 +272,56 @@ pub(super) fn idempotent(s: &mut Session, req: &Request, delta: i64, rb: &mut Ro
             .await
             .to_bytes(proto)
     });
+}
+
+/// A display-tier read: the rollup at once when fresh, else the refresh on its way, else
+/// a merge by this session that refreshes it.
+fn display(
+    s: &mut Session,
+    e: Arc<Salted>,
+    op: Op,
+    ms: u64,
+    args: &[Bytes],
+    rb: &mut RoundBuilder,
+) {
+    use crate::salt::rollup::{self, Lookup};
+    let field = match &op {
+        Op::HGet(f) => Some(f.clone()),
+        _ => None,
+    };
+    let refresh = std::time::Duration::from_millis(ms);
+    let proto = s.proto;
+    match e
+        .rollup
+        .lookup(field.as_ref(), refresh, std::time::Instant::now())
+    {
+        Lookup::Fresh(v) => rb.slots.push(Slot::Ready(v.to_bytes(proto))),
+        Lookup::Wait(rx) => later(s, rb, async move { rollup::wait(rx).await.to_bytes(proto) }),
+        Lookup::Refresh(t) => {
+            s.ctx.salt.metrics.display_refreshes.inc();
+            let (ctx, args) = (s.ctx.clone(), args.to_vec());
+            later(s, rb, async move {
+                let cmds = merge::plan_parts(&e, &op, &args, true);
+                let merged = merge::careful_read(&ctx.backend, &e, &op, &cmds).await;
+                e.rollup.done(t, merged).to_bytes(proto)
+            });
+        }
+        Lookup::Exact => {
+            let ctx = s.ctx.clone();
+            let args = args.to_vec();
+            later(s, rb, async move {
+                merge::careful(&ctx.backend, &e, op, &args)
+                    .await
+                    .to_bytes(proto)
+            });
+        }
+    }
+}
+
+/// The refresh period of `key`'s display-tier reads, when its rule asks for that tier.
+pub(super) fn display_tier(s: &Session, key: &[u8]) -> Option<u64> {
+    let r = s.ctx.rules.load().resolve(key).read.salted;
+    (r.tier == crate::rules::ReadTier::Display).then_some(r.refresh_ms)
 }
 
 /// salt+combine (and auto, once it salts) combine the writes of each shard.

@@ -421,6 +421,7 @@ fn decide(s: &Session, req: &Request, c: &Classified) -> Action {
         crate::salt::now_ms()
     };
     let combine = |key: &[u8]| super::salted::combine_with(s, key).is_some();
+    let display = |key: &[u8]| super::salted::display_tier(s, key);
     let view = policy::SaltView {
         table: &table,
         db: s.db,
@@ -429,6 +430,7 @@ fn decide(s: &Session, req: &Request, c: &Classified) -> Action {
         fresh: now > 0 && s.ctx.salt.fresh(now),
         stale: now > 0 && s.ctx.salt.stale(now),
         combine: &combine,
+        display: &display,
     };
     policy::decide(c, req, &hot, &view)
 }

@@ -217,6 +217,9 @@ async fn try_incr(
         salt.metrics.idem_duplicates.inc();
     } else {
         salt.metrics.idem_applied.inc();
+        if let Some(e) = &entry {
+            e.rollup.wrote(None, once.delta);
+        }
     }
     Ok(answer(to, v, seen))
 }

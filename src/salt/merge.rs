@@ -141,6 +141,7 @@ pub fn written(e: &Salted, op: &Op, part: usize, v: &Value) -> (Value, bool) {
     let (Op::Write { delta, field }, Value::Integer(v)) = (op, v) else {
         return (v.clone(), false);
     };
+    e.rollup.wrote(field.as_ref(), *delta);
     (
         Value::Integer(e.estimate(field.as_ref(), part, *v)),
         *v == *delta && part > 0,

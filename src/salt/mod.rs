@@ -33,6 +33,7 @@ pub mod names;
 pub mod ops;
 pub mod record;
 pub mod registry;
+pub mod rollup;
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -68,6 +69,8 @@ pub struct Salted {
     /// Last value seen per part, per hash field (None for a string), for the estimated
     /// reply of a shard write. Bounded: a hash with many fields keeps the first 1024.
     last: Mutex<HashMap<Option<Bytes>, Vec<i64>>>,
+    /// The display tier's rollups of this key. Shared with the entry this one replaced.
+    pub rollup: Arc<rollup::Rollups>,
 }
 
 impl Salted {
@@ -90,6 +93,7 @@ impl Salted {
             rr: Arc::new(AtomicUsize::new(0)),
             base: Arc::new(BaseState::default()),
             last: Mutex::new(HashMap::new()),
+            rollup: Arc::default(),
         }
     }
 
@@ -97,6 +101,7 @@ impl Salted {
     pub fn continuing(mut self, old: &Salted) -> Salted {
         self.rr = Arc::clone(&old.rr);
         self.base = Arc::clone(&old.base);
+        self.rollup = Arc::clone(&old.rollup);
         self
     }
 

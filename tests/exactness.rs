@@ -1,13 +1,19 @@
-//! `SALTSHAKER.INCRBY key delta id` against a real 4-node pool and two proxy processes:
-//! an increment ID counts once, whether the retry comes to the same proxy or the other, on
-//! a plain key and on a salted one, across its promotion, demotion and fold, and when the
-//! proxy dies between the steps of an increment.
+//! The exactness tiers against a real 4-node pool and two proxy processes.
+//!
+//! `SALTSHAKER.INCRBY key delta id`: an increment ID counts once, whether the retry comes
+//! to the same proxy or the other, on a plain key and on a salted one, across its
+//! promotion, demotion and fold, and when the proxy dies between the steps of an increment.
+//!
+//! The display tier: reads of a salted counter are never staler than the bound, show the
+//! reading proxy's own increments, and cost one merge per period.
 
 mod support;
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::thread;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use support::salting::*;
 use support::*;
@@ -23,6 +29,13 @@ rules:
       strategy: salt
       salt: { shards: 4 }
       idempotency: { window_ms: 600000 }
+  - match: "view:*"
+    read: { salted: { tier: display, refresh_ms: 500 } }
+    write:
+      hot_at_per_sec: 1000000
+      cool_below_per_sec: 1
+      strategy: salt
+      salt: { shards: 4 }
   - match: "short:*"
     write: { idempotency: { window_ms: 1000, max_ids: 3 } }
 "#;
@@ -43,10 +56,15 @@ fn once(c: &mut Client, key: &str, delta: i64, id: &str) -> i64 {
 }
 
 fn get(p: &Proxy, key: &str) -> i64 {
-    match p.client().cmd(&["GET", key]) {
-        Reply::Bulk(Some(b)) => String::from_utf8(b).unwrap().parse().unwrap(),
+    int(&p.client().cmd(&["GET", key]))
+}
+
+/// A counter's GET reply (nil is 0).
+fn int(r: &Reply) -> i64 {
+    match r {
+        Reply::Bulk(Some(b)) => String::from_utf8_lossy(b).parse().unwrap(),
         Reply::Bulk(None) => 0,
-        r => panic!("GET {key}: {r:?}"),
+        r => panic!("a counter's GET: {r:?}"),
     }
 }
 
@@ -273,4 +291,112 @@ fn ids_are_forgotten_after_their_window_and_past_max_ids_oldest_first() {
     assert_eq!(lists.len(), 1, "{lists:?}");
     let r = nodes[owner].client().cmd(&["HLEN", &lists[0]]);
     assert_eq!(r, Reply::Int(3), "memory stays at max_ids");
+}
+
+#[test]
+fn display_tier_reads_keep_within_their_bound_show_own_writes_and_merge_once_a_period() {
+    need_redis();
+    let (nodes, _dir, rules) = setup("display");
+    let (a, b) = (proxy(&nodes, &rules, &[]), proxy(&nodes, &rules, &[]));
+    let key = "view:home";
+    assert_eq!(
+        a.admin_post("/hotkeys/promote?key=view%3Ahome&shards=4").0,
+        200
+    );
+    wait_in_force(&[&a, &b], key);
+    let e = salted(&a, key).unwrap();
+    assert_eq!(e["exactness"]["read"], "display", "{e}");
+    assert_eq!(e["exactness"]["refresh_ms"], 500, "{e}");
+
+    // A writer increments through a, one at a time, noting when each was acknowledged.
+    let stop = Arc::new(AtomicBool::new(false));
+    let acked = Arc::new(AtomicI64::new(0));
+    let log = Arc::new(Mutex::new(vec![(Instant::now(), 0i64)]));
+    let writer = {
+        let (addr, stop, acked, log) = (a.addr(), stop.clone(), acked.clone(), log.clone());
+        thread::spawn(move || {
+            let mut c = Client::connect(&addr);
+            while !stop.load(Ordering::Relaxed) {
+                assert!(matches!(c.cmd(&["INCR", "view:home"]), Reply::Int(_)));
+                let n = acked.fetch_add(1, Ordering::SeqCst) + 1;
+                log.lock().unwrap().push((Instant::now(), n));
+            }
+        })
+    };
+    // A reader through b: each value holds at least every increment acknowledged one
+    // period plus one merge (allowed 250 ms here) before the read was sent.
+    let acked_by = |t: Instant| -> i64 {
+        let log = log.lock().unwrap();
+        log.iter()
+            .take_while(|(at, _)| *at <= t)
+            .last()
+            .map_or(0, |e| e.1)
+    };
+    let refreshes0 = b.metric("saltshaker_salt_display_refreshes_total");
+    let mut r = b.client();
+    let started = Instant::now();
+    let (mut reads, mut worst) = (0, 0i64);
+    while started.elapsed() < Duration::from_secs(4) {
+        let sent = Instant::now();
+        let v = int(&r.cmd(&["GET", key]));
+        let upper = acked.load(Ordering::SeqCst) + 1;
+        assert!(v <= upper, "{v} read, only {upper} sent");
+        if let Some(then) = sent.checked_sub(Duration::from_millis(750)) {
+            let floor = acked_by(then);
+            assert!(
+                v >= floor,
+                "{v} read, {floor} acknowledged 750 ms before the read"
+            );
+            worst = worst.max(acked_by(sent) - v);
+        }
+        reads += 1;
+    }
+    let refreshes = b.metric("saltshaker_salt_display_refreshes_total") - refreshes0;
+    assert!(
+        refreshes <= 4.0 / 0.5 + 2.0,
+        "{refreshes} merges for 4 s of reads at a 500 ms period"
+    );
+    assert!(reads > 200, "{reads} reads in 4 s");
+    // Through the writing proxy, a client reads its own increments at once.
+    let mut own = a.client();
+    for _ in 0..50 {
+        let before = acked.load(Ordering::SeqCst);
+        let v = int(&own.cmd(&["GET", key]));
+        assert!(
+            v >= before,
+            "a read through the writing proxy: {v} < {before}"
+        );
+    }
+    let mut w = a.client();
+    for _ in 0..20 {
+        let before = acked.load(Ordering::SeqCst);
+        let r = w.pipeline(&[vec!["INCR", key], vec!["GET", key]]);
+        acked.fetch_add(1, Ordering::SeqCst);
+        let v = int(&r[1]);
+        assert!(
+            v > before,
+            "a GET pipelined after an INCR: {v}, {before} acknowledged before"
+        );
+    }
+    stop.store(true, Ordering::Relaxed);
+    writer.join().unwrap();
+    // Exact on demand: the merged whole equals what was acknowledged.
+    thread::sleep(Duration::from_millis(600));
+    assert_eq!(get(&b, key), acked.load(Ordering::SeqCst));
+    eprintln!("display tier: {reads} reads, {refreshes} merges, worst lag {worst} increments");
+    // Another salted counter with the exact tier is merged on every read.
+    let plain = "pay:exact";
+    assert_eq!(
+        a.admin_post("/hotkeys/promote?key=pay%3Aexact&shards=4").0,
+        200
+    );
+    wait_in_force(&[&a], plain);
+    let before = a.metric("saltshaker_salt_display_reads_total");
+    let mut c = a.client();
+    for i in 1..=20 {
+        c.cmd(&["INCR", plain]);
+        assert_eq!(c.cmd(&["GET", plain]).as_str(), i.to_string());
+    }
+    assert_eq!(a.metric("saltshaker_salt_display_reads_total"), before);
+    assert_eq!(salted(&a, plain).unwrap()["exactness"]["read"], "exact");
 }
