@@ -199,10 +199,23 @@ fn on_a_salted_key_an_id_counts_once_across_promotion_demotion_and_fold() {
         Duration::from_secs(10),
         || salted(&a, key).is_some_and(|e| e["demote_ms"].as_u64().is_some_and(|d| now_ms() > d)),
     );
-    send_all(&[&a, &b], key, &during, 1);
-    assert_eq!(get(&a, key), want, "retries while demoted");
-    wait_folded(&a, key);
-    wait_folded(&b, key);
+    // Retries go on, round after round, while the fold moves the shards and their IDs.
+    let until = Instant::now() + Duration::from_secs(30);
+    let mut rounds = 0;
+    while salted(&a, key).is_some() || salted(&b, key).is_some() {
+        assert!(Instant::now() < until, "the fold did not finish");
+        send_all(&[&a, &b], key, &during, 1);
+        rounds += 1;
+        assert_eq!(
+            get(&a, key),
+            want,
+            "retries while demoted and folding ({rounds})"
+        );
+    }
+    assert!(
+        rounds >= 2,
+        "{rounds} rounds of retries before the fold finished"
+    );
     send_all(&[&a, &b], key, &before, 1);
     send_all(&[&a, &b], key, &during, 1);
     let owner = owner(&nodes, key);

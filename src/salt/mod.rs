@@ -11,7 +11,9 @@
 //!   registry in the backend (compare-and-set, announcements, promotion, demotion).
 //!   `journal`: the fold's claim bookkeeping, journaled moves and the counters'
 //!   take-then-add. `merge`: the parts' replies summed into one key's reply, values in
-//!   transit. `kind`: the operations (`Op`, `MOp`) and the `SaltKind` trait.
+//!   transit. `kind`: the operations (`Op`, `MOp`) and the `SaltKind` trait. `idem`:
+//!   `SALTSHAKER.INCRBY`, increments applied once per ID. `rollup`: the display tier's
+//!   rollups of merged counter reads.
 //! - The kinds (`kinds/`): counters, hashes by field, sets, HyperLogLogs, sorted sets,
 //!   each implementing `SaltKind`; `kinds::of` is the one `match Kind`.
 //! - On top: `ops` (one command on a salted key: classify, plan, merge, multi-key
