@@ -571,10 +571,15 @@ fn reads_go_to_a_healthy_replica_with_read_from_prefer_replica() {
 }
 
 #[test]
-fn a_salted_counter_spreads_over_masters_and_folds_back_exactly() {
-    let cluster = RedisCluster::start(3, 0);
-    let a = Proxy::start_cluster(&cluster.seeds(), &[]);
-    let b = Proxy::start_cluster(&cluster.seeds(), &[]);
+fn a_salted_counter_spreads_over_masters_moves_apart_after_a_slot_move_and_folds_exactly() {
+    // Replicas too: salts are chosen among the masters, not among every node.
+    let cluster = RedisCluster::start(3, 1);
+    let dir = TempDir::new("cluster-salt");
+    let rules = dir.0.join("rules.yaml");
+    std::fs::write(&rules, "version: 1\nepoch_ms: 1000\n").unwrap();
+    let rules = path_str(&rules);
+    let a = Proxy::start_cluster(&cluster.seeds(), &["--rules", &rules]);
+    let b = Proxy::start_cluster(&cluster.seeds(), &["--rules", &rules]);
     let (code, body) = a.admin_post("/hotkeys/promote?key=likes%3Aviral&shards=3");
     assert_eq!(code, 200, "{body}");
     support::salting::wait_in_force(&[&a, &b], "likes:viral");
@@ -616,6 +621,50 @@ fn a_salted_counter_spreads_over_masters_and_folds_back_exactly() {
         })
         .collect();
     assert_eq!(holding.len(), 3, "shards on every master");
+    // Move one shard's slot onto the master of another: two shards share a master and one
+    // master has none. At the next epoch the writers move apart again.
+    let shards: Vec<String> = holding
+        .iter()
+        .map(|&m| {
+            cluster.nodes[m]
+                .client()
+                .cmd(&["KEYS", "saltshaker:s:*"])
+                .strings()[0]
+                .clone()
+        })
+        .collect();
+    let slot = a.client().cmd(&["CLUSTER", "KEYSLOT", &shards[0]]).as_int() as u16;
+    let (from, to) = (cluster.master_of(&shards[0]), cluster.master_of(&shards[1]));
+    cluster.move_slot(slot, from, to, 100, Duration::from_millis(0));
+    support::salting::wait_for("the writers to move apart", Duration::from_secs(15), || {
+        (a.stderr() + &b.stderr()).contains("moving a salted key's writers apart")
+    });
+    // In force within two epochs; then every master takes writes again.
+    thread::sleep(Duration::from_millis(2500));
+    let before: Vec<i64> = cluster
+        .masters()
+        .iter()
+        .map(|&m| calls(&cluster.nodes[m], "incrby"))
+        .collect();
+    let mut c = a.client();
+    for _ in 0..300 {
+        assert!(matches!(c.cmd(&["INCR", "likes:viral"]), Reply::Int(_)));
+    }
+    let after: Vec<i64> = cluster
+        .masters()
+        .iter()
+        .map(|&m| calls(&cluster.nodes[m], "incrby"))
+        .collect();
+    let took: Vec<i64> = after.iter().zip(&before).map(|(a, b)| a - b).collect();
+    assert!(
+        took.iter().all(|&t| t >= 50),
+        "increments per master after the move: {took:?}"
+    );
+    let per = per + 75;
+    assert_eq!(
+        b.client().cmd(&["GET", "likes:viral"]),
+        Reply::bulk(&(4 * per).to_string())
+    );
     // Demoted: the fold moves every shard home on the cluster, nothing lost or doubled.
     assert_eq!(a.admin_post("/hotkeys/demote?key=likes%3Aviral").0, 200);
     support::salting::wait_for("the fold", Duration::from_secs(30), || {

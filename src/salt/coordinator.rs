@@ -15,7 +15,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use tokio::sync::watch;
 
-use super::names::{choose_salts, Place, CHANNEL};
+use super::names::{shard_name, spread_salts, Place, CHANNEL};
 use super::record::{boundary_after, Kind, Record, Step};
 use super::registry::{
     announce, cas, demote, get, live_proxies, load_all, node, pinning_rule, promote, wanted_shards,
@@ -145,6 +145,9 @@ async fn tick(
     }
 
     for (key, rec) in &records {
+        if let Err(e) = respread(backend, key, rec, now, epoch).await {
+            tracing::debug!(key = %String::from_utf8_lossy(key), error = %e, "shards not moved apart now");
+        }
         let r = rules.resolve(key);
         if let Some(&rate) = hot.get(&key[..]) {
             // Still hot here: say so (at most twice an epoch), and grow N if it should.
@@ -224,6 +227,65 @@ async fn check_bases(backend: &Backend, salt: &Salt, now: u64, spread: &Spawn) {
     }
 }
 
+/// When a slot move, a failover or a new master leaves a salted counter's writers on fewer
+/// nodes than they could cover (two shards on one master), adds a step from the next
+/// boundary whose writers cover as many as they can (`names::spread_salts`). Readers merge
+/// every salt listed, so the old shards keep counting until the fold. Counters only: a kind
+/// salted by member keeps each member's shard.
+async fn respread(
+    backend: &Backend,
+    key: &[u8],
+    rec: &Record,
+    now: u64,
+    epoch: u64,
+) -> Result<(), SaltError> {
+    let Some(last) = rec.steps.last() else {
+        return Ok(());
+    };
+    if rec.kind.partitioned() || rec.demote_ms.is_some() || rec.fold.is_some() || last.from_ms > now
+    {
+        return Ok(());
+    }
+    let cur = last.in_use(rec.salts.len());
+    let node = |i: usize| backend.node_of(&shard_name(key, rec.salts[i], backend.tag()));
+    let mut nodes: Vec<usize> = cur.iter().map(|&i| node(i)).collect();
+    nodes.sort_unstable();
+    nodes.dedup();
+    let owners = backend.owners();
+    let reachable = cur.len().min(owners.len());
+    if nodes.len() >= reachable && nodes.iter().all(|n| owners.contains(n)) {
+        return Ok(());
+    }
+    let (salts, used) = spread_salts(backend, key, &rec.salts, cur.len());
+    let mut covered: Vec<usize> = used
+        .iter()
+        .map(|&i| backend.node_of(&shard_name(key, salts[i as usize], backend.tag())))
+        .collect();
+    covered.sort_unstable();
+    covered.dedup();
+    if covered.len() <= nodes.len() {
+        return Ok(());
+    }
+    let Some((raw, mut fresh)) = get(backend, key).await? else {
+        return Ok(());
+    };
+    if fresh != *rec {
+        return Ok(());
+    }
+    fresh.salts = salts;
+    let from_ms = boundary_after(now, epoch);
+    fresh.steps.push(Step {
+        from_ms,
+        n: used.len() as u32,
+        shards: used,
+    });
+    if cas(backend, key, Some(&raw), Some(fresh.encode().as_bytes())).await? {
+        tracing::info!(key = %String::from_utf8_lossy(key), nodes_before = nodes.len(), nodes_after = covered.len(), from_ms, "moving a salted key's writers apart: its shards shared a node after a slot move, a failover or a new master");
+        announce(backend, key).await;
+    }
+    Ok(())
+}
+
 /// Notes that the key is still hot and, with `grow`, adds shards from the next boundary.
 async fn refresh(
     backend: &Backend,
@@ -240,11 +302,13 @@ async fn refresh(
     }
     rec.hot_ms = now;
     if let Some(n) = grow {
-        let salts = choose_salts(backend, key, &rec.salts, n as usize);
+        let (salts, used) = spread_salts(backend, key, &rec.salts, n as usize);
         rec.salts = salts;
+        let first_n = used.iter().enumerate().all(|(i, &u)| i as u32 == u);
         rec.steps.push(Step {
             from_ms: boundary_after(now, epoch),
             n,
+            shards: if first_n { vec![] } else { used },
         });
         tracing::info!(key = %String::from_utf8_lossy(key), shards = n, "growing a salted key's shard count from the next epoch");
     }

@@ -139,8 +139,13 @@ impl Salted {
 
     /// The shard index the next write goes to, if writers use shards now.
     pub fn write_shard(&self, now_ms: u64) -> Option<usize> {
+        let step = self.rec.step_at(now_ms)?;
         let n = self.rec.writers(now_ms)? as usize;
-        Some(self.rr.fetch_add(1, Ordering::Relaxed) % n)
+        let k = self.rr.fetch_add(1, Ordering::Relaxed) % n;
+        Some(match step.shards.get(k) {
+            Some(&i) if (i as usize) < self.rec.salts.len() => i as usize,
+            _ => k,
+        })
     }
 
     /// Records `v` as part `part`'s value of `field` and returns the estimate of the whole:
@@ -322,6 +327,9 @@ impl Place for Backend {
     }
     fn by_slot(&self) -> bool {
         self.cluster().is_some()
+    }
+    fn owners(&self) -> Vec<usize> {
+        self.masters()
     }
 }
 

@@ -31,6 +31,10 @@ pub trait Place {
     fn by_slot(&self) -> bool {
         false
     }
+    /// The nodes that own keys, in order: every node of a pool, a cluster's masters.
+    fn owners(&self) -> Vec<usize> {
+        (0..self.nodes()).collect()
+    }
 }
 
 /// The part of `key` Redis Cluster hashes: the first non-empty `{...}`, else the whole key.
@@ -85,6 +89,54 @@ pub fn shard_name(key: &[u8], salt: u32, tag: [u8; 2]) -> Bytes {
     owned_name("s", salt, tag, key)
 }
 
+/// Writers for `n` shards spread as evenly over the owners as they allow, after a slot
+/// move, a failover or a new master changed where the salts land: keeps the salts of
+/// `have` whose node has room (in order) and adds salts on the nodes short of their share.
+/// Returns the salts (`have` first, new ones appended) and the indexes writers use.
+pub fn spread_salts(p: &dyn Place, key: &[u8], have: &[u32], n: usize) -> (Vec<u32>, Vec<u32>) {
+    let rot = rotation(p, key);
+    let mut salts = have.to_vec();
+    if rot.is_empty() || n == 0 {
+        return (salts, (0..n.min(have.len()) as u32).collect());
+    }
+    let cap = n.div_ceil(rot.len());
+    let node = |s: u32| p.node_of(&shard_name(key, s, p.tag()));
+    let mut count: std::collections::HashMap<usize, usize> = Default::default();
+    let mut used: Vec<u32> = Vec::new();
+    for (i, &s) in have.iter().enumerate() {
+        let c = count.entry(node(s)).or_default();
+        if used.len() < n && *c < cap && rot.contains(&node(s)) {
+            *c += 1;
+            used.push(i as u32);
+        }
+    }
+    while used.len() < n {
+        // The least-used owner, earliest in the key's rotation.
+        let Some(&want) = rot
+            .iter()
+            .min_by_key(|o| count.get(o).copied().unwrap_or(0))
+        else {
+            break;
+        };
+        let spare =
+            (0..salts.len() as u32).find(|i| !used.contains(i) && node(salts[*i as usize]) == want);
+        let i = match spare {
+            Some(i) => i,
+            None => {
+                let found = (0..SEARCH).find(|s| !salts.contains(s) && node(*s) == want);
+                let Some(s) = found.or_else(|| (0..SEARCH).find(|s| !salts.contains(s))) else {
+                    break;
+                };
+                salts.push(s);
+                salts.len() as u32 - 1
+            }
+        };
+        *count.entry(node(salts[i as usize])).or_default() += 1;
+        used.push(i);
+    }
+    (salts, used)
+}
+
 /// The first of `saltshaker:KIND:{N}:KEY` (N = 0, 1, ...) that lands on `node`: a name
 /// every proxy derives alike, on the node whose script must update it atomically with data.
 pub(super) fn on_node(p: &dyn Place, node: usize, kind: &str, key: &[u8]) -> Bytes {
@@ -137,15 +189,28 @@ pub fn ids_names(p: &dyn Place, key: &[u8], salt: Option<u32>) -> (Bytes, Bytes)
     }
 }
 
+/// The owners in `key`'s own rotation: starting after the key's node, so shard 0 of
+/// different hot keys does not always pile onto one node.
+fn rotation(p: &dyn Place, key: &[u8]) -> Vec<usize> {
+    let owners = p.owners();
+    let at = owners
+        .iter()
+        .position(|&o| o == p.node_of(key))
+        .map_or(0, |i| i + 1);
+    (0..owners.len())
+        .map(|i| owners[(at + i) % owners.len()])
+        .collect()
+}
+
 /// Salts for shards `have.len()..n`, keeping the ones in `have`.
 pub fn choose_salts(p: &dyn Place, key: &[u8], have: &[u32], n: usize) -> Vec<u32> {
-    let nodes = p.nodes().max(1);
-    // Each key starts its rotation at its own node + 1, so shard 0 of different hot keys
-    // does not always pile onto node 0.
-    let start = p.node_of(key) + 1;
+    let rot = rotation(p, key);
+    if rot.is_empty() {
+        return have.to_vec();
+    }
     let mut out = have.to_vec();
     while out.len() < n {
-        let want = (start + out.len()) % nodes;
+        let want = rot[out.len() % rot.len()];
         let pick = (0..SEARCH)
             .filter(|s| !out.contains(s))
             .find(|&s| p.node_of(&shard_name(key, s, p.tag())) == want)
@@ -266,6 +331,54 @@ mod tests {
         uniq.sort();
         uniq.dedup();
         assert_eq!(uniq.len(), 6);
+    }
+
+    /// A pool where a slot move put shard `moved`'s name on `to`'s node.
+    struct Moved<'a>(&'a P, Bytes, usize);
+    impl Place for Moved<'_> {
+        fn node_of(&self, key: &[u8]) -> usize {
+            if key == &self.1[..] {
+                return self.2;
+            }
+            self.0.node_of(key)
+        }
+        fn nodes(&self) -> usize {
+            self.0.nodes()
+        }
+        fn tag(&self) -> [u8; 2] {
+            self.0.tag()
+        }
+    }
+
+    #[test]
+    fn writers_move_apart_when_two_shards_come_to_share_a_node() {
+        let p = pool(4, None);
+        let key = b"likes:1";
+        let salts = choose_salts(&p, key, &[], 4);
+        // Nothing moved: the writers stay as they are.
+        assert_eq!(
+            spread_salts(&p, key, &salts, 4),
+            (salts.clone(), vec![0, 1, 2, 3])
+        );
+        let onto = p.node_of(&shard_name(key, salts[0], p.tag()));
+        let moved = Moved(&p, shard_name(key, salts[1], p.tag()), onto);
+        let (more, used) = spread_salts(&moved, key, &salts, 4);
+        assert_eq!(
+            &more[..4],
+            &salts[..],
+            "the old salts stay listed, for readers"
+        );
+        assert_eq!(used.len(), 4);
+        assert!(
+            !used.contains(&1),
+            "the shard that moved onto another's node is left"
+        );
+        let mut nodes: Vec<usize> = used
+            .iter()
+            .map(|&i| moved.node_of(&shard_name(key, more[i as usize], p.tag())))
+            .collect();
+        nodes.sort();
+        assert_eq!(nodes, vec![0, 1, 2, 3]);
     }
 
     #[test]

@@ -35,11 +35,30 @@ impl Kind {
     }
 }
 
-/// From `from_ms` on, writers spread over the first `n` salts.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+/// From `from_ms` on, writers spread over `n` salts: the first `n`, or, when `shards` is
+/// not empty, those (indexes into `salts`: a step that moves shards off a master holding
+/// two of them, after a slot move or a failover).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Step {
     pub from_ms: u64,
     pub n: u32,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub shards: Vec<u32>,
+}
+
+impl Step {
+    /// The salts (indexes into the record's `salts`) writers use in this step.
+    pub fn in_use(&self, salts: usize) -> Vec<usize> {
+        match self.shards.is_empty() {
+            true => (0..(self.n as usize).min(salts)).collect(),
+            false => self
+                .shards
+                .iter()
+                .map(|&i| i as usize)
+                .filter(|&i| i < salts)
+                .collect(),
+        }
+    }
 }
 
 /// One shard's move into the base key, journaled before it starts. `delta` holds
@@ -105,7 +124,11 @@ impl Record {
         Record {
             kind,
             salts,
-            steps: vec![Step { from_ms, n }],
+            steps: vec![Step {
+                from_ms,
+                n,
+                shards: vec![],
+            }],
             hot_ms: now_ms,
             pinned: false,
             demote_ms: None,
@@ -117,15 +140,20 @@ impl Record {
     /// How many salts writers use at `now_ms`; None means write the base key (promotion
     /// not yet in force, or demoted).
     pub fn writers(&self, now_ms: u64) -> Option<u32> {
+        let s = self.step_at(now_ms)?;
+        let n = match s.shards.is_empty() {
+            true => s.n.min(self.salts.len() as u32),
+            false => s.in_use(self.salts.len()).len() as u32,
+        };
+        (n > 0).then_some(n)
+    }
+
+    /// The step writers follow at `now_ms`; None while they write the base key.
+    pub fn step_at(&self, now_ms: u64) -> Option<&Step> {
         if self.demote_ms.is_some_and(|d| now_ms >= d) {
             return None;
         }
-        self.steps
-            .iter()
-            .rev()
-            .find(|s| s.from_ms <= now_ms)
-            .map(|s| s.n.min(self.salts.len() as u32))
-            .filter(|&n| n > 0)
+        self.steps.iter().rev().find(|s| s.from_ms <= now_ms)
     }
 
     /// The shard count writers will use last (for growth decisions).
@@ -186,6 +214,7 @@ mod tests {
         r.steps.push(Step {
             from_ms: 20_000,
             n: 6,
+            shards: vec![],
         });
         assert_eq!(r.writers(19_999), Some(4));
         assert_eq!(r.writers(20_000), Some(6));
