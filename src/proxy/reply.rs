@@ -342,6 +342,31 @@ fn merge(m: Merge, replies: &[Result<Replies, BackendError>], proto: Proto, out:
             };
             v.encode(proto, out);
         }),
+        Merge::Once {
+            part: p,
+            entry,
+            to,
+            delta,
+            salt,
+        } => {
+            // An error reply too goes through `finish`, which reads it as INCRBY's own.
+            let v = match part(replies, p) {
+                Ok(raw) => match parse_value(&raw) {
+                    Ok(Some((v, _))) => v,
+                    _ => Value::Error(Bytes::from_static(
+                        b"ERR saltshaker: unreadable backend reply",
+                    )),
+                },
+                Err(e) => {
+                    let mut o = BytesMut::new();
+                    backend_error(e, &mut o);
+                    out.extend_from_slice(&o);
+                    return;
+                }
+            };
+            crate::salt::idem::finish(&salt, entry.as_deref(), to, delta, &v).encode(proto, out);
+            Ok(())
+        }
         Merge::Exec(p) => match part(replies, p) {
             Ok(b) => {
                 out.extend_from_slice(&b);

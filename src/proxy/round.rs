@@ -63,6 +63,14 @@ pub enum Merge {
         part: usize,
         ctx: Option<std::sync::Arc<super::ctx::Ctx>>,
     },
+    /// `SALTSHAKER.INCRBY` as one script: its reply becomes INCRBY's (`salt::idem::finish`).
+    Once {
+        part: Part,
+        entry: Option<std::sync::Arc<crate::salt::Salted>>,
+        to: crate::salt::idem::Placed,
+        delta: i64,
+        salt: std::sync::Arc<crate::salt::Salt>,
+    },
 }
 
 /// The reply to one command.

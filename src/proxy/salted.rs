@@ -240,8 +240,9 @@ fn combine(s: &mut Session, e: Arc<Salted>, op: Op, args: &[Bytes], rb: &mut Rou
         .push(Slot::LaterThen(pending.reply, Box::new(then)));
 }
 
-/// `SALTSHAKER.INCRBY key delta id`, by a task like any salted command that leaves the
-/// round: once the session's earlier commands have landed, before its later ones.
+/// `SALTSHAKER.INCRBY key delta id`: one script in the round, like any command, or, when
+/// the ID must be looked up elsewhere first, a task like any salted command that leaves
+/// the round (once the session's earlier commands have landed, before its later ones).
 pub(super) fn idempotent(s: &mut Session, req: &Request, delta: i64, rb: &mut RoundBuilder) {
     let refuse = if s.db != 0 {
         Some("ERR saltshaker: SALTSHAKER.INCRBY works in database 0 only")
@@ -255,23 +256,63 @@ pub(super) fn idempotent(s: &mut Session, req: &Request, delta: i64, rb: &mut Ro
         return;
     }
     let (key, id) = (req.arg_bytes(1), req.arg_bytes(3));
+    rb.written.push(key.clone());
     let now = now_ms();
     let entry = s.ctx.salt.table.load().get(&key).cloned();
     let fresh = s.ctx.salt.fresh(now);
     let w = s.ctx.rules.load().resolve(&key).write.idempotency;
-    let (ctx, proto) = (s.ctx.clone(), s.proto);
-    later(s, rb, async move {
-        let once = idem::Once {
-            key: &key,
-            delta,
-            id: &id,
-            window_ms: w.window_ms,
-            max_ids: w.max_ids,
-        };
-        idem::incr(&ctx.backend, &ctx.salt, entry, once, now, fresh)
-            .await
-            .to_bytes(proto)
-    });
+    let once = idem::Once {
+        key: &key,
+        delta,
+        id: &id,
+        window_ms: w.window_ms,
+        max_ids: w.max_ids,
+    };
+    match idem::plan(&s.ctx.backend, entry.as_deref(), &once, now, fresh) {
+        Err(e) => rb
+            .slots
+            .push(Slot::Ready(err_bytes(&format!("ERR saltshaker: {e}")))),
+        Ok(idem::Plan::Inline { node, cmd, to }) => {
+            let part = push(s, rb, node, cmd);
+            rb.slots.push(Slot::Merge(Box::new(Merge::Once {
+                part,
+                entry,
+                to,
+                delta,
+                salt: s.ctx.salt.clone(),
+            })));
+        }
+        Ok(idem::Plan::Task) => {
+            let (ctx, proto) = (s.ctx.clone(), s.proto);
+            later(s, rb, async move {
+                let once = idem::Once {
+                    key: &key,
+                    delta,
+                    id: &id,
+                    window_ms: w.window_ms,
+                    max_ids: w.max_ids,
+                };
+                idem::incr(&ctx.backend, &ctx.salt, entry, once, now, fresh)
+                    .await
+                    .to_bytes(proto)
+            });
+        }
+    }
+}
+
+/// Whether `SALTSHAKER.INCRBY` of `req` runs as a task (the round built so far goes first).
+pub(super) fn idempotent_is_task(s: &Session, req: &Request) -> bool {
+    let key = req.arg(1);
+    let Some(e) = s.ctx.salt.table.load().get(key).cloned() else {
+        return false;
+    };
+    let now = now_ms();
+    let w = s.ctx.rules.load().resolve(key).write.idempotency;
+    let fresh = s.ctx.salt.fresh(now);
+    !matches!(
+        idem::places(Some(&e.rec), req.arg(3), now, fresh, w.window_ms),
+        Ok((_, None)) | Err(_)
+    )
 }
 
 /// A display-tier read: the rollup at once when fresh, else the refresh on its way, else

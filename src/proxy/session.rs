@@ -250,7 +250,7 @@ async fn handle(s: &mut Session, req: Request, rb: &mut RoundBuilder) -> Flow {
     let mut action = decide(s, &req, &c);
     let task = match &action {
         Action::Salted(p) => p.needs_flush(),
-        Action::Idempotent { .. } => true,
+        Action::Idempotent { .. } => super::salted::idempotent_is_task(s, &req),
         _ => false,
     };
     if task && !rb.jobs.is_empty() {

@@ -123,71 +123,82 @@ pub fn places(
     })
 }
 
-/// Applies `once` at most once, and answers as INCRBY does (on a salted key, the estimate
-/// of the whole a salted INCRBY gives).
-pub async fn incr(
+/// How an idempotent increment is sent.
+pub enum Plan {
+    /// One script on one node, in the session's round like any command: the ID cannot
+    /// have been applied anywhere else. `finish` turns the script's reply into the client's.
+    Inline { node: usize, cmd: Bytes, to: Placed },
+    /// The ID is looked up elsewhere first: by a task (`incr`).
+    Task,
+}
+
+/// How `once` is sent; Err when it is refused outright.
+pub fn plan(
     backend: &Backend,
-    salt: &Salt,
-    entry: Option<Arc<Salted>>,
-    once: Once<'_>,
+    entry: Option<&Salted>,
+    once: &Once,
     now_ms: u64,
     fresh: bool,
-) -> Value {
-    match try_incr(backend, salt, entry, once, now_ms, fresh).await {
-        Ok(v) => v,
-        Err(e) => Value::Error(Bytes::from(format!("ERR saltshaker: {e}"))),
+) -> Result<Plan, SaltError> {
+    counter_only(entry)?;
+    let (to, other) = places(
+        entry.map(|e| &e.rec),
+        once.id,
+        now_ms,
+        fresh,
+        once.window_ms,
+    )?;
+    // The crash tests stop a proxy between the lookup and the script: only a task has both.
+    if other.is_some() || armed() {
+        return Ok(Plan::Task);
+    }
+    let (node, cmd) = script(backend, entry, once, now_ms, to);
+    Ok(Plan::Inline { node, cmd, to })
+}
+
+fn armed() -> bool {
+    static ARMED: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ARMED.get_or_init(|| std::env::var_os("SALTSHAKER_FAILPOINT").is_some())
+}
+
+fn counter_only(entry: Option<&Salted>) -> Result<(), SaltError> {
+    match entry {
+        Some(e) if e.rec.kind != Kind::String => Err(SaltError::Refused(format!(
+            "SALTSHAKER.INCRBY counts strings, and this key is a salted {:?}",
+            e.rec.kind
+        ))),
+        _ => Ok(()),
     }
 }
 
-async fn try_incr(
+/// The counter at `p`, and its ID lists.
+fn names(
     backend: &Backend,
-    salt: &Salt,
-    entry: Option<Arc<Salted>>,
-    once: Once<'_>,
+    entry: Option<&Salted>,
+    key: &[u8],
+    p: Placed,
+) -> (Bytes, Bytes, Bytes) {
+    match (p, entry) {
+        (Placed::Shard(i), Some(e)) => {
+            let (ids, exp) = ids_names(backend, key, Some(e.rec.salts[i]));
+            (e.parts[1 + i].clone(), ids, exp)
+        }
+        _ => {
+            let (ids, exp) = ids_names(backend, key, None);
+            (Bytes::copy_from_slice(key), ids, exp)
+        }
+    }
+}
+
+/// The script that applies `once` at `to`, and its node.
+fn script(
+    backend: &Backend,
+    entry: Option<&Salted>,
+    once: &Once,
     now_ms: u64,
-    fresh: bool,
-) -> Result<Value, SaltError> {
-    if let Some(e) = &entry {
-        if e.rec.kind != Kind::String {
-            return Err(SaltError::Refused(format!(
-                "SALTSHAKER.INCRBY counts strings, and this key is a salted {:?}",
-                e.rec.kind
-            )));
-        }
-    }
-    let rec = entry.as_ref().map(|e| &e.rec);
-    let (to, other) = places(rec, once.id, now_ms, fresh, once.window_ms)?;
-    let name = |p: Placed| -> (Bytes, Bytes, Bytes) {
-        match (p, &entry) {
-            (Placed::Shard(i), Some(e)) => {
-                let (ids, exp) = ids_names(backend, once.key, Some(e.rec.salts[i]));
-                (e.parts[1 + i].clone(), ids, exp)
-            }
-            _ => {
-                let (ids, exp) = ids_names(backend, once.key, None);
-                (Bytes::copy_from_slice(once.key), ids, exp)
-            }
-        }
-    };
-    let answer = |p: Placed, v: i64, seen: bool| -> Value {
-        match (&entry, p) {
-            (Some(e), _) if seen => Value::Integer(e.known_total(None).unwrap_or(v)),
-            (Some(e), Placed::Shard(i)) => Value::Integer(e.estimate(None, 1 + i, v)),
-            (Some(e), Placed::Base) => Value::Integer(e.estimate(None, 0, v)),
-            (None, _) => Value::Integer(v),
-        }
-    };
-    if let Some(p) = other {
-        let (_, ids, _) = name(p);
-        let node = backend.node_of(&ids);
-        let r = call(backend, &[(node, wire(&[&b"HGET"[..], &ids, once.id]))]).await?;
-        if let Some(v) = as_i64(&r[0]) {
-            salt.metrics.idem_duplicates.inc();
-            return Ok(answer(p, v, true));
-        }
-    }
-    failpoint("idem-after-check").await;
-    let (target, ids, exp) = name(to);
+    to: Placed,
+) -> (usize, Bytes) {
+    let (target, ids, exp) = names(backend, entry, once.key, to);
     let cmd = wire(&[
         &b"EVAL"[..],
         ONCE.as_bytes(),
@@ -201,27 +212,96 @@ async fn try_incr(
         once.window_ms.to_string().as_bytes(),
         once.max_ids.to_string().as_bytes(),
     ]);
-    let r = call(backend, &[(backend.node_of(&target), cmd)]).await?;
-    failpoint("idem-after-apply").await;
-    let (seen, v, evicted) = match &r[0] {
+    (backend.node_of(&target), cmd)
+}
+
+/// The reply INCRBY would give (on a salted key, the estimate of the whole a salted INCRBY
+/// gives), from the value the increment left or found.
+fn answer(entry: Option<&Salted>, p: Placed, v: i64, seen: bool) -> Value {
+    match (entry, p) {
+        (Some(e), _) if seen => Value::Integer(e.known_total(None).unwrap_or(v)),
+        (Some(e), Placed::Shard(i)) => Value::Integer(e.estimate(None, 1 + i, v)),
+        (Some(e), Placed::Base) => Value::Integer(e.estimate(None, 0, v)),
+        (None, _) => Value::Integer(v),
+    }
+}
+
+/// The client's reply from the script's: counted in the metrics, this proxy's increment
+/// noted for the display tier.
+pub fn finish(salt: &Salt, entry: Option<&Salted>, to: Placed, delta: i64, r: &Value) -> Value {
+    let (seen, v, evicted) = match r {
         Value::Array(a) if a.len() == 3 => match (as_i64(&a[0]), as_i64(&a[1]), as_i64(&a[2])) {
             (Some(s), Some(v), Some(n)) => (s == 1, v, n),
-            _ => return Err(SaltError::Reply(format!("unexpected reply {:?}", r[0]))),
+            _ => return unexpected(r),
         },
         // The node's own error (WRONGTYPE, not an integer, overflow): the client's to see.
-        Value::Error(e) => return Ok(Value::Error(script_error(e))),
-        v => return Err(SaltError::Reply(format!("unexpected reply {v:?}"))),
+        Value::Error(e) => return Value::Error(script_error(e)),
+        r => return unexpected(r),
     };
     salt.metrics.idem_evicted.inc_by(evicted.max(0) as u64);
     if seen {
         salt.metrics.idem_duplicates.inc();
     } else {
         salt.metrics.idem_applied.inc();
-        if let Some(e) = &entry {
-            e.rollup.wrote(None, once.delta);
+        if let Some(e) = entry {
+            e.rollup.wrote(None, delta);
         }
     }
-    Ok(answer(to, v, seen))
+    answer(entry, to, v, seen)
+}
+
+fn unexpected(r: &Value) -> Value {
+    Value::Error(Bytes::from(format!(
+        "ERR saltshaker: unexpected reply to an idempotent increment: {r:?}"
+    )))
+}
+
+/// Applies `once` at most once, looking its ID up where else it may have gone first, and
+/// answers as INCRBY does.
+pub async fn incr(
+    backend: &Backend,
+    salt: &Salt,
+    entry: Option<Arc<Salted>>,
+    once: Once<'_>,
+    now_ms: u64,
+    fresh: bool,
+) -> Value {
+    match try_incr(backend, salt, entry.as_deref(), once, now_ms, fresh).await {
+        Ok(v) => v,
+        Err(e) => Value::Error(Bytes::from(format!("ERR saltshaker: {e}"))),
+    }
+}
+
+async fn try_incr(
+    backend: &Backend,
+    salt: &Salt,
+    entry: Option<&Salted>,
+    once: Once<'_>,
+    now_ms: u64,
+    fresh: bool,
+) -> Result<Value, SaltError> {
+    counter_only(entry)?;
+    let (to, other) = places(
+        entry.map(|e| &e.rec),
+        once.id,
+        now_ms,
+        fresh,
+        once.window_ms,
+    )?;
+    if let Some(p) = other {
+        let (_, ids, _) = names(backend, entry, once.key, p);
+        let node = backend.node_of(&ids);
+        let r = call(backend, &[(node, wire(&[&b"HGET"[..], &ids, once.id]))]).await?;
+        if let Some(v) = as_i64(&r[0]) {
+            salt.metrics.idem_duplicates.inc();
+            return Ok(answer(entry, p, v, true));
+        }
+    }
+    failpoint("idem-after-check").await;
+    let (node, cmd) = script(backend, entry, &once, now_ms, to);
+    let r = call(backend, &[(node, cmd)]).await?;
+    failpoint("idem-after-apply").await;
+    Ok(finish(salt, entry, to, once.delta, &r[0]))
 }
 
 /// Redis appends the script's location to an error raised inside it: the client sees
