@@ -49,6 +49,13 @@ pub struct NodeErrorLabel {
     pub kind: &'static str,
 }
 
+/// A salted key's exactness: `write` exact or combine, `read` exact or display.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ExactnessLabel {
+    pub write: &'static str,
+    pub read: &'static str,
+}
+
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ResultLabel {
     pub result: &'static str,
@@ -325,6 +332,11 @@ impl Metrics {
             s.idem_evicted.clone(),
         );
         r.register(
+            "salted_keys_by_exactness",
+            "Keys salted now by their rule's exactness: write exact or combine, read exact or display",
+            s.by_exactness.clone(),
+        );
+        r.register(
             "salt_display_reads",
             "Merged reads of a salted key served from its display-tier rollup",
             s.display_reads.clone(),
@@ -506,6 +518,8 @@ pub struct SaltMetrics {
     /// Display tier: merged reads served from a rollup, and rollup refreshes.
     pub display_reads: Counter,
     pub display_refreshes: Counter,
+    /// Salted keys by exactness (four label sets at most).
+    pub by_exactness: Family<ExactnessLabel, Gauge>,
 }
 
 /// Pre-resolved metric handles of one node.

@@ -320,6 +320,11 @@ fn display_tier_reads_keep_within_their_bound_show_own_writes_and_merge_once_a_p
     let e = salted(&a, key).unwrap();
     assert_eq!(e["exactness"]["read"], "display", "{e}");
     assert_eq!(e["exactness"]["refresh_ms"], 500, "{e}");
+    wait_for("the exactness gauge", Duration::from_secs(5), || {
+        let m = a.admin_get("/metrics").1;
+        m.contains("saltshaker_salted_keys_by_exactness{write=\"exact\",read=\"display\"} 1")
+            && m.contains("saltshaker_salted_keys_by_exactness{write=\"combine\",read=\"exact\"} 0")
+    });
 
     // A writer increments through a, one at a time, noting when each was acknowledged.
     let stop = Arc::new(AtomicBool::new(false));

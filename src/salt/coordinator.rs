@@ -110,6 +110,7 @@ async fn tick(
     check_bases(backend, salt, now, spread).await;
 
     let rules = rules.load();
+    exactness(salt, &records, &rules);
     let mut hot: HashMap<&[u8], f64> = HashMap::new();
     for k in &snap.keys {
         if matches!(k.write_state, Some(HotState::Hot) | Some(HotState::Cooling)) {
@@ -184,6 +185,36 @@ async fn tick(
         }
     }
     Ok(())
+}
+
+/// `saltshaker_salted_keys_by_exactness`: every label set, so a tier with no key reads 0.
+fn exactness(salt: &Salt, records: &[(Bytes, Record)], rules: &crate::rules::Rules) {
+    use crate::metrics::ExactnessLabel;
+    use crate::rules::{ReadTier, Strategy};
+    let mut n: HashMap<(&'static str, &'static str), i64> = HashMap::new();
+    for w in ["exact", "combine"] {
+        for r in ["exact", "display"] {
+            n.insert((w, r), 0);
+        }
+    }
+    for (key, _) in records {
+        let p = rules.resolve(key);
+        let w = match p.write.strategy {
+            Strategy::SaltCombine | Strategy::Auto => "combine",
+            _ => "exact",
+        };
+        let r = match p.read.salted.tier {
+            ReadTier::Display => "display",
+            ReadTier::Exact => "exact",
+        };
+        *n.entry((w, r)).or_default() += 1;
+    }
+    for ((write, read), v) in n {
+        salt.metrics
+            .by_exactness
+            .get_or_create(&ExactnessLabel { write, read })
+            .set(v);
+    }
 }
 
 /// Starts `fold::spread` of a salted set's base-key members into its shards, in a task
