@@ -682,6 +682,20 @@ fn a_salted_counter_spreads_over_masters_moves_apart_after_a_slot_move_and_folds
             "shards left on a master: {left}"
         );
     }
+    // Idempotent increments on keys of every slot range: a retry through either proxy
+    // counts once (each script's keys share the counter's slot).
+    for i in 0..30 {
+        let key = format!("pay:{i}");
+        for p in [&a, &b, &a] {
+            let r = p.client().cmd(&["SALTSHAKER.INCRBY", &key, "5", "once"]);
+            assert_eq!(r, Reply::Int(5), "{key} through {}", p.addr());
+        }
+    }
+    let r = a.client().cmd(&["SALTSHAKER.INCRBY", "x{}y", "1", "id"]);
+    assert!(
+        matches!(&r, Reply::Error(e) if e.contains("cannot share its slot")),
+        "{r}"
+    );
 }
 
 #[test]
