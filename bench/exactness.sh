@@ -39,20 +39,7 @@ start_proxy --rules "$rules"
 port=$proxy_port; admin=$proxy_admin
 pid=$(pgrep -f -- "--listen 127.0.0.1:$port" | head -1)
 
-promote() { # key: salt it over 4 shards and wait until in force
-    python3 - "$admin" "$1" <<'PY'
-import json, sys, time, urllib.parse, urllib.request
-base, key = f"http://127.0.0.1:{sys.argv[1]}", sys.argv[2]
-q = urllib.parse.quote(key, safe="")
-urllib.request.urlopen(urllib.request.Request(f"{base}/hotkeys/promote?key={q}&shards=4", method="POST")).read()
-for _ in range(200):
-    s = [e for e in json.load(urllib.request.urlopen(f"{base}/hotkeys"))["salted"] if e["key"] == key]
-    if s and s[0]["from_ms"] + 100 < time.time() * 1000:
-        sys.exit(0)
-    time.sleep(0.05)
-sys.exit(f"the promotion of {key} never took effect")
-PY
-}
+promote() { promote_key "$admin" "$1"; }
 cli() { redis-cli -p "$port" "$@" >/dev/null; }
 cpu_ns() { cat /proc/"$1"/task/*/schedstat 2>/dev/null | awk '{ s += $1 } END { printf "%.0f", s }'; }
 backend_cmds() {

@@ -56,18 +56,7 @@ salt_key() { # key seed-write... ; undo-write...
     local key=$1 seed=$2 undo=$3
     # shellcheck disable=SC2086
     cli "$salt_p" $seed
-    python3 - "$salt_a" "$key" <<'PY'
-import json, sys, time, urllib.parse, urllib.request
-base, key = f"http://127.0.0.1:{sys.argv[1]}", sys.argv[2]
-q = urllib.parse.quote(key, safe="")
-urllib.request.urlopen(urllib.request.Request(f"{base}/hotkeys/promote?key={q}&shards=4", method="POST")).read()
-for _ in range(200):
-    s = [e for e in json.load(urllib.request.urlopen(f"{base}/hotkeys"))["salted"] if e["key"] == key]
-    if s and s[0]["from_ms"] + 300 < time.time() * 1000:
-        sys.exit(0)
-    time.sleep(0.05)
-sys.exit("promotion never took effect")
-PY
+    promote_key "$salt_a" "$key" 300
     # shellcheck disable=SC2086
     cli "$salt_p" $undo
     sleep 0.3

@@ -69,4 +69,19 @@ PY
     echo "results written to bench/README.md"
 }
 
+promote_key() { # admin-port key settle-ms: salt key over 4 shards, wait until in force for settle-ms
+    python3 - "$1" "$2" "${3:-100}" <<'PY'
+import json, sys, time, urllib.parse, urllib.request
+base, key, settle = f"http://127.0.0.1:{sys.argv[1]}", sys.argv[2], int(sys.argv[3])
+q = urllib.parse.quote(key, safe="")
+urllib.request.urlopen(urllib.request.Request(f"{base}/hotkeys/promote?key={q}&shards=4", method="POST")).read()
+for _ in range(200):
+    s = [e for e in json.load(urllib.request.urlopen(f"{base}/hotkeys"))["salted"] if e["key"] == key]
+    if s and s[0]["from_ms"] + settle < time.time() * 1000:
+        sys.exit(0)
+    time.sleep(0.05)
+sys.exit(f"the promotion of {key} never took effect")
+PY
+}
+
 flush() { local n; for n in "${nodes[@]}"; do redis-cli -h "${n%:*}" -p "${n#*:}" flushall >/dev/null; redis-cli -h "${n%:*}" -p "${n#*:}" config resetstat >/dev/null; done; }

@@ -41,11 +41,7 @@ rules:
 "#;
 
 fn setup(tag: &str) -> (Vec<Redis>, TempDir, String) {
-    let dir = TempDir::new(tag);
-    let path = dir.0.join("rules.yaml");
-    std::fs::write(&path, RULES).unwrap();
-    let rules = path_str(&path);
-    (pool(4), dir, rules)
+    pool_with_rules(tag, RULES)
 }
 
 fn once(c: &mut Client, key: &str, delta: i64, id: &str) -> i64 {

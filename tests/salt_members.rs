@@ -34,11 +34,7 @@ rules:
 "#;
 
 fn setup(tag: &str) -> (Vec<Redis>, TempDir, String) {
-    let dir = TempDir::new(tag);
-    let path = dir.0.join("rules.yaml");
-    std::fs::write(&path, RULES).unwrap();
-    let rules = path_str(&path);
-    (pool(4), dir, rules)
+    pool_with_rules(tag, RULES)
 }
 
 fn promote(p: &Proxy, key: &str, shards: u32) {

@@ -262,9 +262,9 @@ pub(super) fn idempotent(s: &mut Session, req: &Request, delta: i64, rb: &mut Ro
     let fresh = s.ctx.salt.fresh(now);
     let w = s.ctx.rules.load().resolve(&key).write.idempotency;
     let once = idem::Once {
-        key: &key,
+        key,
         delta,
-        id: &id,
+        id,
         window_ms: w.window_ms,
         max_ids: w.max_ids,
     };
@@ -285,13 +285,6 @@ pub(super) fn idempotent(s: &mut Session, req: &Request, delta: i64, rb: &mut Ro
         Ok(idem::Plan::Task) => {
             let (ctx, proto) = (s.ctx.clone(), s.proto);
             later(s, rb, async move {
-                let once = idem::Once {
-                    key: &key,
-                    delta,
-                    id: &id,
-                    window_ms: w.window_ms,
-                    max_ids: w.max_ids,
-                };
                 idem::incr(&ctx.backend, &ctx.salt, entry, once, now, fresh)
                     .await
                     .to_bytes(proto)

@@ -74,10 +74,11 @@ return 0
 "#;
 
 /// One idempotent increment, as the client asked for it.
-pub struct Once<'a> {
-    pub key: &'a [u8],
+#[derive(Clone)]
+pub struct Once {
+    pub key: Bytes,
     pub delta: i64,
-    pub id: &'a [u8],
+    pub id: Bytes,
     pub window_ms: u64,
     pub max_ids: u64,
 }
@@ -141,7 +142,7 @@ pub fn plan(
     fresh: bool,
 ) -> Result<Plan, SaltError> {
     counter_only(entry)?;
-    if backend.cluster().is_some() && !super::names::slot_safe(once.key) {
+    if backend.cluster().is_some() && !super::names::slot_safe(&once.key) {
         return Err(SaltError::Refused(
             "on a Redis Cluster the increment IDs of this key cannot share its slot: the part \
              of it Redis hashes holds a '}'"
@@ -150,7 +151,7 @@ pub fn plan(
     }
     let (to, other) = places(
         entry.map(|e| &e.rec),
-        once.id,
+        &once.id,
         now_ms,
         fresh,
         once.window_ms,
@@ -205,7 +206,7 @@ fn script(
     now_ms: u64,
     to: Placed,
 ) -> (usize, Bytes) {
-    let (target, ids, exp) = names(backend, entry, once.key, to);
+    let (target, ids, exp) = names(backend, entry, &once.key, to);
     let cmd = wire(&[
         &b"EVAL"[..],
         ONCE.as_bytes(),
@@ -213,7 +214,7 @@ fn script(
         &target,
         &ids,
         &exp,
-        once.id,
+        &once.id,
         once.delta.to_string().as_bytes(),
         now_ms.to_string().as_bytes(),
         once.window_ms.to_string().as_bytes(),
@@ -269,7 +270,7 @@ pub async fn incr(
     backend: &Backend,
     salt: &Salt,
     entry: Option<Arc<Salted>>,
-    once: Once<'_>,
+    once: Once,
     now_ms: u64,
     fresh: bool,
 ) -> Value {
@@ -283,22 +284,22 @@ async fn try_incr(
     backend: &Backend,
     salt: &Salt,
     entry: Option<&Salted>,
-    once: Once<'_>,
+    once: Once,
     now_ms: u64,
     fresh: bool,
 ) -> Result<Value, SaltError> {
     counter_only(entry)?;
     let (to, other) = places(
         entry.map(|e| &e.rec),
-        once.id,
+        &once.id,
         now_ms,
         fresh,
         once.window_ms,
     )?;
     if let Some(p) = other {
-        let (_, ids, _) = names(backend, entry, once.key, p);
+        let (_, ids, _) = names(backend, entry, &once.key, p);
         let node = backend.node_of(&ids);
-        let r = call(backend, &[(node, wire(&[&b"HGET"[..], &ids, once.id]))]).await?;
+        let r = call(backend, &[(node, wire(&[&b"HGET"[..], &ids, &once.id]))]).await?;
         if let Some(v) = as_i64(&r[0]) {
             salt.metrics.idem_duplicates.inc();
             return Ok(answer(entry, p, v, true));

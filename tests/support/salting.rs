@@ -11,6 +11,15 @@ pub fn proxy(nodes: &[Redis], rules: &str, env: &[(&str, &str)]) -> Proxy {
     Proxy::start_env(&refs, &["--rules", rules], env)
 }
 
+/// Four pool nodes and a rules file holding `rules`, in a temp dir named after `tag`.
+pub fn pool_with_rules(tag: &str, rules: &str) -> (Vec<Redis>, TempDir, String) {
+    let dir = TempDir::new(tag);
+    let path = dir.0.join("rules.yaml");
+    std::fs::write(&path, rules).unwrap();
+    let rules = path_str(&path);
+    (pool(4), dir, rules)
+}
+
 pub fn wait_for(what: &str, timeout: Duration, mut f: impl FnMut() -> bool) {
     let end = Instant::now() + timeout;
     while Instant::now() < end {
