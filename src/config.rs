@@ -8,7 +8,9 @@ use std::fmt;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 
+pub use crate::auth::{AuthConfig, UserConfig};
 pub use crate::backend::BackendConfig;
+pub use crate::net::tls::{ClientTlsConfig, ServerTlsConfig};
 
 use serde::{Deserialize, Serialize};
 
@@ -34,6 +36,11 @@ pub struct Config {
     /// Unix socket where this process waits to hand its listening sockets to a successor
     /// started with `--upgrade` (zero-downtime upgrade). None = upgrades disabled.
     pub upgrade_socket: Option<PathBuf>,
+    /// TLS for clients: on `listen`, or on a port of its own (`tls.listen`).
+    pub tls: Option<ServerTlsConfig>,
+    /// A file holding the bearer token the admin HTTP port requires (all but /healthz
+    /// and /readyz). None = no token.
+    pub admin_token_file: Option<PathBuf>,
 }
 
 impl Default for Config {
@@ -49,6 +56,8 @@ impl Default for Config {
             upgrade_socket: None,
             cache: CacheConfig::default(),
             hotkeys: HotkeysConfig::default(),
+            tls: None,
+            admin_token_file: None,
         }
     }
 }
@@ -130,13 +139,6 @@ impl Default for LimitsConfig {
     }
 }
 
-#[derive(Clone, Debug, Default, Deserialize, Serialize, PartialEq)]
-#[serde(deny_unknown_fields, default)]
-pub struct AuthConfig {
-    /// When set, clients must AUTH (or HELLO ... AUTH) with it before any other command.
-    pub password: Option<String>,
-}
-
 /// A configuration problem, located.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ConfigError {
@@ -174,10 +176,21 @@ impl Config {
         let mut cfg = Config::parse(&text, &file)?;
         // Paths in the file are relative to the file's folder, not to where we run.
         if let Some(dir) = path.parent() {
-            for p in [&mut cfg.rules, &mut cfg.upgrade_socket]
-                .into_iter()
-                .flatten()
-            {
+            let mut paths = vec![&mut cfg.rules, &mut cfg.upgrade_socket, &mut cfg.admin_token_file];
+            if let Some(t) = cfg.tls.as_mut() {
+                paths.push(&mut t.client_ca);
+                let (cert, key) = (&mut t.cert, &mut t.key);
+                for p in [cert, key] {
+                    if p.is_relative() {
+                        *p = dir.join(&*p);
+                    }
+                }
+            }
+            let b = &mut cfg.backend;
+            for t in b.tls.iter_mut().chain(b.tls_per_node.values_mut()) {
+                paths.extend([&mut t.ca, &mut t.cert, &mut t.key]);
+            }
+            for p in paths.into_iter().flatten() {
                 if p.is_relative() {
                     *p = dir.join(&*p);
                 }
@@ -206,6 +219,27 @@ impl Config {
     pub fn validate(&self) -> Result<(), (String, String)> {
         check_addr("listen", &self.listen)?;
         check_addr("admin", &self.admin)?;
+        if let Some(t) = &self.tls {
+            if let Some(l) = &t.listen {
+                check_addr("tls.listen", l)?;
+                if l == &self.listen {
+                    return Err((
+                        "tls.listen".into(),
+                        "is the same as listen; leave tls.listen out to serve TLS on listen".into(),
+                    ));
+                }
+            }
+            if t.handshake_timeout_ms == 0 {
+                return Err((
+                    "tls.handshake_timeout_ms".into(),
+                    "must be at least 1".into(),
+                ));
+            }
+        }
+        crate::auth::Users::new(&self.auth)?;
+        for addr in self.backend.tls_per_node.keys() {
+            check_addr(&format!("backend.tls_per_node.{addr}"), addr)?;
+        }
         let b = &self.backend;
         if let Some(c) = &b.cluster {
             if !b.nodes.is_empty() {

@@ -38,13 +38,16 @@
 //! `backend::ConnHandle::start`/`call` and `Call::wait`, with a deadline.
 
 pub mod admin;
+pub mod auth;
 pub mod backend;
 pub mod command;
 pub mod config;
+pub mod glob;
 pub mod hotkey;
 pub mod loadgen;
 pub mod metrics;
 pub mod mitigate;
+pub mod net;
 pub mod policy;
 pub mod proxy;
 pub mod resp;
@@ -76,7 +79,12 @@ pub async fn run(
         max_args: cfg.limits.max_args,
         max_inline_len: cfg.limits.max_inline_bytes,
     };
-    let (listener, admin_listener, successor) = listeners(&cfg, upgrade).await?;
+    let tls = match &cfg.tls {
+        Some(t) => Some(net::tls::ServerTls::load(t).map_err(|e| format!("tls: {e}"))?),
+        None => None,
+    };
+    let bound = listeners(&cfg, upgrade).await?;
+    let (admin_listener, successor) = (bound.admin, bound.successor);
     // Replies may carry any value a node stores; cap them at Redis's own bulk limit.
     let backend = match &cfg.backend.cluster {
         Some(c) => {
@@ -121,7 +129,7 @@ pub async fn run(
         limits,
         cfg.limits.max_pending_bytes,
         cfg.limits.max_clients,
-        cfg.auth.password.clone(),
+        Arc::new(auth::Users::new(&cfg.auth).map_err(|(f, e)| format!("{f}: {e}"))?),
         shutdown.subscribe(),
         rules.clone(),
     );
@@ -158,6 +166,10 @@ pub async fn run(
             }
         });
     }
+    let token = match &cfg.admin_token_file {
+        Some(p) => Some(read_token(p)?),
+        None => None,
+    };
     let ready_ctx = ctx.clone();
     let state = Arc::new(admin::AdminState {
         registry,
@@ -168,10 +180,12 @@ pub async fn run(
         views: cfg.hotkeys.clone(),
         salt: Some(ctx.clone() as Arc<dyn salt::Control>),
         balance: Some(balance.clone()),
+        token,
     });
     if let Some(path) = &cfg.upgrade_socket {
         use std::os::fd::AsRawFd;
-        let fds = [listener.as_raw_fd(), admin_listener.as_raw_fd()];
+        let mut fds = vec![bound.client.as_raw_fd(), admin_listener.as_raw_fd()];
+        fds.extend(bound.tls.as_ref().map(|l| l.as_raw_fd()));
         let (path, tx) = (path.clone(), shutdown.clone());
         // A plain thread: it blocks in accept() until a successor comes, and must not keep
         // the runtime from shutting down.
@@ -193,26 +207,57 @@ pub async fn run(
             .map_err(|e| format!("upgrade: could not confirm to the old process: {e}"))?;
         tracing::info!("upgrade: took over the listening sockets");
     }
-    tracing::info!(listen = %cfg.listen, admin = %cfg.admin, nodes = cfg.backend.nodes.len(), "saltshaker serving");
-    proxy::serve(listener, ctx, DRAIN_TIMEOUT).await;
+    let mut serving = Vec::new();
+    if let Some(t) = &tls {
+        let s = &ctx.metrics.security;
+        t.spawn_reloader(
+            s.tls_reloads
+                .get_or_create(&metrics::ResultLabel { result: "ok" })
+                .clone(),
+            s.tls_reloads
+                .get_or_create(&metrics::ResultLabel { result: "failed" })
+                .clone(),
+            s.tls_last_reload_failed.clone(),
+        );
+    }
+    match bound.tls {
+        // TLS on a port of its own; `listen` stays plain.
+        Some(l) => {
+            serving.push(proxy::Listener { tcp: bound.client, tls: None });
+            serving.push(proxy::Listener { tcp: l, tls });
+        }
+        None => serving.push(proxy::Listener { tcp: bound.client, tls }),
+    }
+    tracing::info!(
+        listen = %cfg.listen,
+        tls = cfg.tls.as_ref().map(|t| t.listen.clone().unwrap_or_else(|| cfg.listen.clone())).unwrap_or_default(),
+        admin = %cfg.admin,
+        nodes = cfg.backend.nodes.len(),
+        "saltshaker serving"
+    );
+    proxy::serve(serving, ctx, DRAIN_TIMEOUT).await;
     tracing::info!("saltshaker stopped");
     Ok(())
 }
 
-type Listeners = (
-    tokio::net::TcpListener,
-    tokio::net::TcpListener,
-    Option<upgrade::Successor>,
-);
+/// The listening sockets: clients, admin, and a TLS port of its own when `tls.listen` is set.
+struct Bound {
+    client: tokio::net::TcpListener,
+    admin: tokio::net::TcpListener,
+    tls: Option<tokio::net::TcpListener>,
+    successor: Option<upgrade::Successor>,
+}
 
 /// Binds the listeners, or takes them over from the running process.
-async fn listeners(cfg: &config::Config, upgrade: bool) -> Result<Listeners, String> {
+async fn listeners(cfg: &config::Config, upgrade: bool) -> Result<Bound, String> {
+    let tls_listen = cfg.tls.as_ref().and_then(|t| t.listen.clone());
     if upgrade {
         let path = cfg
             .upgrade_socket
             .clone()
             .ok_or("--upgrade needs --upgrade-socket PATH")?;
-        let (fds, succ) = tokio::task::spawn_blocking(move || upgrade::receive(&path, 2))
+        let want = 2 + tls_listen.is_some() as usize;
+        let (fds, succ) = tokio::task::spawn_blocking(move || upgrade::receive(&path, want))
             .await
             .map_err(|e| e.to_string())?
             .map_err(|e| format!("upgrade: {e}"))?;
@@ -221,15 +266,23 @@ async fn listeners(cfg: &config::Config, upgrade: bool) -> Result<Listeners, Str
             l.set_nonblocking(true)?;
             tokio::net::TcpListener::from_std(l)
         });
-        let client = it
-            .next()
-            .ok_or("upgrade: no client socket")?
-            .map_err(|e| e.to_string())?;
-        let admin = it
-            .next()
-            .ok_or("upgrade: no admin socket")?
-            .map_err(|e| e.to_string())?;
-        return Ok((client, admin, Some(succ)));
+        let mut take = |what: &str| {
+            it.next()
+                .ok_or(format!("upgrade: no {what} socket"))?
+                .map_err(|e| e.to_string())
+        };
+        let client = take("client")?;
+        let admin = take("admin")?;
+        let tls = match tls_listen {
+            Some(_) => Some(take("TLS")?),
+            None => None,
+        };
+        return Ok(Bound {
+            client,
+            admin,
+            tls,
+            successor: Some(succ),
+        });
     }
     let client = tokio::net::TcpListener::bind(cfg.listen_addr())
         .await
@@ -237,7 +290,20 @@ async fn listeners(cfg: &config::Config, upgrade: bool) -> Result<Listeners, Str
     let admin = admin::bind(cfg.admin_addr())
         .await
         .map_err(|e| format!("cannot listen on {} (admin): {e}", cfg.admin))?;
-    Ok((client, admin, None))
+    let tls = match &tls_listen {
+        Some(a) => Some(
+            tokio::net::TcpListener::bind(a)
+                .await
+                .map_err(|e| format!("cannot listen on {a} (TLS): {e}"))?,
+        ),
+        None => None,
+    };
+    Ok(Bound {
+        client,
+        admin,
+        tls,
+        successor: None,
+    })
 }
 
 /// Per-key detection thresholds: the rules in force, and `balance.min_reads_per_sec` for the
@@ -278,6 +344,17 @@ impl hotkey::KeyThresholds for RuleThresholds {
             hotkey::Kind::Write => w,
         }
     }
+}
+
+/// The admin token from its file: the first line, trimmed; an empty one is refused.
+fn read_token(p: &std::path::Path) -> Result<String, String> {
+    let t = std::fs::read_to_string(p)
+        .map_err(|e| format!("admin_token_file {}: {e}", p.display()))?;
+    let t = t.lines().next().unwrap_or_default().trim().to_string();
+    if t.is_empty() {
+        return Err(format!("admin_token_file {}: the file is empty", p.display()));
+    }
+    Ok(t)
 }
 
 /// Without a rules file, SIGHUP has nothing to reload; it must not kill the process.

@@ -88,7 +88,12 @@ enum Cmd {
         /// Print one frame and exit.
         #[arg(long)]
         once: bool,
+        /// A file holding the admin port's bearer token (the proxy's `admin_token_file`).
+        #[arg(long)]
+        token_file: Option<PathBuf>,
     },
+    /// Print the SHA-256 of a password read from stdin, for `auth.users[].passwords_sha256`.
+    Passwd,
 }
 
 fn main() -> ExitCode {
@@ -119,16 +124,38 @@ fn main() -> ExitCode {
             }
         };
     }
+    if let Some(Cmd::Passwd) = &cli.cmd {
+        let mut line = String::new();
+        if std::io::stdin().read_line(&mut line).is_err() || line.trim_end_matches(['\r', '\n']).is_empty() {
+            eprintln!("saltshaker passwd: give the password on stdin");
+            return ExitCode::FAILURE;
+        }
+        let pass = line.trim_end_matches(['\r', '\n']);
+        println!("{}", saltshaker::auth::hex(&saltshaker::auth::sha256(pass.as_bytes())));
+        return ExitCode::SUCCESS;
+    }
     if let Some(Cmd::Top {
         admin,
         interval_ms,
         once,
+        token_file,
     }) = &cli.cmd
     {
+        let token = match token_file {
+            Some(p) => match std::fs::read_to_string(p) {
+                Ok(t) => Some(t.lines().next().unwrap_or_default().trim().to_string()),
+                Err(e) => {
+                    eprintln!("saltshaker top: {}: {e}", p.display());
+                    return ExitCode::FAILURE;
+                }
+            },
+            None => None,
+        };
         let args = saltshaker::top::TopArgs {
             admin: admin.clone(),
             interval_ms: *interval_ms,
             once: *once,
+            token,
         };
         return match saltshaker::top::run(args) {
             Ok(()) => ExitCode::SUCCESS,

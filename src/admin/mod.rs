@@ -33,6 +33,8 @@ pub struct AdminState {
     pub salt: Option<Arc<dyn crate::salt::Control>>,
     /// The keys node balance chose, to say why a key is read-hot; None in unit tests.
     pub balance: Option<Arc<crate::mitigate::balance::Chosen>>,
+    /// The bearer token every path but /healthz and /readyz requires; None = open.
+    pub token: Option<String>,
 }
 
 impl AdminState {
@@ -77,7 +79,43 @@ pub async fn bind(addr: SocketAddr) -> std::io::Result<TcpListener> {
     TcpListener::bind(addr).await
 }
 
+/// True when the request may see `path`: probes always, the rest with the token.
+fn authorized(state: &AdminState, req: &Request<Incoming>) -> bool {
+    let Some(token) = &state.token else {
+        return true;
+    };
+    if matches!(req.uri().path(), "/healthz" | "/readyz") {
+        return true;
+    }
+    let given = req
+        .headers()
+        .get(hyper::header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .unwrap_or_default();
+    // Every byte compared, so the time says nothing of where a guess went wrong.
+    given.len() == token.len()
+        && given
+            .bytes()
+            .zip(token.bytes())
+            .fold(0u8, |d, (a, b)| d | (a ^ b))
+            == 0
+}
+
 async fn route(state: &AdminState, req: Request<Incoming>) -> Response<Full<Bytes>> {
+    if !authorized(state, &req) {
+        state.metrics.security.admin_unauthorized.inc();
+        let mut r = text(
+            StatusCode::UNAUTHORIZED,
+            "text/plain",
+            "unauthorized: send Authorization: Bearer <admin token>\n".into(),
+        );
+        r.headers_mut().insert(
+            hyper::header::WWW_AUTHENTICATE,
+            hyper::header::HeaderValue::from_static("Bearer"),
+        );
+        return r;
+    }
     if let Some(action) = req.uri().path().strip_prefix("/hotkeys/") {
         let (status, body) = salt::action(state, req.method(), action, req.uri().query()).await;
         return text(status, "application/json", body);
@@ -236,6 +274,7 @@ mod tests {
             },
             salt: None,
             balance: None,
+            token: None,
         }
     }
 

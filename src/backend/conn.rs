@@ -16,8 +16,7 @@ use std::time::Duration;
 use bytes::{Bytes, BytesMut};
 use smallvec::SmallVec;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
-use tokio::net::TcpStream;
+use crate::net::{ReadHalf, Stream, WriteHalf};
 use tokio::sync::{mpsc, oneshot};
 use tokio::time::Instant;
 
@@ -348,7 +347,7 @@ async fn supervise(
 /// Runs one established connection until it breaks (Some(reason)) or every handle is
 /// dropped (None).
 async fn serve(
-    stream: TcpStream,
+    stream: Stream,
     rx: &mut mpsc::Receiver<Job>,
     hs: &Handshake,
     m: &NodeMetrics,
@@ -389,7 +388,7 @@ async fn serve(
 /// Registers each job as in flight (before its bytes leave, so the reader always finds
 /// it) and writes all of them with as few syscalls as the kernel allows.
 async fn write_jobs(
-    w: &mut OwnedWriteHalf,
+    w: &mut WriteHalf,
     jobs: &mut Vec<Job>,
     inflight: &mpsc::UnboundedSender<(u32, ReplyTx)>,
 ) -> Result<(), BackendError> {
@@ -405,7 +404,7 @@ async fn write_jobs(
         .map_err(|e| BackendError::Io(e.to_string()))
 }
 
-async fn write_all_vectored(w: &mut OwnedWriteHalf, bufs: &mut [Bytes]) -> std::io::Result<()> {
+async fn write_all_vectored(w: &mut WriteHalf, bufs: &mut [Bytes]) -> std::io::Result<()> {
     let mut first = 0;
     while first < bufs.len() {
         let mut n = {
@@ -428,12 +427,13 @@ async fn write_all_vectored(w: &mut OwnedWriteHalf, bufs: &mut [Bytes]) -> std::
             bufs[first] = rest;
         }
     }
-    Ok(())
+    // TLS holds records until flushed; for TCP this does nothing.
+    w.flush().await
 }
 
 /// Frames replies and completes jobs in order. Returns why it stopped.
 async fn read_loop(
-    mut r: OwnedReadHalf,
+    mut r: ReadHalf,
     mut inflight: mpsc::UnboundedReceiver<(u32, ReplyTx)>,
     max_bulk: usize,
 ) -> BackendError {
@@ -493,7 +493,7 @@ async fn read_loop(
 /// A connection owned by one session: blocking commands, WATCH, pub/sub. Not shared, so a
 /// command that blocks holds up nobody else.
 pub struct Dedicated {
-    stream: TcpStream,
+    stream: Stream,
     buf: BytesMut,
     framer: ReplyFramer,
 }
@@ -504,7 +504,7 @@ impl Dedicated {
         Ok(Dedicated::from_stream(stream, hs.max_reply_bulk))
     }
 
-    pub fn from_stream(stream: TcpStream, max_reply_bulk: usize) -> Dedicated {
+    pub fn from_stream(stream: Stream, max_reply_bulk: usize) -> Dedicated {
         Dedicated {
             stream,
             buf: BytesMut::with_capacity(16 * 1024),
@@ -520,6 +520,10 @@ impl Dedicated {
                 .await
                 .map_err(|e| BackendError::Io(e.to_string()))?;
         }
+        self.stream
+            .flush()
+            .await
+            .map_err(|e| BackendError::Io(e.to_string()))?;
         let mut ends: SmallVec<[u32; 16]> = SmallVec::new();
         let mut pos = 0usize;
         while ends.len() < count {
@@ -548,7 +552,7 @@ impl Dedicated {
     }
 
     /// The stream and any bytes already read past the last reply, for a pub/sub tunnel.
-    pub fn into_parts(self) -> (TcpStream, BytesMut) {
+    pub fn into_parts(self) -> (Stream, BytesMut) {
         (self.stream, self.buf)
     }
 }

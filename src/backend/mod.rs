@@ -21,6 +21,8 @@ use bytes::{Bytes, BytesMut};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
+use crate::net::tls::{ClientTlsConfig, Connector, TlsError};
+use crate::net::Stream;
 pub use conn::{deadline, pick, Call, ConnHandle, Dedicated, Replies};
 pub use node::{Node, NodeTable, MAX_NODES};
 
@@ -55,6 +57,10 @@ pub struct BackendConfig {
     pub password: Option<String>,
     /// A Redis Cluster instead of `nodes`.
     pub cluster: Option<ClusterConfig>,
+    /// TLS to every node (and to nodes a cluster adds later).
+    pub tls: Option<ClientTlsConfig>,
+    /// TLS settings of particular nodes, by `host:port`, in place of `tls`.
+    pub tls_per_node: std::collections::BTreeMap<String, ClientTlsConfig>,
 }
 
 impl Default for BackendConfig {
@@ -72,6 +78,8 @@ impl Default for BackendConfig {
             username: None,
             password: None,
             cluster: None,
+            tls: None,
+            tls_per_node: Default::default(),
         }
     }
 }
@@ -160,12 +168,72 @@ pub struct Handshake {
     /// Send READONLY: a cluster replica then serves reads of its master's slots (on a
     /// master it changes nothing, so a node that changes role keeps working).
     pub readonly: bool,
+    /// TLS to the node, when it speaks TLS.
+    pub tls: Option<Arc<Connector>>,
+}
+
+/// The TLS settings of every node, loaded once: `backend.tls`, and `tls_per_node` in its
+/// place for the nodes it names.
+#[derive(Debug, Default)]
+pub struct NodeTls {
+    all: Option<Arc<Connector>>,
+    per_node: std::collections::HashMap<String, Arc<Connector>>,
+}
+
+impl NodeTls {
+    pub fn load(cfg: &BackendConfig) -> Result<NodeTls, String> {
+        let load = |field: String, c: &ClientTlsConfig| {
+            Connector::new(c)
+                .map(Arc::new)
+                .map_err(|e: TlsError| format!("{field}: {e}"))
+        };
+        let all = match &cfg.tls {
+            Some(c) => Some(load("backend.tls".into(), c)?),
+            None => None,
+        };
+        let mut per_node = std::collections::HashMap::new();
+        for (addr, c) in &cfg.tls_per_node {
+            per_node.insert(addr.clone(), load(format!("backend.tls_per_node.{addr}"), c)?);
+        }
+        Ok(NodeTls { all, per_node })
+    }
+
+    pub fn for_addr(&self, addr: &str) -> Option<Arc<Connector>> {
+        self.per_node.get(addr).or(self.all.as_ref()).cloned()
+    }
+}
+
+impl Handshake {
+    /// A node's handshake in RESP2, database 0, as the backend settings say.
+    pub fn base(cfg: &BackendConfig, addr: String, max_reply_bulk: usize, tls: &NodeTls) -> Handshake {
+        Handshake {
+            tls: tls.for_addr(&addr),
+            addr,
+            proto: Proto::Resp2,
+            db: 0,
+            username: cfg.username.clone(),
+            password: cfg.password.clone(),
+            connect_timeout: Duration::from_millis(cfg.connect_timeout_ms),
+            reconnect_min_ms: cfg.reconnect_min_ms,
+            reconnect_max_ms: cfg.reconnect_max_ms,
+            max_reply_bulk,
+            tracking_redirect: None,
+            readonly: false,
+        }
+    }
 }
 
 impl Handshake {
     /// Connects, authenticates, and switches protocol and database. One round trip.
-    pub async fn connect(&self) -> Result<TcpStream, BackendError> {
-        let connect = TcpStream::connect(&self.addr);
+    pub async fn connect(&self) -> Result<Stream, BackendError> {
+        let connect = async {
+            let tcp = TcpStream::connect(&self.addr).await?;
+            let _ = tcp.set_nodelay(true);
+            match &self.tls {
+                Some(tls) => tls.connect(&self.addr, tcp).await,
+                None => Ok(Stream::Tcp(tcp)),
+            }
+        };
         let mut s = match tokio::time::timeout(self.connect_timeout, connect).await {
             Ok(Ok(s)) => s,
             Ok(Err(e)) => {
@@ -181,7 +249,6 @@ impl Handshake {
                 })
             }
         };
-        let _ = s.set_nodelay(true);
         let mut out = BytesMut::new();
         let mut n = 0;
         match (&self.username, &self.password) {
@@ -228,6 +295,9 @@ impl Handshake {
         }
         let work = async {
             s.write_all(&out)
+                .await
+                .map_err(|e| BackendError::Handshake(e.to_string()))?;
+            s.flush()
                 .await
                 .map_err(|e| BackendError::Handshake(e.to_string()))?;
             let mut buf = BytesMut::with_capacity(1024);
@@ -293,11 +363,12 @@ impl Backend {
         max_reply_bulk: usize,
         metrics: &Metrics,
     ) -> Result<Backend, String> {
+        let tls = NodeTls::load(cfg)?;
         let mut specs = Vec::new();
         let mut nodes = Vec::new();
         for (i, line) in cfg.nodes.iter().enumerate() {
             let (addr, spec) = placement::parse_server(line)?;
-            let node = Node::new(cfg, addr, i, max_reply_bulk, metrics);
+            let node = Node::new(cfg, addr, i, max_reply_bulk, metrics, &tls);
             node.conns(Proto::Resp2, 0);
             nodes.push(node);
             specs.push(spec);
@@ -345,7 +416,8 @@ impl Backend {
         max_reply_bulk: usize,
         metrics: &Metrics,
     ) -> Result<Backend, String> {
-        let topo = discover(cfg, cc, max_reply_bulk).await?;
+        let tls = Arc::new(NodeTls::load(cfg)?);
+        let topo = discover(cfg, cc, max_reply_bulk, &tls).await?;
         // Every node the map names, and the seeds (a node the answering seed has not
         // heard of yet is still one of the cluster's).
         let mut addrs = topo.addrs();
@@ -358,12 +430,14 @@ impl Backend {
             addrs
                 .into_iter()
                 .enumerate()
-                .map(|(i, a)| Node::new(cfg, a, i, max_reply_bulk, metrics))
+                .map(|(i, a)| Node::new(cfg, a, i, max_reply_bulk, metrics, &tls))
                 .collect(),
         ));
         // A master that joins later becomes a node like these.
         let (cfg2, m2) = (cfg.clone(), metrics.clone());
-        let make = move |addr: String, i: usize| Node::new(&cfg2, addr, i, max_reply_bulk, &m2);
+        let make = move |addr: String, i: usize| {
+            Node::new(&cfg2, addr, i, max_reply_bulk, &m2, &tls)
+        };
         let c = cluster::Cluster::new(
             nodes.clone(),
             topo,
@@ -498,22 +572,11 @@ async fn discover(
     cfg: &BackendConfig,
     cc: &ClusterConfig,
     max_reply_bulk: usize,
+    tls: &NodeTls,
 ) -> Result<slots::Topology, String> {
     let mut last = String::from("no seed nodes given");
     for seed in &cc.seeds {
-        let hs = Handshake {
-            addr: seed.clone(),
-            proto: Proto::Resp2,
-            db: 0,
-            username: cfg.username.clone(),
-            password: cfg.password.clone(),
-            connect_timeout: Duration::from_millis(cfg.connect_timeout_ms),
-            reconnect_min_ms: cfg.reconnect_min_ms,
-            reconnect_max_ms: cfg.reconnect_max_ms,
-            max_reply_bulk,
-            tracking_redirect: None,
-            readonly: false,
-        };
+        let hs = Handshake::base(cfg, seed.clone(), max_reply_bulk, tls);
         let ask = |cmd: &'static [&'static str]| {
             let hs = &hs;
             async move {

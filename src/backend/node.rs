@@ -5,7 +5,6 @@
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, Weak};
-use std::time::Duration;
 
 use super::cluster::Cluster;
 use super::{BackendConfig, ConnHandle, Handshake, NodeMetrics};
@@ -123,23 +122,13 @@ impl Node {
         index: usize,
         max_reply_bulk: usize,
         metrics: &Metrics,
+        tls: &super::NodeTls,
     ) -> Node {
-        let base = Handshake {
-            addr: addr.clone(),
-            proto: Proto::Resp2,
-            db: 0,
-            username: cfg.username.clone(),
-            password: cfg.password.clone(),
-            connect_timeout: Duration::from_millis(cfg.connect_timeout_ms),
-            reconnect_min_ms: cfg.reconnect_min_ms,
-            reconnect_max_ms: cfg.reconnect_max_ms,
-            max_reply_bulk,
-            tracking_redirect: None,
-            readonly: cfg
-                .cluster
-                .as_ref()
-                .is_some_and(|c| c.read_from != super::ReadFrom::Master),
-        };
+        let mut base = Handshake::base(cfg, addr.clone(), max_reply_bulk, tls);
+        base.readonly = cfg
+            .cluster
+            .as_ref()
+            .is_some_and(|c| c.read_from != super::ReadFrom::Master);
         Node {
             metrics: NodeMetrics::new(metrics, &addr),
             addr,

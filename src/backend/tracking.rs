@@ -165,7 +165,7 @@ async fn subscribe_and_listen(
                 if last_read.elapsed() > DEAD_AFTER {
                     return BackendError::Timeout(hs.addr.clone());
                 }
-                if let Err(e) = wr.write_all(&ping).await {
+                if let Err(e) = async { wr.write_all(&ping).await?; wr.flush().await }.await {
                     return BackendError::Io(e.to_string());
                 }
             }

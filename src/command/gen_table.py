@@ -24,6 +24,10 @@ FLAG_NAMES = {
     "no_mandatory_keys": "NO_MANDATORY_KEYS", "no_async_loading": "NO_ASYNC_LOADING",
     "no_multi": "NO_MULTI", "movablekeys": "MOVABLE_KEYS", "allow_busy": "ALLOW_BUSY",
 }
+# Redis's ACL categories (`ACL CAT`), in its order; a user's `+@read` is checked against them.
+CATEGORIES = ["keyspace", "read", "write", "set", "sortedset", "list", "hash", "string",
+              "bitmap", "hyperloglog", "geo", "stream", "pubsub", "admin", "fast", "slow",
+              "blocking", "dangerous", "connection", "transaction", "scripting"]
 COUNTERS = {"INCR", "INCRBY", "DECR", "DECRBY", "INCRBYFLOAT", "HINCRBY", "HINCRBYFLOAT"}
 
 # Movable-key commands whose keys need code (see keys.rs): keyword searches, option parsing,
@@ -96,24 +100,24 @@ FAMILY_ROUTES = {
 
 # Commands newer than Redis 7.0: (name, arity, flags, (first, last, step) or None, since).
 EXTRAS = [
-    ("CLIENT NO-TOUCH", 3, "noscript loading stale", None, "7.2"),
-    ("CLIENT SETINFO", 4, "noscript loading stale", None, "7.2"),
-    ("WAITAOF", 4, "noscript", None, "7.2"),
-    ("CLUSTER MYSHARDID", 2, "stale", None, "7.2"),
-    ("HEXPIRE", -6, "write denyoom fast", (1, 1, 1), "7.4"),
-    ("HPEXPIRE", -6, "write denyoom fast", (1, 1, 1), "7.4"),
-    ("HEXPIREAT", -6, "write denyoom fast", (1, 1, 1), "7.4"),
-    ("HPEXPIREAT", -6, "write denyoom fast", (1, 1, 1), "7.4"),
-    ("HTTL", -5, "readonly fast", (1, 1, 1), "7.4"),
-    ("HPTTL", -5, "readonly fast", (1, 1, 1), "7.4"),
-    ("HEXPIRETIME", -5, "readonly fast", (1, 1, 1), "7.4"),
-    ("HPEXPIRETIME", -5, "readonly fast", (1, 1, 1), "7.4"),
-    ("HPERSIST", -5, "write fast", (1, 1, 1), "7.4"),
-    ("HGETDEL", -5, "write fast", (1, 1, 1), "8.0"),
-    ("HGETEX", -5, "write fast", (1, 1, 1), "8.0"),
-    ("HSETEX", -6, "write denyoom fast", (1, 1, 1), "8.0"),
+    ("CLIENT NO-TOUCH", 3, "noscript loading stale", None, "7.2", "slow connection"),
+    ("CLIENT SETINFO", 4, "noscript loading stale", None, "7.2", "slow connection"),
+    ("WAITAOF", 4, "noscript", None, "7.2", "slow"),
+    ("CLUSTER MYSHARDID", 2, "stale", None, "7.2", "slow"),
+    ("HEXPIRE", -6, "write denyoom fast", (1, 1, 1), "7.4", "write hash fast"),
+    ("HPEXPIRE", -6, "write denyoom fast", (1, 1, 1), "7.4", "write hash fast"),
+    ("HEXPIREAT", -6, "write denyoom fast", (1, 1, 1), "7.4", "write hash fast"),
+    ("HPEXPIREAT", -6, "write denyoom fast", (1, 1, 1), "7.4", "write hash fast"),
+    ("HTTL", -5, "readonly fast", (1, 1, 1), "7.4", "read hash fast"),
+    ("HPTTL", -5, "readonly fast", (1, 1, 1), "7.4", "read hash fast"),
+    ("HEXPIRETIME", -5, "readonly fast", (1, 1, 1), "7.4", "read hash fast"),
+    ("HPEXPIRETIME", -5, "readonly fast", (1, 1, 1), "7.4", "read hash fast"),
+    ("HPERSIST", -5, "write fast", (1, 1, 1), "7.4", "write hash fast"),
+    ("HGETDEL", -5, "write fast", (1, 1, 1), "8.0", "write hash fast"),
+    ("HGETEX", -5, "write fast", (1, 1, 1), "8.0", "write hash fast"),
+    ("HSETEX", -6, "write denyoom fast", (1, 1, 1), "8.0", "write hash fast"),
     # saltshaker's own: an increment applied once per increment ID (`salt::idem`).
-    ("SALTSHAKER.INCRBY", 4, "write denyoom fast", (1, 1, 1), "saltshaker"),
+    ("SALTSHAKER.INCRBY", 4, "write denyoom fast", (1, 1, 1), "saltshaker", "write string fast"),
 ]
 
 
@@ -194,9 +198,16 @@ def flag_expr(name, flags, extra=()):
     return " | ".join(names) if names else "0"
 
 
-def row(name, arity, flags, keys, route, extra=()):
-    return '    s("%s", %d, %s, %s, %s),' % (
-        name, arity, flag_expr(name, flags, extra), keys, route)
+def cat_expr(cats):
+    names = [c.lstrip("@").upper() for c in cats]
+    for n in names:
+        assert n.lower() in CATEGORIES, n
+    return " | ".join("cat::" + n for n in names) if names else "0"
+
+
+def row(name, arity, flags, cats, keys, route, extra=()):
+    return '    s("%s", %d, %s, %s, %s, %s),' % (
+        name, arity, flag_expr(name, flags, extra), cat_expr(cats), keys, route)
 
 
 def rows_from_server(port):
@@ -213,22 +224,24 @@ def rows_from_server(port):
             skeys = keyspec(sname, sub)
             r = route_of(sname, sub[2], skeys)
             sub_routes.add(r)
-            sub_rows.append((sname, sub[1], sub[2], skeys, r))
+            sub_rows.append((sname, sub[1], sub[2], sub[6], skeys, r))
         if subs:
             # A container alone runs only if its arity allows it (COMMAND does).
             r = ROUTES.get(name) or FAMILY_ROUTES.get(name) or (
                 sub_routes.pop() if len(sub_routes) == 1 else "Route::AnyNode")
-            out.append((name, info[1], info[2], keys, r, ["CONTAINER"]))
-            out.extend((n, a, f, k, rr, []) for (n, a, f, k, rr) in sub_rows)
+            out.append((name, info[1], info[2], info[6], keys, r, ["CONTAINER"]))
+            out.extend((n, a, f, c, k, rr, []) for (n, a, f, c, k, rr) in sub_rows)
         else:
-            out.append((name, info[1], info[2], keys, route_of(name, info[2], keys), []))
+            out.append((name, info[1], info[2], info[6], keys,
+                        route_of(name, info[2], keys), []))
     known = {r[0] for r in out}
-    for name, arity, flags, rng, since in EXTRAS:
+    for name, arity, flags, rng, since, cats in EXTRAS:
         if name in known:
             continue
         keys = "KeySpec::None" if rng is None else (
             "KeySpec::Range { first: %d, last: %d, step: %d }" % rng)
-        out.append((name, arity, flags.split(), keys, route_of(name, flags.split(), keys), []))
+        out.append((name, arity, flags.split(), cats.split(), keys,
+                    route_of(name, flags.split(), keys), []))
     return sorted(out, key=lambda r: r[0])
 
 
@@ -265,12 +278,20 @@ def main():
     print("//! The command table, generated by gen_table.py from redis-server %s's COMMAND INFO" % version)
     print("//! plus the routes and newer commands that script lists. Do not edit by hand.")
     print("")
+    print("use super::cat;")
     print("use super::flags::*;")
     print("use super::{Agg, KeySpec, Route, Spec, Split};")
     print("")
-    print("const fn s(name: &'static str, arity: i32, flags: u32, keys: KeySpec, route: Route) -> Spec {")
+    print("const fn s(")
+    print("    name: &'static str,")
+    print("    arity: i32,")
+    print("    flags: u32,")
+    print("    cats: u32,")
+    print("    keys: KeySpec,")
+    print("    route: Route,")
+    print(") -> Spec {")
     print("    Spec {")
-    for f in ["name", "arity", "flags", "keys", "route"]:
+    for f in ["name", "arity", "flags", "cats", "keys", "route"]:
         print("        %s," % f)
     print("    }")
     print("}")
@@ -282,7 +303,7 @@ def main():
     print("#[allow(clippy::large_const_arrays)]")
     print("pub(super) const SPECS: [Spec; %d] = [" % len(rows))
     for r in rows:
-        print(row(r[0], r[1], r[2], r[3], r[4], r[5]))
+        print(row(r[0], r[1], r[2], r[3], r[4], r[5], r[6]))
     print("];")
 
 

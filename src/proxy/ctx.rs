@@ -31,7 +31,8 @@ pub struct Ctx {
     pub max_clients: usize,
     /// Unread replies a client may owe before it is closed (0 = no limit).
     pub max_output: usize,
-    pub password: Option<String>,
+    /// Who may log in, and what each user may run.
+    pub users: Arc<crate::auth::Users>,
     pub shutdown: watch::Receiver<bool>,
     pub started: Instant,
     /// Keys under mitigation now; rebuilt by `spawn_hot_updater`, read lock-free per round.
@@ -54,7 +55,7 @@ impl Ctx {
         limits: Limits,
         max_pending: usize,
         max_clients: usize,
-        password: Option<String>,
+        users: Arc<crate::auth::Users>,
         shutdown: watch::Receiver<bool>,
         rules: RulesHandle,
     ) -> Ctx {
@@ -73,7 +74,7 @@ impl Ctx {
             max_pending,
             max_clients,
             max_output: 0,
-            password,
+            users,
             shutdown,
             started: Instant::now(),
             next_id: AtomicU64::new(1),

@@ -49,8 +49,8 @@ pub fn handle(s: &mut Session, req: &Request, c: &Classified, rb: &mut RoundBuil
             out.extend_from_slice(&as_cluster::answer(s, req, name))
         }
         "AUTH" => {
-            let pass = req.arg(req.argc() - 1);
-            match check_auth(s, pass) {
+            let user = (req.argc() > 2).then(|| req.arg(1));
+            match check_auth(s, user, req.arg(req.argc() - 1)) {
                 Ok(()) => encode_simple("OK", &mut out),
                 Err(e) => {
                     error(rb, e);
@@ -84,7 +84,7 @@ pub fn handle(s: &mut Session, req: &Request, c: &Classified, rb: &mut RoundBuil
         "RESET" => {
             s.tx = None;
             s.name = None;
-            s.authed = s.ctx.password.is_none();
+            s.user = s.ctx.users.initial();
             if s.proto != Proto::Resp2 || s.db != 0 {
                 s.proto = Proto::Resp2;
                 s.db = 0;
@@ -124,14 +124,19 @@ pub fn handle(s: &mut Session, req: &Request, c: &Classified, rb: &mut RoundBuil
     Flow::Continue
 }
 
-fn check_auth(s: &mut Session, pass: &[u8]) -> Result<(), &'static str> {
-    match &s.ctx.password {
-        None => Err("ERR AUTH <password> called without any password configured for the default user. Are you sure your configuration is correct?"),
-        Some(p) if p.as_bytes() == pass => {
-            s.authed = true;
+fn check_auth(s: &mut Session, user: Option<&[u8]>, pass: &[u8]) -> Result<(), &'static str> {
+    match s.ctx.users.login(user, pass) {
+        Ok(u) => {
+            s.user = Some(u);
             Ok(())
         }
-        Some(_) => Err("WRONGPASS invalid username-password pair or user is disabled."),
+        Err(e) => {
+            if e == crate::auth::WRONGPASS {
+                s.ctx.metrics.security.auth_failures.inc();
+                tracing::info!(client = s.id, peer = %s.peer, user = %String::from_utf8_lossy(user.unwrap_or(b"default")), "AUTH refused");
+            }
+            Err(e)
+        }
     }
 }
 
@@ -169,7 +174,7 @@ fn hello(s: &mut Session, req: &Request, rb: &mut RoundBuilder) -> Flow {
     while i < req.argc() {
         match upper(req.arg(i)).as_str() {
             "AUTH" if i + 2 < req.argc() => {
-                if let Err(e) = check_auth(s, req.arg(i + 2)) {
+                if let Err(e) = check_auth(s, Some(req.arg(i + 1)), req.arg(i + 2)) {
                     error(rb, e);
                     return Flow::Continue;
                 }
@@ -191,7 +196,7 @@ fn hello(s: &mut Session, req: &Request, rb: &mut RoundBuilder) -> Flow {
             }
         }
     }
-    if !s.authed {
+    if s.user.is_none() {
         error(rb, "NOAUTH HELLO must be called with the client already authenticated, otherwise the HELLO <proto> AUTH <user> <pass> option can be used to authenticate the client and select the RESP protocol version at the same time");
         return Flow::Continue;
     }

@@ -41,42 +41,29 @@ pub use ctx::{CacheLayer, Ctx, REDIS_VERSION};
 
 use tokio::net::TcpListener;
 
+use crate::net::tls::ServerTls;
+use crate::net::Stream;
 use crate::policy::HotSet;
 
-/// Accepts clients until shutdown, then waits (up to `drain`) for open sessions to finish
-/// their commands.
-pub async fn serve(listener: TcpListener, ctx: Arc<Ctx>, drain: Duration) {
+/// A listening socket and, when it speaks TLS, the certificate it serves.
+pub struct Listener {
+    pub tcp: TcpListener,
+    pub tls: Option<Arc<ServerTls>>,
+}
+
+/// Accepts clients on every listener until shutdown, then waits (up to `drain`) for open
+/// sessions to finish their commands.
+pub async fn serve(listeners: Vec<Listener>, ctx: Arc<Ctx>, drain: Duration) {
     let mut shutdown = ctx.shutdown.clone();
-    loop {
-        tokio::select! {
-            biased;
-            _ = shutdown.wait_for(|v| *v) => break,
-            res = listener.accept() => match res {
-                Ok((stream, _)) => {
-                    let m = &ctx.metrics;
-                    if m.client_connections.get() as usize >= ctx.max_clients {
-                        m.client_rejected.inc();
-                        tokio::spawn(refuse(stream));
-                        continue;
-                    }
-                    m.client_connections_total.inc();
-                    m.client_connections.inc();
-                    let id = ctx.next_id.fetch_add(1, Ordering::Relaxed);
-                    let ctx = ctx.clone();
-                    tokio::spawn(async move {
-                        session::run(stream, ctx.clone(), id).await;
-                        ctx.metrics.client_connections.dec();
-                    });
-                }
-                Err(e) => {
-                    // EMFILE and friends: back off instead of spinning.
-                    tracing::warn!(error = %e, "accept failed");
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                }
-            },
-        }
+    let accepts: Vec<_> = listeners
+        .into_iter()
+        .map(|l| tokio::spawn(accept_loop(l, ctx.clone())))
+        .collect();
+    let _ = shutdown.wait_for(|v| *v).await;
+    for a in accepts {
+        // Each loop ends at shutdown and drops its listener: no new client gets in.
+        let _ = a.await;
     }
-    drop(listener);
     let deadline = Instant::now() + drain;
     while ctx.metrics.client_connections.get() > 0 && Instant::now() < deadline {
         tokio::time::sleep(Duration::from_millis(10)).await;
@@ -87,6 +74,54 @@ pub async fn serve(listener: TcpListener, ctx: Arc<Ctx>, drain: Duration) {
             clients = left,
             "drain timeout: closing remaining client connections"
         );
+    }
+}
+
+async fn accept_loop(l: Listener, ctx: Arc<Ctx>) {
+    let mut shutdown = ctx.shutdown.clone();
+    loop {
+        tokio::select! {
+            biased;
+            _ = async { let _ = shutdown.wait_for(|v| *v).await; } => return,
+            res = l.tcp.accept() => match res {
+                Ok((tcp, peer)) => {
+                    let m = &ctx.metrics;
+                    if m.client_connections.get() as usize >= ctx.max_clients {
+                        m.client_rejected.inc();
+                        if l.tls.is_none() {
+                            tokio::spawn(refuse(tcp));
+                        }
+                        continue;
+                    }
+                    m.client_connections_total.inc();
+                    m.client_connections.inc();
+                    let id = ctx.next_id.fetch_add(1, Ordering::Relaxed);
+                    let (ctx, tls) = (ctx.clone(), l.tls.clone());
+                    tokio::spawn(async move {
+                        let stream = match tls {
+                            None => Some(Stream::Tcp(tcp)),
+                            Some(tls) => match tls.accept(tcp).await {
+                                Ok(s) => Some(s),
+                                Err(e) => {
+                                    ctx.metrics.security.tls_handshake_failures.inc();
+                                    tracing::debug!(%peer, error = %e, "TLS handshake failed");
+                                    None
+                                }
+                            },
+                        };
+                        if let Some(stream) = stream {
+                            session::run(stream, ctx.clone(), id).await;
+                        }
+                        ctx.metrics.client_connections.dec();
+                    });
+                }
+                Err(e) => {
+                    // EMFILE and friends: back off instead of spinning.
+                    tracing::warn!(error = %e, "accept failed");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+            },
+        }
     }
 }
 

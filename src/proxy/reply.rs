@@ -33,6 +33,7 @@ pub async fn write_loop<W: AsyncWrite + Unpin>(
     // How much of `out` the client has taken; `out` is cleared (keeping its capacity) once
     // all of it is written.
     let mut sent = 0usize;
+    let mut unflushed = false;
     let limit = if ctx.max_output == 0 {
         usize::MAX
     } else {
@@ -47,7 +48,20 @@ pub async fn write_loop<W: AsyncWrite + Unpin>(
             bytes::Buf::advance(&mut out, sent);
             sent = 0;
         }
-        let next = if out.is_empty() {
+        let next = if out.is_empty() && unflushed {
+            // TLS keeps written records until flushed (for TCP the flush does nothing).
+            tokio::select! {
+                biased;
+                f = w.flush() => {
+                    if f.is_err() {
+                        return (w, None);
+                    }
+                    unflushed = false;
+                    continue;
+                }
+                r = rounds.recv() => r,
+            }
+        } else if out.is_empty() {
             rounds.recv().await
         } else {
             tokio::select! {
@@ -57,6 +71,7 @@ pub async fn write_loop<W: AsyncWrite + Unpin>(
                         Ok(0) | Err(_) => return (w, None),
                         Ok(n) => sent += n,
                     }
+                    unflushed = true;
                     continue;
                 }
                 r = rounds.recv() => r,

@@ -11,8 +11,7 @@ use std::sync::Arc;
 use bytes::{Bytes, BytesMut};
 use tokio::io::AsyncReadExt;
 
-use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
-use tokio::net::TcpStream;
+use crate::net::{ReadHalf, Stream, WriteHalf};
 use tokio::sync::{mpsc, watch};
 
 use super::ctx::Ctx;
@@ -39,7 +38,7 @@ impl Args for Request {
 }
 
 /// Serves one client connection until it closes.
-pub async fn run(stream: TcpStream, ctx: Arc<Ctx>, id: u64) {
+pub async fn run(stream: Stream, ctx: Arc<Ctx>, id: u64) {
     let _ = stream.set_nodelay(true);
     let peer = stream
         .peer_addr()
@@ -57,7 +56,7 @@ pub async fn run(stream: TcpStream, ctx: Arc<Ctx>, id: u64) {
     let end = read_loop(r, &tx, &mut s).await;
     let _ = gone_tx.send(true);
     drop(tx);
-    let (mut w, tunnel_end): (OwnedWriteHalf, _) = match writer.await {
+    let (mut w, tunnel_end): (WriteHalf, _) = match writer.await {
         Ok(x) => x,
         Err(_) => return,
     };
@@ -88,14 +87,14 @@ pub async fn run(stream: TcpStream, ctx: Arc<Ctx>, id: u64) {
 enum End {
     Closed,
     /// Shutdown: every complete command read was dispatched; close politely.
-    Drained(OwnedReadHalf),
-    Tunnel(OwnedReadHalf, tunnel::Start),
+    Drained(ReadHalf),
+    Tunnel(ReadHalf, tunnel::Start),
 }
 
 /// The read phase: until the client closes, the session becomes a pub/sub tunnel, or a
 /// shutdown finds the connection at a command boundary.
 async fn read_loop(
-    mut r: OwnedReadHalf,
+    mut r: ReadHalf,
     tx: &mpsc::Sender<(Round, Proto)>,
     s: &mut Session,
 ) -> End {
@@ -241,10 +240,28 @@ async fn handle(s: &mut Session, req: Request, rb: &mut RoundBuilder) -> Flow {
             return Flow::Continue;
         }
     };
-    if !s.authed && !matches!(c.spec.name, "AUTH" | "HELLO" | "QUIT" | "RESET") {
-        rb.slots
-            .push(Slot::Ready(err_bytes("NOAUTH Authentication required.")));
-        return Flow::Continue;
+    match &s.user {
+        None if !matches!(c.spec.name, "AUTH" | "HELLO" | "QUIT" | "RESET") => {
+            rb.slots
+                .push(Slot::Ready(err_bytes("NOAUTH Authentication required.")));
+            return Flow::Continue;
+        }
+        Some(u) if !u.unrestricted() => {
+            if let Err(d) = u.check(&c, &req) {
+                // As Redis: a refused command inside MULTI aborts the EXEC.
+                if let Some(tx) = s.tx.as_mut() {
+                    tx.dirty = true;
+                }
+                let label = crate::metrics::DeniedLabel {
+                    user: u.name.clone(),
+                    reason: d.reason(),
+                };
+                s.ctx.metrics.security.acl_denied.get_or_create(&label).inc();
+                rb.slots.push(Slot::Ready(err_bytes(&d.message())));
+                return Flow::Continue;
+            }
+        }
+        _ => {}
     }
     // decide
     let mut action = decide(s, &req, &c);

@@ -32,7 +32,8 @@ pub struct Session {
     pub proto: Proto,
     pub db: u32,
     pub name: Option<Bytes>,
-    pub authed: bool,
+    /// The user logged in as; None until the connection logs in (when it must).
+    pub user: Option<Arc<crate::auth::User>>,
     pub tx: Option<Tx>,
     /// Node of the WATCHed keys and the dedicated connection holding the WATCH.
     pub watch: Option<(usize, DedicatedWorker)>,
@@ -58,7 +59,7 @@ impl Session {
         gone: watch::Receiver<bool>,
     ) -> Session {
         Session {
-            authed: ctx.password.is_none(),
+            user: ctx.users.initial(),
             conns: vec![None; ctx.backend.len()],
             ctx,
             id,

@@ -9,13 +9,13 @@
 
 use bytes::{Bytes, BytesMut};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
+use crate::net::{ReadHalf, WriteHalf};
 
 use crate::backend::{BackendError, Dedicated, Handshake};
 
 /// The reader's end: the node's write half and what still has to be sent to it.
 pub struct Start {
-    backend_w: OwnedWriteHalf,
+    backend_w: WriteHalf,
     pub pending: Vec<Bytes>,
     end: Option<TunnelEnd>,
 }
@@ -28,7 +28,7 @@ impl Start {
 
 /// The writer's end: the node's read half and bytes it already sent.
 pub struct TunnelEnd {
-    backend_r: OwnedReadHalf,
+    backend_r: ReadHalf,
     leftover: BytesMut,
 }
 
@@ -49,8 +49,8 @@ pub async fn open(hs: &Handshake, first: Bytes) -> Result<Start, BackendError> {
 
 /// Copies both ways until either side closes.
 pub async fn pump(
-    mut client_r: OwnedReadHalf,
-    mut client_w: OwnedWriteHalf,
+    mut client_r: ReadHalf,
+    mut client_w: WriteHalf,
     start: Start,
     end: TunnelEnd,
 ) {
@@ -67,11 +67,13 @@ pub async fn pump(
         for p in pending {
             backend_w.write_all(&p).await?;
         }
+        backend_w.flush().await?;
         tokio::io::copy(&mut client_r, &mut backend_w).await?;
         backend_w.shutdown().await
     };
     let down = async {
         client_w.write_all(&leftover).await?;
+        client_w.flush().await?;
         let mut buf = vec![0u8; 16 * 1024];
         loop {
             let n = backend_r.read(&mut buf).await?;
@@ -79,6 +81,7 @@ pub async fn pump(
                 return client_w.shutdown().await;
             }
             client_w.write_all(&buf[..n]).await?;
+            client_w.flush().await?;
         }
     };
     tokio::select! {

@@ -9,7 +9,6 @@
 //!
 //! This module is a leaf: it imports only `config`'s error type and YAML helper.
 
-mod glob;
 mod locate;
 mod model;
 mod reload;
@@ -21,7 +20,7 @@ use serde::Serialize;
 
 use crate::config::{parse_yaml, ConfigError};
 
-pub use glob::{stringmatch, Glob, MAX_PATTERN_BYTES};
+pub use crate::glob::{stringmatch, Glob, MAX_PATTERN_BYTES};
 pub use model::{
     Balance, CachePolicy, CombinePolicy, Detection, Families, Idempotency, Policies, ReadPolicy,
     ReadTier, SaltBy, SaltPolicy, SaltedReads, Shards, Strategy, WritePolicy,

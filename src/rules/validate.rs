@@ -4,7 +4,7 @@
 //! `hot_at_per_sec` below the `cool_below_per_sec` it inherits), the locator points at
 //! whichever of them the file actually spells out, so the SRE lands on the line to edit.
 
-use super::glob::Glob;
+use crate::glob::Glob;
 use super::model::{Balance, Detection, ReadPolicy, Shards, WritePolicy};
 
 /// Most rules in one file: `resolve` tries them in order on each lookup.

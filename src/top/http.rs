@@ -26,17 +26,22 @@ fn runtime() -> Result<&'static tokio::runtime::Runtime, String> {
 /// `GET path` from `addr`: the body of a 200, or an error that says who failed. `timeout`
 /// bounds the whole exchange (connect, headers, body); a body over `MAX_RESPONSE_BYTES` is
 /// refused.
-pub fn http_get(addr: &str, path: &str, timeout: Duration) -> Result<String, String> {
+pub fn http_get(
+    addr: &str,
+    path: &str,
+    token: Option<&str>,
+    timeout: Duration,
+) -> Result<String, String> {
     let rt = runtime()?;
     let late = || format!("{addr}{path}: no answer within {} ms", timeout.as_millis());
     rt.block_on(async {
-        tokio::time::timeout(timeout, get(addr, path))
+        tokio::time::timeout(timeout, get(addr, path, token))
             .await
             .unwrap_or_else(|_| Err(late()))
     })
 }
 
-async fn get(addr: &str, path: &str) -> Result<String, String> {
+async fn get(addr: &str, path: &str, token: Option<&str>) -> Result<String, String> {
     let at = |e: &dyn std::fmt::Display| format!("{addr}{path}: {e}");
     let stream = tokio::net::TcpStream::connect(addr)
         .await
@@ -46,7 +51,11 @@ async fn get(addr: &str, path: &str) -> Result<String, String> {
         .map_err(|e| at(&e))?;
     // The connection is driven beside the request; it ends when the answer is read.
     let driver = tokio::spawn(conn);
-    let req = hyper::Request::get(path)
+    let mut req = hyper::Request::get(path);
+    if let Some(t) = token {
+        req = req.header(hyper::header::AUTHORIZATION, format!("Bearer {t}"));
+    }
+    let req = req
         .header(hyper::header::HOST, addr)
         .header(hyper::header::USER_AGENT, "saltshaker-top")
         .header(hyper::header::CONNECTION, "close")

@@ -29,6 +29,8 @@ pub struct TopArgs {
     pub interval_ms: u64,
     /// Render one frame (after two samples, so rates are known) and return.
     pub once: bool,
+    /// The admin port's bearer token, when it asks for one.
+    pub token: Option<String>,
 }
 
 /// Refreshes of history kept per key for its trend sparkline.
@@ -144,6 +146,8 @@ pub struct Poller {
     view: View,
     prev: Option<(Instant, Counters)>,
     timeout: Duration,
+    /// The admin port's bearer token (`admin_token_file`).
+    pub token: Option<String>,
 }
 
 impl Poller {
@@ -157,6 +161,7 @@ impl Poller {
         Poller {
             view,
             prev: None,
+            token: None,
             timeout: Duration::from_millis(interval_ms.clamp(500, 2000)),
         }
     }
@@ -191,10 +196,11 @@ impl Poller {
     }
 
     fn fetch(&self) -> Result<(Snapshot, Counters, Instant), String> {
-        let metrics = http_get(&self.view.admin, "/metrics", self.timeout)?;
+        let token = self.token.as_deref();
+        let metrics = http_get(&self.view.admin, "/metrics", token, self.timeout)?;
         let at = Instant::now();
         let counters = parse_counters(&metrics)?;
-        let snap = parse_hotkeys(&http_get(&self.view.admin, "/hotkeys", self.timeout)?)?;
+        let snap = parse_hotkeys(&http_get(&self.view.admin, "/hotkeys", token, self.timeout)?)?;
         Ok((snap, counters, at))
     }
 }
@@ -204,6 +210,7 @@ impl Poller {
 pub fn run(args: TopArgs) -> io::Result<()> {
     let interval = Duration::from_millis(args.interval_ms.max(100));
     let mut poller = Poller::new(&args.admin, interval.as_millis() as u64);
+    poller.token = args.token.clone();
     let mut out = io::stdout();
     if args.once {
         if poller.poll().error.is_none() {

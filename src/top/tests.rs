@@ -307,7 +307,7 @@ fn control_characters_in_keys_never_reach_the_terminal() {
 #[test]
 fn http_answers_are_checked_and_dechunked() {
     let get = |answer: fn(&str) -> String| {
-        http_get(&fake_admin(1, answer), "/metrics", Duration::from_secs(2))
+        http_get(&fake_admin(1, answer), "/metrics", None, Duration::from_secs(2))
     };
     let ok = get(|_| "HTTP/1.1 200 OK\r\ncontent-length: 5\r\n\r\nhello".into());
     assert_eq!(ok.unwrap(), "hello");
@@ -405,7 +405,7 @@ fn a_silent_server_times_out() {
     let l = TcpListener::bind("127.0.0.1:0").unwrap();
     let addr = l.local_addr().unwrap().to_string();
     let started = Instant::now();
-    let e = http_get(&addr, "/metrics", Duration::from_millis(200)).unwrap_err();
+    let e = http_get(&addr, "/metrics", None, Duration::from_millis(200)).unwrap_err();
     assert!(e.contains("no answer within 200 ms"), "{e}");
     assert!(started.elapsed() < Duration::from_secs(2));
     drop(l);

@@ -1,0 +1,164 @@
+//! Byte streams to clients and nodes: plain TCP or TLS, behind one type.
+//!
+//! A session and a node connection read on one task and write on another, so a stream is
+//! split in two. Plain TCP keeps tokio's lock-free halves (the common case pays one enum
+//! match per call); TLS, whose one state machine serves both directions, is split with
+//! `tokio::io::split`. `tls` holds the configurations: the client side (certificate
+//! reload, optional client CA) and the node side (CA, client certificate, SNI).
+//!
+//! A leaf: it imports nothing of the crate.
+
+pub mod tls;
+
+use std::io;
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+
+use bytes::BytesMut;
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
+use tokio::net::TcpStream;
+
+type TlsStream = tokio_rustls::TlsStream<TcpStream>;
+
+/// A connected stream, plain or TLS.
+pub enum Stream {
+    Tcp(TcpStream),
+    Tls(Box<TlsStream>),
+}
+
+/// The read half of a `Stream`.
+pub enum ReadHalf {
+    Tcp(OwnedReadHalf),
+    Tls(tokio::io::ReadHalf<Box<TlsStream>>),
+}
+
+/// The write half of a `Stream`.
+pub enum WriteHalf {
+    Tcp(OwnedWriteHalf),
+    Tls(tokio::io::WriteHalf<Box<TlsStream>>),
+}
+
+impl Stream {
+    fn tcp(&self) -> &TcpStream {
+        match self {
+            Stream::Tcp(s) => s,
+            Stream::Tls(s) => s.get_ref().0,
+        }
+    }
+
+    pub fn is_tls(&self) -> bool {
+        matches!(self, Stream::Tls(_))
+    }
+
+    pub fn set_nodelay(&self, on: bool) -> io::Result<()> {
+        self.tcp().set_nodelay(on)
+    }
+
+    pub fn peer_addr(&self) -> io::Result<SocketAddr> {
+        self.tcp().peer_addr()
+    }
+
+    pub fn local_addr(&self) -> io::Result<SocketAddr> {
+        self.tcp().local_addr()
+    }
+
+    pub fn into_split(self) -> (ReadHalf, WriteHalf) {
+        match self {
+            Stream::Tcp(s) => {
+                let (r, w) = s.into_split();
+                (ReadHalf::Tcp(r), WriteHalf::Tcp(w))
+            }
+            Stream::Tls(s) => {
+                let (r, w) = tokio::io::split(s);
+                (ReadHalf::Tls(r), WriteHalf::Tls(w))
+            }
+        }
+    }
+}
+
+impl ReadHalf {
+    /// Reads what has already arrived without waiting: `WouldBlock` when nothing has.
+    pub fn try_read_buf(&mut self, buf: &mut BytesMut) -> io::Result<usize> {
+        match self {
+            ReadHalf::Tcp(r) => r.try_read_buf(buf),
+            ReadHalf::Tls(r) => {
+                // One poll with a waker that does nothing: TLS may hold decrypted bytes
+                // that the socket no longer shows, so ask the TLS layer itself.
+                let mut chunk = [0u8; 16 * 1024];
+                let mut rb = ReadBuf::new(&mut chunk);
+                let mut cx = Context::from_waker(std::task::Waker::noop());
+                match Pin::new(r).poll_read(&mut cx, &mut rb) {
+                    Poll::Ready(Ok(())) => {
+                        buf.extend_from_slice(rb.filled());
+                        Ok(rb.filled().len())
+                    }
+                    Poll::Ready(Err(e)) => Err(e),
+                    Poll::Pending => Err(io::ErrorKind::WouldBlock.into()),
+                }
+            }
+        }
+    }
+}
+
+macro_rules! delegate_read {
+    ($t:ty, $($v:path),+) => {
+        impl AsyncRead for $t {
+            fn poll_read(
+                self: Pin<&mut Self>,
+                cx: &mut Context<'_>,
+                buf: &mut ReadBuf<'_>,
+            ) -> Poll<io::Result<()>> {
+                match self.get_mut() {
+                    $($v(s) => Pin::new(s).poll_read(cx, buf),)+
+                }
+            }
+        }
+    };
+}
+
+macro_rules! delegate_write {
+    ($t:ty, $($v:path),+) => {
+        impl AsyncWrite for $t {
+            fn poll_write(
+                self: Pin<&mut Self>,
+                cx: &mut Context<'_>,
+                buf: &[u8],
+            ) -> Poll<io::Result<usize>> {
+                match self.get_mut() {
+                    $($v(s) => Pin::new(s).poll_write(cx, buf),)+
+                }
+            }
+            fn poll_write_vectored(
+                self: Pin<&mut Self>,
+                cx: &mut Context<'_>,
+                bufs: &[io::IoSlice<'_>],
+            ) -> Poll<io::Result<usize>> {
+                match self.get_mut() {
+                    $($v(s) => Pin::new(s).poll_write_vectored(cx, bufs),)+
+                }
+            }
+            fn is_write_vectored(&self) -> bool {
+                match self {
+                    $($v(s) => s.is_write_vectored(),)+
+                }
+            }
+            fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+                match self.get_mut() {
+                    $($v(s) => Pin::new(s).poll_flush(cx),)+
+                }
+            }
+            fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+                match self.get_mut() {
+                    $($v(s) => Pin::new(s).poll_shutdown(cx),)+
+                }
+            }
+        }
+    };
+}
+
+delegate_read!(Stream, Stream::Tcp, Stream::Tls);
+delegate_write!(Stream, Stream::Tcp, Stream::Tls);
+delegate_read!(ReadHalf, ReadHalf::Tcp, ReadHalf::Tls);
+delegate_write!(WriteHalf, WriteHalf::Tcp, WriteHalf::Tls);
