@@ -13,6 +13,7 @@ use std::time::{Duration, Instant};
 
 pub mod cluster;
 pub mod salting;
+pub mod tls;
 
 pub const BIN: &str = env!("CARGO_BIN_EXE_saltshaker");
 
@@ -29,15 +30,18 @@ pub fn have_redis() -> bool {
     true
 }
 
-/// Fails the test unless `name --version` runs: the message names the missing tool.
+/// Fails the test unless `name --version` (or `name version`) runs: the message names the missing tool.
 pub fn need_tool(name: &str) {
-    let ok = Command::new(name)
-        .arg("--version")
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .status()
-        .map(|s| s.success())
-        .unwrap_or(false);
+    // openssl says its version to `openssl version` only.
+    let ok = ["--version", "version"].iter().any(|arg| {
+        Command::new(name)
+            .arg(arg)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .map(|s| s.success())
+            .unwrap_or(false)
+    });
     assert!(
         ok,
         "{name} is not installed: this test cannot run without it \
@@ -358,6 +362,11 @@ impl Proxy {
         Proxy::launch(nodes, Some(extra_yaml), extra_args)
     }
 
+    /// `start_with_config` for nodes given by address (ones `Redis` does not start).
+    pub fn start_addrs_with_config(addrs: &[String], extra_yaml: &str, extra_args: &[&str]) -> Proxy {
+        Proxy::launch_spec(addrs.to_vec(), Some(extra_yaml), extra_args)
+    }
+
     /// Start with a literal `--nodes` list (twemproxy style: `host:port[:weight][ name],...`).
     pub fn start_nodes(node_spec: &str, extra_args: &[&str]) -> Proxy {
         let list: Vec<String> = node_spec.split(',').map(|s| s.to_string()).collect();
@@ -535,10 +544,16 @@ pub fn http_get(addr: &str, path: &str) -> (u16, String) {
 
 /// One HTTP/1.1 request without a body: (status, body).
 pub fn http_request(addr: &str, method: &str, path: &str) -> (u16, String) {
+    http_request_with(addr, method, path, &[])
+}
+
+/// `http_request` with extra header lines, such as `Authorization: Bearer T`.
+pub fn http_request_with(addr: &str, method: &str, path: &str, headers: &[&str]) -> (u16, String) {
+    let extra: String = headers.iter().map(|h| format!("{h}\r\n")).collect();
     let mut s = TcpStream::connect(addr).unwrap_or_else(|e| panic!("connect admin {addr}: {e}"));
     s.set_read_timeout(Some(Duration::from_secs(10))).ok();
     let req = format!(
-        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\n{extra}Content-Length: 0\r\nConnection: close\r\n\r\n"
     );
     s.write_all(req.as_bytes()).expect("write http request");
     let mut raw = Vec::new();
