@@ -102,6 +102,13 @@ rc=${PIPESTATUS[0]}
 count "$logdir/py-cluster.log" "$rc"
 [ "$rc" -eq 0 ] || { echo "redis-py cluster clients failed (exit $rc)"; finish 1; }
 
+step "redis-py with TLS on both sides and a named user (tests/py/run.sh --tls)"
+SALTSHAKER_BIN="$target_dir/debug/saltshaker" timeout 300 tests/py/run.sh --tls 2>&1 \
+    | tee "$logdir/py-tls.log"
+rc=${PIPESTATUS[0]}
+count "$logdir/py-tls.log" "$rc"
+[ "$rc" -eq 0 ] || { echo "redis-py TLS clients failed (exit $rc)"; finish 1; }
+
 if [ -f .ci/fuzz.sh ]; then
     step "fuzz smoke run (.ci/fuzz.sh)"
     timeout 1500 bash .ci/fuzz.sh 2>&1 | tee "$logdir/fuzz.log"

@@ -151,9 +151,9 @@ impl User {
     fn password_is(&self, pass: &[u8]) -> bool {
         let h = sha256(pass);
         // Compare every byte of every hash, so the time says nothing of where they differ.
-        self.hashes
-            .iter()
-            .fold(false, |ok, k| ok | (k.iter().zip(h.iter()).fold(0u8, |d, (a, b)| d | (a ^ b)) == 0))
+        self.hashes.iter().fold(false, |ok, k| {
+            ok | (k.iter().zip(h.iter()).fold(0u8, |d, (a, b)| d | (a ^ b)) == 0)
+        })
     }
 }
 
@@ -188,7 +188,10 @@ impl Users {
                 default = Some(user.clone());
             }
             if named.insert(u.name.as_bytes().to_vec(), user).is_some() {
-                return Err((format!("{at}.name"), format!("user {:?} is named twice", u.name)));
+                return Err((
+                    format!("{at}.name"),
+                    format!("user {:?} is named twice", u.name),
+                ));
             }
         }
         let open = cfg.password.is_none() && cfg.users.is_empty();
@@ -267,13 +270,18 @@ fn user(at: &str, u: &UserConfig) -> Result<User, (String, String)> {
                 (0..specs.len()).collect()
             } else {
                 let bit = cat::by_name(c).ok_or_else(|| {
-                    bad(format!("unknown category; Redis's are {}", cat::NAMES.join(", ")))
+                    bad(format!(
+                        "unknown category; Redis's are {}",
+                        cat::NAMES.join(", ")
+                    ))
                 })?;
-                (0..specs.len()).filter(|&i| specs[i].cats & bit != 0).collect()
+                (0..specs.len())
+                    .filter(|&i| specs[i].cats & bit != 0)
+                    .collect()
             }
         } else {
-            let spec = command::lookup(what.as_bytes())
-                .ok_or_else(|| bad("unknown command".into()))?;
+            let spec =
+                command::lookup(what.as_bytes()).ok_or_else(|| bad("unknown command".into()))?;
             let mut v = vec![index(spec)];
             if spec.is_container() {
                 let prefix = format!("{} ", spec.name);
@@ -363,7 +371,10 @@ mod tests {
         assert_eq!(run(&u, &["SET", "app:1", "x"]), Ok(()));
         assert_eq!(run(&u, &["GET", "other"]), Err(Denied::Key));
         assert_eq!(run(&u, &["MGET", "app:1", "zzz"]), Err(Denied::Key));
-        assert_eq!(run(&u, &["DEL", "app:1"]), Err(Denied::Command("del".into())));
+        assert_eq!(
+            run(&u, &["DEL", "app:1"]),
+            Err(Denied::Command("del".into()))
+        );
         assert_eq!(run(&u, &["KEYS", "*"]), Err(Denied::Command("keys".into())));
         assert_eq!(run(&u, &["CONFIG", "GET", "x"]), Ok(()));
         assert_eq!(
@@ -393,12 +404,27 @@ mod tests {
     #[test]
     fn bad_rules_are_located() {
         for (yaml, field) in [
-            ("users:\n  - name: a\n    commands: [\"+@nope\"]\n", "auth.users[0].commands[0]"),
-            ("users:\n  - name: a\n    commands: [\"get\"]\n", "auth.users[0].commands[0]"),
-            ("users:\n  - name: a\n    commands: [\"+nosuch\"]\n", "auth.users[0].commands[0]"),
-            ("users:\n  - name: a\n    passwords_sha256: [\"abc\"]\n", "auth.users[0].passwords_sha256[0]"),
+            (
+                "users:\n  - name: a\n    commands: [\"+@nope\"]\n",
+                "auth.users[0].commands[0]",
+            ),
+            (
+                "users:\n  - name: a\n    commands: [\"get\"]\n",
+                "auth.users[0].commands[0]",
+            ),
+            (
+                "users:\n  - name: a\n    commands: [\"+nosuch\"]\n",
+                "auth.users[0].commands[0]",
+            ),
+            (
+                "users:\n  - name: a\n    passwords_sha256: [\"abc\"]\n",
+                "auth.users[0].passwords_sha256[0]",
+            ),
             ("users:\n  - name: a\n  - name: a\n", "auth.users[1].name"),
-            ("users:\n  - name: a\n    keys: [\"a[b\"]\n", "auth.users[0].keys[0]"),
+            (
+                "users:\n  - name: a\n    keys: [\"a[b\"]\n",
+                "auth.users[0].keys[0]",
+            ),
         ] {
             let cfg: AuthConfig = serde_yaml_ng::from_str(yaml).unwrap();
             assert_eq!(Users::new(&cfg).unwrap_err().0, field, "{yaml}");

@@ -176,7 +176,11 @@ impl Config {
         let mut cfg = Config::parse(&text, &file)?;
         // Paths in the file are relative to the file's folder, not to where we run.
         if let Some(dir) = path.parent() {
-            let mut paths = vec![&mut cfg.rules, &mut cfg.upgrade_socket, &mut cfg.admin_token_file];
+            let mut paths = vec![
+                &mut cfg.rules,
+                &mut cfg.upgrade_socket,
+                &mut cfg.admin_token_file,
+            ];
             if let Some(t) = cfg.tls.as_mut() {
                 paths.push(&mut t.client_ca);
                 let (cert, key) = (&mut t.cert, &mut t.key);

@@ -223,10 +223,16 @@ pub async fn run(
     match bound.tls {
         // TLS on a port of its own; `listen` stays plain.
         Some(l) => {
-            serving.push(proxy::Listener { tcp: bound.client, tls: None });
+            serving.push(proxy::Listener {
+                tcp: bound.client,
+                tls: None,
+            });
             serving.push(proxy::Listener { tcp: l, tls });
         }
-        None => serving.push(proxy::Listener { tcp: bound.client, tls }),
+        None => serving.push(proxy::Listener {
+            tcp: bound.client,
+            tls,
+        }),
     }
     tracing::info!(
         listen = %cfg.listen,
@@ -348,11 +354,14 @@ impl hotkey::KeyThresholds for RuleThresholds {
 
 /// The admin token from its file: the first line, trimmed; an empty one is refused.
 fn read_token(p: &std::path::Path) -> Result<String, String> {
-    let t = std::fs::read_to_string(p)
-        .map_err(|e| format!("admin_token_file {}: {e}", p.display()))?;
+    let t =
+        std::fs::read_to_string(p).map_err(|e| format!("admin_token_file {}: {e}", p.display()))?;
     let t = t.lines().next().unwrap_or_default().trim().to_string();
     if t.is_empty() {
-        return Err(format!("admin_token_file {}: the file is empty", p.display()));
+        return Err(format!(
+            "admin_token_file {}: the file is empty",
+            p.display()
+        ));
     }
     Ok(t)
 }

@@ -126,12 +126,17 @@ fn main() -> ExitCode {
     }
     if let Some(Cmd::Passwd) = &cli.cmd {
         let mut line = String::new();
-        if std::io::stdin().read_line(&mut line).is_err() || line.trim_end_matches(['\r', '\n']).is_empty() {
+        if std::io::stdin().read_line(&mut line).is_err()
+            || line.trim_end_matches(['\r', '\n']).is_empty()
+        {
             eprintln!("saltshaker passwd: give the password on stdin");
             return ExitCode::FAILURE;
         }
         let pass = line.trim_end_matches(['\r', '\n']);
-        println!("{}", saltshaker::auth::hex(&saltshaker::auth::sha256(pass.as_bytes())));
+        println!(
+            "{}",
+            saltshaker::auth::hex(&saltshaker::auth::sha256(pass.as_bytes()))
+        );
         return ExitCode::SUCCESS;
     }
     if let Some(Cmd::Top {

@@ -217,6 +217,8 @@ fn problems(dir: &Path) -> Vec<String> {
         ("hotkey", &[]),
         ("metrics", &[]),
         ("command", &["resp"]),
+        ("net", &[]),
+        ("glob", &[]),
     ];
     for (m, to) in &imp {
         for (leaf, allowed) in leaves {

@@ -51,15 +51,30 @@ fn tls_on_both_sides_serves_redis_cli_and_benchmark_and_refuses_plain_clients() 
         &(backend_tls(&c, "") + &client_tls(&c, "server", "")),
         &[],
     );
-    assert_eq!(ok(&cli(&c, p.port, "ca.crt", false, &["SET", "tls:k", "v1"])), "OK");
-    assert_eq!(ok(&cli(&c, p.port, "ca.crt", false, &["GET", "tls:k"])), "v1");
+    assert_eq!(
+        ok(&cli(&c, p.port, "ca.crt", false, &["SET", "tls:k", "v1"])),
+        "OK"
+    );
+    assert_eq!(
+        ok(&cli(&c, p.port, "ca.crt", false, &["GET", "tls:k"])),
+        "v1"
+    );
     // The value went to the node over TLS.
-    assert_eq!(ok(&cli(&c, node.port, "ca.crt", true, &["GET", "tls:k"])), "v1");
+    assert_eq!(
+        ok(&cli(&c, node.port, "ca.crt", true, &["GET", "tls:k"])),
+        "v1"
+    );
 
     // Deep pipelines through TLS on both sides: every reply comes back.
     need_tool("redis-benchmark");
     let out = Command::new("timeout")
-        .args(["120", "redis-benchmark", "--tls", "--cacert", &c.path("ca.crt")])
+        .args([
+            "120",
+            "redis-benchmark",
+            "--tls",
+            "--cacert",
+            &c.path("ca.crt"),
+        ])
         .args(["-h", "127.0.0.1", "-p", &p.port.to_string()])
         .args(["-t", "set,get", "-n", "20000", "-P", "32", "-c", "4", "-q"])
         .output()
@@ -74,22 +89,38 @@ fn tls_on_both_sides_serves_redis_cli_and_benchmark_and_refuses_plain_clients() 
     // Pub/sub over TLS: the tunnel's two TLS ends.
     let sub = Command::new("timeout")
         .args(["4", "redis-cli", "--tls", "--cacert", &c.path("ca.crt")])
-        .args(["-h", "127.0.0.1", "-p", &p.port.to_string(), "SUBSCRIBE", "tls:ch"])
+        .args([
+            "-h",
+            "127.0.0.1",
+            "-p",
+            &p.port.to_string(),
+            "SUBSCRIBE",
+            "tls:ch",
+        ])
         .stdout(Stdio::piped())
         .spawn()
         .unwrap();
     let mut delivered = 0;
     assert!(
         wait_until(Duration::from_secs(3), || {
-            delivered = ok(&cli(&c, p.port, "ca.crt", false, &["PUBLISH", "tls:ch", "hello"]))
-                .parse()
-                .unwrap_or(0);
+            delivered = ok(&cli(
+                &c,
+                p.port,
+                "ca.crt",
+                false,
+                &["PUBLISH", "tls:ch", "hello"],
+            ))
+            .parse()
+            .unwrap_or(0);
             delivered == 1
         }),
         "the subscriber never registered"
     );
     let out = sub.wait_with_output().unwrap();
-    assert!(String::from_utf8_lossy(&out.stdout).contains("hello"), "{out:?}");
+    assert!(
+        String::from_utf8_lossy(&out.stdout).contains("hello"),
+        "{out:?}"
+    );
 
     // A plain client on the TLS port gets no answer, and is counted.
     let before = p.metric("saltshaker_tls_handshake_failures_total");
@@ -102,7 +133,10 @@ fn tls_on_both_sides_serves_redis_cli_and_benchmark_and_refuses_plain_clients() 
         .metric("saltshaker_tls_handshake_failures_total")
         > before));
     // And the proxy still serves.
-    assert_eq!(ok(&cli(&c, p.port, "ca.crt", false, &["GET", "tls:k"])), "v1");
+    assert_eq!(
+        ok(&cli(&c, p.port, "ca.crt", false, &["GET", "tls:k"])),
+        "v1"
+    );
 }
 
 #[test]
@@ -114,7 +148,10 @@ fn mtls_refuses_a_client_without_a_certificate_and_serves_one_with_it() {
     let without = ok(&cli(&c, p.port, "ca.crt", false, &["PING"]));
     assert_ne!(without, "PONG", "served without a client certificate");
     assert_eq!(ok(&cli(&c, p.port, "ca.crt", true, &["PING"])), "PONG");
-    assert_eq!(ok(&cli(&c, p.port, "ca.crt", true, &["SET", "m", "1"])), "OK");
+    assert_eq!(
+        ok(&cli(&c, p.port, "ca.crt", true, &["SET", "m", "1"])),
+        "OK"
+    );
     assert_eq!(node.client().cmd(&["GET", "m"]).as_str(), "1");
 }
 
@@ -143,7 +180,10 @@ fn node_certificates_are_checked_by_chain_and_by_name_unless_told_otherwise() {
     node_cli_set(&c, &node);
     let strict = Proxy::start_addrs_with_config(&[node.addr()], &backend_tls(&c, ""), &[]);
     let r = strict.client().cmd(&["GET", "n"]);
-    assert!(r.is_error(), "a certificate for another name was accepted: {r:?}");
+    assert!(
+        r.is_error(),
+        "a certificate for another name was accepted: {r:?}"
+    );
     assert!(r.err().to_lowercase().contains("certificate"), "{r:?}");
 
     let loose = Proxy::start_addrs_with_config(
@@ -188,7 +228,12 @@ fn node_certificates_are_checked_by_chain_and_by_name_unless_told_otherwise() {
 fn node_cli_set(c: &Certs, node: &TlsRedis) {
     let out = Command::new("timeout")
         .args(["10", "redis-cli", "--tls", "--insecure"])
-        .args(["--cert", &c.path("client.crt"), "--key", &c.path("client.key")])
+        .args([
+            "--cert",
+            &c.path("client.crt"),
+            "--key",
+            &c.path("client.key"),
+        ])
         .args(["-p", &node.port.to_string(), "SET", "n", "v"])
         .output()
         .unwrap();
@@ -238,7 +283,11 @@ fn a_certificate_rotated_under_load_drops_no_connection_and_a_bad_one_keeps_the_
         "the bad certificate was not noticed"
     );
     assert_eq!(p.metric("saltshaker_tls_last_reload_failed"), 1.0);
-    assert!(p.stderr().contains("TLS certificate not reloaded"), "{}", p.stderr());
+    assert!(
+        p.stderr().contains("TLS certificate not reloaded"),
+        "{}",
+        p.stderr()
+    );
     assert_eq!(ok(&cli(&c, p.port, "ca.crt", false, &["PING"])), "PONG");
 
     // The new certificate (another CA): new connections get it.
@@ -261,7 +310,10 @@ fn a_certificate_rotated_under_load_drops_no_connection_and_a_bad_one_keeps_the_
     // The benchmark's connections, opened before both reloads, are still served.
     let before = gets();
     thread::sleep(Duration::from_millis(500));
-    assert!(gets() > before, "the old connections stopped getting answers");
+    assert!(
+        gets() > before,
+        "the old connections stopped getting answers"
+    );
     let running = bench.0.try_wait().unwrap().is_none();
     let _ = bench.0.kill();
     let out = bench.into_output();
@@ -303,7 +355,16 @@ fn the_read_cache_tracks_a_tls_node() {
         &backend_tls(&c, ""),
         &["--rules", &path_str(&rules)],
     );
-    assert_eq!(ok(&cli(&c, node.port, "ca.crt", true, &["SET", "celeb:1", "a"])), "OK");
+    assert_eq!(
+        ok(&cli(
+            &c,
+            node.port,
+            "ca.crt",
+            true,
+            &["SET", "celeb:1", "a"]
+        )),
+        "OK"
+    );
     let mut k = p.client();
     // Cached once the tracked fill connection is up.
     assert!(wait_until(Duration::from_secs(5), || {
@@ -311,9 +372,21 @@ fn the_read_cache_tracks_a_tls_node() {
         p.metric("saltshaker_cache_hits_total") > 0.0
     }));
     // A write straight on the node reaches the cache as an invalidation.
-    assert_eq!(ok(&cli(&c, node.port, "ca.crt", true, &["SET", "celeb:1", "b"])), "OK");
+    assert_eq!(
+        ok(&cli(
+            &c,
+            node.port,
+            "ca.crt",
+            true,
+            &["SET", "celeb:1", "b"]
+        )),
+        "OK"
+    );
     assert!(
-        wait_until(Duration::from_secs(2), || k.cmd(&["GET", "celeb:1"]).as_str() == "b"),
+        wait_until(Duration::from_secs(2), || k
+            .cmd(&["GET", "celeb:1"])
+            .as_str()
+            == "b"),
         "the cache kept a value the node changed"
     );
 }

@@ -46,8 +46,14 @@ fn users_log_in_and_are_held_to_their_keys_and_categories() {
     // With users and no default password, nothing runs before AUTH.
     assert!(c.cmd(&["GET", "app:1"]).err().starts_with("NOAUTH"));
     assert!(c.cmd(&["AUTH", "app-pw"]).err().starts_with("WRONGPASS"));
-    assert!(c.cmd(&["AUTH", "app", "nope"]).err().starts_with("WRONGPASS"));
-    assert!(c.cmd(&["AUTH", "gone", "gone-pw"]).err().starts_with("WRONGPASS"));
+    assert!(c
+        .cmd(&["AUTH", "app", "nope"])
+        .err()
+        .starts_with("WRONGPASS"));
+    assert!(c
+        .cmd(&["AUTH", "gone", "gone-pw"])
+        .err()
+        .starts_with("WRONGPASS"));
     assert_eq!(c.cmd(&["AUTH", "app", "app-pw"]).as_str(), "OK");
     assert_eq!(c.cmd(&["SET", "app:1", "x"]).as_str(), "OK");
     assert_eq!(c.cmd(&["GET", "app:1"]).as_str(), "x");
@@ -90,7 +96,14 @@ fn users_log_in_and_are_held_to_their_keys_and_categories() {
     // A real client: redis-cli --user.
     need_tool("redis-cli");
     let out = Command::new("redis-cli")
-        .args(["-p", &p.port.to_string(), "--user", "app", "--pass", "app-pw"])
+        .args([
+            "-p",
+            &p.port.to_string(),
+            "--user",
+            "app",
+            "--pass",
+            "app-pw",
+        ])
         .args(["--no-auth-warning", "GET", "app:1"])
         .output()
         .unwrap();
@@ -104,7 +117,11 @@ fn users_log_in_and_are_held_to_their_keys_and_categories() {
             .and_then(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
             .unwrap_or(0.0)
     };
-    assert_eq!(line("reason=\"key\",user=\"app\"") + line("user=\"app\",reason=\"key\""), 3.0, "{m}");
+    assert_eq!(
+        line("reason=\"key\",user=\"app\"") + line("user=\"app\",reason=\"key\""),
+        3.0,
+        "{m}"
+    );
     assert_eq!(
         line("reason=\"command\",user=\"app\"") + line("user=\"app\",reason=\"command\""),
         2.0,
@@ -148,9 +165,13 @@ fn bad_user_rules_are_refused_with_their_place() {
     )
     .unwrap();
     let out = saltshaker(&["check", &path_str(&path)]);
-    let err = String::from_utf8_lossy(&out.stderr).to_string() + &String::from_utf8_lossy(&out.stdout);
+    let err =
+        String::from_utf8_lossy(&out.stderr).to_string() + &String::from_utf8_lossy(&out.stdout);
     assert!(!out.status.success(), "{err}");
-    assert!(err.contains("auth.users[0].commands[1]") && err.contains("@nosuch"), "{err}");
+    assert!(
+        err.contains("auth.users[0].commands[1]") && err.contains("@nosuch"),
+        "{err}"
+    );
     assert!(err.contains(":6:"), "the line is named: {err}");
 }
 
@@ -169,14 +190,21 @@ fn the_admin_port_asks_for_its_token_except_on_probes() {
     let admin = p.admin_addr();
     assert_eq!(http_get(&admin, "/metrics").0, 401);
     assert_eq!(http_get(&admin, "/hotkeys").0, 401);
-    assert_eq!(http_request(&admin, "POST", "/hotkeys/promote?key=x").0, 401);
+    assert_eq!(
+        http_request(&admin, "POST", "/hotkeys/promote?key=x").0,
+        401
+    );
     assert_eq!(
         http_request_with(&admin, "GET", "/metrics", &["Authorization: Bearer wrong"]).0,
         401
     );
     assert_eq!(http_get(&admin, "/healthz").0, 200);
-    let (status, body) =
-        http_request_with(&admin, "GET", "/metrics", &["Authorization: Bearer s3cret-token"]);
+    let (status, body) = http_request_with(
+        &admin,
+        "GET",
+        "/metrics",
+        &["Authorization: Bearer s3cret-token"],
+    );
     assert_eq!(status, 200);
     assert!(
         body.lines()

@@ -13,10 +13,10 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
+use crate::net::{ReadHalf, Stream, WriteHalf};
 use bytes::{Bytes, BytesMut};
 use smallvec::SmallVec;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use crate::net::{ReadHalf, Stream, WriteHalf};
 use tokio::sync::{mpsc, oneshot};
 use tokio::time::Instant;
 

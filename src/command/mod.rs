@@ -117,7 +117,29 @@ pub mod cat {
     pub const SCRIPTING: u32 = 1 << 20;
 
     /// Every category's name, in bit order.
-    pub const NAMES: [&str; 21] = ["keyspace", "read", "write", "set", "sortedset", "list", "hash", "string", "bitmap", "hyperloglog", "geo", "stream", "pubsub", "admin", "fast", "slow", "blocking", "dangerous", "connection", "transaction", "scripting"];
+    pub const NAMES: [&str; 21] = [
+        "keyspace",
+        "read",
+        "write",
+        "set",
+        "sortedset",
+        "list",
+        "hash",
+        "string",
+        "bitmap",
+        "hyperloglog",
+        "geo",
+        "stream",
+        "pubsub",
+        "admin",
+        "fast",
+        "slow",
+        "blocking",
+        "dangerous",
+        "connection",
+        "transaction",
+        "scripting",
+    ];
 
     /// The bit of a category by its name, without the `@`, any case.
     pub fn by_name(name: &str) -> Option<u32> {

@@ -120,7 +120,10 @@ fn roots(path: &Path) -> Result<RootCertStore, TlsError> {
     let mut roots = RootCertStore::empty();
     let (_, bad) = roots.add_parsable_certificates(certs(path)?);
     if roots.is_empty() {
-        return Err(file_err(path, format!("no usable CA certificate ({bad} unreadable)")));
+        return Err(file_err(
+            path,
+            format!("no usable CA certificate ({bad} unreadable)"),
+        ));
     }
     Ok(roots)
 }
@@ -133,12 +136,10 @@ fn server_config(cfg: &ServerTlsConfig) -> Result<ServerConfig, TlsError> {
         .map_err(|e| TlsError::Config(e.to_string()))?;
     let builder = match &cfg.client_ca {
         Some(ca) => {
-            let verifier = WebPkiClientVerifier::builder_with_provider(
-                Arc::new(roots(ca)?),
-                provider(),
-            )
-            .build()
-            .map_err(|e| file_err(ca, e))?;
+            let verifier =
+                WebPkiClientVerifier::builder_with_provider(Arc::new(roots(ca)?), provider())
+                    .build()
+                    .map_err(|e| file_err(ca, e))?;
             builder.with_client_cert_verifier(verifier)
         }
         None => builder.with_no_client_auth(),
@@ -265,12 +266,10 @@ impl Connector {
         let builder = if cfg.verify_hostname {
             builder.with_root_certificates(roots)
         } else {
-            let inner = rustls::client::WebPkiServerVerifier::builder_with_provider(
-                roots,
-                provider(),
-            )
-            .build()
-            .map_err(|e| file_err(&ca, e))?;
+            let inner =
+                rustls::client::WebPkiServerVerifier::builder_with_provider(roots, provider())
+                    .build()
+                    .map_err(|e| file_err(&ca, e))?;
             builder
                 .dangerous()
                 .with_custom_certificate_verifier(Arc::new(ChainOnly(inner)))

@@ -93,11 +93,7 @@ enum End {
 
 /// The read phase: until the client closes, the session becomes a pub/sub tunnel, or a
 /// shutdown finds the connection at a command boundary.
-async fn read_loop(
-    mut r: ReadHalf,
-    tx: &mpsc::Sender<(Round, Proto)>,
-    s: &mut Session,
-) -> End {
+async fn read_loop(mut r: ReadHalf, tx: &mpsc::Sender<(Round, Proto)>, s: &mut Session) -> End {
     let limits = s.ctx.limits.clone();
     let mut parser = RequestParser::new(limits);
     let mut buf = BytesMut::with_capacity(16 * 1024);
@@ -256,7 +252,12 @@ async fn handle(s: &mut Session, req: Request, rb: &mut RoundBuilder) -> Flow {
                     user: u.name.clone(),
                     reason: d.reason(),
                 };
-                s.ctx.metrics.security.acl_denied.get_or_create(&label).inc();
+                s.ctx
+                    .metrics
+                    .security
+                    .acl_denied
+                    .get_or_create(&label)
+                    .inc();
                 rb.slots.push(Slot::Ready(err_bytes(&d.message())));
                 return Flow::Continue;
             }

@@ -7,9 +7,9 @@
 //! Replies to commands sent before SUBSCRIBE are written first: the writer hands over the
 //! client's write half only after the round that holds SUBSCRIBE.
 
+use crate::net::{ReadHalf, WriteHalf};
 use bytes::{Bytes, BytesMut};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use crate::net::{ReadHalf, WriteHalf};
 
 use crate::backend::{BackendError, Dedicated, Handshake};
 
@@ -48,12 +48,7 @@ pub async fn open(hs: &Handshake, first: Bytes) -> Result<Start, BackendError> {
 }
 
 /// Copies both ways until either side closes.
-pub async fn pump(
-    mut client_r: ReadHalf,
-    mut client_w: WriteHalf,
-    start: Start,
-    end: TunnelEnd,
-) {
+pub async fn pump(mut client_r: ReadHalf, mut client_w: WriteHalf, start: Start, end: TunnelEnd) {
     let Start {
         mut backend_w,
         pending,

@@ -4,8 +4,8 @@
 //! `hot_at_per_sec` below the `cool_below_per_sec` it inherits), the locator points at
 //! whichever of them the file actually spells out, so the SRE lands on the line to edit.
 
-use crate::glob::Glob;
 use super::model::{Balance, Detection, ReadPolicy, Shards, WritePolicy};
+use crate::glob::Glob;
 
 /// Most rules in one file: `resolve` tries them in order on each lookup.
 pub const MAX_RULES: usize = 1024;

@@ -200,7 +200,12 @@ impl Poller {
         let metrics = http_get(&self.view.admin, "/metrics", token, self.timeout)?;
         let at = Instant::now();
         let counters = parse_counters(&metrics)?;
-        let snap = parse_hotkeys(&http_get(&self.view.admin, "/hotkeys", token, self.timeout)?)?;
+        let snap = parse_hotkeys(&http_get(
+            &self.view.admin,
+            "/hotkeys",
+            token,
+            self.timeout,
+        )?)?;
         Ok((snap, counters, at))
     }
 }

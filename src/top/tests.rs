@@ -307,7 +307,12 @@ fn control_characters_in_keys_never_reach_the_terminal() {
 #[test]
 fn http_answers_are_checked_and_dechunked() {
     let get = |answer: fn(&str) -> String| {
-        http_get(&fake_admin(1, answer), "/metrics", None, Duration::from_secs(2))
+        http_get(
+            &fake_admin(1, answer),
+            "/metrics",
+            None,
+            Duration::from_secs(2),
+        )
     };
     let ok = get(|_| "HTTP/1.1 200 OK\r\ncontent-length: 5\r\n\r\nhello".into());
     assert_eq!(ok.unwrap(), "hello");

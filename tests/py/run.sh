@@ -2,7 +2,8 @@
 # Runs the redis-py suite: makes tests/py/.venv on first use, installs redis-py into it,
 # then suite.py starts 4 redis-servers and the proxy (target/debug/saltshaker, or
 # $SALTSHAKER_BIN) over them. `run.sh --direct` runs against one plain redis-server;
-# `run.sh --cluster` runs cluster_clients.py (a Redis Cluster behind the proxy).
+# `run.sh --cluster` runs cluster_clients.py (a Redis Cluster behind the proxy);
+# `run.sh --tls` runs tls_clients.py (TLS on both sides, a named user).
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 venv="$here/.venv"
@@ -19,6 +20,10 @@ if ! cmp -s "$req" "$stamp"; then
     cp "$req" "$stamp"
 fi
 cd "$here"
+if [ "${1:-}" = "--tls" ]; then
+    # redis-py with ssl=True (and a named user) through the proxy, TLS on both sides.
+    exec "$venv/bin/python" -u tls_clients.py
+fi
 if [ "${1:-}" = "--cluster" ]; then
     # redis-py's plain and cluster clients through the proxy in front of a Redis Cluster.
     exec "$venv/bin/python" -u cluster_clients.py

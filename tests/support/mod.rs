@@ -363,7 +363,11 @@ impl Proxy {
     }
 
     /// `start_with_config` for nodes given by address (ones `Redis` does not start).
-    pub fn start_addrs_with_config(addrs: &[String], extra_yaml: &str, extra_args: &[&str]) -> Proxy {
+    pub fn start_addrs_with_config(
+        addrs: &[String],
+        extra_yaml: &str,
+        extra_args: &[&str],
+    ) -> Proxy {
         Proxy::launch_spec(addrs.to_vec(), Some(extra_yaml), extra_args)
     }
 

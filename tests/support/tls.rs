@@ -35,11 +35,25 @@ impl Certs {
             openssl(
                 &dir,
                 &[
-                    "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1",
-                    "-nodes", "-keyout", &format!("{ca}.key"), "-out", &format!("{ca}.crt"),
-                    "-days", "2", "-subj", &format!("/CN=saltshaker test {ca}"),
-                    "-addext", "basicConstraints=critical,CA:TRUE",
-                    "-addext", "keyUsage=critical,keyCertSign,cRLSign",
+                    "req",
+                    "-x509",
+                    "-newkey",
+                    "ec",
+                    "-pkeyopt",
+                    "ec_paramgen_curve:prime256v1",
+                    "-nodes",
+                    "-keyout",
+                    &format!("{ca}.key"),
+                    "-out",
+                    &format!("{ca}.crt"),
+                    "-days",
+                    "2",
+                    "-subj",
+                    &format!("/CN=saltshaker test {ca}"),
+                    "-addext",
+                    "basicConstraints=critical,CA:TRUE",
+                    "-addext",
+                    "keyUsage=critical,keyCertSign,cRLSign",
                 ],
             );
         }
@@ -54,17 +68,38 @@ impl Certs {
             openssl(
                 &dir,
                 &[
-                    "req", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
-                    "-keyout", &format!("{name}.key"), "-out", &format!("{name}.csr"),
-                    "-subj", &format!("/CN={name}"),
+                    "req",
+                    "-newkey",
+                    "ec",
+                    "-pkeyopt",
+                    "ec_paramgen_curve:prime256v1",
+                    "-nodes",
+                    "-keyout",
+                    &format!("{name}.key"),
+                    "-out",
+                    &format!("{name}.csr"),
+                    "-subj",
+                    &format!("/CN={name}"),
                 ],
             );
             openssl(
                 &dir,
                 &[
-                    "x509", "-req", "-in", &format!("{name}.csr"), "-CA", &format!("{ca}.crt"),
-                    "-CAkey", &format!("{ca}.key"), "-CAcreateserial", "-days", "2",
-                    "-out", &format!("{name}.crt"), "-extfile", &format!("{name}.ext"),
+                    "x509",
+                    "-req",
+                    "-in",
+                    &format!("{name}.csr"),
+                    "-CA",
+                    &format!("{ca}.crt"),
+                    "-CAkey",
+                    &format!("{ca}.key"),
+                    "-CAcreateserial",
+                    "-days",
+                    "2",
+                    "-out",
+                    &format!("{name}.crt"),
+                    "-extfile",
+                    &format!("{name}.ext"),
                 ],
             );
         };
@@ -87,7 +122,12 @@ pub fn cli(certs: &Certs, port: u16, ca: &str, client_cert: bool, args: &[&str])
     let mut cmd = Command::new("timeout");
     cmd.args(["10", "redis-cli", "--tls", "--cacert", &certs.path(ca)]);
     if client_cert {
-        cmd.args(["--cert", &certs.path("client.crt"), "--key", &certs.path("client.key")]);
+        cmd.args([
+            "--cert",
+            &certs.path("client.crt"),
+            "--key",
+            &certs.path("client.key"),
+        ]);
     }
     cmd.args(["-h", "127.0.0.1", "-p", &port.to_string()])
         .args(args)
@@ -119,7 +159,14 @@ impl TlsRedis {
             let port = free_port();
             let dir = temp_dir("tls-redis");
             let mut child = Command::new("redis-server")
-                .args(["--port", "0", "--tls-port", &port.to_string(), "--bind", "127.0.0.1"])
+                .args([
+                    "--port",
+                    "0",
+                    "--tls-port",
+                    &port.to_string(),
+                    "--bind",
+                    "127.0.0.1",
+                ])
                 .args(["--save", "", "--appendonly", "no"])
                 .args(["--dir", &dir.to_string_lossy(), "--logfile", "redis.log"])
                 .args(["--tls-cert-file", &certs.path(&format!("{server}.crt"))])
@@ -138,7 +185,12 @@ impl TlsRedis {
                 // --insecure: some test servers are signed by ca2 or name another host.
                 let out = Command::new("timeout")
                     .args(["5", "redis-cli", "--tls", "--insecure"])
-                    .args(["--cert", &certs.path("client.crt"), "--key", &certs.path("client.key")])
+                    .args([
+                        "--cert",
+                        &certs.path("client.crt"),
+                        "--key",
+                        &certs.path("client.key"),
+                    ])
                     .args(["-p", &port.to_string(), "PING"])
                     .output();
                 out.is_ok_and(|o| cli_text(&o) == "PONG")

@@ -9,6 +9,9 @@
 //! `Histogram` takes a lock per observation, and the session records one observation per
 //! pipelined round, weighted by the round's command count.
 
+mod security;
+
+pub use security::{DeniedLabel, SecurityMetrics};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
@@ -267,39 +270,7 @@ impl Metrics {
             "Combine batches sent one by one after an error reply or an overflowing sum",
             m.combine.fallbacks.clone(),
         );
-        let t = &m.security;
-        r.register(
-            "tls_handshake_failures",
-            "Client connections closed because their TLS handshake failed or timed out",
-            t.tls_handshake_failures.clone(),
-        );
-        let _ = t.tls_reloads.get_or_create(&ResultLabel { result: "ok" });
-        let _ = t.tls_reloads.get_or_create(&ResultLabel { result: "failed" });
-        r.register(
-            "tls_reloads",
-            "Reloads of the client-facing certificate and key, by result (ok, failed)",
-            t.tls_reloads.clone(),
-        );
-        r.register(
-            "tls_last_reload_failed",
-            "1 while the latest certificate reload failed and the previous certificate still serves",
-            t.tls_last_reload_failed.clone(),
-        );
-        r.register(
-            "auth_failures",
-            "AUTH and HELLO AUTH attempts refused (WRONGPASS)",
-            t.auth_failures.clone(),
-        );
-        r.register(
-            "acl_denied",
-            "Commands refused with NOPERM, by user and reason (command, key)",
-            t.acl_denied.clone(),
-        );
-        r.register(
-            "admin_unauthorized",
-            "Admin HTTP requests refused for a missing or wrong bearer token",
-            t.admin_unauthorized.clone(),
-        );
+        m.security.register(r);
         let s = &m.salt;
         r.register(
             "salted_keys",
@@ -528,24 +499,6 @@ pub struct CacheMetrics {
     pub wait_timeouts: Counter,
     pub bytes: Gauge,
     pub entries: Gauge,
-}
-
-/// TLS, users and the admin token.
-#[derive(Clone, Default)]
-pub struct SecurityMetrics {
-    pub tls_handshake_failures: Counter,
-    pub tls_reloads: Family<ResultLabel, Counter>,
-    pub tls_last_reload_failed: Gauge,
-    pub auth_failures: Counter,
-    pub acl_denied: Family<DeniedLabel, Counter>,
-    pub admin_unauthorized: Counter,
-}
-
-/// A NOPERM refusal: the user (from the config file, so bounded) and what was denied.
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct DeniedLabel {
-    pub user: String,
-    pub reason: &'static str,
 }
 
 /// Metric handles of salting.
