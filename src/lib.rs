@@ -6,9 +6,11 @@
 //! | module     | owns                                                                   |
 //! |------------|------------------------------------------------------------------------|
 //! | `resp`     | the wire: request parser, reply framer, value tree and encoders         |
-//! | `command`  | the command table: key positions, read/write, routing class            |
+//! | `command`  | the command table: key positions, read/write, ACL categories, route    |
 //! | `hotkey`   | Count-Min sketch, top-k, windows, aggregation; knows nothing of Redis  |
 //! | `rules`    | hot-key rules (YAML): thresholds, strategies, live reload              |
+//! | `glob`     | Redis's glob patterns (rules, users' keys)                             |
+//! | `auth`     | users: hashed passwords, key patterns, ACL command rules (NOPERM)       |
 //! | `policy`   | decide(command, hot set, salt view) -> Action; pure, table-tested      |
 //! | `mitigate` | combine (batched increments, exact replies); cache (read-hot replies); |
 //! |            | balance (a busy node's hottest keys made read-hot)                     |
@@ -17,6 +19,7 @@
 //! |            | idempotent increments (`idem`), the display tier's rollups (`rollup`)  |
 //! | `backend`  | nodes, shared pipelined connections, placement, tracking invalidation, |
 //! |            | Redis Cluster (slot map kept current, MOVED/ASK followed in the call)  |
+//! | `net`      | streams plain or TLS behind one type; client and node TLS (rustls)     |
 //! | `proxy`    | listener, session (read, classify, decide, observe, act, reply)        |
 //! | `admin`    | HTTP: /metrics /healthz /readyz /hotkeys /rules                        |
 //! | `config`   | startup settings, units in names, located errors                       |
@@ -26,11 +29,13 @@
 //! | `top`      | `saltshaker top`: the live terminal view of hot keys                   |
 //!
 //! Imports flow one way: `main -> lib -> proxy, admin, rules::reload`;
-//! `proxy -> policy, mitigate, salt, backend, command, hotkey, rules, resp, metrics`;
+//! `proxy -> policy, mitigate, salt, backend, auth, net, command, hotkey, rules, resp,
+//! metrics`;
 //! `policy -> salt, command, hotkey, rules`; `salt -> mitigate, backend, hotkey, rules,
 //! resp, metrics`; `mitigate -> backend, hotkey, rules, resp, metrics`;
-//! `rules -> config, hotkey`; `config -> backend`; `backend -> resp, metrics`. The leaves (`resp`, `hotkey`,
-//! `metrics`) import nothing of the crate; `command` imports only `resp::parse_i64`
+//! `rules -> config, hotkey, glob`; `config -> backend, auth, net`; `auth -> command, glob`;
+//! `backend -> net, resp, metrics`. The leaves (`resp`, `hotkey`, `metrics`, `net`, `glob`)
+//! import nothing of the crate; `command` imports only `resp::parse_i64`
 //! (Redis's integer rule is part of the wire format, and one parser serves the whole
 //! crate). Nothing imports `proxy` or `admin`. Inside `salt/` and `proxy/` the files form
 //! layers (see their module docs). `tests/layout.rs` checks all of this, and that no file

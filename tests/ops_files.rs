@@ -16,8 +16,8 @@ use serde_yaml_ng::Value as Yaml;
 use support::{saltshaker, Proxy, Redis, TempDir};
 
 /// Series the rules and dashboards may name before a running proxy shows them: each is
-/// (exported name, the name it is registered under in src/metrics.rs). Accepted only while
-/// metrics.rs really registers it, so a renamed or dropped metric still fails here.
+/// (exported name, the name it is registered under in src/metrics/). Accepted only while
+/// metrics/ really registers it, so a renamed or dropped metric still fails here.
 const LAZY: &[(&str, &str)] = &[
     ("saltshaker_rules_reloads_total", "rules_reloads"),
     ("saltshaker_rules_generation", "rules_generation"),
@@ -190,7 +190,7 @@ fn every_metric_in_alerts_and_dashboards_is_exported() {
         sources.push((format!("{rel} queries"), queries, true));
         sources.push((rel, text, false));
     }
-    let metrics_rs = read("src/metrics.rs");
+    let metrics_rs = read("src/metrics/mod.rs") + &read("src/metrics/security.rs");
     let mut missing = Vec::new();
     for (file, text, query) in &sources {
         let names = metric_names(text);
@@ -204,7 +204,7 @@ fn every_metric_in_alerts_and_dashboards_is_exported() {
             match lazy {
                 Some((_, registered)) if metrics_rs.contains(&format!("\"{registered}\"")) => {}
                 Some((_, registered)) => missing.push(format!(
-                    "{file}: {n} (not at /metrics, and src/metrics.rs registers no \"{registered}\")"
+                    "{file}: {n} (not at /metrics, and src/metrics/ registers no \"{registered}\")"
                 )),
                 None => missing.push(format!("{file}: {n}")),
             }
@@ -484,6 +484,26 @@ fn deploy_files_parse_and_agree_with_the_proxy() {
         "ConfigMap saltshaker.yaml: {}",
         String::from_utf8_lossy(&out.stderr)
     );
+    // The TLS overlay's config passes too, and turns TLS on both sides on.
+    let tls_cfg = docs
+        .iter()
+        .find(|(f, d)| f.ends_with("kubernetes/tls/configmap-tls.yaml") && d["kind"] == "ConfigMap")
+        .map(|(_, d)| {
+            d["data"]["saltshaker.yaml"]
+                .as_str()
+                .expect("tls saltshaker.yaml")
+        })
+        .expect("deploy/kubernetes/tls/configmap-tls.yaml");
+    std::fs::write(&cfg_path, tls_cfg).expect("write");
+    let out = saltshaker(&["check", &support::path_str(&cfg_path)]);
+    assert!(
+        out.status.success(),
+        "TLS overlay saltshaker.yaml: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let t: Yaml = serde_yaml_ng::from_str(tls_cfg).expect("tls config yaml");
+    assert!(t["tls"]["cert"].as_str().is_some() && t["backend"]["tls"]["ca"].as_str().is_some());
+    std::fs::write(&cfg_path, cfg_text).expect("write");
     let cfg: Yaml = serde_yaml_ng::from_str(cfg_text).expect("config yaml");
     assert_eq!(
         cfg["rules"], "rules.yaml",

@@ -7,7 +7,7 @@
 //! Merging happens once at load, so `resolve` only matches patterns and copies a small
 //! struct. The reference for every field is `docs/rules.md`.
 //!
-//! This module is a leaf: it imports only `config`'s error type and YAML helper.
+//! It imports only `config`'s error type and YAML helper, and `glob` for its patterns.
 
 mod locate;
 mod model;
