@@ -263,7 +263,7 @@ impl Cluster {
         let mut last = String::from("no node to ask");
         for i in order {
             let conns = node(i).conns(Proto::Resp2, 0);
-            match read_map_from(&pick(&conns, 0), deadline).await {
+            match read_map_from(&pick(&conns, 0), deadline, node(i).is_tls()).await {
                 Ok(t) if t.covered() > 0 => return Ok(t),
                 Ok(_) => last = format!("{}: it owns no slots", node(i).addr),
                 Err(e) => last = format!("{}: {e}", node(i).addr),
@@ -414,7 +414,12 @@ fn error_reply(e: &BackendError) -> Bytes {
 }
 
 /// `CLUSTER SHARDS` from one node, or `CLUSTER SLOTS` where SHARDS is unknown.
-async fn read_map_from(conn: &super::ConnHandle, timeout: Duration) -> Result<Topology, String> {
+/// Over TLS, nodes are reached at their `tls-port`.
+async fn read_map_from(
+    conn: &super::ConnHandle,
+    timeout: Duration,
+    tls: bool,
+) -> Result<Topology, String> {
     let deadline = Some(Instant::now() + timeout);
     let ask = |cmd: &'static [&'static str]| {
         let data = smallvec![wire(cmd)];
@@ -425,7 +430,7 @@ async fn read_map_from(conn: &super::ConnHandle, timeout: Duration) -> Result<To
         .map_err(|e| e.to_string())?;
     let v = value(&r.get(0))?;
     if !matches!(v, crate::resp::Value::Error(_)) {
-        return slots::parse_shards(&v);
+        return slots::parse_shards(&v, tls);
     }
     let r = ask(&["CLUSTER", "SLOTS"])
         .await

@@ -399,7 +399,7 @@ async fn discover(
                 Ok(v) => slots::parse_slots(&v),
                 Err(e) => Err(e),
             },
-            Ok(v) => slots::parse_shards(&v),
+            Ok(v) => slots::parse_shards(&v, hs.tls.is_some()),
             Err(e) => Err(e),
         };
         match topo {

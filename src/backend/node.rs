@@ -96,6 +96,11 @@ impl Node {
             .clone()
     }
 
+    /// True when the node is reached over TLS.
+    pub fn is_tls(&self) -> bool {
+        self.base.tls.is_some()
+    }
+
     pub fn handshake(&self, proto: Proto, db: u32) -> Handshake {
         Handshake {
             proto,

@@ -136,8 +136,9 @@ fn address(endpoint: Option<String>, ip: Option<String>, port: i64) -> Option<St
     Some(format!("{host}:{port}"))
 }
 
-/// Reads a `CLUSTER SHARDS` reply.
-pub fn parse_shards(v: &Value) -> Result<Topology, String> {
+/// Reads a `CLUSTER SHARDS` reply. `tls`: the proxy reaches nodes over TLS, so it takes
+/// their `tls-port` where both are given.
+pub fn parse_shards(v: &Value, tls: bool) -> Result<Topology, String> {
     let bad = |what: &str| format!("unreadable CLUSTER SHARDS reply: {what}");
     let mut shards = Vec::new();
     let mut others = Vec::new();
@@ -163,7 +164,14 @@ pub fn parse_shards(v: &Value) -> Result<Topology, String> {
         {
             let f = pairs(n).ok_or_else(|| bad("a node is not a map"))?;
             let g = |name: &str| f.iter().find(|(k, _)| k == name).map(|(_, v)| *v);
-            let port = g("port")
+            // A node may have a plain port, a TLS port, or both (`tls-port`, 7.0 and up).
+            let (first, second) = if tls {
+                ("tls-port", "port")
+            } else {
+                ("port", "tls-port")
+            };
+            let port = g(first)
+                .or(g(second))
                 .and_then(int)
                 .ok_or_else(|| bad("a node has no port"))?;
             let Some(addr) = address(g("endpoint").and_then(text), g("ip").and_then(text), port)
@@ -359,7 +367,7 @@ mod tests {
                 Value::Array(vec![node("127.0.0.1", 7002, "replica", "failed")]),
             ]),
         ]);
-        let t = parse_shards(&reply).unwrap();
+        let t = parse_shards(&reply, false).unwrap();
         assert_eq!(t.shards.len(), 2);
         assert_eq!(t.shards[0].master.addr, "127.0.0.1:7000");
         assert_eq!(t.shards[0].replicas[1].addr, "127.0.0.1:7003");
@@ -375,7 +383,7 @@ mod tests {
             "a node of a slotless shard"
         );
         assert_eq!(t.addrs().len(), 5);
-        assert!(parse_shards(&bulk("x")).is_err());
+        assert!(parse_shards(&bulk("x"), false).is_err());
     }
 
     #[test]

@@ -154,9 +154,14 @@ pub struct TlsRedis {
 
 impl TlsRedis {
     pub fn start(certs: &Certs, server: &str, extra: &[&str]) -> TlsRedis {
+        TlsRedis::start_on(certs, server, extra, free_port)
+    }
+
+    /// `start`, taking ports from `port` (a cluster node needs port + 10000 free).
+    pub fn start_on(certs: &Certs, server: &str, extra: &[&str], port: fn() -> u16) -> TlsRedis {
         need_tool("redis-server");
         for _ in 0..5 {
-            let port = free_port();
+            let port = port();
             let dir = temp_dir("tls-redis");
             let mut child = Command::new("redis-server")
                 .args([
