@@ -486,7 +486,14 @@ fn publish_reaches_subscribers_across_the_cluster_and_shard_channels_live_on_the
 #[test]
 fn a_master_added_and_rebalanced_under_load_takes_its_share_with_no_error() {
     let mut cluster = RedisCluster::start(3, 0);
-    let proxy = Proxy::start_cluster(&cluster.seeds(), &[]);
+    let dir = TempDir::new("cluster-grow");
+    let rules = dir.0.join("rules.yaml");
+    std::fs::write(
+        &rules,
+        "version: 1\nrules:\n  - match: \"celeb:*\"\n    pin: true\n    read: { cache: { ttl_ms: 60000, jitter_pct: 0, stale_while_revalidate_ms: 0 } }\n",
+    )
+    .unwrap();
+    let proxy = Proxy::start_cluster(&cluster.seeds(), &["--rules", &path_str(&rules)]);
     // Counters all over the keyspace, so the rebalance moves some of them.
     let keys: Vec<String> = (0..60).map(|i| format!("grow:{i}")).collect();
     let stop = Arc::new(AtomicBool::new(false));
@@ -531,6 +538,26 @@ fn a_master_added_and_rebalanced_under_load_takes_its_share_with_no_error() {
         proxy.stderr().contains("a node joined the cluster"),
         "{}",
         proxy.stderr()
+    );
+    // The new master's keys are cached too, and its writes reach the cache (its own
+    // tracking and fill connections, started at its first cached read).
+    let key = (0..1000)
+        .map(|i| format!("celeb:{i}"))
+        .find(|k| cluster.master_of(k) == new)
+        .expect("a celeb key on the new master");
+    let node = &cluster.nodes[new];
+    assert_eq!(node.client().cmd(&["SET", &key, "a"]), Reply::ok());
+    let cached = wait_until(Duration::from_secs(5), || {
+        assert_eq!(c.cmd(&["GET", &key]), Reply::bulk("a"));
+        let before = calls(node, "get");
+        assert_eq!(c.cmd(&["GET", &key]), Reply::bulk("a"));
+        calls(node, "get") == before
+    });
+    assert!(cached, "reads of the new master's key never came from the cache");
+    assert_eq!(node.client().cmd(&["SET", &key, "b"]), Reply::ok());
+    assert!(
+        wait_until(Duration::from_secs(2), || c.cmd(&["GET", &key]) == Reply::bulk("b")),
+        "a write on the new master did not reach the cache"
     );
 }
 

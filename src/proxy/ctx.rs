@@ -83,28 +83,61 @@ impl Ctx {
 }
 
 /// The read-hot cache: entries, and per node a tracker (Redis tells it which keys changed)
-/// and the fill connection whose reads Redis tracks.
+/// and the fill connection whose reads Redis tracks. A node a cluster adds after start
+/// gets its tracker and fill connection at its first cached read.
 pub struct CacheLayer {
     pub cache: Arc<Cache>,
-    pub fillers: Vec<Filler>,
+    /// By node index, like the node table (which only grows).
+    fills: Box<[std::sync::OnceLock<NodeFill>]>,
     pub fill_wait: Duration,
-    _trackers: Vec<Tracker>,
+}
+
+/// One node's tracker and the fill connection it watches.
+struct NodeFill {
+    filler: Filler,
+    _tracker: Tracker,
 }
 
 impl CacheLayer {
-    /// Starts a tracker and a filler per node.
+    /// Starts a tracker and a filler per node known now.
     pub fn start(
         backend: &Backend,
         cfg: &crate::config::CacheConfig,
         metrics: &Metrics,
     ) -> CacheLayer {
         let cache = Cache::new(cfg.max_entries, cfg.max_bytes, metrics.cache.clone());
-        let mut trackers = Vec::new();
-        let mut fillers = Vec::new();
+        let layer = CacheLayer {
+            cache: cache.clone(),
+            fills: (0..crate::backend::MAX_NODES)
+                .map(|_| std::sync::OnceLock::new())
+                .collect(),
+            fill_wait: Duration::from_millis(cfg.fill_wait_ms),
+        };
         for node in backend.nodes() {
-            let hs = node.handshake(crate::resp::Proto::Resp2, 0);
+            layer.filler(backend, node.index);
+        }
+        if let Some(cl) = backend.cluster() {
+            // A slot that moves (a reshard, a failover) takes its cached replies with it.
             let c = cache.clone();
-            let (index, placement) = (node.index, backend.placement());
+            cl.on_move(move |moved| c.invalidate_matching(moved, Cause::Flush));
+        }
+        layer
+    }
+
+    /// Node `index`'s fill connection, started on first use.
+    pub fn filler(&self, backend: &Backend, index: usize) -> Option<&Filler> {
+        let slot = self.fills.get(index)?;
+        if let Some(f) = slot.get() {
+            return Some(&f.filler);
+        }
+        if index >= backend.len() {
+            return None;
+        }
+        let f = slot.get_or_init(|| {
+            let node = backend.node(index);
+            let hs = node.handshake(crate::resp::Proto::Resp2, 0);
+            let c = self.cache.clone();
+            let placement = backend.placement();
             let tracker = Tracker::spawn(&hs, move |inv| match inv {
                 Invalidation::Keys(keys) => {
                     for k in keys {
@@ -117,24 +150,12 @@ impl CacheLayer {
                     None => c.invalidate_all(Cause::Flush),
                 },
             });
-            fillers.push(Filler::spawn(
-                &tracker,
-                &hs,
-                node.metrics.clone(),
-                node.cluster_link(),
-            ));
-            trackers.push(tracker);
-        }
-        if let Some(cl) = backend.cluster() {
-            // A slot that moves (a reshard, a failover) takes its cached replies with it.
-            let c = cache.clone();
-            cl.on_move(move |moved| c.invalidate_matching(moved, Cause::Flush));
-        }
-        CacheLayer {
-            cache,
-            fillers,
-            fill_wait: Duration::from_millis(cfg.fill_wait_ms),
-            _trackers: trackers,
-        }
+            let filler = Filler::spawn(&tracker, &hs, node.metrics.clone(), node.cluster_link());
+            NodeFill {
+                filler,
+                _tracker: tracker,
+            }
+        });
+        Some(&f.filler)
     }
 }

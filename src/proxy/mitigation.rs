@@ -217,8 +217,8 @@ fn from_cache(
     p: CachePolicy,
 ) -> Option<CachedGet> {
     let node = s.ctx.backend.node_for(&key);
-    // A cluster node added after start has no fill connection: its reads go to the node.
-    let conn = layer.fillers.get(node)?.conn()?;
+    // Until the node's fill connection is tracked, its reads go to the node.
+    let conn = layer.filler(&s.ctx.backend, node)?.conn()?;
     if let Some(hit) = layer.cache.get_fresh(&key, &request) {
         return Some(CachedGet::Ready(hit));
     }
