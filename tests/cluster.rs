@@ -553,10 +553,14 @@ fn a_master_added_and_rebalanced_under_load_takes_its_share_with_no_error() {
         assert_eq!(c.cmd(&["GET", &key]), Reply::bulk("a"));
         calls(node, "get") == before
     });
-    assert!(cached, "reads of the new master's key never came from the cache");
+    assert!(
+        cached,
+        "reads of the new master's key never came from the cache"
+    );
     assert_eq!(node.client().cmd(&["SET", &key, "b"]), Reply::ok());
     assert!(
-        wait_until(Duration::from_secs(2), || c.cmd(&["GET", &key]) == Reply::bulk("b")),
+        wait_until(Duration::from_secs(2), || c.cmd(&["GET", &key])
+            == Reply::bulk("b")),
         "a write on the new master did not reach the cache"
     );
 }

@@ -506,3 +506,97 @@ fn a_tls_redis_cluster_is_reached_at_its_tls_ports() {
     assert_eq!(cli_text(&out), "42");
     assert_eq!(k.cmd(&["DBSIZE"]).as_int(), 60);
 }
+
+#[test]
+fn tls_per_node_settings_apply_to_their_node_only() {
+    let c = Certs::new("tls-per-node");
+    let good = TlsRedis::start(&c, "server", &[]);
+    let odd = TlsRedis::start(&c, "wrongname", &[]);
+    let yaml = format!(
+        "{}  tls_per_node:\n    \"{}\": {{ ca: \"{}\", cert: \"{}\", key: \"{}\", verify_hostname: false }}\n",
+        backend_tls(&c, ""),
+        odd.addr(),
+        c.path("ca.crt"),
+        c.path("client.crt"),
+        c.path("client.key")
+    );
+    let p = Proxy::start_addrs_with_config(&[good.addr(), odd.addr()], &yaml, &[]);
+    let mut k = p.client();
+    // Keys on both nodes: the strict default for one, the override for the other.
+    for i in 0..40 {
+        let key = format!("pn:{i}");
+        assert_eq!(k.cmd(&["SET", &key, "v"]).as_str(), "OK", "{key}");
+    }
+    let on = |port: u16| {
+        ok(&cli(&c, port, "ca.crt", true, &["DBSIZE"]))
+            .parse::<i64>()
+            .unwrap_or(0)
+    };
+    // Some on each node (the proxy counts both; the good node's own count is a part).
+    let good_keys = on(good.port);
+    assert!(
+        good_keys > 0 && good_keys < 40,
+        "{good_keys} of 40 keys on one node"
+    );
+    assert_eq!(k.cmd(&["DBSIZE"]).as_int(), 40);
+}
+
+#[test]
+fn a_client_that_never_finishes_its_handshake_is_closed_at_the_timeout() {
+    let c = Certs::new("tls-slow");
+    let node = Redis::start();
+    let p = Proxy::start_with_config(
+        &[&node],
+        &client_tls(&c, "server", ", handshake_timeout_ms: 300"),
+        &[],
+    );
+    let mut idle = std::net::TcpStream::connect(p.addr()).unwrap();
+    idle.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    let t0 = std::time::Instant::now();
+    let mut buf = [0u8; 16];
+    let n = std::io::Read::read(&mut idle, &mut buf);
+    assert!(matches!(n, Ok(0) | Err(_)), "{n:?}");
+    assert!(
+        t0.elapsed() < Duration::from_secs(3),
+        "closed after {:?}",
+        t0.elapsed()
+    );
+    assert!(wait_until(Duration::from_secs(2), || p
+        .metric("saltshaker_tls_handshake_failures_total")
+        >= 1.0));
+    assert_eq!(ok(&cli(&c, p.port, "ca.crt", false, &["PING"])), "PONG");
+}
+
+#[test]
+fn a_tls_client_that_never_reads_is_closed_at_the_output_limit() {
+    let c = Certs::new("tls-rude");
+    let node = Redis::start();
+    let yaml = client_tls(&c, "server", "") + "limits: { max_output_bytes: 8388608 }\n";
+    let p = Proxy::start_with_config(&[&node], &yaml, &[]);
+    let value = "x".repeat(100_000);
+    assert_eq!(node.client().cmd(&["SET", "big", &value]).as_str(), "OK");
+    // 4000 GETs of 100 kB (400 MB of replies) over TLS, none read.
+    need_tool("python3");
+    let script = format!(
+        "import socket, ssl\nctx = ssl.create_default_context(cafile={:?})\ns = ctx.wrap_socket(socket.create_connection(('127.0.0.1', {})), server_hostname='127.0.0.1')\ns.settimeout(20)\nmsg = b'*2\\r\\n$3\\r\\nGET\\r\\n$3\\r\\nbig\\r\\n'\ntry:\n    for _ in range(4000):\n        s.sendall(msg)\n    print('sent all')\nexcept Exception as e:\n    print('closed', type(e).__name__)\n",
+        c.path("ca.crt"),
+        p.port
+    );
+    let out = Command::new("timeout")
+        .args(["60", "python3", "-c", &script])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", cli_text(&out));
+    assert!(
+        wait_until(Duration::from_secs(10), || p
+            .stderr()
+            .contains("closing a client that leaves its replies unread")),
+        "{}",
+        p.stderr()
+    );
+    assert_eq!(p.metric("saltshaker_client_output_limit_closed_total"), 1.0);
+    assert_eq!(
+        ok(&cli(&c, p.port, "ca.crt", false, &["STRLEN", "big"])),
+        "100000"
+    );
+}
