@@ -82,6 +82,9 @@ pub enum Denied {
     /// Redis's full name of the command: `get`, `config|get`.
     Command(String),
     Key,
+    /// (P|S)SUBSCRIBE by a restricted user: a subscribed connection is a pipe to the node
+    /// (`proxy::tunnel`), whose commands the proxy does not see, so none could be checked.
+    Subscribe,
 }
 
 impl Denied {
@@ -95,6 +98,7 @@ impl Denied {
                 "NOPERM this user has no permissions to access one of the keys used as arguments"
                     .into()
             }
+            Denied::Subscribe => "NOPERM saltshaker: only users with every command and key (+@all, ~*) may subscribe through the proxy".into(),
         }
     }
 
@@ -103,6 +107,7 @@ impl Denied {
         match self {
             Denied::Command(_) => "command",
             Denied::Key => "key",
+            Denied::Subscribe => "subscribe",
         }
     }
 }
@@ -136,6 +141,9 @@ impl User {
             if self.commands[i / 64] & (1 << (i % 64)) == 0 {
                 return Err(Denied::Command(c.spec.fullname()));
             }
+        }
+        if c.route == command::Route::Subscribe && !self.unrestricted() {
+            return Err(Denied::Subscribe);
         }
         if !self.all_keys {
             for n in 0..c.keys.len() {
@@ -361,7 +369,7 @@ mod tests {
     fn rules_apply_in_order_and_keys_must_match() {
         let h = hex(&sha256(b"pw"));
         let us = users(&format!(
-            "users:\n  - name: app\n    passwords_sha256: [\"{h}\"]\n    keys: [\"~app:*\"]\n    commands: [\"+@read\", \"+set\", \"-@dangerous\", \"+config|get\"]\n"
+            "users:\n  - name: app\n    passwords_sha256: [\"{h}\"]\n    keys: [\"~app:*\"]\n    commands: [\"+@read\", \"+set\", \"-@dangerous\", \"+config|get\", \"+@pubsub\"]\n"
         ));
         assert!(us.initial().is_none(), "users configured: AUTH is required");
         assert_eq!(us.login(None, b"pw").unwrap_err(), WRONGPASS);
@@ -381,6 +389,8 @@ mod tests {
             run(&u, &["CONFIG", "SET", "x", "y"]),
             Err(Denied::Command("config|set".into()))
         );
+        // A subscribed connection is a pipe to the node: restricted users get none.
+        assert_eq!(run(&u, &["SUBSCRIBE", "app:news"]), Err(Denied::Subscribe));
         // no_auth commands need no permission.
         assert_eq!(run(&u, &["AUTH", "x"]), Ok(()));
         assert_eq!(

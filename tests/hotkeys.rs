@@ -415,7 +415,7 @@ fn rules_set_per_key_thresholds_and_reload_live_without_dropping_clients() {
     assert!(reloads(&p, "ok") > ok_before);
     assert_eq!(idle.cmd(&["PING"]), Reply::Simple("PONG".into()));
     wait_for("slow:x no longer hot", Duration::from_secs(3), || {
-        entry(&hotkeys(&p), "slow:x").map_or(true, |e| e["state"] == "cooling")
+        entry(&hotkeys(&p), "slow:x").is_none_or(|e| e["state"] == "cooling")
     });
 
     // A broken rewrite (cool_below above hot_at) is refused; the running rules stay.
@@ -431,7 +431,7 @@ fn rules_set_per_key_thresholds_and_reload_live_without_dropping_clients() {
     std::thread::sleep(Duration::from_millis(2_200));
     let snap = hotkeys(&p);
     assert!(
-        entry(&snap, "slow:x").map_or(true, |e| e["state"] == "cooling"),
+        entry(&snap, "slow:x").is_none_or(|e| e["state"] == "cooling"),
         "{snap}"
     );
     assert_eq!(idle.cmd(&["PING"]), Reply::Simple("PONG".into()));

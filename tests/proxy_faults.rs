@@ -66,7 +66,7 @@ fn malformed_resp_gets_a_protocol_error_and_only_that_connection_closes() {
     let mut bystander = proxy.client();
     assert_eq!(bystander.cmd(&["SET", "safe", "1"]), Reply::ok());
     let mut big_bulk = b"*3\r\n$3\r\nSET\r\n$1\r\nk\r\n$2000000\r\n".to_vec();
-    big_bulk.extend(std::iter::repeat(b'v').take(2_000_000));
+    big_bulk.extend(std::iter::repeat_n(b'v', 2_000_000));
     big_bulk.extend_from_slice(b"\r\n");
     let inputs: Vec<Vec<u8>> = vec![
         b"*2\r\n$3\r\nGET\r\n$x\r\n".to_vec(),
@@ -326,7 +326,7 @@ fn has_location(text: &str, path: &str, line: Option<u32>) -> bool {
         let _ = parts.next(); // empty: text right after the path
         let l = parts.next().and_then(|s| s.parse::<u32>().ok());
         let c = parts.next().and_then(|s| s.trim_end().parse::<u32>().ok());
-        l.is_some() && c.is_some() && line.map_or(true, |want| l == Some(want))
+        l.is_some() && c.is_some() && line.is_none_or(|want| l == Some(want))
     })
 }
 

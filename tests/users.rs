@@ -30,7 +30,7 @@ fn hash(pw: &str) -> String {
 
 fn users_yaml() -> String {
     format!(
-        "auth:\n  users:\n    - name: app\n      passwords_sha256: [\"{}\"]\n      keys: [\"~app:*\"]\n      commands: [\"+@read\", \"+@write\", \"-@dangerous\", \"+ping\", \"+multi\", \"+exec\"]\n    - name: ops\n      passwords_sha256: [\"{}\"]\n      keys: [\"*\"]\n      commands: [\"+@all\"]\n    - name: gone\n      passwords_sha256: [\"{}\"]\n      enabled: false\n      commands: [\"+@all\"]\n",
+        "auth:\n  users:\n    - name: app\n      passwords_sha256: [\"{}\"]\n      keys: [\"~app:*\"]\n      commands: [\"+@read\", \"+@write\", \"-@dangerous\", \"+ping\", \"+multi\", \"+exec\", \"+@pubsub\"]\n    - name: ops\n      passwords_sha256: [\"{}\"]\n      keys: [\"*\"]\n      commands: [\"+@all\"]\n    - name: gone\n      passwords_sha256: [\"{}\"]\n      enabled: false\n      commands: [\"+@all\"]\n",
         hash("app-pw"),
         hash("ops-pw"),
         hash("gone-pw")
@@ -81,12 +81,34 @@ fn users_log_in_and_are_held_to_their_keys_and_categories() {
     assert!(c.cmd(&["EXEC"]).err().starts_with("EXECABORT"));
     assert!(node.client().cmd(&["GET", "other"]).is_nil());
 
+    // A subscribed connection is a pipe to the node: only unrestricted users get one.
+    assert!(c
+        .cmd(&["SUBSCRIBE", "app:news"])
+        .err()
+        .starts_with("NOPERM saltshaker: only users with every command and key"));
+    assert_eq!(
+        c.cmd(&["PING"]).as_str(),
+        "PONG",
+        "still a normal connection"
+    );
+
     // HELLO 3 AUTH user pass logs in and switches protocol at once.
     let mut h = p.client();
     let r = h.cmd(&["HELLO", "3", "AUTH", "ops", "ops-pw"]);
     assert!(!r.is_error(), "{r:?}");
     assert_eq!(h.cmd(&["GET", "app:1"]).as_str(), "x");
     assert_eq!(h.cmd(&["SET", "other", "y"]).as_str(), "OK");
+    let mut sub = p.client();
+    assert_eq!(sub.cmd(&["AUTH", "ops", "ops-pw"]).as_str(), "OK");
+    let r = sub.cmd(&["SUBSCRIBE", "app:news"]);
+    assert_eq!(
+        r,
+        Reply::Array(Some(vec![
+            Reply::bulk("subscribe"),
+            Reply::bulk("app:news"),
+            Reply::Int(1)
+        ]))
+    );
     let mut h2 = p.client();
     assert!(h2
         .cmd(&["HELLO", "3", "AUTH", "ops", "bad"])
@@ -111,7 +133,7 @@ fn users_log_in_and_are_held_to_their_keys_and_categories() {
 
     // Counted, by user and reason.
     let (_, m) = p.admin_get("/metrics");
-    let line = |label: &str| {
+    let line = |label: &str| -> f64 {
         m.lines()
             .find(|l| l.starts_with("saltshaker_acl_denied_total") && l.contains(label))
             .and_then(|l| l.rsplit(' ').next()?.parse::<f64>().ok())

@@ -181,7 +181,7 @@ pub fn parse_shards(v: &Value, tls: bool) -> Result<Topology, String> {
             let node = ClusterNode {
                 addr,
                 id: g("id").and_then(text).unwrap_or_default(),
-                healthy: g("health").and_then(text).map_or(true, |h| h == "online"),
+                healthy: g("health").and_then(text).is_none_or(|h| h == "online"),
             };
             match g("role").and_then(text).as_deref() {
                 // After a failover the old master stays listed, failed, beside the new one

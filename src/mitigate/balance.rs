@@ -202,7 +202,7 @@ impl Controller {
                     let mean_after = mean - taken / n;
                     let after = (load - taken) / mean_after.max(f64::MIN_POSITIVE);
                     let g = gap(load - taken, mean_after);
-                    if g < now_gap && best.map_or(true, |(_, b)| g < b) {
+                    if g < now_gap && best.is_none_or(|(_, b)| g < b) {
                         best = Some((j + 1, g));
                     }
                     // Aim at the mean, not the margin: the tracked rates are estimates

@@ -249,7 +249,7 @@ impl Walker {
 
 /// True at the end of the line or where `f` holds.
 fn end_or(l: &[char], i: usize, f: impl Fn(char) -> bool) -> bool {
-    l.get(i).map_or(true, |&x| f(x))
+    l.get(i).is_none_or(|&x| f(x))
 }
 
 fn skip_spaces(l: &[char], mut i: usize) -> usize {

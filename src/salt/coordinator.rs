@@ -171,7 +171,7 @@ async fn tick(
             demote(backend, salt, key).await?;
             continue;
         }
-        let lease_free = rec.fold.as_ref().map_or(true, |f| f.lease_until_ms <= now);
+        let lease_free = rec.fold.as_ref().is_none_or(|f| f.lease_until_ms <= now);
         if rec.foldable(now, epoch) && lease_free {
             match fold::fold_key(backend, salt, key).await {
                 Ok(true) => {
