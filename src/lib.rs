@@ -43,6 +43,7 @@
 //! `backend::ConnHandle::start`/`call` and `Call::wait`, with a deadline.
 
 pub mod admin;
+pub mod admit;
 pub mod auth;
 pub mod backend;
 pub mod command;
@@ -145,6 +146,7 @@ pub async fn run(
     let ctx = Arc::new(ctx);
     proxy::spawn_hot_updater(ctx.clone());
     proxy::spawn_salt_coordinator(ctx.clone());
+    proxy::spawn_admission_sync(ctx.clone());
     proxy::spawn_balancer(ctx.clone(), balance.clone());
     {
         // Detector thresholds and the generation gauge follow the rules.

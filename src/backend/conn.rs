@@ -9,7 +9,7 @@
 //! Reconnects back off exponentially between `reconnect_min_ms` and `reconnect_max_ms`.
 
 use std::io::IoSlice;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
@@ -354,7 +354,13 @@ async fn serve(
 ) -> Option<BackendError> {
     let (r, mut w) = stream.into_split();
     let (inflight_tx, inflight_rx) = mpsc::unbounded_channel::<(u32, ReplyTx)>();
-    let mut reader = tokio::spawn(read_loop(r, inflight_rx, hs.max_reply_bulk));
+    // Commands written and not answered on this connection (the node's pending gauge sums
+    // them over its connections); what is left when the connection ends is taken off.
+    let open = Pending {
+        n: Arc::new(AtomicI64::new(0)),
+        gauge: m.pending.clone(),
+    };
+    let mut reader = tokio::spawn(read_loop(r, inflight_rx, hs.max_reply_bulk, open.clone()));
     let mut jobs: Vec<Job> = Vec::with_capacity(64);
     let reason = loop {
         tokio::select! {
@@ -367,6 +373,7 @@ async fn serve(
             n = rx.recv_many(&mut jobs, 256) => {
                 if n == 0 {
                     reader.abort();
+                    open.take(i64::MAX);
                     return None;
                 }
                 let mut cmds = 0u64;
@@ -374,6 +381,7 @@ async fn serve(
                     cmds += job.count as u64;
                 }
                 m.requests.inc_by(cmds);
+                open.add(cmds as i64);
                 if let Err(e) = write_jobs(&mut w, &mut jobs, &inflight_tx).await {
                     reader.abort();
                     break e;
@@ -382,7 +390,33 @@ async fn serve(
         }
     };
     // Jobs still queued in `inflight` are dropped with the reader: their clients get an error.
+    open.take(i64::MAX);
     Some(reason)
+}
+
+/// Commands in flight on one connection, mirrored in the node's gauge.
+#[derive(Clone)]
+struct Pending {
+    n: Arc<AtomicI64>,
+    gauge: prometheus_client::metrics::gauge::Gauge,
+}
+
+impl Pending {
+    fn add(&self, k: i64) {
+        self.n.fetch_add(k, Ordering::Relaxed);
+        self.gauge.inc_by(k);
+    }
+
+    /// Takes up to `k` off (never below zero, so a reader finishing while the connection
+    /// is torn down cannot take the gauge negative).
+    fn take(&self, k: i64) {
+        if let Ok(was) = self
+            .n
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |v| Some(v - v.min(k)))
+        {
+            self.gauge.dec_by(was.min(k));
+        }
+    }
 }
 
 /// Registers each job as in flight (before its bytes leave, so the reader always finds
@@ -436,6 +470,7 @@ async fn read_loop(
     mut r: ReadHalf,
     mut inflight: mpsc::UnboundedReceiver<(u32, ReplyTx)>,
     max_bulk: usize,
+    open: Pending,
 ) -> BackendError {
     let mut buf = BytesMut::with_capacity(64 * 1024);
     let mut framer = ReplyFramer::new(max_bulk);
@@ -470,7 +505,8 @@ async fn read_loop(
             ends.push(pos as u32);
             let (count, _) = cur.as_ref().expect("set above");
             if ends.len() == *count as usize {
-                let (_, tx) = cur.take().expect("set above");
+                let (count, tx) = cur.take().expect("set above");
+                open.take(count as i64);
                 let data = buf.split_to(pos).freeze();
                 let _ = tx.send(Ok(Replies {
                     buf: data,

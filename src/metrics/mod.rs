@@ -9,8 +9,10 @@
 //! `Histogram` takes a lock per observation, and the session records one observation per
 //! pipelined round, weighted by the round's command count.
 
+mod admission;
 mod security;
 
+pub use admission::{AdmissionMetrics, AdmitLabel, ADMIT_RESULTS};
 pub use security::{DeniedLabel, SecurityMetrics};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -89,6 +91,7 @@ pub struct Metrics {
     pub backend_errors: Family<NodeErrorLabel, Counter>,
     pub backend_connections: Family<NodeLabel, Gauge>,
     pub backend_up: Family<NodeLabel, Gauge>,
+    pub backend_pending: Family<NodeLabel, Gauge>,
     pub hot_keys: Family<HotKindLabel, Gauge>,
     pub hot_key_rate: Family<HotKeyLabel, Gauge<f64, AtomicU64>>,
     pub rules_reloads_ok: Counter,
@@ -101,6 +104,7 @@ pub struct Metrics {
     pub cache: CacheMetrics,
     pub salt: SaltMetrics,
     pub security: SecurityMetrics,
+    pub admission: AdmissionMetrics,
 }
 
 impl Metrics {
@@ -144,6 +148,7 @@ impl Metrics {
             backend_errors: Family::default(),
             backend_connections: Family::default(),
             backend_up: Family::default(),
+            backend_pending: Family::default(),
             hot_keys: Family::default(),
             hot_key_rate: Family::default(),
             rules_reloads_ok: reloads_ok,
@@ -156,6 +161,7 @@ impl Metrics {
             cache: Default::default(),
             salt: Default::default(),
             security: SecurityMetrics::default(),
+            admission: AdmissionMetrics::default(),
         };
 
         // Labelled series with a fixed label set exist from the start, at 0.
@@ -221,6 +227,11 @@ impl Metrics {
             m.backend_up.clone(),
         );
         r.register(
+            "backend_pending_commands",
+            "Commands sent to the node on its shared connections and not answered yet (admission sheds low-priority keys above admission.shed_low_at_pending)",
+            m.backend_pending.clone(),
+        );
+        r.register(
             "hot_keys",
             "Keys currently hot, by kind (read, write)",
             m.hot_keys.clone(),
@@ -271,6 +282,7 @@ impl Metrics {
             m.combine.fallbacks.clone(),
         );
         m.security.register(r);
+        m.admission.register(r);
         let s = &m.salt;
         r.register(
             "salted_keys",
@@ -534,6 +546,8 @@ pub struct NodeMetrics {
     pub requests: Counter,
     pub connections: Gauge,
     pub up: Gauge,
+    /// Commands sent and not answered yet, over the node's shared connections.
+    pub pending: Gauge,
     node: String,
     errors: prometheus_client::metrics::family::Family<NodeErrorLabel, Counter>,
 }
@@ -548,6 +562,7 @@ impl NodeMetrics {
             requests: m.backend_requests.get_or_create(&l).clone(),
             connections: m.backend_connections.get_or_create(&l).clone(),
             up: m.backend_up.get_or_create(&l).clone(),
+            pending: m.backend_pending.get_or_create(&l).clone(),
             node: node.to_string(),
             errors: m.backend_errors.clone(),
         }

@@ -43,6 +43,8 @@ pub struct Ctx {
     pub cache: Option<CacheLayer>,
     /// Salted keys (shared with every proxy through the backend's registry).
     pub salt: Arc<crate::salt::Salt>,
+    /// Per-key admission limits (rules' `admit:` sections).
+    pub admit: Arc<crate::admit::Admission>,
     pub(super) next_id: AtomicU64,
 }
 
@@ -61,7 +63,9 @@ impl Ctx {
     ) -> Ctx {
         let combiner = Combiner::new(metrics.combine.clone(), backend.request_timeout);
         let salt = Arc::new(crate::salt::Salt::new(&backend, metrics.salt.clone()));
+        let admit = Arc::new(crate::admit::Admission::new(metrics.admission.clone()));
         Ctx {
+            admit,
             salt,
             hot: ArcSwap::from_pointee(HotSet::default()),
             rules,

@@ -18,6 +18,7 @@
 //! - top: `session` (the read loop: classify, decide, observe, act), `reply` (the writer),
 //!   and this file (the listener and the background tasks).
 
+mod admit;
 mod as_cluster;
 mod ctx;
 mod dedicated;
@@ -180,6 +181,14 @@ pub fn spawn_balancer(ctx: Arc<Ctx>, chosen: Arc<crate::mitigate::balance::Chose
 }
 
 /// Keeps the salt table in step with the registry in the backend (see `salt::registry`).
+/// Starts the sync of global admission limits through the registry.
+pub fn spawn_admission_sync(ctx: Arc<Ctx>) {
+    tokio::spawn(async move {
+        let (id, stop) = (ctx.salt.id.clone(), ctx.shutdown.clone());
+        crate::admit::global::run(&ctx.admit, &ctx.backend, &ctx.rules, &id, stop).await
+    });
+}
+
 pub fn spawn_salt_coordinator(ctx: Arc<Ctx>) {
     let owner = ctx.clone();
     let spread = move |key: bytes::Bytes| {

@@ -160,29 +160,48 @@ async fn resolve(
     }
     for slot in round.slots {
         match slot {
-            Slot::Ready(b) => out.extend_from_slice(&b),
-            Slot::Reply(p) => match part(&replies, p) {
-                Ok(b) => out.extend_from_slice(&b),
-                Err(e) => backend_error(e, out),
-            },
-            Slot::Merge(m) => merge(*m, &replies, proto, out),
-            Slot::Later(rx) => match later(rx, late).await {
-                Ok(b) => out.extend_from_slice(&b),
-                Err(e) => encode_error(e, out),
-            },
-            Slot::Blocking(rx) => match later(rx, None).await {
-                Ok(b) => out.extend_from_slice(&b),
-                Err(e) => encode_error(e, out),
-            },
-            Slot::LaterThen(rx, then) => match later(rx, late).await {
-                Ok(b) => out.extend_from_slice(&then(b)),
-                Err(e) => encode_error(e, out),
-            },
-            Slot::MgetPerKey(m) => mget_per_key(*m, &replies, proto, late, out).await,
+            Slot::Seen(inner, hook) => {
+                let start = out.len();
+                write_slot(*inner, &replies, proto, late, out).await;
+                hook(&out[start..]);
+            }
+            slot => write_slot(slot, &replies, proto, late, out).await,
         }
     }
     record(ctx, &round.started, &round.counts, n);
     round.tunnel
+}
+
+/// Writes one slot's reply.
+async fn write_slot(
+    slot: Slot,
+    replies: &[Result<Replies, BackendError>],
+    proto: Proto,
+    late: Option<tokio::time::Instant>,
+    out: &mut BytesMut,
+) {
+    match slot {
+        Slot::Ready(b) => out.extend_from_slice(&b),
+        Slot::Reply(p) => match part(replies, p) {
+            Ok(b) => out.extend_from_slice(&b),
+            Err(e) => backend_error(e, out),
+        },
+        Slot::Merge(m) => merge(*m, replies, proto, out),
+        Slot::Later(rx) => match later(rx, late).await {
+            Ok(b) => out.extend_from_slice(&b),
+            Err(e) => encode_error(e, out),
+        },
+        Slot::Blocking(rx) => match later(rx, None).await {
+            Ok(b) => out.extend_from_slice(&b),
+            Err(e) => encode_error(e, out),
+        },
+        Slot::LaterThen(rx, then) => match later(rx, late).await {
+            Ok(b) => out.extend_from_slice(&then(b)),
+            Err(e) => encode_error(e, out),
+        },
+        Slot::MgetPerKey(m) => mget_per_key(*m, replies, proto, late, out).await,
+        Slot::Seen(inner, _) => Box::pin(write_slot(*inner, replies, proto, late, out)).await,
+    }
 }
 
 fn record(ctx: &Ctx, started: &std::time::Instant, counts: &[u64; 3], n: u64) {

@@ -94,6 +94,9 @@ pub enum Slot {
     ),
     /// An MGET with read-hot keys: some values from the cache, the rest from the nodes.
     MgetPerKey(Box<MgetPerKey>),
+    /// Another slot whose reply is shown to a hook once written (admission remembers what
+    /// a sampled counter showed). A `Seen` inside a `Seen` is written without its hook.
+    Seen(Box<Slot>, Box<dyn FnOnce(&[u8]) + Send + Sync>),
 }
 
 /// An MGET answered key by key: `from[i]` is where key i's value is.

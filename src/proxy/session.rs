@@ -1,4 +1,4 @@
-//! One client connection: read -> parse -> classify -> observe -> decide -> act, then the
+//! One client connection: read -> parse -> admit -> classify -> decide -> observe -> act, then the
 //! reply writer (`reply`) answers in request order.
 //!
 //! The reader task owns the connection's state (protocol, database, auth, transaction,
@@ -149,24 +149,52 @@ async fn read_loop(mut r: ReadHalf, tx: &mpsc::Sender<(Round, Proto)>, s: &mut S
             let _ = tx.send((round, s.proto)).await;
             return End::Closed;
         }
-        s.detect = s.ctx.rules.snapshot().detection().enabled;
+        {
+            let rules = s.ctx.rules.snapshot();
+            s.detect = rules.detection().enabled;
+            s.admit = rules.any_admit();
+        }
         let parsed = parser.parse(&mut buf, &mut reqs);
         let mut rb = RoundBuilder::new();
         let mut close = false;
         let mut reqs_iter = reqs.drain(..);
         while let Some(req) = reqs_iter.next() {
+            // admit
+            let (req, hook) = if s.admit {
+                match super::admit::gate(s, req) {
+                    super::admit::Gate::Done(slot) => {
+                        rb.slots.push(slot);
+                        continue;
+                    }
+                    super::admit::Gate::Pass { req, hook, wait } => {
+                        if !wait.is_zero() {
+                            // What was read before it need not wait with it.
+                            if !rb.is_empty() && !flush(s, &mut rb, tx).await {
+                                return End::Closed;
+                            }
+                            tokio::time::sleep(wait).await;
+                            rb.read_at = tokio::time::Instant::now();
+                        }
+                        (req, hook)
+                    }
+                }
+            } else {
+                (req, None)
+            };
+            let mut mark = rb.slots.len();
             let mut flow = handle(s, req, &mut rb).await;
             if let Flow::Flush(req) = flow {
-                wait_barrier(s, &rb).await;
-                let mut round = std::mem::take(&mut rb)
-                    .send(s.ctx.backend.request_timeout)
-                    .await;
-                // What comes next (a salted task, a combined write) waits for it.
-                s.order.flushed(&mut round);
-                if tx.send((round, s.proto)).await.is_err() {
+                if !flush(s, &mut rb, tx).await {
                     return End::Closed;
                 }
+                mark = 0;
                 flow = handle(s, req, &mut rb).await;
+            }
+            if let (Some(hook), Flow::Continue) = (hook, &flow) {
+                if rb.slots.len() == mark + 1 {
+                    let slot = rb.slots.pop().expect("one slot pushed");
+                    rb.slots.push(Slot::Seen(Box::new(slot), hook));
+                }
             }
             match flow {
                 // A fresh round has no jobs, so this cannot happen; answer rather than panic.
@@ -221,6 +249,18 @@ async fn read_loop(mut r: ReadHalf, tx: &mpsc::Sender<(Round, Proto)>, s: &mut S
             return End::Closed;
         }
     }
+}
+
+/// Sends the round built so far, before a command that must not join it; false when the
+/// client is gone.
+async fn flush(s: &mut Session, rb: &mut RoundBuilder, tx: &mpsc::Sender<(Round, Proto)>) -> bool {
+    wait_barrier(s, rb).await;
+    let mut round = std::mem::take(rb)
+        .send(s.ctx.backend.request_timeout)
+        .await;
+    // What comes next (a salted task, a combined write) waits for it.
+    s.order.flushed(&mut round);
+    tx.send((round, s.proto)).await.is_ok()
 }
 
 /// classify -> observe -> decide -> act, for one command.

@@ -48,6 +48,8 @@ pub struct Session {
     pub gone: watch::Receiver<bool>,
     /// `detection.enabled` of the rules, read once per round rather than per command.
     pub(super) detect: bool,
+    /// Some rule has an `admit:` section, read once per round as `detect`.
+    pub(super) admit: bool,
 }
 
 impl Session {
@@ -75,6 +77,7 @@ impl Session {
             order: Order::default(),
             gone,
             detect: true,
+            admit: false,
         }
     }
 

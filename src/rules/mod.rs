@@ -9,6 +9,7 @@
 //!
 //! It imports only `config`'s error type and YAML helper, and `glob` for its patterns.
 
+mod admit;
 mod locate;
 mod model;
 mod reload;
@@ -21,6 +22,7 @@ use serde::Serialize;
 use crate::config::{parse_yaml, ConfigError};
 
 pub use crate::glob::{stringmatch, Glob, MAX_PATTERN_BYTES};
+pub use admit::{Admission, Admit, OverLimit, Priority, Scope};
 pub use model::{
     Balance, CachePolicy, CombinePolicy, Detection, Families, Idempotency, Policies, ReadPolicy,
     ReadTier, SaltBy, SaltPolicy, SaltedReads, Shards, Strategy, WritePolicy,
@@ -37,7 +39,11 @@ pub struct Rules {
     epoch_ms: u64,
     defaults: Policies,
     balance: Balance,
+    admission: Admission,
     rules: Vec<Rule>,
+    /// Some rule has an `admit:` section: only then does the data path look for one.
+    #[serde(skip)]
+    any_admit: bool,
 }
 
 /// One rule after merging: its pattern and its complete policies.
@@ -49,6 +55,9 @@ pub struct Rule {
     pub write: WritePolicy,
     /// Treat matching keys as hot from their first request (a known event).
     pub pin: bool,
+    /// Per-key admission limits (`crate::admit`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub admit: Option<Admit>,
 }
 
 /// What applies to one key.
@@ -76,7 +85,9 @@ impl Default for Rules {
             epoch_ms: model::default_epoch_ms(),
             defaults: Policies::default(),
             balance: Balance::default(),
+            admission: Admission::default(),
             rules: Vec::new(),
+            any_admit: false,
         }
     }
 }
@@ -122,6 +133,7 @@ impl Rules {
         validate::read("defaults.read", &doc.defaults.read)?;
         validate::write("defaults.write", &doc.defaults.write)?;
         validate::balance(&doc.balance)?;
+        admit::admission(&doc.admission)?;
         let pats: Vec<&str> = doc.rules.iter().map(|r| r.pattern.as_str()).collect();
         let globs = validate::patterns(&pats)?;
         let mut rules = Vec::with_capacity(doc.rules.len());
@@ -136,11 +148,16 @@ impl Rules {
                 .map_or(doc.defaults.write, |p| p.over(doc.defaults.write));
             validate::read(&format!("rules[{i}].read"), &read)?;
             validate::write(&format!("rules[{i}].write"), &write)?;
+            let mut admit = r.admit;
+            if let Some(a) = admit.as_mut() {
+                admit::check(&format!("rules[{i}].admit"), a)?;
+            }
             rules.push(Rule {
                 pattern,
                 read,
                 write,
                 pin: r.pin,
+                admit,
             });
         }
         Ok(Rules {
@@ -149,6 +166,8 @@ impl Rules {
             epoch_ms: doc.epoch_ms,
             defaults: doc.defaults,
             balance: doc.balance,
+            admission: doc.admission,
+            any_admit: rules.iter().any(|r| r.admit.is_some()),
             rules,
         })
     }
@@ -184,6 +203,26 @@ impl Rules {
 
     pub fn epoch_ms(&self) -> u64 {
         self.epoch_ms
+    }
+
+    /// Whether any rule limits admission (the data path skips the lookup otherwise).
+    pub fn any_admit(&self) -> bool {
+        self.any_admit
+    }
+
+    /// The first rule matching `key` that has an `admit:` section, with its index. As
+    /// `resolve`, first match wins: a key whose first matching rule has none is not limited.
+    pub fn admit(&self, key: &[u8]) -> Option<(usize, &Admit)> {
+        let (i, r) = self
+            .rules
+            .iter()
+            .enumerate()
+            .find(|(_, r)| r.pattern.matches(key))?;
+        r.admit.as_ref().map(|a| (i, a))
+    }
+
+    pub fn admission(&self) -> &Admission {
+        &self.admission
     }
 
     pub fn balance(&self) -> &Balance {

@@ -488,6 +488,7 @@ pub(crate) struct RuleDoc {
     pub write: Option<WritePatch>,
     #[serde(default)]
     pub pin: bool,
+    pub admit: Option<super::admit::Admit>,
 }
 
 /// The file as written, before merging and validation.
@@ -503,6 +504,8 @@ pub(crate) struct RulesDoc {
     pub defaults: Policies,
     #[serde(default)]
     pub balance: Balance,
+    #[serde(default)]
+    pub admission: super::admit::Admission,
     #[serde(default)]
     pub rules: Vec<RuleDoc>,
 }

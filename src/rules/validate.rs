@@ -17,7 +17,7 @@ pub struct Problem {
     pub message: String,
 }
 
-fn problem(base: &str, fields: &[&str], message: String) -> Problem {
+pub(super) fn problem(base: &str, fields: &[&str], message: String) -> Problem {
     let join = |f: &str| {
         if base.is_empty() {
             f.to_string()
@@ -31,7 +31,7 @@ fn problem(base: &str, fields: &[&str], message: String) -> Problem {
     }
 }
 
-fn range<T: PartialOrd + std::fmt::Display>(
+pub(super) fn range<T: PartialOrd + std::fmt::Display>(
     base: &str,
     field: &str,
     v: T,
