@@ -187,6 +187,7 @@ pub async fn run(
         views: cfg.hotkeys.clone(),
         salt: Some(ctx.clone() as Arc<dyn salt::Control>),
         balance: Some(balance.clone()),
+        admit: Some(ctx.admit.clone()),
         token,
     });
     if let Some(path) = &cfg.upgrade_socket {

@@ -35,6 +35,8 @@ pub struct AdminState {
     pub balance: Option<Arc<crate::mitigate::balance::Chosen>>,
     /// The bearer token every path but /healthz and /readyz requires; None = open.
     pub token: Option<String>,
+    /// Admission state, to mark keys sampled or refused lately; None in unit tests.
+    pub admit: Option<Arc<crate::admit::Admission>>,
 }
 
 impl AdminState {
@@ -229,6 +231,15 @@ fn read_hot_by(state: &AdminState, k: &crate::hotkey::HotKey) -> Option<&'static
     })
 }
 
+/// `sampled` (its increments are counted 1 in N: its value is an estimate) or `limited`
+/// (commands on it refused lately), for keys an admit rule acted on in the last 10 s.
+fn admission_mark(state: &AdminState, key: &[u8]) -> Option<&'static str> {
+    match state.admit.as_ref()?.marked(key)? {
+        crate::admit::Marked::Sampled => Some("sampled"),
+        crate::admit::Marked::Limited => Some("limited"),
+    }
+}
+
 fn hotkeys_json(state: &AdminState, snap: &HotSnapshot) -> String {
     let keys: Vec<serde_json::Value> = snap
         .keys
@@ -242,6 +253,7 @@ fn hotkeys_json(state: &AdminState, snap: &HotSnapshot) -> String {
                 "state": format!("{:?}", k.state).to_lowercase(),
                 "since": k.since_unix_ms,
                 "read_hot_by": read_hot_by(state, k),
+                "admission": admission_mark(state, &k.key),
             })
         })
         .collect();
@@ -275,6 +287,7 @@ mod tests {
             salt: None,
             balance: None,
             token: None,
+            admit: None,
         }
     }
 

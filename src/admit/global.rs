@@ -178,7 +178,7 @@ impl Admission {
                 }
             }
         }
-        out.sort_by(|a, b| b.offered.cmp(&a.offered));
+        out.sort_by_key(|k| std::cmp::Reverse(k.offered));
         out.truncate(MAX_KEYS_PER_SYNC);
         out
     }

@@ -47,7 +47,9 @@ pub enum Verdict {
     Record,
     /// Send the increment with its delta multiplied by this; `record` its reply.
     Scaled(i64),
-    /// Answer the increment with this value (what the key showed last) without sending it.
+    /// Answer the increment without sending it, with what the key shows when the answer is
+    /// written (`last`): after the replies before it on the connection, so a client never
+    /// sees its counter go back. The value here is what it showed at the decision.
     Answer(i64),
     /// Admit after this wait (its token is held meanwhile).
     Delay(Duration),
@@ -84,7 +86,6 @@ struct KeyState {
 #[derive(Clone, Copy)]
 struct GlobalKey {
     limit: f64,
-    burst: f64,
     start_share_pct: f64,
     proxies: Option<u32>,
 }
@@ -269,7 +270,6 @@ impl Admission {
         let limit = a.limit_per_sec.unwrap_or(0.0);
         let global = (a.scope == Scope::Global).then_some(GlobalKey {
             limit,
-            burst: a.burst(),
             start_share_pct: a.start_share_pct,
             proxies: a.proxies,
         });
@@ -349,6 +349,12 @@ impl Admission {
             );
             self.metrics.keys.inc();
         }
+    }
+
+    /// What the key showed in the last reply seen, if any.
+    pub fn last(&self, key: &[u8]) -> Option<i64> {
+        let map = self.shard(key).lock().unwrap_or_else(|p| p.into_inner());
+        map.get(key).and_then(|st| st.last)
     }
 
     /// The reply to a `Record` or `Scaled` command showed the key at `value`.

@@ -16,7 +16,7 @@ use crate::command;
 use crate::resp::Request;
 
 /// Shown the reply of an admitted increment: admission remembers what the key showed.
-pub(super) type Hook = Box<dyn FnOnce(&[u8]) + Send + Sync>;
+pub(super) type Hook = super::round::SeenHook;
 
 pub(super) enum Gate {
     /// Go on with this command (rewritten when sampled), after `wait`, and show its reply
@@ -74,7 +74,13 @@ pub(super) fn gate(s: &mut Session, req: Request) -> Gate {
             Verdict::Record => record = true,
             Verdict::Scaled(n) => scaled = Some(n),
             Verdict::Delay(d) => wait = wait.max(d),
-            Verdict::Answer(v) => return Gate::Done(Slot::Ready(Bytes::from(format!(":{v}\r\n")))),
+            Verdict::Answer(v) => {
+                let (admit, key) = (s.ctx.admit.clone(), Bytes::copy_from_slice(key));
+                return Gate::Done(Slot::Deferred(Box::new(move || {
+                    let v = admit.last(&key).unwrap_or(v);
+                    Bytes::from(format!(":{v}\r\n"))
+                })));
+            }
             Verdict::Reject(msg) => {
                 // As any refused command inside MULTI: the EXEC is aborted.
                 if let Some(tx) = s.tx.as_mut() {

@@ -200,6 +200,7 @@ async fn write_slot(
             Err(e) => encode_error(e, out),
         },
         Slot::MgetPerKey(m) => mget_per_key(*m, replies, proto, late, out).await,
+        Slot::Deferred(answer) => out.extend_from_slice(&answer()),
         Slot::Seen(inner, _) => Box::pin(write_slot(*inner, replies, proto, late, out)).await,
     }
 }

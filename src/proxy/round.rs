@@ -96,8 +96,14 @@ pub enum Slot {
     MgetPerKey(Box<MgetPerKey>),
     /// Another slot whose reply is shown to a hook once written (admission remembers what
     /// a sampled counter showed). A `Seen` inside a `Seen` is written without its hook.
-    Seen(Box<Slot>, Box<dyn FnOnce(&[u8]) + Send + Sync>),
+    Seen(Box<Slot>, SeenHook),
+    /// Answered by the proxy when its turn to be written comes, from what the replies
+    /// before it showed (a sampled increment that is not sent).
+    Deferred(Box<dyn FnOnce() -> Bytes + Send + Sync>),
 }
+
+/// Shown a reply once it is written.
+pub type SeenHook = Box<dyn FnOnce(&[u8]) + Send + Sync>;
 
 /// An MGET answered key by key: `from[i]` is where key i's value is.
 pub struct MgetPerKey {
