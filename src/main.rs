@@ -94,6 +94,9 @@ enum Cmd {
     },
     /// Print the SHA-256 of a password read from stdin, for `auth.users[].passwords_sha256`.
     Passwd,
+    /// Run the fleet simulator (admission and salting code in virtual time) and print its
+    /// report as markdown (bench/README.md, "Admission control").
+    Simulate,
 }
 
 fn main() -> ExitCode {
@@ -123,6 +126,10 @@ fn main() -> ExitCode {
                 ExitCode::FAILURE
             }
         };
+    }
+    if let Some(Cmd::Simulate) = &cli.cmd {
+        print!("{}", saltshaker::admit::sim::report());
+        return ExitCode::SUCCESS;
     }
     if let Some(Cmd::Passwd) = &cli.cmd {
         let mut line = String::new();

@@ -15,12 +15,12 @@
 //! logged and shown in `saltshaker_admission_global_fallback`.
 
 use std::sync::atomic::Ordering;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use bytes::Bytes;
 use tokio::sync::watch;
 
-use super::share::{allocate, decode, encode};
+use super::share::{allocate_expecting, decode, encode};
 use super::{Admission, GlobalKey};
 use crate::backend::{wire, Backend};
 use crate::metrics::ResultLabel;
@@ -46,7 +46,6 @@ pub async fn run(
     id: &str,
     mut shutdown: watch::Receiver<bool>,
 ) {
-    let mut last = Instant::now();
     loop {
         let interval = rules
             .snapshot()
@@ -61,14 +60,12 @@ pub async fn run(
             _ = shutdown.wait_for(|v| *v) => return,
         }
         let Some(sync_ms) = interval else { continue };
-        let secs = last.elapsed().as_secs_f64().max(0.001);
-        last = Instant::now();
         let keys = adm.collect();
         if keys.is_empty() {
             continue;
         }
         let now = crate::salt::now_ms();
-        match exchange(backend, id, &keys, secs, sync_ms, now).await {
+        match exchange(backend, id, &keys, sync_ms, now).await {
             Ok(entries) => {
                 adm.metrics
                     .global_syncs
@@ -78,7 +75,7 @@ pub async fn run(
                     tracing::info!("registry reachable again: global limits are shared by allocation again");
                     adm.metrics.global_fallback.set(0);
                 }
-                adm.apply(&keys, &entries, id, secs);
+                adm.apply(&keys, &entries, id);
             }
             Err(e) => {
                 adm.metrics
@@ -96,10 +93,10 @@ pub async fn run(
     }
 }
 
-/// One key to sync: its name, what this proxy was offered since the last sync, its rule.
+/// One key to sync: its name, the rate this proxy was offered since the last sync, its rule.
 pub struct Synced {
     key: Bytes,
-    offered: u64,
+    demand: f64,
     g: GlobalKey,
 }
 
@@ -110,7 +107,6 @@ async fn exchange(
     backend: &Backend,
     id: &str,
     keys: &[Synced],
-    secs: f64,
     sync_ms: u64,
     now_ms: u64,
 ) -> Result<Entries, String> {
@@ -119,7 +115,7 @@ async fn exchange(
     let mut cmds = Vec::with_capacity(keys.len() * 3);
     for k in keys {
         let name = hash_name(&k.key);
-        let entry = encode(k.offered as f64 / secs, now_ms);
+        let entry = encode(k.demand, now_ms);
         cmds.push((node, wire(&[&b"HSET"[..], &name, id.as_bytes(), entry.as_bytes()])));
         cmds.push((node, wire(&[&b"PEXPIRE"[..], &name, ttl.as_bytes()])));
         cmds.push((node, wire(&[&b"HGETALL"[..], &name])));
@@ -166,36 +162,40 @@ impl Admission {
     /// last call (which starts their next interval).
     fn collect(&self) -> Vec<Synced> {
         let mut out = Vec::new();
+        let now = self.now_us();
         for shard in self.shards.iter() {
             let mut map = shard.lock().unwrap_or_else(|p| p.into_inner());
             for (k, st) in map.iter_mut() {
                 if let Some(g) = st.global {
+                    let secs = (now.saturating_sub(st.since_us) as f64 / 1e6).max(0.001);
                     out.push(Synced {
                         key: k.clone(),
-                        offered: std::mem::take(&mut st.offered),
+                        demand: std::mem::take(&mut st.offered) as f64 / secs,
                         g,
                     });
+                    st.since_us = now;
                 }
             }
         }
-        out.sort_by_key(|k| std::cmp::Reverse(k.offered));
+        out.sort_by(|a, b| b.demand.total_cmp(&a.demand));
         out.truncate(MAX_KEYS_PER_SYNC);
         out
     }
 
-    fn apply(&self, keys: &[Synced], entries: &Entries, id: &str, secs: f64) {
+    fn apply(&self, keys: &[Synced], entries: &Entries, id: &str) {
         let mut fleet = 0;
         for (k, live) in keys.iter().zip(entries) {
             let mut demands: Vec<f64> = live.iter().map(|(_, d)| *d).collect();
             let mine = match live.iter().position(|(f, _)| f.as_ref() == id.as_bytes()) {
                 Some(i) => i,
                 None => {
-                    demands.push(k.offered as f64 / secs);
+                    demands.push(k.demand);
                     demands.len() - 1
                 }
             };
             fleet = fleet.max(demands.len());
-            let share = allocate(k.g.limit, &demands)[mine];
+            let expected = k.g.proxies.map(|n| n as usize);
+            let share = allocate_expecting(k.g.limit, &demands, expected)[mine];
             self.set_share(&k.key, share);
         }
         self.fleet.store(fleet as u32, Ordering::Relaxed);

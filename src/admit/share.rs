@@ -41,6 +41,23 @@ pub fn allocate(limit: f64, demands: &[f64]) -> Vec<f64> {
     }
 }
 
+/// `allocate`, for a fleet of `expected` proxies of which only `demands.len()` have written
+/// an entry yet (a fleet starting together): each missing proxy is counted with the mean
+/// demand of the others, so the first to sync does not take the whole limit. The shares
+/// of the proxies that wrote come first, in order.
+pub fn allocate_expecting(limit: f64, demands: &[f64], expected: Option<usize>) -> Vec<f64> {
+    let missing = expected.unwrap_or(0).saturating_sub(demands.len());
+    if missing == 0 || demands.is_empty() {
+        return allocate(limit, demands);
+    }
+    let mean = demands.iter().sum::<f64>() / demands.len() as f64;
+    let mut all = demands.to_vec();
+    all.extend(std::iter::repeat_n(mean, missing));
+    let mut s = allocate(limit, &all);
+    s.truncate(demands.len());
+    s
+}
+
 /// One proxy's entry in a key's registry hash: "demand_per_sec:unix_ms".
 pub fn encode(demand: f64, now_ms: u64) -> String {
     format!("{demand:.3}:{now_ms}")
@@ -78,6 +95,14 @@ mod tests {
         assert!(allocate(10.0, &[]).is_empty());
         let s = allocate(60.0, &[0.0; 60]);
         assert!(s.iter().all(|x| (x - 1.0).abs() < 1e-9));
+    }
+
+    #[test]
+    fn the_first_of_a_starting_fleet_takes_its_part_not_the_whole() {
+        let s = allocate_expecting(600.0, &[100.0], Some(6));
+        assert_eq!(s, vec![100.0]);
+        let s = allocate_expecting(600.0, &[100.0, 300.0], None);
+        assert_eq!(s, allocate(600.0, &[100.0, 300.0]));
     }
 
     #[test]
