@@ -11,6 +11,8 @@
 //! | `rules`    | hot-key rules (YAML): thresholds, strategies, live reload              |
 //! | `glob`     | Redis's glob patterns (rules, users' keys)                             |
 //! | `auth`     | users: hashed passwords, key patterns, ACL command rules (NOPERM)       |
+//! | `admit`    | admission: per-key token buckets, sampling, delay, shedding, global    |
+//! |            | limits shared through the registry; the fleet simulator               |
 //! | `policy`   | decide(command, hot set, salt view) -> Action; pure, table-tested      |
 //! | `mitigate` | combine (batched increments, exact replies); cache (read-hot replies); |
 //! |            | balance (a busy node's hottest keys made read-hot)                     |
@@ -29,8 +31,8 @@
 //! | `top`      | `saltshaker top`: the live terminal view of hot keys                   |
 //!
 //! Imports flow one way: `main -> lib -> proxy, admin, rules::reload`;
-//! `proxy -> policy, mitigate, salt, backend, auth, net, command, hotkey, rules, resp,
-//! metrics`;
+//! `proxy -> admit, policy, mitigate, salt, backend, auth, net, command, hotkey, rules,
+//! resp, metrics`; `admit -> salt, backend, rules, resp, metrics`;
 //! `policy -> salt, command, hotkey, rules`; `salt -> mitigate, backend, hotkey, rules,
 //! resp, metrics`; `mitigate -> backend, hotkey, rules, resp, metrics`;
 //! `rules -> config, hotkey, glob`; `config -> backend, auth, net`; `auth -> command, glob`;

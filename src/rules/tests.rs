@@ -50,6 +50,10 @@ fn shipped_examples_parse() {
             "televised-vote",
             include_str!("../../rules/examples/televised-vote.yaml"),
         ),
+        (
+            "admission",
+            include_str!("../../rules/examples/admission.yaml"),
+        ),
     ] {
         let r = Rules::parse(text, name).unwrap_or_else(|e| panic!("{e}"));
         assert!(!r.rules().is_empty(), "{name}");
@@ -276,4 +280,31 @@ fn load_names_the_file_it_cannot_read() {
     let e = Rules::load(Path::new("no-such-dir/rules.yaml")).unwrap_err();
     assert_eq!(e.file, "no-such-dir/rules.yaml");
     assert!(e.message.starts_with("cannot read"), "{e}");
+}
+
+#[test]
+fn admit_sections_are_checked_with_their_place() {
+    let ok = Rules::parse(include_str!("../../rules/examples/admission.yaml"), "a").unwrap();
+    let (i, a) = ok.admit(b"api:quota:1").unwrap();
+    assert_eq!(i, 0);
+    assert_eq!(a.burst, Some(200.0));
+    // A rule without burst shows the one in force.
+    assert_eq!(ok.admit(b"suggest:x").unwrap().1.burst, Some(50.0));
+    assert!(ok.any_admit());
+    assert!(ok.to_json().contains("\"admit\""));
+    assert!(!Rules::default().any_admit());
+    for (text, field, what) in [
+        ("rules:\n  - match: \"a\"\n    admit: { limit_per_sec: 0 }\n", "rules[0].admit.limit_per_sec", "positive"),
+        ("rules:\n  - match: \"a\"\n    admit: { scope: global }\n", "rules[0].admit.scope", "needs limit_per_sec"),
+        ("rules:\n  - match: \"a\"\n    admit: { over_limit: delay }\n", "rules[0].admit.over_limit", "needs limit_per_sec"),
+        ("rules:\n  - match: \"a\"\n    admit: { burst: 5 }\n", "rules[0].admit.burst", "needs limit_per_sec"),
+        ("rules:\n  - match: \"a\"\n    admit: { limit_per_sec: 5, sample_one_in: 1 }\n", "rules[0].admit.sample_one_in", "out of range"),
+        ("rules:\n  - match: \"a\"\n    admit: { limit_per_sec: 5, over_limit: drop }\n", "rules[0].admit.over_limit", "unknown variant"),
+        ("admission: { shed_low_at_pending: 10, shed_normal_at_pending: 5 }\n", "admission.shed_normal_at_pending", "out of range"),
+    ] {
+        let e = err(&format!("version: 1\n{text}"));
+        assert_eq!(e.field, field, "{e}");
+        assert!(e.message.contains(what), "{e}");
+        assert!(e.line >= 2, "{e}");
+    }
 }
