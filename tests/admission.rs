@@ -22,7 +22,12 @@ struct Seen {
 
 /// Sends `INCR key` at about `per_sec` (a pipeline every 10 ms) on one connection until
 /// `stop`, counting replies.
-fn offer(addr: String, key: String, per_sec: u64, stop: Arc<AtomicBool>) -> thread::JoinHandle<Seen> {
+fn offer(
+    addr: String,
+    key: String,
+    per_sec: u64,
+    stop: Arc<AtomicBool>,
+) -> thread::JoinHandle<Seen> {
     thread::spawn(move || {
         let mut c = Client::connect(&addr);
         let mut seen = Seen::default();
@@ -84,7 +89,10 @@ fn a_per_key_limit_holds_within_10_pct_over_10_s_and_the_count_is_exact() {
     stop.store(true, Ordering::Relaxed);
     let (s, f) = (t.join().unwrap(), u.join().unwrap());
     let rate = s.ok as f64 / 10.0;
-    assert!((270.0..=330.0).contains(&rate), "admitted {rate}/s for a 300/s limit: {s:?}");
+    assert!(
+        (270.0..=330.0).contains(&rate),
+        "admitted {rate}/s for a 300/s limit: {s:?}"
+    );
     assert!(s.throttled > 5000, "{s:?}");
     assert_eq!((s.other, f.other, f.throttled), (0, 0, 0), "{s:?} {f:?}");
     // Exactly the admitted increments reached the node.
@@ -92,7 +100,10 @@ fn a_per_key_limit_holds_within_10_pct_over_10_s_and_the_count_is_exact() {
     let m = proxy.admin_get("/metrics").1;
     let line = |result: &str| {
         m.lines()
-            .find(|l| l.starts_with("saltshaker_admission_total{") && l.contains(&format!("result=\"{result}\"")))
+            .find(|l| {
+                l.starts_with("saltshaker_admission_total{")
+                    && l.contains(&format!("result=\"{result}\""))
+            })
             .and_then(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
             .unwrap_or(0.0)
     };
@@ -123,7 +134,10 @@ fn a_sampled_counter_stays_within_3_pct_of_what_was_offered() {
     }
     let held = int(node.client().cmd(&["GET", "views:v"]));
     let err = (held - offered).abs() as f64 / offered as f64;
-    assert!(err <= 0.03, "the key holds {held} after {offered} increments");
+    assert!(
+        err <= 0.03,
+        "the key holds {held} after {offered} increments"
+    );
     // Most of them were not sent one by one.
     let sent = node.client().cmd(&["INFO", "commandstats"]);
     let stats = sent.as_str().to_string();
@@ -131,11 +145,21 @@ fn a_sampled_counter_stays_within_3_pct_of_what_was_offered() {
         stats
             .lines()
             .find(|l| l.starts_with(&format!("cmdstat_{cmd}:")))
-            .and_then(|l| l.split("calls=").nth(1)?.split(',').next()?.parse::<u64>().ok())
+            .and_then(|l| {
+                l.split("calls=")
+                    .nth(1)?
+                    .split(',')
+                    .next()?
+                    .parse::<u64>()
+                    .ok()
+            })
             .unwrap_or(0)
     };
     let n = calls("incr") + calls("incrby");
-    assert!(n < offered as u64 / 4, "{n} increments reached the node for {offered}");
+    assert!(
+        n < offered as u64 / 4,
+        "{n} increments reached the node for {offered}"
+    );
     assert!(proxy.metric("saltshaker_admission_total") >= offered as f64);
 }
 
@@ -158,12 +182,18 @@ fn a_global_limit_is_shared_by_two_proxies_by_demand_and_survives_a_restart() {
     thread::sleep(Duration::from_secs(6));
     let held = int(node.client().cmd(&["GET", "api:k"])) - base;
     let total = held as f64 / 6.0;
-    assert!((380.0..=420.0).contains(&total), "{total}/s over both proxies for a 400/s limit");
+    assert!(
+        (380.0..=420.0).contains(&total),
+        "{total}/s over both proxies for a 400/s limit"
+    );
     stop.store(true, Ordering::Relaxed);
     let (sa, sb) = (ta.join().unwrap(), tb.join().unwrap());
     // The quiet proxy got what it asked for; the busy one the rest.
     // (Its first interval runs on the start share, 5% of the limit.)
-    assert!(sb.throttled * 10 < sb.ok, "quiet proxy refused too often: {sb:?}");
+    assert!(
+        sb.throttled * 10 < sb.ok,
+        "quiet proxy refused too often: {sb:?}"
+    );
     assert!(sa.ok > 3 * sb.ok, "busy {sa:?} quiet {sb:?}");
     assert_eq!(sa.other + sb.other, 0);
 
@@ -182,9 +212,15 @@ fn a_global_limit_is_shared_by_two_proxies_by_demand_and_survives_a_restart() {
     stop.store(true, Ordering::Relaxed);
     let (sa, sb) = (ta.join().unwrap(), tb.join().unwrap());
     let total = held as f64 / 5.0;
-    assert!((360.0..=440.0).contains(&total), "{total}/s after the restart");
+    assert!(
+        (360.0..=440.0).contains(&total),
+        "{total}/s after the restart"
+    );
     // In its first 400 ms the new proxy admitted about 5% of the limit, not all of it.
-    assert!(early <= 80.0, "restarted proxy admitted {early} in its first 400 ms");
+    assert!(
+        early <= 80.0,
+        "restarted proxy admitted {early} in its first 400 ms"
+    );
     // Both busy now: about half each.
     assert!(sb.ok * 3 > sa.ok, "a {sa:?} b {sb:?}");
 }
@@ -192,7 +228,9 @@ fn a_global_limit_is_shared_by_two_proxies_by_demand_and_survives_a_restart() {
 fn tb_ok_so_far(p: &Proxy) -> f64 {
     let m = p.admin_get("/metrics").1;
     m.lines()
-        .filter(|l| l.starts_with("saltshaker_admission_total{") && l.contains("result=\"admitted\""))
+        .filter(|l| {
+            l.starts_with("saltshaker_admission_total{") && l.contains("result=\"admitted\"")
+        })
         .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
         .sum()
 }
@@ -229,7 +267,9 @@ fn losing_the_registry_falls_back_to_limit_over_proxies_and_says_so() {
     let t = offer(proxy.addr(), key.clone(), 1000, stop.clone());
     thread::sleep(Duration::from_secs(2));
     nodes[reg].stop();
-    assert!(wait_until(Duration::from_secs(5), || proxy.metric("saltshaker_admission_global_fallback") == 1.0));
+    assert!(wait_until(Duration::from_secs(5), || proxy
+        .metric("saltshaker_admission_global_fallback")
+        == 1.0));
     thread::sleep(Duration::from_millis(500));
     let base = int(nodes[other].client().cmd(&["GET", &key]));
     thread::sleep(Duration::from_secs(4));
@@ -238,11 +278,20 @@ fn losing_the_registry_falls_back_to_limit_over_proxies_and_says_so() {
     let s = t.join().unwrap();
     let rate = held as f64 / 4.0;
     // limit / proxies = 200/s.
-    assert!((170.0..=230.0).contains(&rate), "{rate}/s on the fallback: {s:?}");
-    assert!(proxy.stderr().contains("registry unreachable"), "{}", proxy.stderr());
+    assert!(
+        (170.0..=230.0).contains(&rate),
+        "{rate}/s on the fallback: {s:?}"
+    );
+    assert!(
+        proxy.stderr().contains("registry unreachable"),
+        "{}",
+        proxy.stderr()
+    );
     let m = proxy.admin_get("/metrics").1;
     assert!(
-        m.lines().any(|l| l.starts_with("saltshaker_admission_global_syncs_total{result=\"failed\"}") && !l.ends_with(" 0")),
+        m.lines().any(|l| l
+            .starts_with("saltshaker_admission_global_syncs_total{result=\"failed\"}")
+            && !l.ends_with(" 0")),
         "{m}"
     );
     assert_eq!(s.other, 0, "{s:?}");
@@ -253,7 +302,9 @@ fn a_reload_changes_a_limit_under_load_without_dropping_a_connection() {
     need_redis();
     let node = Redis::start();
     let dir = TempDir::new("admit-reload");
-    let rule = |n: u32| format!("version: 1\nrules:\n  - match: \"q:*\"\n    admit: {{ limit_per_sec: {n}, burst: 10 }}\n");
+    let rule = |n: u32| {
+        format!("version: 1\nrules:\n  - match: \"q:*\"\n    admit: {{ limit_per_sec: {n}, burst: 10 }}\n")
+    };
     let proxy = with_rules(&[&node], &dir, &rule(100), &[]);
     let accepted = proxy.metric("saltshaker_client_connections_accepted_total");
     let stop = Arc::new(AtomicBool::new(false));
@@ -261,7 +312,9 @@ fn a_reload_changes_a_limit_under_load_without_dropping_a_connection() {
     thread::sleep(Duration::from_secs(2));
     let gen = proxy.metric("saltshaker_rules_generation");
     std::fs::write(dir.0.join("rules.yaml"), rule(400)).unwrap();
-    assert!(wait_until(Duration::from_secs(5), || proxy.metric("saltshaker_rules_generation") > gen));
+    assert!(wait_until(Duration::from_secs(5), || proxy
+        .metric("saltshaker_rules_generation")
+        > gen));
     thread::sleep(Duration::from_millis(300));
     let base = int(node.client().cmd(&["GET", "q:r"]));
     thread::sleep(Duration::from_secs(3));
@@ -270,10 +323,16 @@ fn a_reload_changes_a_limit_under_load_without_dropping_a_connection() {
     // The client thread panics if its connection drops; it ran to the end.
     let s = t.join().expect("client kept its connection");
     let rate = held as f64 / 3.0;
-    assert!((340.0..=460.0).contains(&rate), "{rate}/s after raising the limit to 400/s");
+    assert!(
+        (340.0..=460.0).contains(&rate),
+        "{rate}/s after raising the limit to 400/s"
+    );
     assert_eq!(s.other, 0, "{s:?}");
     // One client connection over the whole run: the reload dropped none.
-    assert_eq!(proxy.metric("saltshaker_client_connections_accepted_total"), accepted + 1.0);
+    assert_eq!(
+        proxy.metric("saltshaker_client_connections_accepted_total"),
+        accepted + 1.0
+    );
 }
 
 #[test]
@@ -297,14 +356,30 @@ fn an_overloaded_node_sheds_low_priority_keys_and_serves_high_ones() {
     let low = c.cmd(&["INCR", "views:1"]);
     let took = t0.elapsed();
     match &low {
-        Reply::Error(e) => assert!(e.starts_with("THROTTLED ") && e.contains("overloaded"), "{e}"),
+        Reply::Error(e) => assert!(
+            e.starts_with("THROTTLED ") && e.contains("overloaded"),
+            "{e}"
+        ),
         r => panic!("low-priority key served by a frozen node: {r:?}"),
     }
-    assert!(took < Duration::from_millis(500), "the refusal took {took:?}");
+    assert!(
+        took < Duration::from_millis(500),
+        "the refusal took {took:?}"
+    );
     let replies = high.join().unwrap();
-    let ok = replies.iter().filter(|r| matches!(r, Reply::Int(_))).count();
-    assert!(ok * 100 >= replies.len() * 99, "{ok} of {} high-priority increments served", replies.len());
+    let ok = replies
+        .iter()
+        .filter(|r| matches!(r, Reply::Int(_)))
+        .count();
+    assert!(
+        ok * 100 >= replies.len() * 99,
+        "{ok} of {} high-priority increments served",
+        replies.len()
+    );
     // Once the node has caught up, low-priority keys are served again.
-    assert!(wait_until(Duration::from_secs(3), || matches!(c.cmd(&["INCR", "views:1"]), Reply::Int(_))));
+    assert!(wait_until(Duration::from_secs(3), || matches!(
+        c.cmd(&["INCR", "views:1"]),
+        Reply::Int(_)
+    )));
     assert!(proxy.metric("saltshaker_admission_total") > 0.0);
 }

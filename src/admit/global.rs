@@ -72,7 +72,9 @@ pub async fn run(
                     .get_or_create(&ResultLabel { result: "ok" })
                     .inc();
                 if adm.fallback.swap(false, Ordering::Relaxed) {
-                    tracing::info!("registry reachable again: global limits are shared by allocation again");
+                    tracing::info!(
+                        "registry reachable again: global limits are shared by allocation again"
+                    );
                     adm.metrics.global_fallback.set(0);
                 }
                 adm.apply(&keys, &entries, id);
@@ -116,7 +118,10 @@ async fn exchange(
     for k in keys {
         let name = hash_name(&k.key);
         let entry = encode(k.demand, now_ms);
-        cmds.push((node, wire(&[&b"HSET"[..], &name, id.as_bytes(), entry.as_bytes()])));
+        cmds.push((
+            node,
+            wire(&[&b"HSET"[..], &name, id.as_bytes(), entry.as_bytes()]),
+        ));
         cmds.push((node, wire(&[&b"PEXPIRE"[..], &name, ttl.as_bytes()])));
         cmds.push((node, wire(&[&b"HGETALL"[..], &name])));
     }

@@ -411,7 +411,9 @@ pub(crate) fn scaled_burst(burst: f64, limit: f64, share: f64) -> f64 {
     if limit <= 0.0 {
         return burst;
     }
-    (burst * share / limit).max(share * SHARE_BURST_SECS).max(1.0)
+    (burst * share / limit)
+        .max(share * SHARE_BURST_SECS)
+        .max(1.0)
 }
 
 /// See `scaled_burst`.

@@ -374,7 +374,11 @@ pub fn report() -> String {
             out.push_str(&format!(
                 "| {} | {} | {} | {:.2}% | {:.0} | {} | {} |\n",
                 n,
-                if window > 0 { format!("{window} us") } else { "no".into() },
+                if window > 0 {
+                    format!("{window} us")
+                } else {
+                    "no".into()
+                },
                 row.partitions_used,
                 row.throttled * 100.0,
                 row.writes_per_sec,
@@ -430,6 +434,9 @@ mod tests {
             ..v.clone()
         };
         let combined = final_vote(&wide, 8, true);
-        assert!(combined.writes_per_sec < none.writes_per_sec / 2.0, "{combined:?}");
+        assert!(
+            combined.writes_per_sec < none.writes_per_sec / 2.0,
+            "{combined:?}"
+        );
     }
 }

@@ -27,7 +27,9 @@ fn run(a: &Admission, r: &Arc<Rules>, key: &[u8], incr: Option<i64>, n: usize) -
 
 #[test]
 fn a_key_gets_its_burst_then_a_named_refusal_and_keys_are_apart() {
-    let r = rules("version: 1\nrules:\n  - match: \"q:*\"\n    admit: { limit_per_sec: 1, burst: 5 }\n");
+    let r = rules(
+        "version: 1\nrules:\n  - match: \"q:*\"\n    admit: { limit_per_sec: 1, burst: 5 }\n",
+    );
     let a = adm();
     let v = run(&a, &r, b"q:1", None, 8);
     assert_eq!(v.iter().filter(|v| **v == Verdict::Admit).count(), 5);
@@ -70,7 +72,10 @@ fn sampling_sends_one_in_n_scaled_and_answers_the_rest_with_the_last_value() {
     );
     assert_eq!(a.marked(b"v:1"), Some(Marked::Sampled));
     // Not a counter: refused.
-    assert!(matches!(run(&a, &r, b"v:1", None, 1)[0], Verdict::Reject(_)));
+    assert!(matches!(
+        run(&a, &r, b"v:1", None, 1)[0],
+        Verdict::Reject(_)
+    ));
 }
 
 #[test]
@@ -87,8 +92,14 @@ fn delay_waits_for_the_next_token_up_to_its_bound() {
         })
         .collect();
     // About 100 ms and 200 ms (less the time the test took), then past the bound.
-    assert!((90..=100).contains(&waits[0]) && (190..=200).contains(&waits[1]), "{waits:?}");
-    assert!(matches!(run(&a, &r, b"d:1", None, 1)[0], Verdict::Reject(_)));
+    assert!(
+        (90..=100).contains(&waits[0]) && (190..=200).contains(&waits[1]),
+        "{waits:?}"
+    );
+    assert!(matches!(
+        run(&a, &r, b"d:1", None, 1)[0],
+        Verdict::Reject(_)
+    ));
 }
 
 #[test]
@@ -123,7 +134,10 @@ fn memory_is_bounded_and_idle_keys_go_first() {
     let (i, s) = r.admit(b"k").unwrap();
     for n in 0..(MAX_KEYS * 2) {
         let key = format!("k:{n}");
-        assert_eq!(a.check(&r, i, s, key.as_bytes(), None, idle()), Verdict::Admit);
+        assert_eq!(
+            a.check(&r, i, s, key.as_bytes(), None, idle()),
+            Verdict::Admit
+        );
     }
     let held: usize = a.shards.iter().map(|m| m.lock().unwrap().len()).sum();
     assert!(held <= MAX_KEYS, "{held}");

@@ -255,9 +255,7 @@ async fn read_loop(mut r: ReadHalf, tx: &mpsc::Sender<(Round, Proto)>, s: &mut S
 /// client is gone.
 async fn flush(s: &mut Session, rb: &mut RoundBuilder, tx: &mpsc::Sender<(Round, Proto)>) -> bool {
     wait_barrier(s, rb).await;
-    let mut round = std::mem::take(rb)
-        .send(s.ctx.backend.request_timeout)
-        .await;
+    let mut round = std::mem::take(rb).send(s.ctx.backend.request_timeout).await;
     // What comes next (a salted task, a combined write) waits for it.
     s.order.flushed(&mut round);
     tx.send((round, s.proto)).await.is_ok()

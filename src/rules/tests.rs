@@ -294,13 +294,41 @@ fn admit_sections_are_checked_with_their_place() {
     assert!(ok.to_json().contains("\"admit\""));
     assert!(!Rules::default().any_admit());
     for (text, field, what) in [
-        ("rules:\n  - match: \"a\"\n    admit: { limit_per_sec: 0 }\n", "rules[0].admit.limit_per_sec", "positive"),
-        ("rules:\n  - match: \"a\"\n    admit: { scope: global }\n", "rules[0].admit.scope", "needs limit_per_sec"),
-        ("rules:\n  - match: \"a\"\n    admit: { over_limit: delay }\n", "rules[0].admit.over_limit", "needs limit_per_sec"),
-        ("rules:\n  - match: \"a\"\n    admit: { burst: 5 }\n", "rules[0].admit.burst", "needs limit_per_sec"),
-        ("rules:\n  - match: \"a\"\n    admit: { limit_per_sec: 5, sample_one_in: 1 }\n", "rules[0].admit.sample_one_in", "out of range"),
-        ("rules:\n  - match: \"a\"\n    admit: { limit_per_sec: 5, over_limit: drop }\n", "rules[0].admit.over_limit", "unknown variant"),
-        ("admission: { shed_low_at_pending: 10, shed_normal_at_pending: 5 }\n", "admission.shed_normal_at_pending", "out of range"),
+        (
+            "rules:\n  - match: \"a\"\n    admit: { limit_per_sec: 0 }\n",
+            "rules[0].admit.limit_per_sec",
+            "positive",
+        ),
+        (
+            "rules:\n  - match: \"a\"\n    admit: { scope: global }\n",
+            "rules[0].admit.scope",
+            "needs limit_per_sec",
+        ),
+        (
+            "rules:\n  - match: \"a\"\n    admit: { over_limit: delay }\n",
+            "rules[0].admit.over_limit",
+            "needs limit_per_sec",
+        ),
+        (
+            "rules:\n  - match: \"a\"\n    admit: { burst: 5 }\n",
+            "rules[0].admit.burst",
+            "needs limit_per_sec",
+        ),
+        (
+            "rules:\n  - match: \"a\"\n    admit: { limit_per_sec: 5, sample_one_in: 1 }\n",
+            "rules[0].admit.sample_one_in",
+            "out of range",
+        ),
+        (
+            "rules:\n  - match: \"a\"\n    admit: { limit_per_sec: 5, over_limit: drop }\n",
+            "rules[0].admit.over_limit",
+            "unknown variant",
+        ),
+        (
+            "admission: { shed_low_at_pending: 10, shed_normal_at_pending: 5 }\n",
+            "admission.shed_normal_at_pending",
+            "out of range",
+        ),
     ] {
         let e = err(&format!("version: 1\n{text}"));
         assert_eq!(e.field, field, "{e}");
