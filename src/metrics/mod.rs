@@ -10,9 +10,11 @@
 //! pipelined round, weighted by the round's command count.
 
 mod admission;
+mod node;
 mod security;
 
 pub use admission::{AdmissionMetrics, AdmitLabel, ADMIT_RESULTS};
+pub use node::NodeMetrics;
 pub use security::{DeniedLabel, SecurityMetrics};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -538,46 +540,6 @@ pub struct SaltMetrics {
     pub display_refreshes: Counter,
     /// Salted keys by exactness (four label sets at most).
     pub by_exactness: Family<ExactnessLabel, Gauge>,
-}
-
-/// Pre-resolved metric handles of one node.
-#[derive(Clone)]
-pub struct NodeMetrics {
-    pub requests: Counter,
-    pub connections: Gauge,
-    pub up: Gauge,
-    /// Commands sent and not answered yet, over the node's shared connections.
-    pub pending: Gauge,
-    node: String,
-    errors: prometheus_client::metrics::family::Family<NodeErrorLabel, Counter>,
-}
-
-impl NodeMetrics {
-    pub fn new(m: &Metrics, node: &str) -> Self {
-        m.add_node(node);
-        let l = NodeLabel {
-            node: node.to_string(),
-        };
-        NodeMetrics {
-            requests: m.backend_requests.get_or_create(&l).clone(),
-            connections: m.backend_connections.get_or_create(&l).clone(),
-            up: m.backend_up.get_or_create(&l).clone(),
-            pending: m.backend_pending.get_or_create(&l).clone(),
-            node: node.to_string(),
-            errors: m.backend_errors.clone(),
-        }
-    }
-
-    /// Error counter by kind (connect, io, timeout, down, protocol). Errors are rare, so the
-    /// label lookup is not on the fast path.
-    pub fn errors(&self, kind: &'static str) -> Counter {
-        self.errors
-            .get_or_create(&NodeErrorLabel {
-                node: self.node.clone(),
-                kind,
-            })
-            .clone()
-    }
 }
 
 #[cfg(test)]

@@ -1,0 +1,46 @@
+//! The metric handles one backend node's connections hold.
+
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::gauge::Gauge;
+
+use super::{Metrics, NodeErrorLabel, NodeLabel};
+
+/// Pre-resolved metric handles of one node.
+#[derive(Clone)]
+pub struct NodeMetrics {
+    pub requests: Counter,
+    pub connections: Gauge,
+    pub up: Gauge,
+    /// Commands sent and not answered yet, over the node's shared connections.
+    pub pending: Gauge,
+    node: String,
+    errors: prometheus_client::metrics::family::Family<NodeErrorLabel, Counter>,
+}
+
+impl NodeMetrics {
+    pub fn new(m: &Metrics, node: &str) -> Self {
+        m.add_node(node);
+        let l = NodeLabel {
+            node: node.to_string(),
+        };
+        NodeMetrics {
+            requests: m.backend_requests.get_or_create(&l).clone(),
+            connections: m.backend_connections.get_or_create(&l).clone(),
+            up: m.backend_up.get_or_create(&l).clone(),
+            pending: m.backend_pending.get_or_create(&l).clone(),
+            node: node.to_string(),
+            errors: m.backend_errors.clone(),
+        }
+    }
+
+    /// Error counter by kind (connect, io, timeout, down, protocol). Errors are rare, so the
+    /// label lookup is not on the fast path.
+    pub fn errors(&self, kind: &'static str) -> Counter {
+        self.errors
+            .get_or_create(&NodeErrorLabel {
+                node: self.node.clone(),
+                kind,
+            })
+            .clone()
+    }
+}
