@@ -139,6 +139,15 @@ impl Conn {
         read_reply(&mut self.r)
     }
 
+    /// True when PING is answered with PONG; false on any error. A proxy that is up but
+    /// not yet connected to its servers may close the connection instead of answering.
+    fn ping(&mut self) -> bool {
+        let mut line = Vec::new();
+        self.w.write_all(b"*1\r\n$4\r\nPING\r\n").is_ok()
+            && self.r.read_until(b'\n', &mut line).is_ok()
+            && line == b"+PONG\r\n"
+    }
+
     /// Sends every command in one write, then reads the replies in order.
     fn pipeline(&mut self, cmds: &[Vec<&[u8]>]) -> Vec<Reply> {
         let mut out = Vec::new();
@@ -155,7 +164,7 @@ fn wait_ready(port: u16, what: &str) -> Conn {
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
         if let Ok(mut c) = Conn::open(port) {
-            if c.call(&[b"PING"]) == Reply::Simple("PONG".into()) {
+            if c.ping() {
                 return c;
             }
         }
