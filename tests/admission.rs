@@ -245,15 +245,15 @@ fn losing_the_registry_falls_back_to_limit_over_proxies_and_says_so() {
     // Find the registry node (it holds the allocation hash after a sync) and a key that
     // lives on the other node.
     let mut c = proxy.client();
-    let keys: Vec<String> = (0..16).map(|i| format!("api:{i}")).collect();
+    let keys = spread_keys("api", 16);
     for k in &keys {
         let r = c.cmd(&["INCR", k]);
         assert!(matches!(r, Reply::Int(1)), "{r:?}");
     }
-    let hash = "{saltshaker:registry}:admit:api:0";
+    let hash = format!("{{saltshaker:registry}}:admit:{}", keys[0]);
     let mut reg = None;
     assert!(wait_until(Duration::from_secs(5), || {
-        reg = (0..2).find(|&i| int(nodes[i].client().cmd(&["EXISTS", hash])) == 1);
+        reg = (0..2).find(|&i| int(nodes[i].client().cmd(&["EXISTS", hash.as_str()])) == 1);
         reg.is_some()
     }));
     let reg = reg.unwrap();

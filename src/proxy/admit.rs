@@ -12,7 +12,8 @@ use bytes::Bytes;
 use super::round::Slot;
 use super::state::{err_bytes, Session};
 use crate::admit::{counter_delta, Admission, NodeLoad, Verdict};
-use crate::command;
+use crate::command::{self, flags};
+use crate::metrics::Class;
 use crate::resp::Request;
 
 /// Shown the reply of an admitted increment: admission remembers what the key showed.
@@ -26,8 +27,8 @@ pub(super) enum Gate {
         hook: Option<Hook>,
         wait: Duration,
     },
-    /// Answered here (refused, or a sampled increment not sent).
-    Done(Slot),
+    /// Answered here (refused, or a sampled increment not sent), counted as `Class`.
+    Done(Slot, Class),
 }
 
 pub(super) fn gate(s: &mut Session, req: Request) -> Gate {
@@ -46,6 +47,14 @@ pub(super) fn gate(s: &mut Session, req: Request) -> Gate {
     if c.keys.is_empty() {
         return pass(req);
     }
+    let f = c.spec.flags;
+    let class = if f & flags::WRITE != 0 {
+        Class::Write
+    } else if f & flags::READ != 0 {
+        Class::Read
+    } else {
+        Class::Other
+    };
     let rules = s.ctx.rules.snapshot();
     // Inside MULTI a reply cannot be made up: over the limit, increments are refused too.
     let incr = match (s.tx.is_some(), &c.keys[..]) {
@@ -76,17 +85,20 @@ pub(super) fn gate(s: &mut Session, req: Request) -> Gate {
             Verdict::Delay(d) => wait = wait.max(d),
             Verdict::Answer(v) => {
                 let (admit, key) = (s.ctx.admit.clone(), Bytes::copy_from_slice(key));
-                return Gate::Done(Slot::Deferred(Box::new(move || {
-                    let v = admit.last(&key).unwrap_or(v);
-                    Bytes::from(format!(":{v}\r\n"))
-                })));
+                return Gate::Done(
+                    Slot::Deferred(Box::new(move || {
+                        let v = admit.last(&key).unwrap_or(v);
+                        Bytes::from(format!(":{v}\r\n"))
+                    })),
+                    class,
+                );
             }
             Verdict::Reject(msg) => {
                 // As any refused command inside MULTI: the EXEC is aborted.
                 if let Some(tx) = s.tx.as_mut() {
                     tx.dirty = true;
                 }
-                return Gate::Done(Slot::Ready(err_bytes(&msg)));
+                return Gate::Done(Slot::Ready(err_bytes(&msg)), class);
             }
         }
     }

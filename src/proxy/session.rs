@@ -162,7 +162,8 @@ async fn read_loop(mut r: ReadHalf, tx: &mpsc::Sender<(Round, Proto)>, s: &mut S
             // admit
             let (req, hook) = if s.admit {
                 match super::admit::gate(s, req) {
-                    super::admit::Gate::Done(slot) => {
+                    super::admit::Gate::Done(slot, class) => {
+                        rb.count(class);
                         rb.slots.push(slot);
                         continue;
                     }
