@@ -1,7 +1,8 @@
 //! The second tier of global limits: the sync through the registry.
 //!
 //! Every interval (the shortest `sync_ms` of the global rules) each proxy writes, for each
-//! key it limits globally, the rate it was offered into the hash
+//! key it limits globally, the rate it was offered (`share::smooth`: averaged over
+//! intervals, a rise taken at once) into the hash
 //! `{saltshaker:registry}:admit:<key>` (field = proxy id, value = "demand:unix_ms"; the
 //! hash expires three intervals after its last write), and reads every proxy's entry back
 //! in the same pipeline. Its share is its max-min fair part of the limit
@@ -20,7 +21,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use tokio::sync::watch;
 
-use super::share::{allocate_expecting, decode, encode};
+use super::share::{allocate_expecting, decode, encode, smooth};
 use super::{Admission, GlobalKey};
 use crate::backend::{wire, Backend};
 use crate::metrics::ResultLabel;
@@ -173,12 +174,14 @@ impl Admission {
             for (k, st) in map.iter_mut() {
                 if let Some(g) = st.global {
                     let secs = (now.saturating_sub(st.since_us) as f64 / 1e6).max(0.001);
+                    let measured = std::mem::take(&mut st.offered) as f64 / secs;
+                    let demand = smooth(st.reported, measured);
+                    (st.since_us, st.reported) = (now, Some(demand));
                     out.push(Synced {
                         key: k.clone(),
-                        demand: std::mem::take(&mut st.offered) as f64 / secs,
+                        demand,
                         g,
                     });
-                    st.since_us = now;
                 }
             }
         }

@@ -58,6 +58,20 @@ pub fn allocate_expecting(limit: f64, demands: &[f64], expected: Option<usize>) 
     s
 }
 
+/// The demand a proxy reports: its measured rate smoothed over intervals, but a rise by
+/// half or more taken at once (a burst that moves to this proxy must not wait for the
+/// average). A demand measured over one interval is noisy (80 arrivals: about +/-11%), and a
+/// proxy given exactly that refuses its upswings and wastes what it over-asked.
+pub fn smooth(prev: Option<f64>, measured: f64) -> f64 {
+    match prev {
+        Some(p) if measured < p * 1.5 => p + SMOOTHING * (measured - p),
+        _ => measured,
+    }
+}
+
+/// Weight of the newest interval in `smooth`.
+const SMOOTHING: f64 = 0.3;
+
 /// One proxy's entry in a key's registry hash: "demand_per_sec:unix_ms".
 pub fn encode(demand: f64, now_ms: u64) -> String {
     format!("{demand:.3}:{now_ms}")
@@ -103,6 +117,14 @@ mod tests {
         assert_eq!(s, vec![100.0]);
         let s = allocate_expecting(600.0, &[100.0, 300.0], None);
         assert_eq!(s, allocate(600.0, &[100.0, 300.0]));
+    }
+
+    #[test]
+    fn demand_is_averaged_but_a_rise_is_taken_at_once() {
+        assert_eq!(smooth(None, 40.0), 40.0);
+        assert!((smooth(Some(100.0), 90.0) - 97.0).abs() < 1e-9);
+        assert!((smooth(Some(100.0), 140.0) - 112.0).abs() < 1e-9);
+        assert_eq!(smooth(Some(100.0), 150.0), 150.0);
     }
 
     #[test]
