@@ -189,7 +189,7 @@ impl Admission {
             count(0);
             // A key sampled while its node sheds needs its last value when shedding starts.
             return if incr.is_some() && a.over_limit == OverLimit::Sample {
-                self.record_only(key);
+                self.record_only(key, a);
                 Verdict::Record
             } else {
                 Verdict::Admit
@@ -197,13 +197,7 @@ impl Admission {
         }
         let now = self.now_us();
         let mut map = self.shard(key).lock().unwrap_or_else(|p| p.into_inner());
-        if !map.contains_key(key) {
-            self.make_room(&mut map, now);
-            let st = self.new_state(a, now);
-            map.insert(Bytes::copy_from_slice(key), st);
-            self.metrics.keys.inc();
-        }
-        let st = map.get_mut(key).expect("inserted above");
+        let st = self.entry(&mut map, key, a, now);
         let (rate, burst) = rate_of(st, a);
         (st.rate, st.burst) = (rate, burst);
         if st.global.is_some() {
@@ -333,30 +327,27 @@ impl Admission {
         self.metrics.keys.dec_by((before - map.len()) as i64);
     }
 
-    fn record_only(&self, key: &[u8]) {
-        let now = self.now_us();
-        let mut map = self.shard(key).lock().unwrap_or_else(|p| p.into_inner());
+    /// The key's state, made for rule section `a` if it has none (room made first).
+    fn entry<'m>(
+        &self,
+        map: &'m mut HashMap<Bytes, KeyState>,
+        key: &[u8],
+        a: &Admit,
+        now: u64,
+    ) -> &'m mut KeyState {
         if !map.contains_key(key) {
-            self.make_room(&mut map, now);
-            map.insert(
-                Bytes::copy_from_slice(key),
-                KeyState {
-                    bucket: Bucket::full(1.0, now),
-                    rate: 0.0,
-                    burst: 1.0,
-                    share: None,
-                    offered: 0,
-                    since_us: now,
-                    reported: None,
-                    global: None,
-                    skipped: 0,
-                    last: None,
-                    limited_at_us: 0,
-                    sampled_at_us: 0,
-                },
-            );
+            self.make_room(map, now);
+            map.insert(Bytes::copy_from_slice(key), self.new_state(a, now));
             self.metrics.keys.inc();
         }
+        map.get_mut(key).expect("inserted above")
+    }
+
+    /// Makes sure `key` has a state, so the value its replies show can be remembered.
+    fn record_only(&self, key: &[u8], a: &Admit) {
+        let now = self.now_us();
+        let mut map = self.shard(key).lock().unwrap_or_else(|p| p.into_inner());
+        self.entry(&mut map, key, a, now);
     }
 
     /// What the key showed in the last reply seen, if any.

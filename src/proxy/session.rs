@@ -173,8 +173,10 @@ async fn read_loop(mut r: ReadHalf, tx: &mpsc::Sender<(Round, Proto)>, s: &mut S
                             if !rb.is_empty() && !flush(s, &mut rb, tx).await {
                                 return End::Closed;
                             }
-                            tokio::time::sleep(wait).await;
-                            rb.read_at = tokio::time::Instant::now();
+                            // The wait counts against the command's request_timeout_ms
+                            // (its round was read before it), so it is never longer.
+                            let timeout = s.ctx.backend.request_timeout.unwrap_or(wait);
+                            tokio::time::sleep(wait.min(timeout)).await;
                         }
                         (req, hook)
                     }
