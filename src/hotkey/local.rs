@@ -9,7 +9,7 @@ use std::sync::mpsc::Sender;
 use std::sync::Arc;
 
 use super::clock::CoarseClock;
-use super::sketch::{hash_key, CountMin, SKETCH_BYTES};
+use super::sketch::{hash_key, CountMin, KeyHash, SKETCH_BYTES};
 use super::topk::{Offer, TopK};
 use super::Kind;
 
@@ -82,7 +82,16 @@ pub(crate) struct Local {
     window_end_ms: u64,
     sides: [Side; 2],
     early_budget: u32,
+    /// The last observation: its cells were prefetched and are counted at the next one
+    /// (or when the thread hands its window over), so the sketch's cache misses overlap
+    /// with the proxy's work on one command instead of stalling it.
+    deferred: Option<(Kind, KeyHash)>,
+    deferred_key: Vec<u8>,
+    spare_key: Vec<u8>,
 }
+
+/// Longer keys are counted at once: copying them would cost more than the miss.
+const MAX_DEFERRED_KEY: usize = 256;
 
 static NEXT_THREAD: AtomicU64 = AtomicU64::new(1);
 
@@ -112,6 +121,9 @@ impl Local {
             window_end_ms: (window + 1) * link.window_ms,
             sides: [side(0), side(1)],
             early_budget: early_budget(link.top_k),
+            deferred: None,
+            deferred_key: Vec::with_capacity(64),
+            spare_key: Vec::with_capacity(64),
             link,
         }
     }
@@ -120,11 +132,40 @@ impl Local {
     pub(crate) fn observe(&mut self, key: &[u8], kind: Kind) {
         let now = self.link.clock.now_ms();
         if now >= self.window_end_ms {
+            self.settle(now);
             self.roll(now);
         }
         let h = hash_key(key);
         let side = &mut self.sides[kind as usize];
         side.total += 1;
+        if key.len() > MAX_DEFERRED_KEY {
+            self.count(key, kind, h, now);
+            return;
+        }
+        side.sketch.prefetch(h.mixed);
+        let mut key_buf = std::mem::take(&mut self.spare_key);
+        key_buf.clear();
+        key_buf.extend_from_slice(key);
+        let prev_key = std::mem::replace(&mut self.deferred_key, key_buf);
+        if let Some((prev_kind, prev_h)) = self.deferred.replace((kind, h)) {
+            self.count(&prev_key, prev_kind, prev_h, now);
+        }
+        self.spare_key = prev_key;
+    }
+
+    /// Counts the deferred observation, if any.
+    pub(crate) fn settle(&mut self, now: u64) {
+        if let Some((kind, h)) = self.deferred.take() {
+            let key = std::mem::take(&mut self.deferred_key);
+            self.count(&key, kind, h, now);
+            self.deferred_key = key;
+        }
+    }
+
+    /// Counts one observation in the sketch and the top-k (its total is counted already).
+    #[inline]
+    fn count(&mut self, key: &[u8], kind: Kind, h: KeyHash, now: u64) {
+        let side = &mut self.sides[kind as usize];
         let estimate = side.sketch.add(h.mixed);
         let Offer::Tracked(i) = side.top.offer(h.hash, key, estimate) else {
             return;
@@ -168,9 +209,11 @@ impl Local {
         });
     }
 
-    /// Rolls to the window holding `now` if the current one is over.
+    /// Counts the deferred observation, and rolls to the window holding `now` if the
+    /// current one is over.
     pub(crate) fn roll_if_due(&mut self) {
         let now = self.link.clock.now_ms();
+        self.settle(now);
         if now >= self.window_end_ms {
             self.roll(now);
         }
@@ -235,6 +278,8 @@ impl Drop for Local {
     fn drop(&mut self) {
         // A thread that exits hands over what it counted in its last window.
         if !self.link.published.closed.load(Ordering::Relaxed) {
+            let now = self.link.clock.now_ms().min(self.window_end_ms - 1);
+            self.settle(now);
             self.send_window(self.window + 1, true);
         }
     }
@@ -264,6 +309,17 @@ pub(crate) fn with_local<R>(link: &Link, f: impl FnOnce(&mut Local) -> R) -> Opt
         })
         .ok()
         .flatten()
+}
+
+/// Runs `f` on this thread's state for the detector behind `link` if the thread has any.
+pub(crate) fn with_existing(link: &Link, f: impl FnOnce(&mut Local)) {
+    let _ = LOCALS.try_with(|cell| {
+        if let Ok(mut slots) = cell.try_borrow_mut() {
+            if let Some((_, local)) = slots.iter_mut().find(|(id, _)| *id == link.id) {
+                f(local);
+            }
+        }
+    });
 }
 
 /// Creates this thread's state for `link` and forgets that of detectors since dropped.

@@ -44,7 +44,7 @@ pub use clock::{Clock, ManualClock};
 pub use sketch::SKETCH_BYTES;
 
 use aggregate::{Aggregator, Control};
-use local::{with_local, Link, Msg, Published};
+use local::{with_existing, with_local, Link, Msg, Published};
 
 /// The most keys a thread's top-k can track per kind (`detection.top_k` is validated
 /// against it; the tracker's slot table indexes entries with `u16`).
@@ -213,7 +213,10 @@ impl Detector {
         }
     }
 
-    /// Counts one access. The request path: no lock, no atomic read-modify-write.
+    /// Counts one access. The request path: no lock, no atomic read-modify-write. The
+    /// key's sketch cells are prefetched now and counted at this thread's next `observe`
+    /// (or `flush_local`, `sync`, a window's end), so a key's count may lag by one
+    /// observation.
     #[inline]
     pub fn observe(&self, key: &[u8], kind: Kind) {
         with_local(&self.inner.link, |local| local.observe(key, kind));
@@ -256,8 +259,13 @@ impl Detector {
     }
 
     /// Waits (up to ten seconds) until the aggregator has handled everything sent before this
-    /// call and closed every window that is due. For tests and benchmarks.
+    /// call and closed every window that is due, the calling thread's last observation
+    /// counted. For tests and benchmarks.
     pub fn sync(&self) {
+        with_existing(&self.inner.link, |local| {
+            let now = self.inner.link.clock.now_ms();
+            local.settle(now);
+        });
         let (tx, rx) = mpsc::sync_channel(1);
         self.control(Control::Sync(tx));
         let _ = rx.recv_timeout(Duration::from_secs(10));
