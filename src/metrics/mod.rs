@@ -327,6 +327,11 @@ impl Metrics {
             s.merged_reads.clone(),
         );
         r.register(
+            "salt_shared_reads",
+            "Merged reads answered by the identical read just before them in the same pipeline (no commands of their own)",
+            s.shared_reads.clone(),
+        );
+        r.register(
             "salt_registry_up",
             "1 while the salt registry in the backend answers; 0 means no new promotions",
             s.registry_up.clone(),
@@ -528,6 +533,8 @@ pub struct SaltMetrics {
     /// or the registry not read for too long.
     pub base_writes: Counter,
     pub merged_reads: Counter,
+    /// Of `merged_reads`, those answered by the identical read just before them.
+    pub shared_reads: Counter,
     pub registry_up: Gauge,
     pub registry_errors: Counter,
     /// `SALTSHAKER.INCRBY`: applied, answered as a retry of an applied ID, and IDs

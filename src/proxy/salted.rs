@@ -111,6 +111,10 @@ pub(super) async fn act(
             return Next::Done;
         }
         Plan::Inline(e, op) => {
+            if same_read_as_last(rb, &e, &op) {
+                s.ctx.salt.metrics.shared_reads.inc();
+                return Next::Done;
+            }
             let (cmds, part) = ops::plan(&e, &op, &args, now_ms(), false);
             let parts = cmds.into_iter().map(|(n, w)| push(s, rb, n, w)).collect();
             let write = matches!(op, Op::Write { .. });
@@ -201,6 +205,46 @@ pub(super) async fn act(
         }
     }
     Next::Forward
+}
+
+/// Whether `op` on `e` is the same read as the command just before it in this round (a
+/// pipeline reading one hot salted key); if so, its slot merges the same replies.
+///
+/// Exact: both commands were read before the round is sent and are answered after its
+/// replies are in, so the one merged read falls inside both commands' lifetimes, and
+/// nothing of this session comes between them. Only reads that answer the same every time
+/// share (SRANDMEMBER and SSCAN do not).
+fn same_read_as_last(rb: &mut RoundBuilder, e: &Arc<Salted>, op: &Op) -> bool {
+    use crate::salt::kind::MOp;
+    let pure = match op {
+        Op::Get | Op::HGet(_) | Op::HMGet(_) | Op::HGetAll | Op::Exists => true,
+        Op::Member(m) => !is_write(m) && !matches!(m, MOp::SRandMember(_) | MOp::SScan { .. }),
+        _ => false,
+    };
+    if !pure {
+        return false;
+    }
+    let shared = match rb.slots.last() {
+        Some(Slot::Merge(m)) => match &**m {
+            Merge::Salted {
+                parts,
+                op: last,
+                entry,
+                ctx: None,
+                part,
+            } if Arc::ptr_eq(entry, e) && last == op => Merge::Salted {
+                parts: parts.clone(),
+                op: op.clone(),
+                entry: entry.clone(),
+                part: *part,
+                ctx: None,
+            },
+            _ => return false,
+        },
+        _ => return false,
+    };
+    rb.slots.push(Slot::Merge(Box::new(shared)));
+    true
 }
 
 /// A salted write through its shard's combine batch: the batch's exact shard value becomes
