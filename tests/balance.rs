@@ -188,10 +188,17 @@ fn a_node_made_busy_by_warm_keys_is_evened_out_by_caching_its_hottest_keys() {
         0,
         "every GET answered its own value"
     );
+    // Most of them: under a loaded machine one may sit just below the threshold at the
+    // moment of the listing (a CI run once listed 29 of the 30).
+    let listed: Vec<&String> = warm
+        .iter()
+        .filter(|k| listing.contains(&format!("\"key\":\"{k}\"")))
+        .collect();
     assert!(
-        listing.contains(&format!("\"key\":\"{}\"", warm[0]))
-            && listing.contains("\"read_hot_by\":\"balance\""),
-        "/hotkeys says the warm keys are read-hot by balance: {listing}"
+        listed.len() * 10 >= warm.len() * 8 && listing.contains("\"read_hot_by\":\"balance\""),
+        "/hotkeys says the warm keys are read-hot by balance ({} of {} listed): {listing}",
+        listed.len(),
+        warm.len()
     );
 
     // Cached or not, a write through the proxy is read back at once.
