@@ -591,6 +591,50 @@ fn shards_auto_grows_n_at_an_epoch_boundary_and_nothing_is_lost() {
 }
 
 #[test]
+fn identical_reads_in_one_pipeline_share_one_merge_and_a_write_between_them_is_seen() {
+    need_redis();
+    let (nodes, _dir, rules) = setup("salt-shared-reads");
+    let a = proxy(&nodes, &rules, &[]);
+    let mut c = a.client();
+    let key = "ctr:shared";
+    c.cmd(&["INCRBY", key, "7"]);
+    let (code, body) = a.admin_post("/hotkeys/promote?key=ctr%3Ashared&shards=4");
+    assert_eq!(code, 200, "{body}");
+    wait_in_force(&[&a], key);
+    for _ in 0..8 {
+        c.cmd(&["INCR", key]); // values on the shards too, not only in the base key
+    }
+    let before = a.metric("saltshaker_salt_shared_reads_total");
+    let cmds: Vec<Vec<&str>> = vec![
+        vec!["GET", key],
+        vec!["GET", key],
+        vec!["GET", key],
+        vec!["INCR", key],
+        vec!["GET", key],
+        vec!["GET", key],
+        vec!["EXISTS", key],
+        vec!["GET", key],
+    ];
+    let got: Vec<String> = c
+        .pipeline(&cmds)
+        .iter()
+        .map(|r| match r {
+            Reply::Int(i) => i.to_string(),
+            r => r.as_str(),
+        })
+        .collect();
+    assert_eq!(
+        got,
+        ["15", "15", "15", "16", "16", "16", "1", "16"],
+        "{got:?}"
+    );
+    // Shared: the 2nd and 3rd GET, the 6th; the EXISTS breaks the run, and the last GET
+    // follows a read of another kind, so it is merged again.
+    assert_eq!(a.metric("saltshaker_salt_shared_reads_total") - before, 3.0);
+    assert_eq!(get_int_from(&mut c, key), 16);
+}
+
+#[test]
 fn hash_counters_merge_field_by_field() {
     need_redis();
     let (nodes, _dir, rules) = setup("salt-hash");

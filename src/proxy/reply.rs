@@ -158,14 +158,25 @@ async fn resolve(
             return round.tunnel;
         }
     }
+    // Where the last slot's reply is in `out`, for a slot that repeats it.
+    let mut last = 0..0;
+    let mut again = Vec::new();
     for slot in round.slots {
-        match slot {
-            Slot::Seen(inner, hook) => {
-                let start = out.len();
-                write_slot(*inner, &replies, proto, late, out).await;
-                hook(&out[start..]);
-            }
-            slot => write_slot(slot, &replies, proto, late, out).await,
+        let start = out.len();
+        let (slot, hook) = match slot {
+            Slot::Seen(inner, hook) => (*inner, Some(hook)),
+            slot => (slot, None),
+        };
+        if let Slot::Again = slot {
+            again.clear();
+            again.extend_from_slice(&out[last.clone()]);
+            out.extend_from_slice(&again);
+        } else {
+            write_slot(slot, &replies, proto, late, out).await;
+            last = start..out.len();
+        }
+        if let Some(hook) = hook {
+            hook(&out[start..]);
         }
     }
     record(ctx, &round.started, &round.counts, n);
@@ -201,6 +212,8 @@ async fn write_slot(
         },
         Slot::MgetPerKey(m) => mget_per_key(*m, replies, proto, late, out).await,
         Slot::Deferred(answer) => out.extend_from_slice(&answer()),
+        // `resolve` copies the reply before it; nothing else holds a repeat.
+        Slot::Again => {}
         Slot::Seen(inner, _) => Box::pin(write_slot(*inner, replies, proto, late, out)).await,
     }
 }

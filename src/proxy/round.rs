@@ -100,6 +100,10 @@ pub enum Slot {
     /// Answered by the proxy when its turn to be written comes, from what the replies
     /// before it showed (a sampled increment that is not sent).
     Deferred(Box<dyn FnOnce() -> Bytes + Send + Sync>),
+    /// The reply of the slot just before it, again: a pure read of a salted key identical
+    /// to the one before it in the round (both read before the round was sent) is merged
+    /// once and written twice.
+    Again,
 }
 
 /// Shown a reply once it is written.
@@ -173,6 +177,8 @@ pub struct RoundBuilder {
     pub read_at: tokio::time::Instant,
 
     pub counts: [u64; 3],
+    /// The slot that the run of `Slot::Again` at the end of `slots` repeats.
+    pub repeated: usize,
 }
 
 impl RoundBuilder {
@@ -187,6 +193,7 @@ impl RoundBuilder {
             read_at: tokio::time::Instant::now(),
 
             counts: [0; 3],
+            repeated: 0,
         }
     }
 

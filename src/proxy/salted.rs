@@ -221,30 +221,26 @@ fn same_read_as_last(rb: &mut RoundBuilder, e: &Arc<Salted>, op: &Op) -> bool {
         Op::Member(m) => !is_write(m) && !matches!(m, MOp::SRandMember(_) | MOp::SScan { .. }),
         _ => false,
     };
-    if !pure {
-        return false;
-    }
-    let shared = match rb.slots.last() {
-        Some(Slot::Merge(m)) => match &**m {
-            Merge::Salted {
-                parts,
-                op: last,
-                entry,
-                ctx: None,
-                part,
-            } if Arc::ptr_eq(entry, e) && last == op => Merge::Salted {
-                parts: parts.clone(),
-                op: op.clone(),
-                entry: entry.clone(),
-                part: *part,
-                ctx: None,
-            },
-            _ => return false,
-        },
+    // The slot a repeat would copy: the last one, or the one a run of repeats copies.
+    let base = match rb.slots.last() {
+        Some(Slot::Again) => rb.repeated,
+        Some(Slot::Merge(_)) => rb.slots.len() - 1,
         _ => return false,
     };
-    rb.slots.push(Slot::Merge(Box::new(shared)));
-    true
+    let same = match &rb.slots[base] {
+        Slot::Merge(m) => matches!(&**m, Merge::Salted {
+            op: last,
+            entry,
+            ctx: None,
+            ..
+        } if pure && Arc::ptr_eq(entry, e) && last == op),
+        _ => false,
+    };
+    if same {
+        rb.repeated = base;
+        rb.slots.push(Slot::Again);
+    }
+    same
 }
 
 /// A salted write through its shard's combine batch: the batch's exact shard value becomes
