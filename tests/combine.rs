@@ -181,3 +181,82 @@ fn a_batch_that_errors_gives_each_caller_its_own_answer() {
     }
     assert!(calls(&node, "incr") >= 50);
 }
+
+/// Pipelines that mix a combined key with plain ones, as a busy client sends them: the hot
+/// key's increments still join batches (commands on other keys in flight do not hold them
+/// back), and every key keeps its order inside each pipeline.
+#[test]
+fn pipelines_mixing_plain_keys_still_combine_and_keep_each_key_in_order() {
+    need_redis();
+    let node = Redis::start();
+    let dir = TempDir::new("combine-pipelined");
+    let proxy = proxy_with_rules(&[&node], &dir);
+    let (threads, rounds) = (8usize, 150usize);
+    let start = Arc::new(Barrier::new(threads));
+    let handles: Vec<_> = (0..threads)
+        .map(|t| {
+            let (addr, start) = (proxy.addr(), start.clone());
+            thread::spawn(move || {
+                let mut c = Client::connect(&addr);
+                let (a, s) = (format!("plain:{t}:a"), format!("plain:{t}:s"));
+                start.wait();
+                for i in 0..rounds {
+                    let v = format!("v{i}");
+                    let mut cmds: Vec<Vec<&str>> = vec![
+                        vec!["INCR", &a],
+                        vec!["INCR", "likes:2"],
+                        vec!["SET", &s, &v],
+                        vec!["INCR", "likes:2"],
+                        vec!["GET", &s],
+                        vec!["INCR", "likes:2"],
+                        vec!["INCR", &a],
+                        vec!["INCR", "likes:2"],
+                    ];
+                    let check_hot = i % 10 == 0;
+                    if check_hot {
+                        cmds.insert(0, vec!["GET", "likes:2"]);
+                        cmds.push(vec!["GET", "likes:2"]);
+                    }
+                    let r = c.pipeline(&cmds);
+                    let r = if check_hot {
+                        let before: i64 = match r[0].is_nil() {
+                            true => 0,
+                            false => r[0].as_str().parse().unwrap(),
+                        };
+                        let after: i64 = r[r.len() - 1].as_str().parse().unwrap();
+                        assert!(before < r[2].as_int(), "a GET saw a later INCR: {r:?}");
+                        assert!(
+                            after >= r[8].as_int(),
+                            "a GET missed an earlier INCR: {r:?}"
+                        );
+                        &r[1..r.len() - 1]
+                    } else {
+                        &r[..]
+                    };
+                    let n = 2 * i as i64;
+                    assert_eq!((r[0].as_int(), r[6].as_int()), (n + 1, n + 2), "{r:?}");
+                    assert_eq!(r[4].as_str(), v, "{r:?}");
+                    let hot: Vec<i64> = [1, 3, 5, 7].iter().map(|&j| r[j].as_int()).collect();
+                    assert!(hot.windows(2).all(|w| w[0] < w[1]), "{hot:?}");
+                }
+            })
+        })
+        .collect();
+    for h in handles {
+        h.join().unwrap();
+    }
+    let hot = (threads * rounds * 4) as i64;
+    assert_eq!(
+        proxy.client().cmd(&["GET", "likes:2"]).as_str(),
+        hot.to_string()
+    );
+    // Every plain INCR reaches the node as INCR; of the hot key's, only those that could
+    // not join a batch (a GET of the key earlier in the pipeline) do.
+    let plain = (threads * rounds * 2) as i64;
+    let uncombined = calls(&node, "incr") - plain;
+    eprintln!("{uncombined} of {hot} hot INCRs went to the node uncombined");
+    assert!(
+        uncombined * 2 <= hot,
+        "{uncombined} of {hot} hot increments were not combined"
+    );
+}

@@ -5,8 +5,10 @@
 //! per node. Four things leave on other paths, and each leaves a receiver here that fires
 //! when it is done:
 //!
-//! - a combined write (it leaves with its key's batch): the session's next jobs wait for
-//!   it (`barrier`), so a read after a combined INCR sees it;
+//! - a combined write (it leaves with its key's batch): the session's next jobs that hold
+//!   its key wait for it (`barrier`), so a read after a combined INCR sees it; and it may
+//!   join its batch only while no job of the session still on its way holds its key
+//!   (`rounds`, `may_combine`), so it never overtakes an earlier command on that key;
 //! - a salted-key task (it runs on its own): later jobs and tasks wait for it too, and a
 //!   combined write after it (`last_ack`);
 //! - a cache fill (it reads on the node's fill connection): a later write of the same key
@@ -20,7 +22,7 @@
 use bytes::Bytes;
 use tokio::sync::oneshot::{self, error::TryRecvError};
 
-use super::round::Round;
+use super::round::{Keys, Round};
 
 type Done = oneshot::Receiver<()>;
 
@@ -29,8 +31,9 @@ const BARRIER_COMPACT: usize = 64;
 
 #[derive(Default)]
 pub struct Order {
-    /// Combined writes and tasks not yet done: the next jobs wait for them.
-    barrier: Vec<Done>,
+    /// Combined writes (with their key's hash) and tasks (`None`) not yet done: the next
+    /// jobs wait for every task, and for the combined writes of keys they hold.
+    barrier: Vec<(Option<u64>, Done)>,
     /// Fires when the last round with jobs is answered, or the last task is done: a
     /// salted task or a combined write must not overtake them.
     last_ack: Option<Done>,
@@ -38,6 +41,8 @@ pub struct Order {
     fills: Vec<(Bytes, Done)>,
     /// Keys written by rounds whose replies are not all in.
     unacked: Vec<(Vec<Bytes>, Done)>,
+    /// Rounds with jobs whose replies are not all in, with the keys of their commands.
+    rounds: Vec<(Keys, Done)>,
 }
 
 fn pending(d: &mut Done) -> bool {
@@ -52,39 +57,56 @@ fn on_acked(round: &mut Round) -> Done {
 }
 
 impl Order {
-    /// The session's next jobs wait until this combined write has reached its node.
-    pub fn combined(&mut self, done: Done) {
+    /// The session's next jobs that hold the key (`hash`, `Keys::hash`) wait until this
+    /// combined write has reached its node.
+    pub fn combined(&mut self, hash: u64, done: Done) {
         if self.barrier.len() >= BARRIER_COMPACT {
             // A client that only ever increments hot keys never sends a job: forget the
             // writes that have landed so the barrier stays small.
-            self.barrier.retain_mut(pending);
+            self.barrier.retain_mut(|(_, d)| pending(d));
         }
-        self.barrier.push(done);
+        self.barrier.push((Some(hash), done));
     }
 
-    /// Whether nothing of the session is still on its way: the last round with jobs is
-    /// answered and no task is pending. A combine batch leaves on its own schedule, so an
-    /// increment may join one only then (and only if its own round has no jobs yet).
-    pub fn settled(&mut self) -> bool {
-        match self.last_ack.as_mut().map(|a| a.try_recv()) {
-            Some(Err(TryRecvError::Empty)) => false,
-            Some(_) => {
-                self.last_ack = None;
-                true
-            }
-            None => true,
+    /// Whether an increment of the key `hash` may join its combine batch now, as far as
+    /// the rounds already sent and the tasks go (the caller checks the round being built).
+    /// A batch leaves on its own schedule, so it could overtake the session's earlier
+    /// commands: no task may be pending (it may read or write any key), and no round
+    /// still on its way may hold the key. Commands on other keys it may overtake, as
+    /// commands on two masters of a Redis Cluster overtake each other.
+    pub fn may_combine(&mut self, hash: u64) -> bool {
+        self.barrier.retain_mut(|(_, d)| pending(d));
+        if self.barrier.iter().any(|(k, _)| k.is_none()) {
+            return false;
         }
+        self.rounds.retain_mut(|(_, d)| pending(d));
+        !self.rounds.iter().any(|(keys, _)| keys.may_hold(hash))
     }
 
     /// No combined write or task is pending.
-    pub fn no_barrier(&self) -> bool {
+    pub fn no_barrier(&mut self) -> bool {
+        self.barrier.retain_mut(|(_, d)| pending(d));
         self.barrier.is_empty()
     }
 
-    /// Waits for the combined writes and tasks before jobs leave.
+    /// Waits for every combined write and task.
     pub async fn wait_barrier(&mut self) {
-        for done in self.barrier.drain(..) {
+        for (_, done) in self.barrier.drain(..) {
             let _ = done.await;
+        }
+    }
+
+    /// Before jobs holding `keys` leave: waits for every task, and for the combined writes
+    /// of those keys.
+    pub async fn wait_for(&mut self, keys: &Keys) {
+        let mut i = 0;
+        while i < self.barrier.len() {
+            if self.barrier[i].0.is_none_or(|h| keys.may_hold(h)) {
+                let (_, done) = self.barrier.swap_remove(i);
+                let _ = done.await;
+            } else {
+                i += 1;
+            }
         }
     }
 
@@ -101,37 +123,43 @@ impl Order {
     /// for, and the two senders it fires when done (the later jobs' barrier, and the
     /// `last_ack` a later task or combined write waits for).
     pub fn task(&mut self) -> (Vec<Done>, oneshot::Sender<()>, oneshot::Sender<()>) {
-        let mut prior: Vec<Done> = self.barrier.drain(..).collect();
+        let mut prior: Vec<Done> = self.barrier.drain(..).map(|(_, d)| d).collect();
         prior.extend(self.last_ack.take());
         let (done_tx, done_rx) = oneshot::channel();
-        self.barrier.push(done_rx);
+        self.barrier.push((None, done_rx));
         let (then_tx, then_rx) = oneshot::channel();
         self.last_ack = Some(then_rx);
         (prior, done_tx, then_tx)
     }
 
-    /// A round sent ahead of a salted command (`Flow::Flush`): what comes next waits for
-    /// its replies.
-    pub fn flushed(&mut self, round: &mut Round) {
+    /// A round sent ahead of a salted command (`Flow::Flush`), holding `keys`: what comes
+    /// next waits for its replies.
+    pub fn flushed(&mut self, round: &mut Round, keys: Keys) {
         self.last_ack = Some(on_acked(round));
+        self.rounds.push((keys, on_acked(round)));
     }
 
     /// A round about to be sent. `wrote_cached`: it writes a read-hot key, so the next
     /// jobs wait for its replies (and the cache entries it dropped). `track`: keys may be
     /// salted or combined, so a later task or combined write waits for a round with jobs.
     /// `written`: the keys it writes, not served from the cache until it is answered.
+    /// `keys`: the keys of its commands, which a combined write may not overtake.
     pub fn sent(
         &mut self,
         round: &mut Round,
         had_jobs: bool,
         wrote_cached: bool,
-        track: impl FnOnce() -> bool,
+        track: bool,
         written: Vec<Bytes>,
+        keys: Keys,
     ) {
         if wrote_cached {
-            self.barrier.push(on_acked(round));
-        } else if had_jobs && track() {
+            self.barrier.push((None, on_acked(round)));
+        }
+        if had_jobs && track {
             self.last_ack = Some(on_acked(round));
+            self.rounds.retain_mut(|(_, d)| pending(d));
+            self.rounds.push((keys, on_acked(round)));
         }
         if !written.is_empty() {
             self.unacked.retain_mut(|(_, a)| pending(a));
@@ -182,15 +210,16 @@ mod tests {
     async fn a_task_waits_for_what_came_before_and_what_comes_after_waits_for_it() {
         let mut o = Order::default();
         let (c_tx, c_rx) = oneshot::channel();
-        o.combined(c_rx);
+        o.combined(7, c_rx);
         assert!(!o.no_barrier());
         let (prior, done, then) = o.task();
         assert_eq!(prior.len(), 1, "the combined write before the task");
-        assert!(!o.settled(), "the task is pending");
+        assert!(!o.may_combine(7), "the task is pending");
+        assert!(!o.may_combine(8), "a task may touch any key");
         c_tx.send(()).unwrap();
         done.send(()).unwrap();
         then.send(()).unwrap();
-        assert!(o.settled());
+        assert!(o.may_combine(7));
         o.wait_barrier().await;
         assert!(o.no_barrier());
     }
@@ -201,7 +230,7 @@ mod tests {
         let mut keep = Vec::new();
         for i in 0..200 {
             let (tx, rx) = oneshot::channel::<()>();
-            o.combined(rx);
+            o.combined(i, rx);
             if i % 2 == 0 {
                 let _ = tx.send(());
             } else {
@@ -209,5 +238,55 @@ mod tests {
             }
         }
         assert!(o.barrier.len() <= BARRIER_COMPACT + 100);
+    }
+
+    #[tokio::test]
+    async fn a_combined_write_waits_only_for_rounds_and_jobs_that_hold_its_key() {
+        let (hot, cold) = (Keys::hash(b"hot"), Keys::hash(b"cold"));
+        let mut o = Order::default();
+        let mut cold_round = Keys::default();
+        cold_round.add(cold);
+        let (ack_tx, ack_rx) = oneshot::channel();
+        o.rounds.push((cold_round.clone(), ack_rx));
+        assert!(o.may_combine(hot), "a round of other keys on its way");
+        assert!(!o.may_combine(cold), "a round holding the key on its way");
+        let _ = ack_tx.send(());
+        assert!(o.may_combine(cold), "the round is answered");
+
+        let (w_tx, w_rx) = oneshot::channel();
+        o.combined(hot, w_rx);
+        // Jobs of other keys leave at once; jobs of the key wait for the write.
+        tokio::time::timeout(std::time::Duration::from_secs(1), o.wait_for(&cold_round))
+            .await
+            .expect("no wait for another key's combined write");
+        let mut hot_round = Keys::default();
+        hot_round.add(hot);
+        {
+            let wait = o.wait_for(&hot_round);
+            tokio::pin!(wait);
+            assert!(
+                tokio::time::timeout(std::time::Duration::from_millis(50), &mut wait)
+                    .await
+                    .is_err(),
+                "a job of the key waits for its combined write"
+            );
+            let _ = w_tx.send(());
+            wait.await;
+        }
+        assert!(o.no_barrier());
+    }
+
+    #[test]
+    fn a_round_of_unknown_keys_holds_every_key() {
+        let mut k = Keys::default();
+        assert!(!k.may_hold(Keys::hash(b"a")));
+        k.add(Keys::hash(b"a"));
+        assert!(k.may_hold(Keys::hash(b"a")));
+        let misses = (0..1000)
+            .filter(|i| k.may_hold(Keys::hash(format!("other{i}").as_bytes())))
+            .count();
+        assert!(misses < 5, "{misses} of 1000 other keys look held");
+        k.add_all();
+        assert!(k.may_hold(Keys::hash(b"anything")));
     }
 }

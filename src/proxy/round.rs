@@ -13,6 +13,41 @@ use tokio::sync::oneshot;
 use crate::backend::{Call, ConnHandle};
 use crate::metrics::Class;
 
+/// The keys of a round's commands as a 1024-bit filter, two bits per key: whether a key
+/// may be among them. A wrong "maybe" only costs order (an increment goes as a plain
+/// command, a round waits for a combined write it need not wait for); "no" is always
+/// right. `all`: a command whose keys are unknown (FLUSHALL, EXEC, a script without keys).
+#[derive(Clone, Default)]
+pub struct Keys {
+    bits: [u64; 16],
+    all: bool,
+}
+
+impl Keys {
+    pub fn hash(key: &[u8]) -> u64 {
+        xxhash_rust::xxh3::xxh3_64(key)
+    }
+
+    fn bits(h: u64) -> [(usize, u64); 2] {
+        let (a, b) = ((h & 1023) as usize, ((h >> 10) & 1023) as usize);
+        [(a >> 6, 1 << (a & 63)), (b >> 6, 1 << (b & 63))]
+    }
+
+    pub fn add(&mut self, h: u64) {
+        for (w, m) in Keys::bits(h) {
+            self.bits[w] |= m;
+        }
+    }
+
+    pub fn add_all(&mut self) {
+        self.all = true;
+    }
+
+    pub fn may_hold(&self, h: u64) -> bool {
+        self.all || Keys::bits(h).iter().all(|&(w, m)| self.bits[w] & m != 0)
+    }
+}
+
 /// Where reply `idx` of job `job` is.
 #[derive(Clone, Copy, Debug)]
 pub struct Part {
@@ -179,6 +214,11 @@ pub struct RoundBuilder {
     pub counts: [u64; 3],
     /// The slot that the run of `Slot::Again` at the end of `slots` repeats.
     pub repeated: usize,
+    /// The keys of the commands handled so far (see `Order::may_combine`).
+    pub keys: Keys,
+    /// The keys of the command being handled: added to `keys` once it is handled, unless
+    /// it left with a combine batch (`combined`). `None`: keys unknown.
+    pub current: Option<SmallVec<[u64; 2]>>,
 }
 
 impl RoundBuilder {
@@ -194,6 +234,30 @@ impl RoundBuilder {
 
             counts: [0; 3],
             repeated: 0,
+            keys: Keys::default(),
+            current: Some(SmallVec::new()),
+        }
+    }
+
+    /// The command being handled has the keys of `c` in `req` (none known: every key).
+    pub fn note_keys(&mut self, req: &crate::resp::Request, keys: &[u32], known: bool) {
+        self.current = known.then(|| {
+            keys.iter()
+                .map(|&k| Keys::hash(req.arg(k as usize)))
+                .collect()
+        });
+    }
+
+    /// The command being handled left with a combine batch: no job of the round holds it.
+    pub fn combined(&mut self) {
+        self.current = Some(SmallVec::new());
+    }
+
+    /// The command is handled: its keys join the round's.
+    pub fn commit_keys(&mut self) {
+        match self.current.replace(SmallVec::new()) {
+            Some(hs) => hs.into_iter().for_each(|h| self.keys.add(h)),
+            None => self.keys.add_all(),
         }
     }
 

@@ -17,7 +17,7 @@ use std::sync::Arc;
 use bytes::Bytes;
 use tokio::sync::oneshot;
 
-use super::round::{Merge, RoundBuilder, Slot};
+use super::round::{Keys, Merge, RoundBuilder, Slot};
 use super::route::push;
 use super::state::{err_bytes, Session};
 use crate::command::Classified;
@@ -72,7 +72,9 @@ pub(super) async fn act(
     let name = c.spec.name;
     // Something of the session still on its way: an inline shard write, in order.
     let plan = match plan {
-        Plan::Combine(e, op) if !super::mitigation::may_combine_now(s, rb) => Plan::Inline(e, op),
+        Plan::Combine(e, op) if !super::mitigation::may_combine_now(s, rb, &e.key) => {
+            Plan::Inline(e, op)
+        }
         p => p,
     };
     // A read of the display tier right after this session's own write of the key (in
@@ -263,7 +265,8 @@ fn combine(s: &mut Session, e: Arc<Salted>, op: Op, args: &[Bytes], rb: &mut Rou
         field: field.clone(),
     };
     let pending = combiner.add(bk, conn, *delta, cmd, window);
-    s.order.combined(pending.done);
+    s.order.combined(Keys::hash(&e.key), pending.done);
+    rb.combined();
     let (ctx, proto) = (s.ctx.clone(), s.proto);
     let then = move |raw: Bytes| -> Bytes {
         let v = match crate::resp::parse_value(&raw) {

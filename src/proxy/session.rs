@@ -153,6 +153,7 @@ async fn read_loop(mut r: ReadHalf, tx: &mpsc::Sender<(Round, Proto)>, s: &mut S
             let rules = s.ctx.rules.snapshot();
             s.detect = rules.detection().enabled;
             s.admit = rules.any_admit();
+            s.track = !s.ctx.salt.table.load().is_empty() || s.ctx.hot.load().may_combine();
         }
         let parsed = parser.parse(&mut buf, &mut reqs);
         let mut rb = RoundBuilder::new();
@@ -193,6 +194,7 @@ async fn read_loop(mut r: ReadHalf, tx: &mpsc::Sender<(Round, Proto)>, s: &mut S
                 mark = 0;
                 flow = handle(s, req, &mut rb).await;
             }
+            rb.commit_keys();
             if let (Some(hook), Flow::Continue) = (hook, &flow) {
                 if rb.slots.len() == mark + 1 {
                     let slot = rb.slots.pop().expect("one slot pushed");
@@ -215,7 +217,9 @@ async fn read_loop(mut r: ReadHalf, tx: &mpsc::Sender<(Round, Proto)>, s: &mut S
                         start.pending.push(rest.wire());
                     }
                     start.pending.push(buf.split().freeze());
-                    wait_barrier(s, &rb).await;
+                    // The tunnel's commands take a connection of their own: nothing of
+                    // the session may still be on its way.
+                    s.order.wait_barrier().await;
                     let mut round = rb.send(s.ctx.backend.request_timeout).await;
                     round.tunnel = start.take_end();
                     let _ = tx.send((round, s.proto)).await;
@@ -239,10 +243,10 @@ async fn read_loop(mut r: ReadHalf, tx: &mpsc::Sender<(Round, Proto)>, s: &mut S
             // overtake.
             let had_jobs = !rb.jobs.is_empty();
             let written = std::mem::take(&mut rb.written);
+            let keys = std::mem::take(&mut rb.keys);
             let mut round = rb.send(s.ctx.backend.request_timeout).await;
-            let ctx = &s.ctx;
-            let track = || !ctx.salt.table.load().is_empty() || ctx.hot.load().may_combine();
-            s.order.sent(&mut round, had_jobs, want_ack, track, written);
+            s.order
+                .sent(&mut round, had_jobs, want_ack, s.track, written, keys);
             round.close_after = close;
             if tx.send((round, s.proto)).await.is_err() {
                 return End::Closed;
@@ -258,9 +262,11 @@ async fn read_loop(mut r: ReadHalf, tx: &mpsc::Sender<(Round, Proto)>, s: &mut S
 /// client is gone.
 async fn flush(s: &mut Session, rb: &mut RoundBuilder, tx: &mpsc::Sender<(Round, Proto)>) -> bool {
     wait_barrier(s, rb).await;
-    let mut round = std::mem::take(rb).send(s.ctx.backend.request_timeout).await;
+    let mut rb = std::mem::take(rb);
+    let keys = std::mem::take(&mut rb.keys);
+    let mut round = rb.send(s.ctx.backend.request_timeout).await;
     // What comes next (a salted task, a combined write) waits for it.
-    s.order.flushed(&mut round);
+    s.order.flushed(&mut round, keys);
     tx.send((round, s.proto)).await.is_ok()
 }
 
@@ -277,6 +283,12 @@ async fn handle(s: &mut Session, req: Request, rb: &mut RoundBuilder) -> Flow {
             return Flow::Continue;
         }
     };
+    // The keys a combined write of this session must not overtake (see `Order`); a
+    // command without keys that reaches a node may touch any.
+    if s.track {
+        let known = !c.keys.is_empty() || matches!(c.route, Route::Local);
+        rb.note_keys(&req, &c.keys, known);
+    }
     match &s.user {
         None if !matches!(c.spec.name, "AUTH" | "HELLO" | "QUIT" | "RESET") => {
             rb.slots
@@ -350,7 +362,7 @@ async fn handle(s: &mut Session, req: Request, rb: &mut RoundBuilder) -> Flow {
             } => {
                 // A batch leaves on its own schedule: only when nothing of this session is
                 // still on its way, or it could overtake it (then: a plain command).
-                if super::mitigation::may_combine_now(s, rb) {
+                if super::mitigation::may_combine_now(s, rb, req.arg(c.keys[0] as usize)) {
                     combine(s, &req, &c, delta, field, window, rb);
                     return Flow::Continue;
                 }

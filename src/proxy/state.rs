@@ -50,6 +50,9 @@ pub struct Session {
     pub(super) detect: bool,
     /// Some rule has an `admit:` section, read once per round as `detect`.
     pub(super) admit: bool,
+    /// Some key may be combined or salted: the keys of this round's commands are kept for
+    /// the ordering rules (`Order`). Read once per round as `detect`.
+    pub(super) track: bool,
 }
 
 impl Session {
@@ -78,6 +81,7 @@ impl Session {
             gone,
             detect: true,
             admit: false,
+            track: false,
         }
     }
 
