@@ -10,43 +10,24 @@ announcing the new owner (a replica flagged master in another node's CLUSTER NOD
 to the proxy answering again; errors seen; and acknowledged increments against the value
 the key holds afterwards. Prints one Markdown row per change."""
 
-import socket
+import os
 import sys
 import threading
 import time
 
+# The RESP reader of the redis-py suite: the benchmarks run with the system's python3 alone.
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "py"))
+from resp3 import Raw, plain  # noqa: E402
 
-class Conn:
+
+class Conn(Raw):
+    """One connection; `cmd` returns the reply as plain Python (an error as RuntimeError)."""
+
     def __init__(self, port, timeout=1.0):
-        self.s = socket.create_connection(("127.0.0.1", port), timeout=timeout)
-        self.f = self.s.makefile("rb")
+        super().__init__(port, timeout)
 
     def cmd(self, *args):
-        out = b"*%d\r\n" % len(args)
-        for a in args:
-            a = a if isinstance(a, bytes) else str(a).encode()
-            out += b"$%d\r\n%s\r\n" % (len(a), a)
-        self.s.sendall(out)
-        return self.read()
-
-    def read(self):
-        line = self.f.readline()
-        if not line:
-            raise ConnectionError("closed")
-        t, rest = line[:1], line[1:-2]
-        if t == b"+":
-            return rest.decode()
-        if t == b"-":
-            return RuntimeError(rest.decode())
-        if t == b":":
-            return int(rest)
-        if t == b"$":
-            n = int(rest)
-            return None if n < 0 else self.f.read(n + 2)[:-2].decode()
-        if t == b"*":
-            n = int(rest)
-            return None if n < 0 else [self.read() for _ in range(n)]
-        raise ValueError(line)
+        return plain(self.call(*args))
 
 
 def nodes(port):

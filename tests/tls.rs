@@ -11,10 +11,10 @@ use std::time::Duration;
 use support::tls::{cli, cli_text, Certs, TlsRedis};
 use support::*;
 
-/// `backend.tls` (trust `ca`, present the client certificate) plus `more` YAML.
-fn backend_tls(c: &Certs, more: &str) -> String {
+/// `backend.tls` (trust `ca`, present the client certificate) plus `fields` (", sni: x").
+fn backend_tls(c: &Certs, fields: &str) -> String {
     format!(
-        "  tls: {{ ca: \"{}\", cert: \"{}\", key: \"{}\" }}\n{more}",
+        "  tls: {{ ca: \"{}\", cert: \"{}\", key: \"{}\"{fields} }}\n",
         c.path("ca.crt"),
         c.path("client.crt"),
         c.path("client.key")
@@ -188,23 +188,13 @@ fn node_certificates_are_checked_by_chain_and_by_name_unless_told_otherwise() {
 
     let loose = Proxy::start_addrs_with_config(
         &[node.addr()],
-        &format!(
-            "  tls: {{ ca: \"{}\", cert: \"{}\", key: \"{}\", verify_hostname: false }}\n",
-            c.path("ca.crt"),
-            c.path("client.crt"),
-            c.path("client.key")
-        ),
+        &backend_tls(&c, ", verify_hostname: false"),
         &[],
     );
     assert_eq!(loose.client().cmd(&["GET", "n"]).as_str(), "v");
     let by_sni = Proxy::start_addrs_with_config(
         &[node.addr()],
-        &format!(
-            "  tls: {{ ca: \"{}\", cert: \"{}\", key: \"{}\", sni: elsewhere.example }}\n",
-            c.path("ca.crt"),
-            c.path("client.crt"),
-            c.path("client.key")
-        ),
+        &backend_tls(&c, ", sni: elsewhere.example"),
         &[],
     );
     assert_eq!(by_sni.client().cmd(&["GET", "n"]).as_str(), "v");
@@ -213,12 +203,7 @@ fn node_certificates_are_checked_by_chain_and_by_name_unless_told_otherwise() {
     let other = TlsRedis::start(&c, "server2", &[]);
     let p = Proxy::start_addrs_with_config(
         &[other.addr()],
-        &format!(
-            "  tls: {{ ca: \"{}\", cert: \"{}\", key: \"{}\", verify_hostname: false }}\n",
-            c.path("ca.crt"),
-            c.path("client.crt"),
-            c.path("client.key")
-        ),
+        &backend_tls(&c, ", verify_hostname: false"),
         &[],
     );
     let r = p.client().cmd(&["GET", "n"]);

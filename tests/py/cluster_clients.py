@@ -8,7 +8,6 @@ import socket
 import subprocess
 import sys
 import time
-import traceback
 
 import redis
 from redis.cluster import RedisCluster
@@ -59,73 +58,53 @@ def start_cluster(c):
     raise RuntimeError("the cluster did not become ok")
 
 
-def main():
-    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    binary = os.environ.get("SALTSHAKER_BIN", os.path.join(root, "target", "debug", "saltshaker"))
-    c = harness.Cluster()
-    passed = failed = 0
-    try:
-        ports = start_cluster(c)
-        proxy, admin = harness.free_port(), harness.free_port()
-        proc = c._spawn("proxy", [binary, "--listen", f"127.0.0.1:{proxy}",
-                                  "--admin", f"127.0.0.1:{admin}",
-                                  "--cluster", ",".join(f"127.0.0.1:{p}" for p in ports)])
-        c.proxy_log = os.path.join(c.logdir, "proxy.log")
-        harness.wait_for_port(proxy, proc, "saltshaker")
-        direct = RedisCluster(host="127.0.0.1", port=ports[0])
+def setup(c):
+    binary = harness.binary()
+    ports = start_cluster(c)
+    proxy, admin = harness.free_port(), harness.free_port()
+    proc = c._spawn("proxy", [binary, "--listen", f"127.0.0.1:{proxy}",
+                              "--admin", f"127.0.0.1:{admin}",
+                              "--cluster", ",".join(f"127.0.0.1:{p}" for p in ports)])
+    c.proxy_log = os.path.join(c.logdir, "proxy.log")
+    harness.wait_for_port(proxy, proc, "saltshaker")
+    direct = RedisCluster(host="127.0.0.1", port=ports[0])
 
-        def plain_client():
-            r = redis.Redis(port=proxy, socket_timeout=10)
-            for i in range(200):
-                assert r.set(f"plain:{i}", i)
-            assert r.mget([f"plain:{i}" for i in range(200)]) == [str(i).encode() for i in range(200)]
-            p = r.pipeline(transaction=False)
-            for i in range(100):
-                p.incr(f"plain:ctr:{i % 7}")
-            assert sum(int(x) for x in p.execute()[-7:]) > 0
-            assert r.dbsize() == 207
-            # Written where the real cluster places them.
-            assert direct.get("plain:42") == b"42"
+    def plain_client():
+        r = redis.Redis(port=proxy, socket_timeout=10)
+        for i in range(200):
+            assert r.set(f"plain:{i}", i)
+        assert r.mget([f"plain:{i}" for i in range(200)]) == [str(i).encode() for i in range(200)]
+        p = r.pipeline(transaction=False)
+        for i in range(100):
+            p.incr(f"plain:ctr:{i % 7}")
+        assert sum(int(x) for x in p.execute()[-7:]) > 0
+        assert r.dbsize() == 207
+        # Written where the real cluster places them.
+        assert direct.get("plain:42") == b"42"
 
-        def cluster_client():
-            rc = RedisCluster(host="127.0.0.1", port=proxy, socket_timeout=10)
-            nodes = rc.get_nodes()
-            assert [(n.host, n.port) for n in nodes] == [("127.0.0.1", proxy)], nodes
-            for i in range(200):
-                assert rc.set(f"rc:{i}", i)
-            assert rc.mget_nonatomic([f"rc:{i}" for i in range(200)]) == \
-                [str(i).encode() for i in range(200)]
-            p = rc.pipeline()
-            for i in range(50):
-                p.incr(f"rc:ctr:{i % 5}")
-            assert p.execute()[-1] == 10
-            assert rc.keyslot("foo") == 12182
-            assert direct.get("rc:7") == b"7"
-            rc.close()
+    def cluster_client():
+        rc = RedisCluster(host="127.0.0.1", port=proxy, socket_timeout=10)
+        nodes = rc.get_nodes()
+        assert [(n.host, n.port) for n in nodes] == [("127.0.0.1", proxy)], nodes
+        for i in range(200):
+            assert rc.set(f"rc:{i}", i)
+        assert rc.mget_nonatomic([f"rc:{i}" for i in range(200)]) == \
+            [str(i).encode() for i in range(200)]
+        p = rc.pipeline()
+        for i in range(50):
+            p.incr(f"rc:ctr:{i % 5}")
+        assert p.execute()[-1] == 10
+        assert rc.keyslot("foo") == 12182
+        assert direct.get("rc:7") == b"7"
+        rc.close()
 
-        def resp3_cluster_client():
-            rc = RedisCluster(host="127.0.0.1", port=proxy, protocol=3, socket_timeout=10)
-            assert rc.set("r3:a", "1") and rc.get("r3:a") == b"1"
-            rc.close()
+    def resp3_cluster_client():
+        rc = RedisCluster(host="127.0.0.1", port=proxy, protocol=3, socket_timeout=10)
+        assert rc.set("r3:a", "1") and rc.get("r3:a") == b"1"
+        rc.close()
 
-        for t in (plain_client, cluster_client, resp3_cluster_client):
-            try:
-                t()
-                passed += 1
-                print(f"ok   {t.__name__}")
-            except Exception:
-                failed += 1
-                print(f"FAIL {t.__name__}\n{traceback.format_exc()}")
-        if failed:
-            print(c.tail_proxy_log())
-    except Exception:
-        failed += 1
-        print(f"FAIL setup\n{traceback.format_exc()}")
-    finally:
-        c.close()
-    print(f"redis-py cluster: {passed} passed, {failed} failed")
-    return 1 if failed else 0
+    return (plain_client, cluster_client, resp3_cluster_client)
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(harness.run_suite("cluster", setup))

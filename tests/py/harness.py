@@ -140,6 +140,38 @@ class Cluster:
         return "\n".join(text[-lines:])
 
 
+def binary():
+    """The saltshaker binary the suites run: $SALTSHAKER_BIN, else the debug build."""
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    return os.environ.get("SALTSHAKER_BIN", os.path.join(root, "target", "debug", "saltshaker"))
+
+
+def run_suite(label, setup):
+    """Runs the test functions that `setup(c)` returns once it has started what they need
+    in `c` (a Cluster of processes), one by one; prints "redis-py LABEL: N passed, N
+    failed" and returns the exit status (a failing setup is one failure)."""
+    c = Cluster()
+    passed = failed = 0
+    try:
+        for t in setup(c):
+            try:
+                t()
+                passed += 1
+                print(f"ok   {t.__name__}")
+            except Exception:
+                failed += 1
+                print(f"FAIL {t.__name__}\n{traceback.format_exc()}")
+        if failed:
+            print(c.tail_proxy_log())
+    except Exception:
+        failed += 1
+        print(f"FAIL setup\n{traceback.format_exc()}")
+    finally:
+        c.close()
+    print(f"redis-py {label}: {passed} passed, {failed} failed")
+    return 1 if failed else 0
+
+
 def run_all(ctx, direct):
     passed = failed = skipped = 0
     for fn, pool_only in TESTS:

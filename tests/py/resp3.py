@@ -60,3 +60,24 @@ class Raw:
     def call(self, *args):
         self.send(*args)
         return self.read()
+
+
+def plain(reply):
+    """A reply from `Raw.read` as plain Python: text, int, float, bool, None, a list, a
+    dict, or a RuntimeError holding an error's text."""
+    kind, v = reply
+    if v is None or kind == "_":
+        return None
+    if kind in "-!":
+        return RuntimeError(v.decode(errors="replace"))
+    if kind in ":(":
+        return int(v)
+    if kind == ",":
+        return float(v)
+    if kind == "#":
+        return v == b"t"
+    if kind in "*~>":
+        return [plain(x) for x in v]
+    if kind in "%|":
+        return {plain(k): plain(x) for k, x in v}
+    return v.decode(errors="replace")

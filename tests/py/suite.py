@@ -33,13 +33,11 @@ class Ctx:
 
 
 def main():
-    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--direct", action="store_true",
                     default=os.environ.get("SALTSHAKER_PY_DIRECT") == "1",
                     help="no proxy: run against one plain redis-server")
-    ap.add_argument("--bin", default=os.environ.get(
-        "SALTSHAKER_BIN", os.path.join(root, "target", "debug", "saltshaker")))
+    ap.add_argument("--bin", default=harness.binary())
     ap.add_argument("--nodes", type=int, default=4)
     args = ap.parse_args()
     # redis-py logs every RESP3 push frame at INFO; the pub/sub tests check them instead.

@@ -8,7 +8,6 @@ import hashlib
 import os
 import subprocess
 import sys
-import traceback
 
 import redis
 
@@ -34,86 +33,66 @@ def make_certs(d):
                 "-CAcreateserial", "-days", "2", "-out", f"{name}.crt", "-extfile", f"{name}.ext")
 
 
-def main():
-    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    binary = os.environ.get("SALTSHAKER_BIN", os.path.join(root, "target", "debug", "saltshaker"))
-    c = harness.Cluster()
-    passed = failed = 0
-    try:
-        d = c.logdir
-        make_certs(d)
-        p = lambda n: os.path.join(d, n)
-        node = harness.free_port()
-        proc = c._spawn("redis-tls", [
-            "redis-server", "--port", "0", "--tls-port", str(node), "--bind", "127.0.0.1",
-            "--save", "", "--appendonly", "no", "--dir", d,
-            "--tls-cert-file", p("server.crt"), "--tls-key-file", p("server.key"),
-            "--tls-ca-cert-file", p("ca.crt")])
-        harness.wait_for_port(node, proc, "redis-server --tls-port")
-        proxy, admin = harness.free_port(), harness.free_port()
-        app_hash = hashlib.sha256(b"app-pw").hexdigest()
-        cfg = p("saltshaker.yaml")
-        with open(cfg, "w") as f:
-            f.write(f"listen: 127.0.0.1:{proxy}\nadmin: 127.0.0.1:{admin}\n"
-                    f"backend:\n  nodes: [\"127.0.0.1:{node}\"]\n"
-                    f"  tls: {{ ca: \"{p('ca.crt')}\", cert: \"{p('client.crt')}\", key: \"{p('client.key')}\" }}\n"
-                    f"tls: {{ cert: \"{p('server.crt')}\", key: \"{p('server.key')}\" }}\n"
-                    "auth:\n  password: shared-pw\n  users:\n    - name: app\n"
-                    f"      passwords_sha256: [\"{app_hash}\"]\n"
-                    "      keys: [\"app:*\"]\n      commands: [\"+@read\", \"+@write\", \"+@connection\"]\n")
-        proc = c._spawn("proxy", [binary, "--config", cfg])
-        c.proxy_log = os.path.join(d, "proxy.log")
-        harness.wait_for_port(proxy, proc, "saltshaker")
+def setup(c):
+    binary = harness.binary()
+    d = c.logdir
+    make_certs(d)
+    p = lambda n: os.path.join(d, n)
+    node = harness.free_port()
+    proc = c._spawn("redis-tls", [
+        "redis-server", "--port", "0", "--tls-port", str(node), "--bind", "127.0.0.1",
+        "--save", "", "--appendonly", "no", "--dir", d,
+        "--tls-cert-file", p("server.crt"), "--tls-key-file", p("server.key"),
+        "--tls-ca-cert-file", p("ca.crt")])
+    harness.wait_for_port(node, proc, "redis-server --tls-port")
+    proxy, admin = harness.free_port(), harness.free_port()
+    app_hash = hashlib.sha256(b"app-pw").hexdigest()
+    cfg = p("saltshaker.yaml")
+    with open(cfg, "w") as f:
+        f.write(f"listen: 127.0.0.1:{proxy}\nadmin: 127.0.0.1:{admin}\n"
+                f"backend:\n  nodes: [\"127.0.0.1:{node}\"]\n"
+                f"  tls: {{ ca: \"{p('ca.crt')}\", cert: \"{p('client.crt')}\", key: \"{p('client.key')}\" }}\n"
+                f"tls: {{ cert: \"{p('server.crt')}\", key: \"{p('server.key')}\" }}\n"
+                "auth:\n  password: shared-pw\n  users:\n    - name: app\n"
+                f"      passwords_sha256: [\"{app_hash}\"]\n"
+                "      keys: [\"app:*\"]\n      commands: [\"+@read\", \"+@write\", \"+@connection\"]\n")
+    proc = c._spawn("proxy", [binary, "--config", cfg])
+    c.proxy_log = os.path.join(d, "proxy.log")
+    harness.wait_for_port(proxy, proc, "saltshaker")
 
-        def tls_default_user():
-            r = redis.Redis(port=proxy, ssl=True, ssl_ca_certs=p("ca.crt"), password="shared-pw",
-                            socket_timeout=10)
-            assert r.set("py:tls", "v") and r.get("py:tls") == b"v"
-            pl = r.pipeline(transaction=False)
-            for i in range(500):
-                pl.incr("py:tls:ctr")
-            assert pl.execute()[-1] == 500
-            direct = redis.Redis(port=node, ssl=True, ssl_ca_certs=p("ca.crt"),
-                                 ssl_certfile=p("client.crt"), ssl_keyfile=p("client.key"))
-            assert direct.get("py:tls:ctr") == b"500"
+    def tls_default_user():
+        r = redis.Redis(port=proxy, ssl=True, ssl_ca_certs=p("ca.crt"), password="shared-pw",
+                        socket_timeout=10)
+        assert r.set("py:tls", "v") and r.get("py:tls") == b"v"
+        pl = r.pipeline(transaction=False)
+        for i in range(500):
+            pl.incr("py:tls:ctr")
+        assert pl.execute()[-1] == 500
+        direct = redis.Redis(port=node, ssl=True, ssl_ca_certs=p("ca.crt"),
+                             ssl_certfile=p("client.crt"), ssl_keyfile=p("client.key"))
+        assert direct.get("py:tls:ctr") == b"500"
 
-        def tls_resp3_named_user():
-            r = redis.Redis(port=proxy, ssl=True, ssl_ca_certs=p("ca.crt"), protocol=3,
-                            username="app", password="app-pw", socket_timeout=10)
-            assert r.set("app:1", "x") and r.get("app:1") == b"x"
-            try:
-                r.get("other")
-                raise AssertionError("a key outside app:* was served")
-            except redis.exceptions.NoPermissionError as e:
-                assert "no permissions to access one of the keys" in str(e), e
+    def tls_resp3_named_user():
+        r = redis.Redis(port=proxy, ssl=True, ssl_ca_certs=p("ca.crt"), protocol=3,
+                        username="app", password="app-pw", socket_timeout=10)
+        assert r.set("app:1", "x") and r.get("app:1") == b"x"
+        try:
+            r.get("other")
+            raise AssertionError("a key outside app:* was served")
+        except redis.exceptions.NoPermissionError as e:
+            assert "no permissions to access one of the keys" in str(e), e
 
-        def tls_refuses_untrusted_client_settings():
-            try:
-                redis.Redis(port=proxy, ssl=True, ssl_cert_reqs="required",
-                            ssl_ca_certs=p("client.crt"), password="shared-pw",
-                            socket_timeout=5).ping()
-                raise AssertionError("a client trusting another CA connected")
-            except redis.exceptions.ConnectionError:
-                pass
+    def tls_refuses_untrusted_client_settings():
+        try:
+            redis.Redis(port=proxy, ssl=True, ssl_cert_reqs="required",
+                        ssl_ca_certs=p("client.crt"), password="shared-pw",
+                        socket_timeout=5).ping()
+            raise AssertionError("a client trusting another CA connected")
+        except redis.exceptions.ConnectionError:
+            pass
 
-        for t in (tls_default_user, tls_resp3_named_user, tls_refuses_untrusted_client_settings):
-            try:
-                t()
-                passed += 1
-                print(f"ok   {t.__name__}")
-            except Exception:
-                failed += 1
-                print(f"FAIL {t.__name__}\n{traceback.format_exc()}")
-        if failed:
-            print(c.tail_proxy_log())
-    except Exception:
-        failed += 1
-        print(f"FAIL setup\n{traceback.format_exc()}")
-    finally:
-        c.close()
-    print(f"redis-py tls: {passed} passed, {failed} failed")
-    return 1 if failed else 0
+    return (tls_default_user, tls_resp3_named_user, tls_refuses_untrusted_client_settings)
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(harness.run_suite("tls", setup))
