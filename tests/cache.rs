@@ -21,6 +21,14 @@ rules:
   - match: "nocache:*"
     pin: true
     read: { cache: { enabled: false } }
+  - match: "likes:*"
+    pin: true
+    read: { cache: { enabled: false } }
+    write: { strategy: combine, combine: { window_us: 2000 } }
+  - match: "both:*"
+    pin: true
+    read: { cache: { ttl_ms: 3000, jitter_pct: 0, stale_while_revalidate_ms: 0 } }
+    write: { strategy: combine, combine: { window_us: 2000 } }
 "#;
 
 fn proxy(nodes: &[&Redis], dir: &TempDir) -> Proxy {
@@ -302,4 +310,45 @@ fn mget_sees_a_write_to_a_read_hot_key_at_once() {
         metric(&p, "saltshaker_cache_hits_total") - hits0 >= 50.0,
         "repeated MGETs of the unchanged key were not served from the cache"
     );
+}
+
+/// A session that combines increments of one key still reads other read-hot keys from the
+/// cache, and a read of a key it is combining waits for its own increment. (A write of a
+/// key that is itself cached, as `both:1`, sends the round's later cached reads to the
+/// node: `RoundBuilder::wrote_cached`.)
+#[test]
+fn combined_increments_hold_back_cached_reads_of_their_own_key_only() {
+    need_redis();
+    let node = Redis::start();
+    let dir = TempDir::new("cache-combine");
+    let p = proxy(&[&node], &dir);
+    node.client().cmd(&["SET", "celeb:2", "star"]);
+    node.client().cmd(&["SET", "both:1", "0"]);
+    let mut c = p.client();
+    warm(&mut c, "both:1");
+    warm(&mut c, "celeb:2");
+    let gets = calls(&node, "get");
+    let hits = metric(&p, "saltshaker_cache_hits_total");
+    for i in 1..=50i64 {
+        let r = c.pipeline(&[
+            vec!["INCR", "likes:1"],
+            vec!["GET", "celeb:2"],
+            vec!["INCR", "both:1"],
+            vec!["GET", "both:1"],
+        ]);
+        assert_eq!(r[0].as_int(), i, "{r:?}");
+        assert_eq!(r[1].as_str(), "star", "{r:?}");
+        assert_eq!(r[2].as_int(), i, "{r:?}");
+        assert_eq!(
+            r[3].as_str(),
+            i.to_string(),
+            "a read missed its own combined INCR: {r:?}"
+        );
+    }
+    let node_gets = calls(&node, "get") - gets;
+    let hit = metric(&p, "saltshaker_cache_hits_total") - hits;
+    // celeb:2 from the cache (but for a refill if its entry expires); both:1 from its node
+    // (its own write is pending).
+    assert!(hit >= 45.0, "{hit} cache hits for 50 reads of celeb:2");
+    assert!(node_gets <= 60, "{node_gets} GETs reached the node");
 }

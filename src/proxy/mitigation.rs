@@ -198,13 +198,17 @@ pub(super) fn cached_mget(
 /// Whether this session wrote `key` in this round or in one whose replies are not all in:
 /// then its read goes to the node, in order with the write.
 pub(super) fn written_pending(s: &mut Session, rb: &RoundBuilder, key: &[u8]) -> bool {
-    rb.written.iter().any(|k| &k[..] == key) || s.order.unacked_write(key)
+    rb.written.iter().any(|k| &k[..] == key)
+        || s.order.unacked_write(key)
+        || s.order.combining(Keys::hash(key))
 }
 
 /// Whether this session may be served from the cache now: RESP2 on database 0 (cached
-/// replies are RESP2 from database 0), and no write of its own to a cached key pending.
+/// replies are RESP2 from database 0), no write of its own to a cached key pending, and no
+/// task (it may write any key). A combined write holds back reads of its own key only
+/// (`written_pending`).
 fn may_serve_cached(s: &mut Session, rb: &RoundBuilder) -> bool {
-    s.proto == Proto::Resp2 && s.db == 0 && !rb.wrote_cached && s.order.no_barrier()
+    s.proto == Proto::Resp2 && s.db == 0 && !rb.wrote_cached && s.order.nothing_for_all()
 }
 
 /// `request` on `key` from the cache: the reply at once on a hit, else a receiver for the

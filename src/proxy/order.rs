@@ -84,9 +84,23 @@ impl Order {
     }
 
     /// No combined write or task is pending.
+    #[cfg(test)]
     pub fn no_barrier(&mut self) -> bool {
         self.barrier.retain_mut(|(_, d)| pending(d));
         self.barrier.is_empty()
+    }
+
+    /// Nothing every job waits for is pending: no task, no round that wrote a cached key.
+    pub fn nothing_for_all(&mut self) -> bool {
+        self.barrier.retain_mut(|(_, d)| pending(d));
+        self.barrier.iter().all(|(k, _)| k.is_some())
+    }
+
+    /// A combined write of the key `hash` is pending: a read of the key must not be served
+    /// from the cache before it lands.
+    pub fn combining(&mut self, hash: u64) -> bool {
+        self.barrier.retain_mut(|(_, d)| pending(d));
+        self.barrier.iter().any(|(k, _)| *k == Some(hash))
     }
 
     /// Waits for every combined write and task.
