@@ -70,9 +70,14 @@ pub(super) async fn act(
 ) -> Next {
     let args: Vec<Bytes> = (0..req.argc()).map(|i| req.arg_bytes(i)).collect();
     let name = c.spec.name;
-    // Something of the session still on its way: an inline shard write, in order.
+    // Something of the session on the key still on its way, or the rules reloaded since
+    // the plan was made (the key no longer combines): an inline shard write, in order.
     let plan = match plan {
-        Plan::Combine(e, op) if !super::mitigation::may_combine_now(s, rb, &e.key) => {
+        Plan::Combine(e, op)
+            if !matches!(op, Op::Write { .. })
+                || combine_with(s, &e.key).is_none()
+                || !super::mitigation::may_combine_now(s, rb, &e.key) =>
+        {
             Plan::Inline(e, op)
         }
         p => p,
@@ -249,10 +254,12 @@ fn same_read_as_last(rb: &mut RoundBuilder, e: &Arc<Salted>, op: &Op) -> bool {
 /// the estimate of the whole when the reply is written. The session's barrier orders it
 /// before the session's later jobs, as for any combined write.
 fn combine(s: &mut Session, e: Arc<Salted>, op: Op, args: &[Bytes], rb: &mut RoundBuilder) {
-    let Op::Write { delta, field } = &op else {
-        return;
-    };
-    let Some((combiner, window)) = combine_with(s, &e.key) else {
+    // `act` made it an inline write unless both hold; every command gets its slot.
+    let (Op::Write { delta, field }, Some((combiner, window))) = (&op, combine_with(s, &e.key))
+    else {
+        rb.slots.push(Slot::Ready(err_bytes(
+            "ERR saltshaker: internal: a combined salted write without a combine rule",
+        )));
         return;
     };
     let (mut cmds, part) = ops::plan(&e, &op, args, now_ms(), false);
