@@ -43,6 +43,10 @@ pub struct Order {
     unacked: Vec<(Vec<Bytes>, Done)>,
     /// Rounds with jobs whose replies are not all in, with the keys of their commands.
     rounds: Vec<(Keys, Done)>,
+    /// The last round with jobs sent while no key could be combined or was salted (its
+    /// keys were not kept): until it is answered, nothing is combined. Rounds are answered
+    /// in order, so it stands for every such round before it.
+    untracked: Option<Done>,
 }
 
 fn pending(d: &mut Done) -> bool {
@@ -75,6 +79,10 @@ impl Order {
     /// still on its way may hold the key. Commands on other keys it may overtake, as
     /// commands on two masters of a Redis Cluster overtake each other.
     pub fn may_combine(&mut self, hash: u64) -> bool {
+        if self.untracked.as_mut().is_some_and(pending) {
+            return false;
+        }
+        self.untracked = None;
         self.barrier.retain_mut(|(_, d)| pending(d));
         if self.barrier.iter().any(|(k, _)| k.is_none()) {
             return false;
@@ -146,11 +154,14 @@ impl Order {
         (prior, done_tx, then_tx)
     }
 
-    /// A round sent ahead of a salted command (`Flow::Flush`), holding `keys`: what comes
-    /// next waits for its replies.
-    pub fn flushed(&mut self, round: &mut Round, keys: Keys) {
+    /// A round sent ahead of a command that must not join it (`Flow::Flush`, an admission
+    /// delay), holding `keys` (kept if `track`): what comes next waits for its replies.
+    pub fn flushed(&mut self, round: &mut Round, keys: Keys, track: bool) {
         self.last_ack = Some(on_acked(round));
-        self.rounds.push((keys, on_acked(round)));
+        match track {
+            true => self.rounds.push((keys, on_acked(round))),
+            false => self.untracked = Some(on_acked(round)),
+        }
     }
 
     /// A round about to be sent. `wrote_cached`: it writes a read-hot key, so the next
@@ -174,6 +185,8 @@ impl Order {
             self.last_ack = Some(on_acked(round));
             self.rounds.retain_mut(|(_, d)| pending(d));
             self.rounds.push((keys, on_acked(round)));
+        } else if had_jobs {
+            self.untracked = Some(on_acked(round));
         }
         if !written.is_empty() {
             self.unacked.retain_mut(|(_, a)| pending(a));
@@ -302,5 +315,15 @@ mod tests {
         assert!(misses < 5, "{misses} of 1000 other keys look held");
         k.add_all();
         assert!(k.may_hold(Keys::hash(b"anything")));
+    }
+
+    #[test]
+    fn nothing_combines_until_a_round_sent_without_keys_is_answered() {
+        let mut o = Order::default();
+        let (tx, rx) = oneshot::channel();
+        o.untracked = Some(rx);
+        assert!(!o.may_combine(Keys::hash(b"k")));
+        let _ = tx.send(());
+        assert!(o.may_combine(Keys::hash(b"k")));
     }
 }

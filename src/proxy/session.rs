@@ -266,7 +266,7 @@ async fn flush(s: &mut Session, rb: &mut RoundBuilder, tx: &mpsc::Sender<(Round,
     let keys = std::mem::take(&mut rb.keys);
     let mut round = rb.send(s.ctx.backend.request_timeout).await;
     // What comes next (a salted task, a combined write) waits for it.
-    s.order.flushed(&mut round, keys);
+    s.order.flushed(&mut round, keys, s.track);
     tx.send((round, s.proto)).await.is_ok()
 }
 
