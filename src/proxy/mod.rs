@@ -10,7 +10,7 @@
 //! The files form layers; each imports only the layers below it (`tests/layout.rs`):
 //!
 //! - bottom: `ctx` (what every session shares), `tunnel` (the pub/sub pipe), `dedicated`,
-//!   `scan` (cursors), `round` (a round's jobs and reply slots), `order` (the ordering
+//!   `scan` (cursors), `round` (a round's jobs, reply slots and keys), `order` (the ordering
 //!   rules), `state` (one connection's state, and what a handler returns: `Flow`);
 //! - handlers, given the state: `route` (node jobs, splits, all nodes), `mitigation`
 //!   (combine, cache), `salted` (acting on a salt plan), `local` (commands answered here,
