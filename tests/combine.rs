@@ -255,6 +255,11 @@ fn pipelines_mixing_plain_keys_still_combine_and_keep_each_key_in_order() {
     let plain = (threads * rounds * 2) as i64;
     let uncombined = calls(&node, "incr") - plain;
     eprintln!("{uncombined} of {hot} hot INCRs went to the node uncombined");
+    assert_eq!(
+        proxy.metric("saltshaker_combine_held_back_total"),
+        uncombined as f64,
+        "every uncombined hot increment is counted as held back"
+    );
     assert!(
         uncombined * 2 <= hot,
         "{uncombined} of {hot} hot increments were not combined"

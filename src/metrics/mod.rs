@@ -283,6 +283,11 @@ impl Metrics {
             "Combine batches sent one by one after an error reply or an overflowing sum",
             m.combine.fallbacks.clone(),
         );
+        r.register(
+            "combine_held_back",
+            "Increments of a combined key sent as plain commands, behind the client's own earlier command on the key",
+            m.combine.held_back.clone(),
+        );
         m.security.register(r);
         m.admission.register(r);
         let s = &m.salt;
@@ -501,6 +506,9 @@ pub struct CombineMetrics {
     pub backend_writes: Counter,
     /// Batches that fell back to one-by-one.
     pub fallbacks: Counter,
+    /// Increments of a combined key sent as plain commands, to stay behind the client's
+    /// own earlier command on the key.
+    pub held_back: Counter,
 }
 
 /// Metric handles of the cache.

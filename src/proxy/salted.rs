@@ -74,10 +74,12 @@ pub(super) async fn act(
     // the plan was made (the key no longer combines): an inline shard write, in order.
     let plan = match plan {
         Plan::Combine(e, op)
-            if !matches!(op, Op::Write { .. })
-                || combine_with(s, &e.key).is_none()
-                || !super::mitigation::may_combine_now(s, rb, &e.key) =>
+            if !matches!(op, Op::Write { .. }) || combine_with(s, &e.key).is_none() =>
         {
+            Plan::Inline(e, op)
+        }
+        Plan::Combine(e, op) if !super::mitigation::may_combine_now(s, rb, &e.key) => {
+            s.ctx.metrics.combine.held_back.inc();
             Plan::Inline(e, op)
         }
         p => p,

@@ -366,6 +366,7 @@ async fn handle(s: &mut Session, req: Request, rb: &mut RoundBuilder) -> Flow {
                     combine(s, &req, &c, delta, field, window, rb);
                     return Flow::Continue;
                 }
+                s.ctx.metrics.combine.held_back.inc();
             }
             Action::Cache(p) => {
                 if cached_read(s, &req, &c, p, rb) {
