@@ -53,8 +53,9 @@ pub(super) fn combine(
 /// INCR in one pipeline saw the INCR. Commands on other keys do not hold it back: a first
 /// version that waited for every earlier command combined almost nothing at pipeline 16
 /// (0.975 backend commands per client INCR in bench/write_hot.sh).
-/// Only in a round whose keys are kept from its start (`Session::track`): a key that turned
-/// hot in the middle of a read may follow a command of its own round.
+///
+/// Only in a round whose keys were kept from its start (`Session::track`): a key that
+/// turned hot in the middle of a read may follow a command of its own round.
 pub(super) fn may_combine_now(s: &mut Session, rb: &RoundBuilder, key: &[u8]) -> bool {
     let hash = Keys::hash(key);
     s.track && !rb.keys.may_hold(hash) && s.order.may_combine(hash)

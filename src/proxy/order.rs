@@ -61,13 +61,18 @@ fn on_acked(round: &mut Round) -> Done {
 }
 
 impl Order {
+    /// Forgets the combined writes and tasks that are done.
+    fn prune(&mut self) {
+        self.barrier.retain_mut(|(_, d)| pending(d));
+    }
+
     /// The session's next jobs that hold the key (`hash`, `Keys::hash`) wait until this
     /// combined write has reached its node.
     pub fn combined(&mut self, hash: u64, done: Done) {
         if self.barrier.len() >= BARRIER_COMPACT {
             // A client that only ever increments hot keys never sends a job: forget the
             // writes that have landed so the barrier stays small.
-            self.barrier.retain_mut(|(_, d)| pending(d));
+            self.prune();
         }
         self.barrier.push((Some(hash), done));
     }
@@ -83,7 +88,7 @@ impl Order {
             return false;
         }
         self.untracked = None;
-        self.barrier.retain_mut(|(_, d)| pending(d));
+        self.prune();
         if self.barrier.iter().any(|(k, _)| k.is_none()) {
             return false;
         }
@@ -94,20 +99,20 @@ impl Order {
     /// No combined write or task is pending.
     #[cfg(test)]
     pub fn no_barrier(&mut self) -> bool {
-        self.barrier.retain_mut(|(_, d)| pending(d));
+        self.prune();
         self.barrier.is_empty()
     }
 
     /// Nothing every job waits for is pending: no task, no round that wrote a cached key.
     pub fn nothing_for_all(&mut self) -> bool {
-        self.barrier.retain_mut(|(_, d)| pending(d));
+        self.prune();
         self.barrier.iter().all(|(k, _)| k.is_some())
     }
 
     /// A combined write of the key `hash` is pending: a read of the key must not be served
     /// from the cache before it lands.
     pub fn combining(&mut self, hash: u64) -> bool {
-        self.barrier.retain_mut(|(_, d)| pending(d));
+        self.prune();
         self.barrier.iter().any(|(k, _)| *k == Some(hash))
     }
 

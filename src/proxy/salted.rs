@@ -217,7 +217,8 @@ pub(super) async fn act(
 }
 
 /// Whether `op` on `e` is the same read as the command just before it in this round (a
-/// pipeline reading one hot salted key); if so, its slot merges the same replies.
+/// pipeline reading one hot salted key); if so, its slot is `Slot::Again`, a copy of that
+/// read's reply.
 ///
 /// Exact: both commands were read before the round is sent and are answered after its
 /// replies are in, so the one merged read falls inside both commands' lifetimes, and
