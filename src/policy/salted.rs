@@ -8,7 +8,7 @@ use std::sync::Arc;
 use bytes::Bytes;
 
 use crate::command::{Args, Classified};
-use crate::salt::kind::{is_write, needs_quiet, prepare, MOp, Op};
+use crate::salt::kind::{is_write, needs_quiet, prepare, written, MOp, Op};
 use crate::salt::record::Kind;
 use crate::salt::{kinds, merge, ops, SaltTable, Salted};
 
@@ -171,7 +171,10 @@ pub fn plan<A: Args + ?Sized>(v: &SaltView, args: &A, c: &Classified) -> Option<
 fn member_plan(v: &SaltView, e: Arc<Salted>, m: MOp) -> SaltPlan {
     let careful = v.careful(&e);
     if is_write(&m) {
-        let to_base = e.rec.writers(v.now_ms).is_none() || !v.fresh;
+        // A member whose shard a step holds (it is being emptied, or not yet known to
+        // every proxy) is written to the base key, which every read takes into account.
+        let held = written(&m).iter().any(|x| e.rec.held(x, v.now_ms));
+        let to_base = e.rec.writers(v.now_ms).is_none() || !v.fresh || held;
         return match m {
             // PFADD's reply says whether a register changed, which the base key tells.
             MOp::PfAdd(_) if to_base => SaltPlan::Base(e),
@@ -299,6 +302,62 @@ mod tests {
         assert_eq!(
             decide("PFADD s a", 2000, 0, false, true).as_deref(),
             Some("Fold")
+        );
+    }
+
+    #[test]
+    fn a_write_of_a_member_whose_shard_is_held_goes_to_the_base_key() {
+        use crate::salt::record::Step;
+        let mut r = Record::new(Kind::Set, vec![1, 2], 1000, 0, "p");
+        r.steps.push(Step {
+            from_ms: 3000,
+            n: 2,
+            shards: vec![0, 1],
+            hold: vec![1],
+        });
+        let e = Arc::new(Salted::new(Bytes::from("h"), r, &Two));
+        // One member on each shard.
+        let on = |i: usize| {
+            (0..100)
+                .map(|j| format!("m{j}"))
+                .find(|m| e.rec.member_salt(m.as_bytes(), 4000) == i)
+                .unwrap()
+        };
+        let (kept, held) = (on(0), on(1));
+        let t = Arc::new(SaltTable::from_entries([Arc::clone(&e)]));
+        let no = |_: &[u8]| false;
+        let to_base = |members: &[&str], now_ms: u64| {
+            let v = SaltView {
+                table: &t,
+                db: 0,
+                in_tx: false,
+                now_ms,
+                fresh: true,
+                stale: false,
+                combine: &no,
+                display: &|_| None,
+            };
+            let mut words = vec!["SADD", "h"];
+            words.extend(members);
+            let req = Request::from_args(&words);
+            let c = command::classify(&req).unwrap();
+            match plan(&v, &req, &c) {
+                Some(SaltPlan::Inline(_, Op::Member(MOp::SAdd { to_base, check, .. }))) => {
+                    assert!(check || !to_base, "a base write asks the shard");
+                    to_base
+                }
+                p => panic!("{p:?}"),
+            }
+        };
+        assert!(
+            !to_base(&[&held], 2000),
+            "before the step its shard is written"
+        );
+        assert!(to_base(&[&held], 4000), "held: to the base key");
+        assert!(!to_base(&[&kept], 4000), "the other shard is not held");
+        assert!(
+            to_base(&[&kept, &held], 4000),
+            "one held member takes the whole SADD"
         );
     }
 

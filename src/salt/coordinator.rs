@@ -234,6 +234,7 @@ async fn check_bases(backend: &Backend, salt: &Salt, now: u64, spread: &Spawn) {
             || e.rec.demote_ms.is_some()
             || e.rec.fold.is_some()
             || now < in_force.saturating_add(salt.tick_ms())
+            || now < e.rec.holds_until().saturating_add(salt.tick_ms())
         {
             continue;
         }
@@ -309,6 +310,7 @@ async fn respread(
         from_ms,
         n: used.len() as u32,
         shards: used,
+        hold: vec![],
     });
     if cas(backend, key, Some(&raw), Some(fresh.encode().as_bytes())).await? {
         tracing::info!(key = %String::from_utf8_lossy(key), nodes_before = nodes.len(), nodes_after = covered.len(), from_ms, "moving a salted key's writers apart: its shards shared a node after a slot move, a failover or a new master");
@@ -340,6 +342,7 @@ async fn refresh(
             from_ms: boundary_after(now, epoch),
             n,
             shards: if first_n { vec![] } else { used },
+            hold: vec![],
         });
         tracing::info!(key = %String::from_utf8_lossy(key), shards = n, "growing a salted key's shard count from the next epoch");
     }

@@ -188,6 +188,17 @@ pub fn is_write(op: &MOp) -> bool {
     )
 }
 
+/// The members (elements, fields) a write `op` places; empty for the others.
+pub fn written(op: &MOp) -> &[Bytes] {
+    match op {
+        MOp::SAdd { members, .. } => members,
+        MOp::PfAdd(xs) => xs,
+        MOp::ZIncrBy { member, .. } => std::slice::from_ref(member),
+        MOp::HIncrBy { field, .. } => std::slice::from_ref(field),
+        _ => &[],
+    }
+}
+
 /// Whether `op` must not run while members move (`quiet`): a removal racing a batch being
 /// moved could see the member nowhere and then find it moved back.
 pub fn needs_quiet(op: &MOp) -> bool {

@@ -132,9 +132,10 @@ impl Salted {
     }
 
     /// The part (1 + shard index) that holds `member` of a partitioned key: a hash of the
-    /// member over every salt, the same on every proxy.
+    /// member over the placing step's salts (`Record::member_salt`), the same on every
+    /// proxy.
     pub fn shard_of(&self, member: &[u8]) -> usize {
-        1 + member_shard(member, self.rec.salts.len())
+        1 + self.rec.member_salt(member, now_ms())
     }
 
     /// The shard index the next write goes to, if writers use shards now.

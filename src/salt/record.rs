@@ -37,13 +37,20 @@ impl Kind {
 
 /// From `from_ms` on, writers spread over `n` salts: the first `n`, or, when `shards` is
 /// not empty, those (indexes into `salts`: a step that moves shards off a master holding
-/// two of them, after a slot move or a failover).
+/// two of them, after a slot move or a failover). For a kind partitioned by member the
+/// same list is the placement: a member lives in `in_use[member_shard(m, in_use.len())]`
+/// (`Record::member_salt`), so a step that replaces one salt of the list moves only that
+/// shard's members. `hold` lists shards (indexes into `salts`) whose members are written
+/// to the base key during the step instead: a shard being emptied, or one not yet read by
+/// every proxy (docs/architecture.md, "Moving a partitioned key's shard").
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Step {
     pub from_ms: u64,
     pub n: u32,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub shards: Vec<u32>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub hold: Vec<u32>,
 }
 
 impl Step {
@@ -128,6 +135,7 @@ impl Record {
                 from_ms,
                 n,
                 shards: vec![],
+                hold: vec![],
             }],
             hot_ms: now_ms,
             pinned: false,
@@ -154,6 +162,47 @@ impl Record {
             return None;
         }
         self.steps.iter().rev().find(|s| s.from_ms <= now_ms)
+    }
+
+    /// Partitioned kinds: the step whose list places members at `now_ms`. Before the
+    /// promotion is in force the first one (writers use the base key, readers already
+    /// read the shards), after demotion the last one in force (the fold empties them).
+    pub fn placing(&self, now_ms: u64) -> Option<&Step> {
+        self.steps
+            .iter()
+            .rev()
+            .find(|s| s.from_ms <= now_ms)
+            .or(self.steps.first())
+    }
+
+    /// Partitioned kinds: the salt (index into `salts`) that holds `member` at `now_ms`.
+    pub fn member_salt(&self, member: &[u8], now_ms: u64) -> usize {
+        let n = self.salts.len();
+        let Some(step) = self.placing(now_ms) else {
+            return super::member_shard(member, n);
+        };
+        let list = step.in_use(n);
+        match list.is_empty() {
+            true => super::member_shard(member, n),
+            false => list[super::member_shard(member, list.len())],
+        }
+    }
+
+    /// Partitioned kinds: whether a write of `member` goes to the base key at `now_ms`
+    /// because its shard is held (being emptied, or not yet known to every proxy).
+    pub fn held(&self, member: &[u8], now_ms: u64) -> bool {
+        self.step_at(now_ms).is_some_and(|s| {
+            !s.hold.is_empty() && s.hold.contains(&(self.member_salt(member, now_ms) as u32))
+        })
+    }
+
+    /// The instant after which no step holds a shard any more (0: none ever did; u64::MAX:
+    /// the last step still holds one). Until then other proxies may write the base key.
+    pub fn holds_until(&self) -> u64 {
+        match self.steps.iter().rposition(|s| !s.hold.is_empty()) {
+            None => 0,
+            Some(i) => self.steps.get(i + 1).map_or(u64::MAX, |s| s.from_ms),
+        }
     }
 
     /// The shard count writers will use last (for growth decisions).
@@ -215,6 +264,7 @@ mod tests {
             from_ms: 20_000,
             n: 6,
             shards: vec![],
+            hold: vec![],
         });
         assert_eq!(r.writers(19_999), Some(4));
         assert_eq!(r.writers(20_000), Some(6));
@@ -223,6 +273,67 @@ mod tests {
         assert_eq!(r.writers(30_000), None);
         assert!(!r.foldable(34_999, 5000));
         assert!(r.foldable(35_000, 5000));
+    }
+
+    #[test]
+    fn a_step_that_replaces_one_shard_moves_only_that_shards_members() {
+        let mut r = Record::new(Kind::Set, vec![10, 11, 12], 1000, 0, "p");
+        let members: Vec<Vec<u8>> = (0..300).map(|i| format!("m{i}").into_bytes()).collect();
+        let before: Vec<usize> = members.iter().map(|m| r.member_salt(m, 1500)).collect();
+        // Before the promotion is in force the first step already places members.
+        assert_eq!(
+            before,
+            members
+                .iter()
+                .map(|m| r.member_salt(m, 0))
+                .collect::<Vec<_>>()
+        );
+        assert!(before.iter().all(|&i| i < 3));
+        // Salt 12 (index 2) shares a master: hold it, then replace it by index 3.
+        r.salts.push(13);
+        r.steps.push(Step {
+            from_ms: 2000,
+            n: 3,
+            shards: vec![0, 1, 2],
+            hold: vec![2],
+        });
+        r.steps.push(Step {
+            from_ms: 3000,
+            n: 3,
+            shards: vec![0, 1, 3],
+            hold: vec![3],
+        });
+        assert_eq!(r.holds_until(), u64::MAX);
+        r.steps.push(Step {
+            from_ms: 4000,
+            n: 3,
+            shards: vec![0, 1, 3],
+            hold: vec![],
+        });
+        assert_eq!(r.holds_until(), 4000);
+        for (m, &b) in members.iter().zip(&before) {
+            assert_eq!(r.member_salt(m, 2500), b);
+            assert_eq!(r.held(m, 2500), b == 2, "held while index 2 is emptied");
+            assert!(!r.held(m, 1999));
+            let after = r.member_salt(m, 3500);
+            assert_eq!(
+                after,
+                if b == 2 { 3 } else { b },
+                "only index 2's members move"
+            );
+            assert_eq!(r.held(m, 3500), b == 2, "index 3 is held for one step");
+            assert!(!r.held(m, 4000));
+            assert_eq!(r.member_salt(m, 9999), after);
+        }
+        assert!(before.contains(&2) && before.contains(&0));
+        // A demoted key keeps its last placement for the fold, and writes nothing held.
+        r.demote_ms = Some(5000);
+        assert_eq!(
+            r.member_salt(&members[0], 6000),
+            r.member_salt(&members[0], 4500)
+        );
+        assert!(!r.held(&members[0], 6000));
+        assert_eq!(Record::decode(r.encode().as_bytes()), Some(r));
     }
 
     #[test]

@@ -30,7 +30,7 @@ use crate::salt::journal::{self, Claimed};
 use crate::salt::kind::{bulks, cmd, every, ordered, pairs, MOp, Op, SaltKind};
 use crate::salt::names::{shard_name, Place};
 use crate::salt::record::{hex, unhex, Move, Record};
-use crate::salt::{as_i64, call, err, failpoint, member_shard, Fut, Salt, SaltError, Salted};
+use crate::salt::{as_i64, call, err, failpoint, now_ms, Fut, Salt, SaltError, Salted};
 
 /// What `args` (command first, the key second) does to a salted set; None when the
 /// command has no merge (it folds the key first, then runs).
@@ -330,8 +330,9 @@ async fn apply_spread(
         .map(|h| unhex(h).ok_or(SaltError::Journal("bad member in the journal".into())))
         .collect::<Result<_, _>>()?;
     let mut by: Vec<Vec<&[u8]>> = vec![Vec::new(); rec.salts.len()];
+    let now = now_ms();
     for m in &members {
-        by[member_shard(m, rec.salts.len())].push(m);
+        by[rec.member_salt(m, now)].push(m);
     }
     let adds: Vec<(usize, Bytes)> = by
         .iter()
