@@ -305,10 +305,6 @@ impl Salt {
     }
 }
 
-/// The shard (0-based) that holds `member` of a key partitioned over `n` shards.
-pub fn member_shard(member: &[u8], n: usize) -> usize {
-    (xxhash_rust::xxh3::xxh3_64(member) % n.max(1) as u64) as usize
-}
 
 pub fn now_ms() -> u64 {
     SystemTime::now()

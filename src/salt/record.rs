@@ -179,12 +179,12 @@ impl Record {
     pub fn member_salt(&self, member: &[u8], now_ms: u64) -> usize {
         let n = self.salts.len();
         let Some(step) = self.placing(now_ms) else {
-            return super::member_shard(member, n);
+            return member_shard(member, n);
         };
         let list = step.in_use(n);
         match list.is_empty() {
-            true => super::member_shard(member, n),
-            false => list[super::member_shard(member, list.len())],
+            true => member_shard(member, n),
+            false => list[member_shard(member, list.len())],
         }
     }
 
@@ -223,6 +223,11 @@ impl Record {
     pub fn decode(b: &[u8]) -> Option<Record> {
         serde_json::from_slice(b).ok()
     }
+}
+
+/// The shard (0-based) that holds `member` of a key partitioned over `n` shards.
+pub fn member_shard(member: &[u8], n: usize) -> usize {
+    (xxhash_rust::xxh3::xxh3_64(member) % n.max(1) as u64) as usize
 }
 
 pub fn hex(b: &[u8]) -> String {
