@@ -305,7 +305,6 @@ impl Salt {
     }
 }
 
-
 pub fn now_ms() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)

@@ -181,10 +181,14 @@ impl Record {
         let Some(step) = self.placing(now_ms) else {
             return member_shard(member, n);
         };
-        let list = step.in_use(n);
-        match list.is_empty() {
-            true => member_shard(member, n),
-            false => list[member_shard(member, list.len())],
+        // On the request path (every member of every member command): no allocation,
+        // so not `in_use`, which it equals for any list whose indexes are in `salts`.
+        match step.shards.as_slice() {
+            [] => member_shard(member, (step.n as usize).min(n)),
+            list => match list[member_shard(member, list.len())] as usize {
+                i if i < n => i,
+                _ => member_shard(member, n),
+            },
         }
     }
 
