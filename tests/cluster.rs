@@ -871,3 +871,268 @@ fn a_salted_counter_stays_exact_through_a_reshard_and_a_fold_during_one() {
         "every acknowledged increment, once"
     );
 }
+
+/// Members each writer adds, the scores and hash counters it adds, and what went wrong.
+struct MemberLoad {
+    added: usize,
+    scores: Vec<u64>,
+    counts: Vec<u64>,
+    errors: Vec<String>,
+}
+
+/// Writes distinct set members (`TAG0`, `TAG1`, ...), sorted-set scores and hash counters
+/// through `proxy` until told to stop, publishing how many members were acknowledged.
+fn write_members(
+    proxy: &Proxy,
+    tag: &'static str,
+    stop: Arc<AtomicBool>,
+    added: Arc<std::sync::atomic::AtomicUsize>,
+) -> thread::JoinHandle<MemberLoad> {
+    let addr = proxy.addr();
+    thread::spawn(move || {
+        let mut c = Client::connect(&addr);
+        let mut out = MemberLoad {
+            added: 0,
+            scores: vec![0; 40],
+            counts: vec![0; 40],
+            errors: Vec::new(),
+        };
+        while !stop.load(Ordering::Relaxed) {
+            let i = out.added;
+            let (m, p, f) = (
+                format!("{tag}{i}"),
+                format!("p{}", i % 40),
+                format!("f{}", i % 40),
+            );
+            match c.cmd(&["SADD", "set:v", &m]) {
+                Reply::Int(1) => out.added += 1,
+                r => out.errors.push(format!("SADD {m}: {r}")),
+            }
+            added.store(out.added, Ordering::Relaxed);
+            match c.cmd(&["ZINCRBY", "lb:v", "1", &p]) {
+                Reply::Bulk(Some(_)) => out.scores[i % 40] += 1,
+                r => out.errors.push(format!("ZINCRBY: {r}")),
+            }
+            match c.cmd(&["HINCRBY", "hf:v", &f, "1"]) {
+                Reply::Int(_) => out.counts[i % 40] += 1,
+                r => out.errors.push(format!("HINCRBY: {r}")),
+            }
+        }
+        out
+    })
+}
+
+/// The masters holding a shard of `key`.
+fn masters_with_shards(cluster: &RedisCluster, key: &str) -> Vec<usize> {
+    cluster
+        .masters()
+        .into_iter()
+        .filter(|&m| {
+            let pattern = format!("saltshaker:s:*:{key}");
+            !cluster.nodes[m]
+                .client()
+                .cmd(&["KEYS", &pattern])
+                .as_array()
+                .is_empty()
+        })
+        .collect()
+}
+
+#[test]
+fn keys_salted_by_member_move_a_shard_off_a_shared_master_with_no_member_missed() {
+    let cluster = RedisCluster::start(3, 0);
+    let dir = TempDir::new("cluster-relocate");
+    let rules = dir.0.join("rules.yaml");
+    std::fs::write(
+        &rules,
+        "version: 1\nepoch_ms: 1000\nrules:\n  - match: \"set:*\"\n    write: { strategy: salt, salt: { shards: 3, families: [sets] } }\n  - match: \"lb:*\"\n    write: { strategy: salt, salt: { shards: 3, families: [sorted_sets] } }\n  - match: \"hf:*\"\n    write: { strategy: salt, salt: { shards: 3, families: [hashes], by: field } }\n",
+    )
+    .unwrap();
+    let rules = path_str(&rules);
+    let a = Proxy::start_cluster(&cluster.seeds(), &["--rules", &rules]);
+    let b = Proxy::start_cluster(&cluster.seeds(), &["--rules", &rules]);
+    let keys = ["set:v", "lb:v", "hf:v"];
+    {
+        let mut c = a.client();
+        c.cmd(&["SADD", "set:v", "first"]);
+        c.cmd(&["ZINCRBY", "lb:v", "1", "first"]);
+        c.cmd(&["HINCRBY", "hf:v", "first", "1"]);
+    }
+    for k in keys {
+        let (code, body) = a.admin_post(&format!("/hotkeys/promote?key={}", k.replace(':', "%3A")));
+        assert_eq!(code, 200, "{k}: {body}");
+        support::salting::wait_in_force(&[&a, &b], k);
+    }
+    // Two proxies write; a third client checks that a member once added is always found.
+    let stop = Arc::new(AtomicBool::new(false));
+    let (na, nb) = (Arc::default(), Arc::default());
+    let writers = [
+        write_members(&a, "a", stop.clone(), Arc::clone(&na)),
+        write_members(&b, "b", stop.clone(), Arc::clone(&nb)),
+    ];
+    let reader = {
+        let (addr, stop, na) = (b.addr(), stop.clone(), Arc::clone(&na));
+        thread::spawn(move || {
+            let mut c = Client::connect(&addr);
+            let (mut checked, mut missed) = (0u64, Vec::new());
+            while !stop.load(Ordering::Relaxed) {
+                let n = na.load(Ordering::Relaxed);
+                if n == 0 {
+                    thread::sleep(Duration::from_millis(5));
+                    continue;
+                }
+                let m = format!("a{}", (checked as usize * 7919) % n);
+                match c.cmd(&["SISMEMBER", "set:v", &m]) {
+                    Reply::Int(1) => {}
+                    r => missed.push(format!("{m}: {r}")),
+                }
+                checked += 1;
+            }
+            (checked, missed)
+        })
+    };
+    support::salting::wait_for("shards on every master", Duration::from_secs(10), || {
+        keys.iter()
+            .all(|k| masters_with_shards(&cluster, k).len() == 3)
+    });
+    // A key's first shard's slot moves onto the master of another of its shards. A shard's
+    // slot is its salt's, so one move may double up another key's shards as well.
+    for k in keys {
+        if masters_with_shards(&cluster, k).len() < 3 {
+            continue;
+        }
+        let pattern = format!("saltshaker:s:*:{k}");
+        let shards: Vec<String> = cluster
+            .masters()
+            .iter()
+            .flat_map(|&m| cluster.nodes[m].client().cmd(&["KEYS", &pattern]).strings())
+            .collect();
+        let from = cluster.master_of(&shards[0]);
+        let to = shards
+            .iter()
+            .map(|s| cluster.master_of(s))
+            .find(|&m| m != from)
+            .unwrap();
+        let slot = a.client().cmd(&["CLUSTER", "KEYSLOT", &shards[0]]).as_int() as u16;
+        cluster.move_slot(slot, from, to, 100, Duration::from_millis(0));
+    }
+    for k in keys {
+        assert_eq!(
+            masters_with_shards(&cluster, k).len(),
+            2,
+            "{k}: two shards share a master"
+        );
+    }
+    let moved = || {
+        (a.stderr() + &b.stderr())
+            .matches("shard was emptied into its base key")
+            .count()
+    };
+    support::salting::wait_for(
+        "every key's shard to be emptied",
+        Duration::from_secs(30),
+        || moved() >= 3,
+    );
+    // The new shards are written from the step after the held one; write on for a while.
+    support::salting::wait_for(
+        "the new shards to be written",
+        Duration::from_secs(10),
+        || {
+            keys.iter().all(|k| {
+                support::salting::salted(&a, k).is_some_and(|e| {
+                    e["moving_shard"] == false
+                        && e["last_step_ms"]
+                            .as_u64()
+                            .is_some_and(|t| support::salting::now_ms() > t + 500)
+                })
+            })
+        },
+    );
+    stop.store(true, Ordering::Relaxed);
+    let loads: Vec<MemberLoad> = writers.into_iter().map(|w| w.join().unwrap()).collect();
+    let (checked, missed) = reader.join().unwrap();
+    for l in &loads {
+        assert!(
+            l.errors.is_empty(),
+            "errors: {:?}",
+            &l.errors[..l.errors.len().min(5)]
+        );
+    }
+    assert!(checked > 100, "the reader checked {checked} members");
+    assert!(
+        missed.is_empty(),
+        "members not found: {:?}",
+        &missed[..missed.len().min(5)]
+    );
+    for k in keys {
+        assert_eq!(
+            masters_with_shards(&cluster, k).len(),
+            3,
+            "{k}: shards on three masters again"
+        );
+    }
+    assert_eq!(moved(), 3, "one shard moved per key");
+    let metric = |p: &Proxy| {
+        p.admin_get("/metrics")
+            .1
+            .lines()
+            .find_map(|l| l.strip_prefix("saltshaker_salt_shard_moves_total "))
+            .and_then(|v| v.trim().parse::<f64>().ok())
+            .unwrap_or(0.0)
+    };
+    assert_eq!(metric(&a) + metric(&b), 3.0);
+    // Exact: every member, score and counter, through the proxy and, folded, in the base keys.
+    let added = loads[0].added + loads[1].added;
+    let check = |c: &mut Client| {
+        assert_eq!(c.cmd(&["SCARD", "set:v"]), Reply::Int(added as i64 + 1));
+        for (tag, l) in ["a", "b"].iter().zip(&loads) {
+            for chunk in (0..l.added).collect::<Vec<_>>().chunks(500) {
+                let mut args = vec!["SMISMEMBER".to_string(), "set:v".into()];
+                args.extend(chunk.iter().map(|i| format!("{tag}{i}")));
+                let args: Vec<&str> = args.iter().map(|s| s.as_str()).collect();
+                let r = c.cmd(&args);
+                assert!(
+                    r.as_array().iter().all(|v| *v == Reply::Int(1)),
+                    "missing members of {tag}"
+                );
+            }
+        }
+        for i in 0..40 {
+            let want = loads[0].scores[i] + loads[1].scores[i];
+            let got = c.cmd(&["ZSCORE", "lb:v", &format!("p{i}")]);
+            assert_eq!(
+                got.as_str().parse::<u64>().ok(),
+                Some(want),
+                "score of p{i}"
+            );
+            let want = loads[0].counts[i] + loads[1].counts[i];
+            let got = c.cmd(&["HGET", "hf:v", &format!("f{i}")]);
+            assert_eq!(got, Reply::bulk(&want.to_string()), "counter f{i}");
+        }
+    };
+    check(&mut a.client());
+    for k in keys {
+        assert_eq!(
+            a.admin_post(&format!("/hotkeys/demote?key={}", k.replace(':', "%3A")))
+                .0,
+            200
+        );
+    }
+    support::salting::wait_for("the folds", Duration::from_secs(40), || {
+        keys.iter()
+            .all(|k| support::salting::salted(&a, k).is_none())
+    });
+    for k in keys {
+        assert!(
+            masters_with_shards(&cluster, k).is_empty(),
+            "{k}: shards left after the fold"
+        );
+    }
+    // Now plain keys: the proxy forwards to their masters; and the set's own master agrees.
+    check(&mut a.client());
+    let owner = cluster.master_of("set:v");
+    assert_eq!(
+        cluster.nodes[owner].client().cmd(&["SCARD", "set:v"]),
+        Reply::Int(added as i64 + 1)
+    );
+}

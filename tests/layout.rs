@@ -279,8 +279,8 @@ fn problems(dir: &Path) -> Vec<String> {
                 }
                 _ => {}
             }
-            let top_of_salt =
-                ["salt/ops", "salt/fold", "salt/coordinator"].contains(&show(t).as_str());
+            let top_of_salt = ["salt/ops", "salt/fold", "salt/relocate", "salt/coordinator"]
+                .contains(&show(t).as_str());
             if engine.contains(&show(m).as_str()) && (into_kinds || top_of_salt) {
                 out.push(format!(
                     "the salt engine file {} imports {}",

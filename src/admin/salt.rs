@@ -78,6 +78,10 @@ fn record_json(shown: &str, r: &Record) -> serde_json::Value {
         "kind": r.kind,
         "shards": r.target_n(),
         "from_ms": r.steps.first().map(|s| s.from_ms),
+        // When the last change of its shards takes effect, and whether a shard of a key
+        // salted by member is being moved off a master it shares (`salt::relocate`).
+        "last_step_ms": r.steps.last().map(|s| s.from_ms),
+        "moving_shard": r.holds_until() > crate::salt::now_ms(),
         "demote_ms": r.demote_ms,
         "pinned": r.pinned,
         "folding": r.fold.is_some(),

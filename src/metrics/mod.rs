@@ -317,6 +317,11 @@ impl Metrics {
             s.fold_moves.clone(),
         );
         r.register(
+            "salt_shard_moves",
+            "Shards of keys salted by member that this proxy moved off a master they shared with another of the key's shards",
+            s.shard_moves.clone(),
+        );
+        r.register(
             "salt_shard_writes",
             "Client increments written to a shard key",
             s.shard_writes.clone(),
@@ -536,6 +541,8 @@ pub struct SaltMetrics {
     pub demotions: Counter,
     pub folds: Counter,
     pub fold_moves: Counter,
+    /// Shards of keys salted by member moved off a master they shared with another shard.
+    pub shard_moves: Counter,
     pub shard_writes: Counter,
     /// Writes to a salted key sent to its base key: promotion not yet in force, demoted,
     /// or the registry not read for too long.

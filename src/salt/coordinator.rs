@@ -5,7 +5,9 @@
 //! keys whose rule salts them; notes in each salted key's record that it is still hot here
 //! (at most twice per epoch) and grows N at the next boundary if `shards: auto` asks for
 //! more; demotes keys no proxy has seen hot for a whole epoch; and folds demoted keys whose
-//! grace period has passed.
+//! grace period has passed. It also moves salted keys apart when a slot move, a failover
+//! or a new master left two of a key's shards on one master: a counter's writers
+//! (`respread`), a key salted by member one shard's members at a time (`relocate`).
 
 use std::collections::HashMap;
 use std::sync::atomic::Ordering;
@@ -20,7 +22,7 @@ use super::record::{boundary_after, Kind, Record, Step};
 use super::registry::{
     announce, cas, demote, get, live_proxies, load_all, node, pinning_rule, promote, wanted_shards,
 };
-use super::{as_i64, call, fold, now_ms, ops, Salt, SaltError, SaltTable, Salted};
+use super::{as_i64, call, fold, now_ms, ops, relocate, Salt, SaltError, SaltTable, Salted};
 use crate::backend::{wire, Backend, Dedicated};
 use crate::hotkey::{HotSnapshot, HotState};
 use crate::resp::Proto;
@@ -146,7 +148,11 @@ async fn tick(
     }
 
     for (key, rec) in &records {
-        if let Err(e) = respread(backend, key, rec, now, epoch).await {
+        let moved = match rec.kind.partitioned() {
+            true => relocate::advance(backend, salt, key, rec, now, epoch).await,
+            false => respread(backend, key, rec, now, epoch).await,
+        };
+        if let Err(e) = moved {
             tracing::debug!(key = %String::from_utf8_lossy(key), error = %e, "shards not moved apart now");
         }
         let r = rules.resolve(key);
@@ -263,7 +269,7 @@ async fn check_bases(backend: &Backend, salt: &Salt, now: u64, spread: &Spawn) {
 /// nodes than they could cover (two shards on one master), adds a step from the next
 /// boundary whose writers cover as many as they can (`names::spread_salts`). Readers merge
 /// every salt listed, so the old shards keep counting until the fold. Counters only: a kind
-/// salted by member keeps each member's shard.
+/// salted by member moves one shard's members at a time (`relocate`).
 async fn respread(
     backend: &Backend,
     key: &[u8],

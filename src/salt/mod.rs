@@ -17,8 +17,10 @@
 //! - The kinds (`kinds/`): counters, hashes by field, sets, HyperLogLogs, sorted sets,
 //!   each implementing `SaltKind`; `kinds::of` is the one `match Kind`.
 //! - On top: `ops` (one command on a salted key: classify, plan, merge, multi-key
-//!   commands), `fold` (moving every shard into the base key; a set's spread), and
-//!   `coordinator` (the per-proxy task: resync, promote, heartbeat and grow, demote, fold).
+//!   commands), `fold` (moving every shard into the base key; a set's spread), `relocate`
+//!   (moving one shard of a key salted by member off a master it shares), and
+//!   `coordinator` (the per-proxy task: resync, promote, heartbeat and grow, move shards
+//!   apart, demote, fold).
 //!
 //! The data path reads `Salt::table` (an immutable snapshot swapped by the coordinator), so
 //! a command on a key that is not salted costs one hash lookup, and nothing at all when no
@@ -35,6 +37,7 @@ pub mod names;
 pub mod ops;
 pub mod record;
 pub mod registry;
+pub mod relocate;
 pub mod rollup;
 
 use std::collections::HashMap;

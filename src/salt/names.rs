@@ -123,8 +123,7 @@ pub fn spread_salts(p: &dyn Place, key: &[u8], have: &[u32], n: usize) -> (Vec<u
         let i = match spare {
             Some(i) => i,
             None => {
-                let found = (0..SEARCH).find(|s| !salts.contains(s) && node(*s) == want);
-                let Some(s) = found.or_else(|| (0..SEARCH).find(|s| !salts.contains(s))) else {
+                let Some(s) = salt_on(p, key, &salts, want) else {
                     break;
                 };
                 salts.push(s);
@@ -135,6 +134,29 @@ pub fn spread_salts(p: &dyn Place, key: &[u8], have: &[u32], n: usize) -> (Vec<u
         used.push(i);
     }
     (salts, used)
+}
+
+/// The smallest salt not in `taken` whose shard of `key` lands on `node`, else the
+/// smallest not taken (a node with almost no share of the hash space); None only when
+/// every salt the search covers is taken.
+pub fn salt_on(p: &dyn Place, key: &[u8], taken: &[u32], node: usize) -> Option<u32> {
+    (0..SEARCH)
+        .find(|s| !taken.contains(s) && p.node_of(&shard_name(key, *s, p.tag())) == node)
+        .or_else(|| (0..SEARCH).find(|s| !taken.contains(s)))
+}
+
+/// A key partitioned by member whose shards `list` (indexes into `salts`) share an owner
+/// while another owner holds none of them, after a slot move, a failover or a new master:
+/// the position in `list` of the shard to move (the last one on an owner that holds two)
+/// and the owner to move it to (the first without one in the key's rotation). Members
+/// are placed by position (`Record::member_salt`), so replacing one entry of the list
+/// moves that shard's members only.
+pub fn doubled(p: &dyn Place, key: &[u8], salts: &[u32], list: &[usize]) -> Option<(usize, usize)> {
+    let node = |i: usize| p.node_of(&shard_name(key, salts[i], p.tag()));
+    let on: Vec<usize> = list.iter().map(|&i| node(i)).collect();
+    let free = rotation(p, key).into_iter().find(|o| !on.contains(o))?;
+    let pos = (0..on.len()).rev().find(|&k| on[..k].contains(&on[k]))?;
+    Some((pos, free))
 }
 
 /// The first of `saltshaker:KIND:{N}:KEY` (N = 0, 1, ...) that lands on `node`: a name
@@ -211,11 +233,7 @@ pub fn choose_salts(p: &dyn Place, key: &[u8], have: &[u32], n: usize) -> Vec<u3
     let mut out = have.to_vec();
     while out.len() < n {
         let want = rot[out.len() % rot.len()];
-        let pick = (0..SEARCH)
-            .filter(|s| !out.contains(s))
-            .find(|&s| p.node_of(&shard_name(key, s, p.tag())) == want)
-            .or_else(|| (0..SEARCH).find(|s| !out.contains(s)));
-        match pick {
+        match salt_on(p, key, &out, want) {
             Some(s) => out.push(s),
             None => break,
         }
@@ -379,6 +397,37 @@ mod tests {
             .collect();
         nodes.sort();
         assert_eq!(nodes, vec![0, 1, 2, 3]);
+    }
+
+    #[test]
+    fn a_partitioned_key_moves_one_shard_to_the_owner_that_has_none() {
+        let p = pool(4, None);
+        let key = b"who:liked";
+        let salts = choose_salts(&p, key, &[], 3);
+        let list = [0, 1, 2];
+        assert_eq!(
+            doubled(&p, key, &salts, &list),
+            None,
+            "three shards, three owners"
+        );
+        let onto = p.node_of(&shard_name(key, salts[0], p.tag()));
+        let moved = Moved(&p, shard_name(key, salts[2], p.tag()), onto);
+        let (pos, to) = doubled(&moved, key, &salts, &list).expect("two shards share an owner");
+        assert_eq!(pos, 2, "the later of the two moves");
+        let on: Vec<usize> = list
+            .iter()
+            .map(|&i| moved.node_of(&shard_name(key, salts[i], p.tag())))
+            .collect();
+        assert!(!on.contains(&to), "it goes where no shard of the key is");
+        let s = salt_on(&moved, key, &salts, to).unwrap();
+        assert!(!salts.contains(&s));
+        assert_eq!(moved.node_of(&shard_name(key, s, p.tag())), to);
+        // As many shards as owners, all of them taken: nowhere better to go.
+        let four = choose_salts(&p, key, &[], 4);
+        let onto = p.node_of(&shard_name(key, four[0], p.tag()));
+        let full = Moved(&p, shard_name(key, four[3], p.tag()), onto);
+        assert!(doubled(&full, key, &four, &[0, 1, 2, 3]).is_some());
+        assert_eq!(doubled(&p, key, &four, &[0, 1, 2, 3]), None);
     }
 
     #[test]
