@@ -938,6 +938,116 @@ fn masters_with_shards(cluster: &RedisCluster, key: &str) -> Vec<usize> {
         .collect()
 }
 
+/// Moves the slot of one of `key`'s shards onto the master of another.
+fn double_up(cluster: &RedisCluster, key: &str) {
+    let pattern = format!("saltshaker:s:*:{key}");
+    let shards: Vec<String> = cluster
+        .masters()
+        .iter()
+        .flat_map(|&m| cluster.nodes[m].client().cmd(&["KEYS", &pattern]).strings())
+        .collect();
+    let from = cluster.master_of(&shards[0]);
+    let to = shards
+        .iter()
+        .map(|s| cluster.master_of(s))
+        .find(|&m| m != from)
+        .expect("shards on two masters");
+    let slot = cluster.nodes[from]
+        .client()
+        .cmd(&["CLUSTER", "KEYSLOT", &shards[0]])
+        .as_int() as u16;
+    cluster.move_slot(slot, from, to, 100, Duration::from_millis(0));
+}
+
+/// Adds members `TAG0, TAG1, ...` to `set:w` through `addr` until an error (the proxy
+/// died) or `stop`; returns how many were acknowledged.
+fn add_until(addr: String, tag: &'static str, stop: Arc<AtomicBool>) -> thread::JoinHandle<usize> {
+    thread::spawn(move || {
+        let mut c = Client::connect(&addr);
+        let mut n = 0;
+        while !stop.load(Ordering::Relaxed) {
+            match c.try_cmd(&["SADD", "set:w", &format!("{tag}{n}")]) {
+                Ok(Reply::Int(1)) => n += 1,
+                Ok(r) => panic!("SADD {tag}{n}: {r}"),
+                Err(_) => break,
+            }
+        }
+        n
+    })
+}
+
+#[test]
+fn a_shard_move_left_half_done_by_a_killed_proxy_is_finished_by_another_exactly() {
+    let cluster = RedisCluster::start(3, 0);
+    let dir = TempDir::new("cluster-relocate-crash");
+    let rules = dir.0.join("rules.yaml");
+    std::fs::write(
+        &rules,
+        "version: 1\nepoch_ms: 1000\nrules:\n  - match: \"set:*\"\n    write: { strategy: salt, salt: { shards: 3, families: [sets] } }\n",
+    )
+    .unwrap();
+    let rules = path_str(&rules);
+    // The only proxy at first, so it is the one that empties the shard, and dies there.
+    let point = "relocate-after-empty";
+    let mut dying = Proxy::start_cluster_env(
+        &cluster.seeds(),
+        &["--rules", &rules],
+        &[("SALTSHAKER_FAILPOINT", point)],
+    );
+    dying.client().cmd(&["SADD", "set:w", "first"]);
+    assert_eq!(
+        dying.admin_post("/hotkeys/promote?key=set%3Aw&shards=3").0,
+        200
+    );
+    support::salting::wait_in_force(&[&dying], "set:w");
+    let stop = Arc::new(AtomicBool::new(false));
+    let first = add_until(dying.addr(), "a", stop.clone());
+    support::salting::wait_for("shards on every master", Duration::from_secs(10), || {
+        masters_with_shards(&cluster, "set:w").len() == 3
+    });
+    double_up(&cluster, "set:w");
+    assert!(
+        dying.wait_exit(Duration::from_secs(30)).is_some(),
+        "the proxy did not reach {point}:\n{}",
+        dying.stderr()
+    );
+    assert!(dying.stderr().contains(point));
+    let acked_a = first.join().unwrap();
+    // The next proxy waits out the dead one's claim, finds the shard empty and held, and
+    // writes its replacement.
+    let next = Proxy::start_cluster(&cluster.seeds(), &["--rules", &rules]);
+    let second = add_until(next.addr(), "b", stop.clone());
+    support::salting::wait_for("the move to be finished", Duration::from_secs(30), || {
+        next.stderr()
+            .contains("shard was emptied into its base key")
+            && support::salting::salted(&next, "set:w").is_some_and(|e| {
+                e["moving_shard"] == false
+                    && e["last_step_ms"]
+                        .as_u64()
+                        .is_some_and(|t| support::salting::now_ms() > t + 500)
+            })
+    });
+    stop.store(true, Ordering::Relaxed);
+    let acked_b = second.join().unwrap();
+    assert!(acked_a > 0 && acked_b > 0, "{acked_a} {acked_b}");
+    assert_eq!(masters_with_shards(&cluster, "set:w").len(), 3);
+    let mut c = next.client();
+    // The one SADD in flight when the proxy died may or may not have landed.
+    let in_doubt = c
+        .cmd(&["SISMEMBER", "set:w", &format!("a{acked_a}")])
+        .as_int();
+    assert_eq!(
+        c.cmd(&["SCARD", "set:w"]),
+        Reply::Int((1 + acked_a + acked_b) as i64 + in_doubt)
+    );
+    for (tag, n) in [("a", acked_a), ("b", acked_b)] {
+        for i in 0..n {
+            let m = format!("{tag}{i}");
+            assert_eq!(c.cmd(&["SISMEMBER", "set:w", &m]), Reply::Int(1), "{m}");
+        }
+    }
+}
+
 #[test]
 fn keys_salted_by_member_move_a_shard_off_a_shared_master_with_no_member_missed() {
     let cluster = RedisCluster::start(3, 0);
@@ -959,7 +1069,10 @@ fn keys_salted_by_member_move_a_shard_off_a_shared_master_with_no_member_missed(
         c.cmd(&["HINCRBY", "hf:v", "first", "1"]);
     }
     for k in keys {
-        let (code, body) = a.admin_post(&format!("/hotkeys/promote?key={}", k.replace(':', "%3A")));
+        let (code, body) = a.admin_post(&format!(
+            "/hotkeys/promote?key={}&shards=3",
+            k.replace(':', "%3A")
+        ));
         assert_eq!(code, 200, "{k}: {body}");
         support::salting::wait_in_force(&[&a, &b], k);
     }
@@ -995,26 +1108,11 @@ fn keys_salted_by_member_move_a_shard_off_a_shared_master_with_no_member_missed(
         keys.iter()
             .all(|k| masters_with_shards(&cluster, k).len() == 3)
     });
-    // A key's first shard's slot moves onto the master of another of its shards. A shard's
-    // slot is its salt's, so one move may double up another key's shards as well.
+    // A shard's slot is its salt's, so one move may double up another key's shards as well.
     for k in keys {
-        if masters_with_shards(&cluster, k).len() < 3 {
-            continue;
+        if masters_with_shards(&cluster, k).len() == 3 {
+            double_up(&cluster, k);
         }
-        let pattern = format!("saltshaker:s:*:{k}");
-        let shards: Vec<String> = cluster
-            .masters()
-            .iter()
-            .flat_map(|&m| cluster.nodes[m].client().cmd(&["KEYS", &pattern]).strings())
-            .collect();
-        let from = cluster.master_of(&shards[0]);
-        let to = shards
-            .iter()
-            .map(|s| cluster.master_of(s))
-            .find(|&m| m != from)
-            .unwrap();
-        let slot = a.client().cmd(&["CLUSTER", "KEYSLOT", &shards[0]]).as_int() as u16;
-        cluster.move_slot(slot, from, to, 100, Duration::from_millis(0));
     }
     for k in keys {
         assert_eq!(

@@ -387,7 +387,11 @@ impl Proxy {
 
     /// A proxy in front of a Redis Cluster, given its seed nodes (`--cluster`).
     pub fn start_cluster(seeds: &str, extra_args: &[&str]) -> Proxy {
-        Proxy::launch_env(vec![format!("cluster:{seeds}")], None, extra_args, &[])
+        Proxy::start_cluster_env(seeds, extra_args, &[])
+    }
+
+    pub fn start_cluster_env(seeds: &str, extra_args: &[&str], env: &[(&str, &str)]) -> Proxy {
+        Proxy::launch_env(vec![format!("cluster:{seeds}")], None, extra_args, env)
     }
 
     fn launch_env(
