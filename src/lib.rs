@@ -17,8 +17,9 @@
 //! | `mitigate` | combine (batched increments, exact replies); cache (read-hot replies); |
 //! |            | balance (a busy node's hottest keys made read-hot)                     |
 //! | `salt`     | salted keys: an engine that knows no kind, the kinds (counters, hashes |
-//! |            | by field, sets, HLLs, zsets) behind one trait, ops, fold, coordinator; |
-//! |            | idempotent increments (`idem`), the display tier's rollups (`rollup`)  |
+//! |            | by field, sets, HLLs, zsets) behind one trait, ops, fold, relocate     |
+//! |            | (a shard off a shared master), coordinator; idempotent increments      |
+//! |            | (`idem`), the display tier's rollups (`rollup`)                        |
 //! | `backend`  | nodes, shared pipelined connections, placement, tracking invalidation, |
 //! |            | Redis Cluster (slot map kept current, MOVED/ASK followed in the call)  |
 //! | `net`      | streams plain or TLS behind one type; client and node TLS (rustls)     |
