@@ -139,7 +139,8 @@ fn one_at_a_time(key: &[u8]) -> u32 {
 
 /// CCITT (XMODEM) table; twemproxy never masks the register to 16 bits, so the result
 /// keeps the bits shifted past bit 15 and we must too.
-const CRC16_TABLE: [u32; 256] = {
+/// CRC16-CCITT (XMODEM), the one Redis Cluster hashes slots with; `slots::crc16` shares it.
+pub(in crate::backend) const CRC16_TABLE: [u32; 256] = {
     let mut t = [0u32; 256];
     let mut i = 0;
     while i < 256 {

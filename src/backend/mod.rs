@@ -283,13 +283,13 @@ impl Backend {
         }
     }
 
-    /// The node a read-only command on `key` goes to: its master, or on a cluster with
-    /// `read_from` set, a healthy replica of it.
+    /// The node a read-only command on a key of `group` (from `group_of`) goes to: its
+    /// master, or on a cluster with `read_from` set, a healthy replica of it.
     #[inline]
-    pub fn reader_for(&self, key: &[u8]) -> usize {
+    pub fn reader_in(&self, group: (u32, usize)) -> usize {
         match &self.cluster {
-            Some(c) => c.reader(slots::slot_of(key)),
-            None => self.node_for(key),
+            Some(c) => c.reader(group.0 as u16),
+            None => group.1,
         }
     }
 

@@ -11,6 +11,8 @@
 #[path = "hash.rs"]
 mod hash;
 
+/// Shared with `slots::crc16`: Redis Cluster hashes slots with the same CRC16.
+pub(super) use self::hash::CRC16_TABLE;
 pub use self::hash::{hash, HashFn};
 
 use std::cell::Cell;

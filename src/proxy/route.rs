@@ -14,40 +14,35 @@ use crate::resp::Request;
 /// The node of every key of a keyed command, or the error a client sees when they span
 /// nodes (on a cluster: slots, with Redis Cluster's own CROSSSLOT error).
 pub fn keys_node(s: &Session, req: &Request, c: &Classified) -> Result<usize, Bytes> {
+    Ok(keys_group(s, req, c)?.map_or_else(|| s.ctx.backend.any_node(), |(_, n)| n))
+}
+
+/// The group (a cluster's slot, a pool's node) and node every key of a command shares;
+/// None for a command without keys.
+fn keys_group(s: &Session, req: &Request, c: &Classified) -> Result<Option<(u32, usize)>, Bytes> {
     let b = &s.ctx.backend;
-    if b.cluster().is_some() {
-        let mut group = None;
-        for &k in &c.keys {
-            let g = b.group_of(req.arg(k as usize));
-            match group {
-                None => group = Some(g),
-                Some((slot, _)) if slot != g.0 => {
-                    return Err(err_bytes(
-                        "CROSSSLOT Keys in request don't hash to the same slot",
-                    ))
-                }
-                _ => {}
-            }
-        }
-        return Ok(group.map_or_else(|| b.any_node(), |(_, n)| n));
-    }
-    let mut node: Option<usize> = None;
+    let mut group: Option<(u32, usize)> = None;
     for &k in &c.keys {
-        let n = b.node_for(req.arg(k as usize));
-        match node {
-            None => node = Some(n),
-            Some(m) if m != n => {
+        let g = b.group_of(req.arg(k as usize));
+        match group {
+            None => group = Some(g),
+            Some((_, n)) if b.cluster().is_none() && n != g.1 => {
                 return Err(err_bytes(&format!(
                     "ERR saltshaker: {} keys on different nodes ({} and {}); keep them together with a hash tag",
                     c.spec.name,
-                    b.node(m).addr,
-                    b.node(n).addr
+                    b.node(n).addr,
+                    b.node(g.1).addr
                 )))
+            }
+            Some((slot, _)) if slot != g.0 => {
+                return Err(err_bytes(
+                    "CROSSSLOT Keys in request don't hash to the same slot",
+                ))
             }
             _ => {}
         }
     }
-    Ok(node.unwrap_or_else(|| b.any_node()))
+    Ok(group)
 }
 
 /// A command that only reads: on a cluster with `read_from`, a replica may answer it.
@@ -56,11 +51,12 @@ fn reads_only(c: &Classified) -> bool {
 }
 
 pub(super) fn forward_keyed(s: &mut Session, req: &Request, c: &Classified, rb: &mut RoundBuilder) {
-    match keys_node(s, req, c) {
-        Ok(node) => {
-            let node = match c.keys.first() {
-                Some(&k) if reads_only(c) => s.ctx.backend.reader_for(req.arg(k as usize)),
-                _ => node,
+    match keys_group(s, req, c) {
+        Ok(group) => {
+            let node = match group {
+                Some(g) if reads_only(c) => s.ctx.backend.reader_in(g),
+                Some((_, n)) => n,
+                None => s.ctx.backend.any_node(),
             };
             let part = push(s, rb, node, req.wire());
             rb.slots.push(Slot::Reply(part));
@@ -117,11 +113,11 @@ pub(super) fn split(
     }
     let name = req.arg(0);
     let mut parts = Vec::with_capacity(groups.len());
-    for ((_, node), keys) in &groups {
+    for (group, keys) in &groups {
         // MGET reads only: on a cluster with `read_from`, a replica of the slot answers.
         let node = &match kind {
-            Split::Mget => s.ctx.backend.reader_for(req.arg(keys[0] as usize)),
-            _ => *node,
+            Split::Mget => s.ctx.backend.reader_in(*group),
+            _ => group.1,
         };
         let mut args: Vec<&[u8]> = Vec::with_capacity(1 + keys.len() * step);
         args.push(name);
