@@ -142,13 +142,6 @@ pub fn plan(
     fresh: bool,
 ) -> Result<Plan, SaltError> {
     counter_only(entry)?;
-    if backend.cluster().is_some() && !super::names::slot_safe(&once.key) {
-        return Err(SaltError::Refused(
-            "on a Redis Cluster the increment IDs of this key cannot share its slot: the part \
-             of it Redis hashes holds a '}'"
-                .into(),
-        ));
-    }
     let (to, other) = places(
         entry.map(|e| &e.rec),
         &once.id,

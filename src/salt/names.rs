@@ -11,6 +11,8 @@
 
 use bytes::{BufMut, Bytes, BytesMut};
 
+use crate::backend::slots::{slot_of, SLOTS};
+
 /// The registry hash: field = salted key, value = its JSON record.
 pub const REGISTRY_KEY: &str = "saltshaker:registry";
 /// Where a proxy announces a registry change; the message is only a hint to resync.
@@ -48,19 +50,19 @@ fn hashed_part(key: &[u8]) -> &[u8] {
         .unwrap_or(key)
 }
 
-/// Whether `key`'s bookkeeping can share its slot on a cluster: what Redis hashes of it
-/// holds no `}` (a key such as `x{}y` hashes whole, and a tag cannot carry it).
-pub fn slot_safe(key: &[u8]) -> bool {
-    !hashed_part(key).contains(&b'}')
-}
-
-/// `saltshaker:KIND:{H}:KEY`, where `{H}` holds what Redis Cluster hashes of `like`: a name
-/// in `like`'s slot (None when that part holds a `}`, which a tag cannot carry).
-fn in_slot_of(kind: &str, like: &[u8], key: &[u8]) -> Option<Bytes> {
+/// `saltshaker:KIND:{H}:KEY`, a name in `like`'s slot: `H` is what Redis Cluster hashes of
+/// `like`, or, when that part holds a `}` (which a tag cannot carry: `x{}y` hashes whole),
+/// the smallest number whose slot is `like`'s (`slot_tag`).
+fn in_slot_of(kind: &str, like: &[u8], key: &[u8]) -> Bytes {
     let h = hashed_part(like);
-    if h.contains(&b'}') {
-        return None;
-    }
+    let number;
+    let h = match h.contains(&b'}') {
+        true => {
+            number = slot_tag(slot_of(like)).to_string();
+            number.as_bytes()
+        }
+        false => h,
+    };
     let mut b = BytesMut::with_capacity(key.len() + h.len() + 24);
     b.put_slice(b"saltshaker:");
     b.put_slice(kind.as_bytes());
@@ -68,7 +70,28 @@ fn in_slot_of(kind: &str, like: &[u8], key: &[u8]) -> Option<Bytes> {
     b.put_slice(h);
     b.put_slice(b"}:");
     b.put_slice(key);
-    Some(b.freeze())
+    b.freeze()
+}
+
+/// The smallest number whose decimal digits hash to `slot`: a hash tag for any slot. The
+/// table is built once (about 170,000 CRC16s of short strings cover every slot).
+fn slot_tag(slot: u16) -> u32 {
+    static TAGS: std::sync::OnceLock<Vec<u32>> = std::sync::OnceLock::new();
+    let tags = TAGS.get_or_init(|| {
+        let mut t = vec![u32::MAX; SLOTS];
+        let mut left = SLOTS;
+        let mut n = 0u32;
+        while left > 0 && n < u32::MAX {
+            let s = slot_of(n.to_string().as_bytes()) as usize;
+            if t[s] == u32::MAX {
+                t[s] = n;
+                left -= 1;
+            }
+            n += 1;
+        }
+        t
+    });
+    tags[slot as usize % SLOTS]
 }
 
 /// `saltshaker:KIND:{N}:KEY`, with N in the pool's hash-tag delimiters.
@@ -165,9 +188,7 @@ pub(super) fn on_node(p: &dyn Place, node: usize, kind: &str, key: &[u8]) -> Byt
     let name = |n: u32| owned_name(kind, n, p.tag(), key);
     if p.by_slot() && node == p.node_of(key) {
         // On a cluster a script's keys must share a slot: the base key's, here.
-        if let Some(n) = in_slot_of(kind, key, key) {
-            return n;
-        }
+        return in_slot_of(kind, key, key);
     }
     (0..SEARCH)
         .map(name)
@@ -192,9 +213,7 @@ fn beside_shard(p: &dyn Place, kind: &str, key: &[u8], salt: u32) -> Bytes {
     let kind = format!("{kind}:{salt}");
     if p.by_slot() {
         // In the shard's slot: the shard's own tag, `{SALT}`.
-        if let Some(n) = in_slot_of(&kind, &shard, key) {
-            return n;
-        }
+        return in_slot_of(&kind, &shard, key);
     }
     on_node(p, p.node_of(&shard), &kind, key)
 }
@@ -265,11 +284,16 @@ mod tests {
     #[test]
     fn on_a_cluster_bookkeeping_shares_the_slot_of_what_it_keeps_books_for() {
         let slot = crate::backend::slots::slot_of;
-        assert!(
-            !slot_safe(b"x{}y"),
-            "hashed whole, with a brace a tag cannot carry"
-        );
-        for key in [&b"likes:1"[..], b"{user9}.votes", b"a{b", b"x{y"] {
+        // The last three hash with a `}` that a tag cannot carry: a number stands in.
+        for key in [
+            &b"likes:1"[..],
+            b"{user9}.votes",
+            b"a{b",
+            b"x{y",
+            b"x{}y",
+            b"a}b",
+            b"{}}",
+        ] {
             assert_eq!(slot(&applied_name(&Slots, key)), slot(key), "{key:?}");
             for s in choose_salts(&Slots, key, &[], 3) {
                 let shard = shard_name(key, s, *b"{}");
@@ -290,6 +314,18 @@ mod tests {
         nodes.sort();
         assert_eq!(nodes, vec![0, 1, 2]);
     }
+    #[test]
+    fn every_slot_has_a_number_tag() {
+        for s in 0..SLOTS as u16 {
+            let t = slot_tag(s);
+            assert_eq!(slot_of(t.to_string().as_bytes()), s);
+        }
+        assert_eq!(
+            slot_of(&in_slot_of("a", b"x{}y", b"x{}y")),
+            slot_of(b"x{}y")
+        );
+    }
+
     use crate::backend::placement::{Distribution, HashFn, NodeSpec, Placement};
 
     struct P(Placement);

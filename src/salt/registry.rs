@@ -156,13 +156,6 @@ pub async fn promote(
             "keys starting with saltshaker: belong to saltshaker".into(),
         ));
     }
-    if backend.cluster().is_some() && !super::names::slot_safe(key) {
-        return Err(SaltError::Refused(
-            "on a Redis Cluster this key cannot be salted: the part of it Redis hashes holds \
-             a '}', so its bookkeeping cannot share its slot"
-                .into(),
-        ));
-    }
     if !salt.enabled {
         return Err(SaltError::Refused(
             "salting needs a pool that places keys by hash (not random)".into(),
