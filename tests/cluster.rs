@@ -1258,3 +1258,53 @@ fn keys_salted_by_member_move_a_shard_off_a_shared_master_with_no_member_missed(
         Reply::Int(added as i64 + 1)
     );
 }
+
+#[test]
+fn a_slot_no_node_serves_is_retried_until_the_request_timeout_and_then_named_clearly() {
+    let cluster = RedisCluster::start(3, 0);
+    let p = Proxy::start_cluster(&cluster.seeds(), &["--request-timeout-ms", "1500"]);
+    let mut c = p.client();
+    let key = "orphan";
+    let slot = c.cmd(&["CLUSTER", "KEYSLOT", key]).as_int().to_string();
+    let other = (0..)
+        .map(|i| format!("served:{i}"))
+        .find(|k| c.cmd(&["CLUSTER", "KEYSLOT", k]).as_int().to_string() != slot)
+        .unwrap();
+    assert_eq!(c.cmd(&["SET", &other, "1"]), Reply::ok());
+    // Every node forgets the slot: each answers CLUSTERDOWN for its keys.
+    for n in &cluster.nodes {
+        let r = n.client().cmd(&["CLUSTER", "DELSLOTS", &slot]);
+        assert_eq!(r, Reply::ok(), "{}", n.addr());
+    }
+    support::salting::wait_for("the slot to be unserved", Duration::from_secs(10), || {
+        cluster.nodes.iter().all(|n| {
+            matches!(n.client().cmd(&["GET", key]), Reply::Error(e) if e.starts_with("CLUSTERDOWN"))
+        })
+    });
+    let t = Instant::now();
+    let r = c.cmd(&["GET", key]);
+    let took = t.elapsed();
+    assert!(
+        matches!(&r, Reply::Error(e) if e.starts_with("CLUSTERDOWN") && e.contains("saltshaker: 127.0.0.1:") && e.contains("every retry")),
+        "{r}"
+    );
+    assert!(
+        took >= Duration::from_millis(1000) && took < Duration::from_millis(3000),
+        "retried for {took:?}, against a request timeout of 1500 ms"
+    );
+    // Other slots are served throughout, and the slot is again once a node takes it.
+    assert_eq!(c.cmd(&["GET", &other]), Reply::bulk("1"));
+    let owner = cluster.masters()[0];
+    assert_eq!(
+        cluster.nodes[owner]
+            .client()
+            .cmd(&["CLUSTER", "ADDSLOTS", &slot]),
+        Reply::ok()
+    );
+    support::salting::wait_for(
+        "the slot to be served again",
+        Duration::from_secs(10),
+        || c.cmd(&["SET", key, "back"]) == Reply::ok(),
+    );
+    assert_eq!(c.cmd(&["GET", key]), Reply::bulk("back"));
+}

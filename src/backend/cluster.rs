@@ -31,8 +31,12 @@ use crate::resp::{parse_value, Proto};
 const NONE: u16 = u16::MAX;
 /// The least time between two reads of the map.
 pub const MIN_REFRESH: Duration = Duration::from_millis(100);
-/// Redirections followed for one command before its last reply is given to the client.
+/// Redirections (MOVED, ASK) followed for one command before its last reply is given to
+/// the client. TRYAGAIN and CLUSTERDOWN do not count: they are retried until the deadline.
 const MAX_HOPS: usize = 5;
+/// How long TRYAGAIN and CLUSTERDOWN are retried when no request timeout is configured:
+/// a cluster that stays down must not hold a client for ever.
+const RETRY_WITHOUT_DEADLINE: Duration = Duration::from_secs(5);
 
 /// The slot map and the nodes of one cluster.
 pub struct Cluster {
@@ -313,20 +317,35 @@ impl Cluster {
         }
         let mut out = BytesMut::with_capacity(replies.buf.len());
         let mut ends = SmallVec::new();
+        let started = Instant::now();
+        let retry_until = deadline.unwrap_or(started + RETRY_WITHOUT_DEADLINE);
         for (i, cmd) in data.iter().enumerate().take(replies.len()) {
             let mut reply = replies.get(i);
             let mut at = from.to_string();
-            for hop in 0..MAX_HOPS {
-                let Some(r) = redirect(&reply) else {
-                    break;
+            let (mut hops, mut retries) = (0, 0);
+            while let Some(r) = redirect(&reply) {
+                let n = match r {
+                    Redirect::Retry => &mut retries,
+                    _ => &mut hops,
                 };
-                match self.resend(&r, cmd, proto, &at, hop, deadline).await {
+                if *n == MAX_HOPS && !matches!(r, Redirect::Retry) {
+                    break;
+                }
+                *n += 1;
+                let hop = *n - 1;
+                match self
+                    .resend(&r, cmd, proto, &at, hop, deadline, retry_until)
+                    .await
+                {
                     Some((next, node)) => {
                         reply = next;
                         at = node;
                     }
                     None => break,
                 }
+            }
+            if retries > 0 && redirect(&reply) == Some(Redirect::Retry) {
+                reply = gave_up(&reply, &at, started.elapsed());
             }
             out.extend_from_slice(&reply);
             ends.push(out.len() as u32);
@@ -338,8 +357,8 @@ impl Cluster {
     }
 
     /// One hop: the reply of `cmd` sent where redirection `r` (answered by `at`) says, and
-    /// the node that gave it. None when there is nowhere to send it (an unknown node, the
-    /// deadline): the redirection is then the client's reply.
+    /// the node that gave it. None when there is nowhere to send it (an unknown node, or a
+    /// retry that would end past `retry_until`): the redirection is then the client's reply.
     async fn resend(
         &self,
         r: &Redirect,
@@ -348,6 +367,7 @@ impl Cluster {
         at: &str,
         hop: usize,
         deadline: Option<Instant>,
+        retry_until: Instant,
     ) -> Option<(Bytes, String)> {
         // `MOVED 3999 :6381`: a node that does not know its own address.
         let resolve = |addr: &str| match addr.strip_prefix(':') {
@@ -383,7 +403,7 @@ impl Cluster {
                 // TRYAGAIN (a multi-key command during a migration) or CLUSTERDOWN (a
                 // failover): wait a little, then ask the node that answered again.
                 let pause = Duration::from_millis(10 << hop.min(4));
-                if deadline.is_some_and(|d| Instant::now() + pause >= d) {
+                if Instant::now() + pause >= retry_until {
                     return None;
                 }
                 self.stale();
@@ -405,6 +425,24 @@ impl Cluster {
 fn is_redirect(r: &Replies, i: usize) -> bool {
     let b = r.get(i);
     b.first() == Some(&b'-') && redirect(&b).is_some()
+}
+
+/// The client's reply once TRYAGAIN or CLUSTERDOWN was retried until the deadline: the
+/// node's own error (its first word is the code clients look at), the node that kept
+/// answering it, and for how long.
+fn gave_up(reply: &[u8], node: &str, waited: Duration) -> Bytes {
+    let line = reply.strip_prefix(b"-").unwrap_or(reply);
+    let line = &line[..line.iter().position(|&c| c == b'\r').unwrap_or(line.len())];
+    let mut out = BytesMut::new();
+    crate::resp::encode_error(
+        &format!(
+            "{} (saltshaker: {node} answered this to every retry for {} ms)",
+            String::from_utf8_lossy(line),
+            waited.as_millis()
+        ),
+        &mut out,
+    );
+    out.freeze()
 }
 
 fn error_reply(e: &BackendError) -> Bytes {
