@@ -1284,6 +1284,7 @@ fn a_slot_no_node_serves_is_retried_until_the_request_timeout_and_then_named_cle
     let t = Instant::now();
     let r = c.cmd(&["GET", key]);
     let took = t.elapsed();
+    eprintln!("after {took:?}: {r}");
     assert!(
         matches!(&r, Reply::Error(e) if e.starts_with("CLUSTERDOWN") && e.contains("saltshaker: 127.0.0.1:") && e.contains("every retry")),
         "{r}"
