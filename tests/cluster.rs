@@ -566,9 +566,10 @@ fn a_master_added_and_rebalanced_under_load_takes_its_share_with_no_error() {
 }
 
 #[test]
-fn reads_go_to_a_healthy_replica_with_read_from_prefer_replica() {
+fn reads_go_to_a_healthy_replica_with_prefer_replica_and_never_to_the_master_with_replica() {
     let cluster = RedisCluster::start(3, 1);
     let proxy = Proxy::start_cluster(&cluster.seeds(), &["--read-from", "prefer_replica"]);
+    let strict = Proxy::start_cluster(&cluster.seeds(), &["--read-from", "replica"]);
     let mut c = proxy.client();
     let key = "replicated";
     assert_eq!(c.cmd(&["SET", key, "v"]), Reply::ok());
@@ -594,11 +595,42 @@ fn reads_go_to_a_healthy_replica_with_read_from_prefer_replica() {
     // Writes still go to the master.
     assert_eq!(c.cmd(&["INCR", "replicated:n"]), Reply::Int(1));
     // A replica that fails is not read from: the master answers once the cluster says so.
+    let elsewhere = (0..)
+        .map(|i| format!("elsewhere:{i}"))
+        .find(|k| cluster.master_of(k) != master)
+        .unwrap();
+    assert_eq!(c.cmd(&["SET", &elsewhere, "w"]), Reply::ok());
+    let mut sc = strict.client();
+    assert_eq!(sc.cmd(&["GET", key]), Reply::bulk("v"));
     cluster.nodes[replica].signal("KILL");
     let back = wait_until(Duration::from_secs(15), || {
         c.cmd(&["GET", key]) == Reply::bulk("v") && calls(&cluster.nodes[master], "get") > 0
     });
     assert!(back, "reads moved to the master after its replica failed");
+    // With `read_from: replica` the master is never read: its slots' reads are refused,
+    // naming it, while the other masters' replicas still answer (MGET too, whole or not).
+    let refused = wait_until(
+        Duration::from_secs(15),
+        || matches!(sc.cmd(&["GET", key]), Reply::Error(e) if e.contains("read_from is replica")),
+    );
+    assert!(
+        refused,
+        "a strict replica read of a master without replicas is refused"
+    );
+    let r = sc.cmd(&["GET", key]);
+    let addr = cluster.nodes[master].addr();
+    assert!(matches!(&r, Reply::Error(e) if e.contains(&addr)), "{r}");
+    assert_eq!(sc.cmd(&["GET", &elsewhere]), Reply::bulk("w"));
+    let r = sc.cmd(&["MGET", &elsewhere, key]);
+    assert!(
+        matches!(&r, Reply::Error(e) if e.contains("read_from is replica")),
+        "{r}"
+    );
+    assert_eq!(
+        sc.cmd(&["INCR", "replicated:n"]),
+        Reply::Int(2),
+        "writes go to the master"
+    );
 }
 
 #[test]

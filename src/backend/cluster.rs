@@ -120,15 +120,17 @@ impl Cluster {
     }
 
     /// Where a read of `slot` goes under `read_from`: the master, or one of its healthy
-    /// replicas (the slot picks which, so reads of one key stay on one replica).
-    pub fn reader(&self, slot: u16) -> usize {
+    /// replicas (the slot picks which, so reads of one key stay on one replica). With
+    /// `replica`, never the master: Err(master) when it has no healthy replica now.
+    pub fn reader(&self, slot: u16) -> Result<usize, usize> {
         let master = self.owner(slot);
         if self.read_from == ReadFrom::Master {
-            return master;
+            return Ok(master);
         }
         match self.replicas.load().get(&master) {
-            Some(r) if !r.is_empty() => r[slot as usize % r.len()],
-            _ => master,
+            Some(r) if !r.is_empty() => Ok(r[slot as usize % r.len()]),
+            _ if self.read_from == ReadFrom::Replica => Err(master),
+            _ => Ok(master),
         }
     }
 

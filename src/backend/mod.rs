@@ -284,12 +284,19 @@ impl Backend {
     }
 
     /// The node a read-only command on a key of `group` (from `group_of`) goes to: its
-    /// master, or on a cluster with `read_from` set, a healthy replica of it.
+    /// master, or on a cluster with `read_from` set, a healthy replica of it. Err names
+    /// the master when `read_from: replica` finds it without a healthy replica.
     #[inline]
-    pub fn reader_in(&self, group: (u32, usize)) -> usize {
+    pub fn reader_in(&self, group: (u32, usize)) -> Result<usize, String> {
         match &self.cluster {
-            Some(c) => c.reader(group.0 as u16),
-            None => group.1,
+            Some(c) => c.reader(group.0 as u16).map_err(|m| {
+                format!(
+                    "ERR saltshaker: read_from is replica, and master {} of slot {} has no healthy replica now",
+                    self.node(m).addr,
+                    group.0
+                )
+            }),
+            None => Ok(group.1),
         }
     }
 

@@ -51,13 +51,13 @@ fn reads_only(c: &Classified) -> bool {
 }
 
 pub(super) fn forward_keyed(s: &mut Session, req: &Request, c: &Classified, rb: &mut RoundBuilder) {
-    match keys_group(s, req, c) {
-        Ok(group) => {
-            let node = match group {
-                Some(g) if reads_only(c) => s.ctx.backend.reader_in(g),
-                Some((_, n)) => n,
-                None => s.ctx.backend.any_node(),
-            };
+    let node = keys_group(s, req, c).and_then(|group| match group {
+        Some(g) if reads_only(c) => s.ctx.backend.reader_in(g).map_err(|e| err_bytes(&e)),
+        Some((_, n)) => Ok(n),
+        None => Ok(s.ctx.backend.any_node()),
+    });
+    match node {
+        Ok(node) => {
             let part = push(s, rb, node, req.wire());
             rb.slots.push(Slot::Reply(part));
         }
@@ -112,13 +112,22 @@ pub(super) fn split(
         return;
     }
     let name = req.arg(0);
+    // MGET reads only: on a cluster with `read_from`, a replica of each slot answers.
+    let mut nodes: SmallVec<[usize; 8]> = SmallVec::new();
+    for group in groups.iter().map(|(g, _)| *g) {
+        match kind {
+            Split::Mget => match s.ctx.backend.reader_in(group) {
+                Ok(n) => nodes.push(n),
+                Err(e) => {
+                    rb.slots.push(Slot::Ready(err_bytes(&e)));
+                    return;
+                }
+            },
+            _ => nodes.push(group.1),
+        }
+    }
     let mut parts = Vec::with_capacity(groups.len());
-    for (group, keys) in &groups {
-        // MGET reads only: on a cluster with `read_from`, a replica of the slot answers.
-        let node = &match kind {
-            Split::Mget => s.ctx.backend.reader_in(*group),
-            _ => group.1,
-        };
+    for ((_, keys), node) in groups.iter().zip(&nodes) {
         let mut args: Vec<&[u8]> = Vec::with_capacity(1 + keys.len() * step);
         args.push(name);
         for &k in keys {
