@@ -20,7 +20,8 @@ use tokio::sync::watch;
 use super::names::{shard_name, spread_salts, Place, CHANNEL};
 use super::record::{boundary_after, Kind, Record, Step};
 use super::registry::{
-    announce, cas, demote, get, live_proxies, load_all, node, pinning_rule, promote, wanted_shards,
+    announce, cas, change_if_same, demote, get, live_proxies, load_all, node, pinning_rule,
+    promote, wanted_shards,
 };
 use super::{as_i64, call, fold, now_ms, ops, relocate, Salt, SaltError, SaltTable, Salted};
 use crate::backend::{wire, Backend, Dedicated};
@@ -304,23 +305,20 @@ async fn respread(
     if covered.len() <= nodes.len() {
         return Ok(());
     }
-    let Some((raw, mut fresh)) = get(backend, key).await? else {
-        return Ok(());
-    };
-    if fresh != *rec {
-        return Ok(());
-    }
-    fresh.salts = salts;
     let from_ms = boundary_after(now, epoch);
-    fresh.steps.push(Step {
+    let step = Step {
         from_ms,
         n: used.len() as u32,
         shards: used,
         hold: vec![],
-    });
-    if cas(backend, key, Some(&raw), Some(fresh.encode().as_bytes())).await? {
+    };
+    if change_if_same(backend, key, rec, |r| {
+        r.salts = salts;
+        r.steps.push(step);
+    })
+    .await?
+    {
         tracing::info!(key = %String::from_utf8_lossy(key), nodes_before = nodes.len(), nodes_after = covered.len(), from_ms, "moving a salted key's writers apart: its shards shared a node after a slot move, a failover or a new master");
-        announce(backend, key).await;
     }
     Ok(())
 }

@@ -71,6 +71,29 @@ pub async fn cas(
     }
 }
 
+/// Writes `rec` with `change` made to it, only if the registry still holds `rec` exactly
+/// (a decision made from a record that changed meanwhile is made again next tick), and
+/// tells the other proxies. True when written.
+pub async fn change_if_same(
+    backend: &Backend,
+    key: &[u8],
+    rec: &Record,
+    change: impl FnOnce(&mut Record),
+) -> Result<bool, SaltError> {
+    let Some((raw, mut fresh)) = get(backend, key).await? else {
+        return Ok(false);
+    };
+    if fresh != *rec {
+        return Ok(false);
+    }
+    change(&mut fresh);
+    let written = cas(backend, key, Some(&raw), Some(fresh.encode().as_bytes())).await?;
+    if written {
+        announce(backend, key).await;
+    }
+    Ok(written)
+}
+
 /// Tells the other proxies to resync now (best effort: they resync on a timer anyway).
 pub async fn announce(backend: &Backend, key: &[u8]) {
     let _ = call(

@@ -48,7 +48,8 @@ pub async fn advance(
         return Ok(());
     }
     match held_shard(rec) {
-        None => hold(backend, key, rec, now, epoch).await,
+        None if last.hold.is_empty() => hold(backend, key, rec, last, now, epoch).await,
+        None => Ok(()),
         Some(_) if now < last.from_ms.saturating_add(epoch) => Ok(()),
         Some(h) => empty_and_replace(backend, salt, key, last, h, epoch).await,
     }
@@ -70,43 +71,31 @@ fn held_shard(rec: &Record) -> Option<usize> {
     }
 }
 
-/// Phase 1: when two shards in use share an owner and another owner has none, holds the
-/// later of the two from the next boundary.
+/// Phase 1: when two shards of `last`'s list share an owner and another owner has none,
+/// holds the later of the two from the next boundary.
 async fn hold(
     backend: &Backend,
     key: &[u8],
     rec: &Record,
+    last: &Step,
     now: u64,
     epoch: u64,
 ) -> Result<(), SaltError> {
-    let Some(last) = rec.steps.last() else {
-        return Ok(());
-    };
-    if !last.hold.is_empty() {
-        return Ok(());
-    }
     let list = last.in_use(rec.salts.len());
     let Some((pos, _)) = doubled(backend, key, &rec.salts, &list) else {
         return Ok(());
     };
-    let Some((raw, mut fresh)) = registry::get(backend, key).await? else {
-        return Ok(());
-    };
-    if fresh != *rec {
-        return Ok(());
-    }
     let h = list[pos];
     let from_ms = boundary_after(now, epoch);
-    fresh.steps.push(Step {
+    let step = Step {
         from_ms,
         n: list.len() as u32,
         shards: list.iter().map(|&i| i as u32).collect(),
         hold: vec![h as u32],
-    });
-    if registry::cas(backend, key, Some(&raw), Some(fresh.encode().as_bytes())).await? {
+    };
+    if registry::change_if_same(backend, key, rec, |r| r.steps.push(step)).await? {
         let node = backend.node_of(&shard_name(key, rec.salts[h], backend.tag()));
         tracing::info!(key = %String::from_utf8_lossy(key), shard = h, node = %backend.node(node).addr, from_ms, "moving a salted key's shard off a master it shares: its members are written to the base key from the next epoch");
-        registry::announce(backend, key).await;
     }
     Ok(())
 }
@@ -210,4 +199,93 @@ fn replacement(
         step(b2 + epoch, vec![], &shards),
     ];
     (salts, steps)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::salt::names::choose_salts;
+    use crate::salt::record::Kind;
+
+    /// Three owners splitting the slots evenly; `moved` lands on `onto` instead.
+    struct Three {
+        moved: Option<(Vec<u8>, usize)>,
+    }
+    impl Place for Three {
+        fn node_of(&self, key: &[u8]) -> usize {
+            match &self.moved {
+                Some((k, onto)) if k == key => *onto,
+                _ => crate::backend::slots::slot_of(key) as usize * 3 / 16384,
+            }
+        }
+        fn nodes(&self) -> usize {
+            3
+        }
+        fn tag(&self) -> [u8; 2] {
+            *b"{}"
+        }
+        fn by_slot(&self) -> bool {
+            true
+        }
+    }
+
+    #[test]
+    fn the_record_alone_says_which_phase_is_due_and_the_replacement_lands_where_none_is() {
+        let key = b"who:liked";
+        let even = Three { moved: None };
+        let salts = choose_salts(&even, key, &[], 3);
+        let mut rec = Record::new(Kind::Set, salts.clone(), 1000, 0, "p");
+        assert_eq!(held_shard(&rec), None, "a promotion holds nothing");
+        // Shard 2's slot moved onto shard 0's owner: shard 2 is the one to move.
+        let onto = even.node_of(&shard_name(key, salts[0], *b"{}"));
+        let moved = Three {
+            moved: Some((shard_name(key, salts[2], *b"{}").to_vec(), onto)),
+        };
+        assert_eq!(
+            doubled(&moved, key, &salts, &[0, 1, 2]).map(|d| d.0),
+            Some(2)
+        );
+        let held = Step {
+            from_ms: 2000,
+            n: 3,
+            shards: vec![0, 1, 2],
+            hold: vec![2],
+        };
+        rec.steps.push(held.clone());
+        assert_eq!(held_shard(&rec), Some(2), "phase 1: emptying is due");
+        let (salts2, steps) = replacement(&moved, key, &rec, &held, 2, 1000);
+        assert_eq!(&salts2[..3], &salts[..], "salts are only appended");
+        assert_eq!(salts2.len(), 4);
+        assert_eq!(steps.len(), 2);
+        assert_eq!(
+            (steps[0].shards.clone(), steps[0].hold.clone()),
+            (vec![0, 1, 3], vec![3])
+        );
+        assert_eq!(
+            (steps[1].shards.clone(), steps[1].hold.clone()),
+            (vec![0, 1, 3], vec![])
+        );
+        assert_eq!(steps[1].from_ms, steps[0].from_ms + 1000);
+        let mut owners: Vec<usize> = [0, 1, 3]
+            .iter()
+            .map(|&i| moved.node_of(&shard_name(key, salts2[i], *b"{}")))
+            .collect();
+        owners.sort();
+        assert_eq!(owners, vec![0, 1, 2], "one shard per owner again");
+        // Written: the last step holds nothing, so no phase is due until it is in force.
+        rec.salts = salts2;
+        rec.steps.extend(steps);
+        assert_eq!(held_shard(&rec), None);
+        assert_eq!(doubled(&moved, key, &rec.salts, &[0, 1, 3]), None);
+        // Had the slot moved back meanwhile, the held shard would simply be written again.
+        let mut back = Record::new(Kind::Set, salts.clone(), 1000, 0, "p");
+        back.steps.push(held.clone());
+        let (same, steps) = replacement(&even, key, &back, &held, 2, 1000);
+        assert_eq!(same, salts);
+        assert_eq!(steps.len(), 1);
+        assert_eq!(
+            (steps[0].shards.clone(), steps[0].hold.clone()),
+            (vec![0, 1, 2], vec![])
+        );
+    }
 }
