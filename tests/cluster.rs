@@ -263,6 +263,8 @@ fn a_slot_moved_under_load_is_followed_with_no_error_and_no_lost_increment() {
         acked.iter().sum::<u64>() > 100,
         "the load ran through the move"
     );
+    // The clients saw none of it; the proxy's metrics show the redirections it followed.
+    assert!(proxy.metric("saltshaker_cluster_redirects_total") >= 1.0);
 }
 
 #[test]
@@ -1226,15 +1228,8 @@ fn keys_salted_by_member_move_a_shard_off_a_shared_master_with_no_member_missed(
         );
     }
     assert_eq!(moved(), 3, "one shard moved per key");
-    let metric = |p: &Proxy| {
-        p.admin_get("/metrics")
-            .1
-            .lines()
-            .find_map(|l| l.strip_prefix("saltshaker_salt_shard_moves_total "))
-            .and_then(|v| v.trim().parse::<f64>().ok())
-            .unwrap_or(0.0)
-    };
-    assert_eq!(metric(&a) + metric(&b), 3.0);
+    let moves = |p: &Proxy| p.metric("saltshaker_salt_shard_moves_total");
+    assert_eq!(moves(&a) + moves(&b), 3.0);
     // Exact: every member, score and counter, through the proxy and, folded, in the base keys.
     let added = loads[0].added + loads[1].added;
     let check = |c: &mut Client| {
@@ -1325,6 +1320,22 @@ fn a_slot_no_node_serves_is_retried_until_the_request_timeout_and_then_named_cle
         took >= Duration::from_millis(1000) && took < Duration::from_millis(3000),
         "retried for {took:?}, against a request timeout of 1500 ms"
     );
+    // What an SRE sees: the retries, and one slot without an owner.
+    let (_, m) = p.admin_get("/metrics");
+    let retries = m
+        .lines()
+        .find_map(|l| l.strip_prefix("saltshaker_cluster_redirects_total{kind=\"retry\"} "))
+        .and_then(|v| v.trim().parse::<f64>().ok());
+    assert!(
+        retries.is_some_and(|r| r >= 5.0),
+        "retries counted: {retries:?}"
+    );
+    support::salting::wait_for(
+        "the map to show the slot unserved",
+        Duration::from_secs(5),
+        || p.metric("saltshaker_cluster_slots_served") == 16383.0,
+    );
+    assert!(p.metric("saltshaker_cluster_map_refreshes_total") >= 1.0);
     // Other slots are served throughout, and the slot is again once a node takes it.
     assert_eq!(c.cmd(&["GET", &other]), Reply::bulk("1"));
     let owner = cluster.masters()[0];
@@ -1340,4 +1351,9 @@ fn a_slot_no_node_serves_is_retried_until_the_request_timeout_and_then_named_cle
         || c.cmd(&["SET", key, "back"]) == Reply::ok(),
     );
     assert_eq!(c.cmd(&["GET", key]), Reply::bulk("back"));
+    support::salting::wait_for(
+        "the map to serve every slot",
+        Duration::from_secs(5),
+        || p.metric("saltshaker_cluster_slots_served") == 16384.0,
+    );
 }

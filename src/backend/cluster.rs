@@ -25,6 +25,7 @@ use tokio::time::Instant;
 
 use super::slots::{self, redirect, Redirect, Topology, SLOTS};
 use super::{pick, wire, BackendError, Node, NodeTable, ReadFrom, Replies};
+use crate::metrics::{ClusterMetrics, ResultLabel};
 use crate::resp::{parse_value, Proto};
 
 /// No slot owner known.
@@ -60,6 +61,7 @@ pub struct Cluster {
     /// Told which keys moved (by a predicate) whenever slots change owner: the cache drops
     /// their entries.
     on_move: std::sync::OnceLock<MoveHook>,
+    metrics: ClusterMetrics,
 }
 
 /// What `on_move` runs: given a predicate that is true for keys whose slot moved.
@@ -75,6 +77,7 @@ impl Cluster {
         refresh_every: Duration,
         read_from: ReadFrom,
         make: Box<dyn Fn(String, usize) -> Node + Send + Sync>,
+        metrics: ClusterMetrics,
     ) -> Arc<Cluster> {
         let by_addr = nodes
             .all()
@@ -95,6 +98,7 @@ impl Cluster {
             last_refresh: Mutex::new(None),
             refresh_every,
             on_move: std::sync::OnceLock::new(),
+            metrics,
         });
         let _ = c.me.set(Arc::downgrade(&c));
         for n in c.nodes.all() {
@@ -206,6 +210,8 @@ impl Cluster {
         }
         // In slot order, whichever node told the map.
         masters.sort_by_key(|&i| owner.iter().position(|&o| o == i as u16));
+        let served = owner.iter().filter(|&&o| o != NONE).count();
+        self.metrics.slots_served.set(served as i64);
         let mut moved = vec![false; SLOTS];
         for (s, &o) in owner.iter().enumerate() {
             moved[s] = self.slots[s].swap(o, Ordering::Relaxed) != o;
@@ -292,14 +298,22 @@ impl Cluster {
                 tokio::time::sleep(MIN_REFRESH - since).await;
             }
             *self.last_refresh.lock().unwrap_or_else(|p| p.into_inner()) = Some(Instant::now());
-            match self.read_map(Duration::from_secs(1)).await {
+            let result = match self.read_map(Duration::from_secs(1)).await {
                 Ok(t) => {
                     for c in self.apply(t) {
                         tracing::info!(change = %c, "cluster map changed");
                     }
+                    "ok"
                 }
-                Err(e) => tracing::warn!(error = %e, "could not read the cluster map"),
-            }
+                Err(e) => {
+                    tracing::warn!(error = %e, "could not read the cluster map");
+                    "failed"
+                }
+            };
+            self.metrics
+                .refreshes
+                .get_or_create(&ResultLabel { result })
+                .inc();
         }
     }
 
@@ -326,13 +340,15 @@ impl Cluster {
             let mut at = from.to_string();
             let (mut hops, mut retries) = (0, 0);
             while let Some(r) = redirect(&reply) {
-                let n = match r {
-                    Redirect::Retry => &mut retries,
-                    _ => &mut hops,
+                let (n, kind) = match r {
+                    Redirect::Retry => (&mut retries, "retry"),
+                    Redirect::Moved { .. } => (&mut hops, "moved"),
+                    Redirect::Ask { .. } => (&mut hops, "ask"),
                 };
                 if *n == MAX_HOPS && !matches!(r, Redirect::Retry) {
                     break;
                 }
+                self.metrics.redirect(kind);
                 *n += 1;
                 let hop = *n - 1;
                 match self

@@ -249,6 +249,7 @@ impl Backend {
             Duration::from_millis(cc.refresh_ms.max(100)),
             cc.read_from,
             Box::new(make),
+            metrics.cluster.clone(),
         );
         tokio::spawn(c.clone().run());
         let request_timeout =

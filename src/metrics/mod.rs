@@ -10,10 +10,12 @@
 //! pipelined round, weighted by the round's command count.
 
 mod admission;
+mod cluster;
 mod node;
 mod security;
 
 pub use admission::{AdmissionMetrics, AdmitLabel, ADMIT_RESULTS};
+pub use cluster::{ClusterMetrics, RedirectLabel};
 pub use node::NodeMetrics;
 pub use security::{DeniedLabel, SecurityMetrics};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -106,6 +108,7 @@ pub struct Metrics {
     pub cache: CacheMetrics,
     pub salt: SaltMetrics,
     pub security: SecurityMetrics,
+    pub cluster: ClusterMetrics,
     pub admission: AdmissionMetrics,
 }
 
@@ -163,6 +166,7 @@ impl Metrics {
             cache: Default::default(),
             salt: Default::default(),
             security: SecurityMetrics::default(),
+            cluster: ClusterMetrics::default(),
             admission: AdmissionMetrics::default(),
         };
 
@@ -289,6 +293,7 @@ impl Metrics {
             m.combine.held_back.clone(),
         );
         m.security.register(r);
+        m.cluster.register(r);
         m.admission.register(r);
         let s = &m.salt;
         r.register(
