@@ -349,8 +349,8 @@ impl Cluster {
                     break;
                 }
                 self.metrics.redirect(kind);
+                let hop = *n;
                 *n += 1;
-                let hop = *n - 1;
                 match self
                     .resend(&r, cmd, proto, &at, hop, deadline, retry_until)
                     .await

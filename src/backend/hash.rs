@@ -137,9 +137,9 @@ fn one_at_a_time(key: &[u8]) -> u32 {
     v.wrapping_add(v << 15)
 }
 
-/// CCITT (XMODEM) table; twemproxy never masks the register to 16 bits, so the result
-/// keeps the bits shifted past bit 15 and we must too.
-/// CRC16-CCITT (XMODEM), the one Redis Cluster hashes slots with; `slots::crc16` shares it.
+/// CCITT (XMODEM) table, the one Redis Cluster hashes slots with (`slots::crc16` shares
+/// it). twemproxy never masks the register to 16 bits, so its result keeps the bits
+/// shifted past bit 15 and ours must too; each entry itself fits in 16 bits.
 pub(in crate::backend) const CRC16_TABLE: [u32; 256] = {
     let mut t = [0u32; 256];
     let mut i = 0;

@@ -20,14 +20,21 @@ pub fn crc16(data: &[u8]) -> u16 {
     crc
 }
 
-/// The slot of `key`: only the part between the first `{` and the next `}` is hashed,
-/// when that part is not empty (Redis's `keyHashSlot`).
+/// The part of `key` Redis Cluster hashes: the first non-empty `{...}`, else the whole key
+/// (Redis's `keyHashSlot`).
+pub fn hashed_part(key: &[u8]) -> &[u8] {
+    key.iter()
+        .position(|&c| c == b'{')
+        .and_then(|s| {
+            let e = key[s + 1..].iter().position(|&c| c == b'}')?;
+            (e > 0).then(|| &key[s + 1..s + 1 + e])
+        })
+        .unwrap_or(key)
+}
+
+/// The slot of `key`: CRC16 of its hashed part.
 pub fn slot_of(key: &[u8]) -> u16 {
-    let tagged = key.iter().position(|&c| c == b'{').and_then(|s| {
-        let e = key[s + 1..].iter().position(|&c| c == b'}')?;
-        (e > 0).then(|| &key[s + 1..s + 1 + e])
-    });
-    crc16(tagged.unwrap_or(key)) & (SLOTS as u16 - 1)
+    crc16(hashed_part(key)) & (SLOTS as u16 - 1)
 }
 
 /// One node of the map.

@@ -11,7 +11,7 @@
 
 use bytes::{BufMut, Bytes, BytesMut};
 
-use crate::backend::slots::{slot_of, SLOTS};
+use crate::backend::slots::{hashed_part, slot_of, SLOTS};
 
 /// The registry hash: field = salted key, value = its JSON record.
 pub const REGISTRY_KEY: &str = "saltshaker:registry";
@@ -37,17 +37,6 @@ pub trait Place {
     fn owners(&self) -> Vec<usize> {
         (0..self.nodes()).collect()
     }
-}
-
-/// The part of `key` Redis Cluster hashes: the first non-empty `{...}`, else the whole key.
-fn hashed_part(key: &[u8]) -> &[u8] {
-    key.iter()
-        .position(|&c| c == b'{')
-        .and_then(|s| {
-            let e = key[s + 1..].iter().position(|&c| c == b'}')?;
-            (e > 0).then(|| &key[s + 1..s + 1 + e])
-        })
-        .unwrap_or(key)
 }
 
 /// `saltshaker:KIND:{H}:KEY`, a name in `like`'s slot: `H` is what Redis Cluster hashes of

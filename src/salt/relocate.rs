@@ -154,7 +154,9 @@ async fn empty_and_replace(
                 let s = shard_name(key, c.rec.salts[i as usize], backend.tag());
                 backend.node(backend.node_of(&s)).addr.clone()
             });
-            salt.metrics.shard_moves.inc();
+            if node.is_some() {
+                salt.metrics.shard_moves.inc();
+            }
             tracing::info!(key = %String::from_utf8_lossy(key), shard = h, to = %node.unwrap_or_else(|| "(unchanged)".into()), from_ms = steps[0].from_ms, "a salted key's shard was emptied into its base key; its members get a shard of their own again from the next epoch");
             break;
         }
