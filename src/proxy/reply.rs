@@ -15,63 +15,138 @@ use crate::resp::{
     encode_array_header, encode_bulk, encode_error, encode_int, parse_value, Proto, Value,
 };
 
+/// How long a client owing more than `limits.max_output_bytes` may take no byte at all
+/// before it is closed. A client that reads, however slowly, is never cut off for what
+/// the proxy produced faster than any client could read (Redis's limit counts what the
+/// client has not read; the proxy has the node's whole pipelined reply at once).
+const OUTPUT_STALL: Duration = Duration::from_secs(1);
+
+/// The client's write half and the replies resolved for it but not yet written.
+struct Out<W> {
+    w: W,
+    buf: BytesMut,
+    /// How much of `buf` the client has taken; `buf` is cleared (keeping its capacity)
+    /// once all of it is written.
+    sent: usize,
+    unflushed: bool,
+    /// `limits.max_output_bytes` (usize::MAX for none).
+    limit: usize,
+}
+
+/// The writer gives the client up: it left more than the limit unread and took nothing.
+struct Cut;
+
+impl<W: AsyncWrite + Unpin> Out<W> {
+    fn unread(&self) -> usize {
+        self.buf.len() - self.sent
+    }
+
+    fn compact(&mut self) {
+        if self.sent == self.buf.len() {
+            self.sent = 0;
+            self.buf.clear();
+            // A burst of large replies is not kept for the rest of the connection.
+            if self.buf.capacity() > 1024 * 1024 {
+                self.buf = BytesMut::with_capacity(16 * 1024);
+            }
+        } else if self.sent >= 64 * 1024 {
+            // A client that reads, but never all of it: drop what it took.
+            bytes::Buf::advance(&mut self.buf, self.sent);
+            self.sent = 0;
+        }
+    }
+
+    /// One write; Err when the client is gone.
+    async fn write_some(&mut self) -> Result<(), Cut> {
+        match self.w.write(&self.buf[self.sent..]).await {
+            Ok(0) | Err(_) => Err(Cut),
+            Ok(n) => {
+                self.sent += n;
+                self.unflushed = true;
+                Ok(())
+            }
+        }
+    }
+
+    /// Past the limit, the writer takes no more replies and writes until the client owes
+    /// less than the limit again; a client that takes nothing for `OUTPUT_STALL` is cut.
+    async fn relieve(&mut self, ctx: &Ctx, client: u64) -> Result<(), Cut> {
+        while self.unread() > self.limit {
+            match tokio::time::timeout(OUTPUT_STALL, self.write_some()).await {
+                Ok(r) => r?,
+                Err(_) => {
+                    ctx.metrics.output_limit_closed.inc();
+                    tracing::warn!(
+                        client,
+                        unread_bytes = self.unread(),
+                        limit_bytes = self.limit,
+                        stalled_ms = OUTPUT_STALL.as_millis() as u64,
+                        "closing a client that leaves its replies unread (limits.max_output_bytes)"
+                    );
+                    return Err(Cut);
+                }
+            }
+            self.compact();
+        }
+        Ok(())
+    }
+
+    async fn finish(&mut self) {
+        let _ = self.w.write_all(&self.buf[self.sent..]).await;
+        let _ = self.w.flush().await;
+    }
+}
+
 /// Writes replies until the session ends. Returns the tunnel end if the session turned
 /// into a pub/sub tunnel, so the caller can pump it.
 ///
 /// Rounds are resolved as they come, also while the client is not reading, so unread
-/// replies gather in `out`, where they are counted: a client that owes more than
-/// `limits.max_output_bytes` is closed, as Redis closes one past its output buffer limit.
-/// Otherwise a client that pipelines without reading would hold every reply of every round
-/// in flight, without bound.
+/// replies gather in `out`. Past `limits.max_output_bytes` unread, the writer stops taking
+/// rounds (the session then stops reading the client) and only writes; a client that
+/// takes nothing for `OUTPUT_STALL` while over the limit is closed. When the writer
+/// returns, the session sees its channel closed and ends the connection at once.
 pub async fn write_loop<W: AsyncWrite + Unpin>(
-    mut w: W,
+    w: W,
     mut rounds: mpsc::Receiver<(Round, Proto)>,
     ctx: Arc<Ctx>,
     client: u64,
 ) -> (W, Option<super::tunnel::TunnelEnd>) {
-    let mut out = BytesMut::with_capacity(16 * 1024);
-    // How much of `out` the client has taken; `out` is cleared (keeping its capacity) once
-    // all of it is written.
-    let mut sent = 0usize;
-    let mut unflushed = false;
     let limit = if ctx.max_output == 0 {
         usize::MAX
     } else {
         ctx.max_output
     };
+    let mut out = Out {
+        w,
+        buf: BytesMut::new(),
+        sent: 0,
+        unflushed: false,
+        limit,
+    };
     loop {
-        if sent == out.len() {
-            sent = 0;
-            out.clear();
-        } else if sent >= 64 * 1024 {
-            // A client that reads, but never all of it: drop what it took.
-            bytes::Buf::advance(&mut out, sent);
-            sent = 0;
-        }
-        let next = if out.is_empty() && unflushed {
+        out.compact();
+        let next = if out.buf.is_empty() && out.unflushed {
             // TLS keeps written records until flushed (for TCP the flush does nothing).
             tokio::select! {
                 biased;
-                f = w.flush() => {
+                f = out.w.flush() => {
                     if f.is_err() {
-                        return (w, None);
+                        return (out.w, None);
                     }
-                    unflushed = false;
+                    out.unflushed = false;
                     continue;
                 }
                 r = rounds.recv() => r,
             }
-        } else if out.is_empty() {
+        } else if out.buf.is_empty() {
             rounds.recv().await
         } else {
             tokio::select! {
                 biased;
-                n = w.write(&out[sent..]) => {
-                    match n {
-                        Ok(0) | Err(_) => return (w, None),
-                        Ok(n) => sent += n,
+                r = out.write_some() => {
+                    if r.is_err() {
+                        return (out.w, None);
                     }
-                    unflushed = true;
                     continue;
                 }
                 r = rounds.recv() => r,
@@ -84,7 +159,10 @@ pub async fn write_loop<W: AsyncWrite + Unpin>(
             let close = round.close_after;
             let acked = std::mem::take(&mut round.acked);
             let again = std::mem::take(&mut round.invalidate_after);
-            let tunnel = resolve(round, proto, &ctx, &mut out).await;
+            let tunnel = match resolve(round, proto, &ctx, &mut out, client).await {
+                Ok(t) => t,
+                Err(Cut) => return (out.w, None),
+            };
             if let Some(layer) = ctx.cache.as_ref() {
                 for k in again {
                     layer
@@ -96,37 +174,29 @@ pub async fn write_loop<W: AsyncWrite + Unpin>(
                 let _ = a.send(());
             }
             if close || tunnel.is_some() {
-                let _ = w.write_all(&out[sent..]).await;
-                let _ = w.flush().await;
-                return (w, tunnel);
+                out.finish().await;
+                return (out.w, tunnel);
             }
-            if out.len() < 256 * 1024 {
+            if out.unread() < 256 * 1024 {
                 next = rounds.try_recv().ok();
             }
         }
-        if out.len() - sent > limit {
-            ctx.metrics.output_limit_closed.inc();
-            tracing::warn!(
-                client,
-                unread_bytes = out.len() - sent,
-                limit_bytes = limit,
-                "closing a client that leaves its replies unread (limits.max_output_bytes)"
-            );
-            return (w, None);
+        if out.relieve(&ctx, client).await.is_err() {
+            return (out.w, None);
         }
     }
-    let _ = w.write_all(&out[sent..]).await;
-    let _ = w.flush().await;
-    (w, None)
+    out.finish().await;
+    (out.w, None)
 }
 
 /// Appends the replies of one round to `out`, in order.
-async fn resolve(
+async fn resolve<W: AsyncWrite + Unpin>(
     round: Round,
     proto: Proto,
     ctx: &Ctx,
-    out: &mut BytesMut,
-) -> Option<super::tunnel::TunnelEnd> {
+    sink: &mut Out<W>,
+    client: u64,
+) -> Result<Option<super::tunnel::TunnelEnd>, Cut> {
     // Every wait of the round runs against the same deadline, so a pipeline of many rounds
     // to a frozen node gets all its errors within request_timeout_ms, not one after another.
     let deadline = round.deadline;
@@ -152,35 +222,39 @@ async fn resolve(
             .all(|(i, s)| matches!(s, Slot::Reply(p) if p.idx as usize == i));
         if all_direct {
             if let Ok(r) = &replies[0] {
-                out.extend_from_slice(&r.buf);
+                sink.buf.extend_from_slice(&r.buf);
             }
             record(ctx, &round.started, &round.counts, n);
-            return round.tunnel;
+            sink.relieve(ctx, client).await?;
+            return Ok(round.tunnel);
         }
     }
-    // Where the last slot's reply is in `out`, for a slot that repeats it.
-    let mut last = 0..0;
+    // The reply of the slot before, when the next slot repeats it (`Slot::Again`).
     let mut again = Vec::new();
-    for slot in round.slots {
-        let start = out.len();
+    let mut slots = round.slots.into_iter().peekable();
+    while let Some(slot) = slots.next() {
+        let start = sink.buf.len();
         let (slot, hook) = match slot {
             Slot::Seen(inner, hook) => (*inner, Some(hook)),
             slot => (slot, None),
         };
         if let Slot::Again = slot {
-            again.clear();
-            again.extend_from_slice(&out[last.clone()]);
-            out.extend_from_slice(&again);
+            sink.buf.extend_from_slice(&again);
         } else {
-            write_slot(slot, &replies, proto, late, out).await;
-            last = start..out.len();
+            write_slot(slot, &replies, proto, late, &mut sink.buf).await;
+            if matches!(slots.peek(), Some(Slot::Again)) {
+                again.clear();
+                again.extend_from_slice(&sink.buf[start..]);
+            }
         }
         if let Some(hook) = hook {
-            hook(&out[start..]);
+            hook(&sink.buf[start..]);
         }
+        // A round of many large replies is written as it is resolved, not gathered whole.
+        sink.relieve(ctx, client).await?;
     }
     record(ctx, &round.started, &round.counts, n);
-    round.tunnel
+    Ok(round.tunnel)
 }
 
 /// Writes one slot's reply.

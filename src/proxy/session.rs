@@ -130,6 +130,9 @@ async fn read_loop(mut r: ReadHalf, tx: &mpsc::Sender<(Round, Proto)>, s: &mut S
             tokio::select! {
                 biased;
                 n = r.read_buf(&mut buf) => n,
+                // The writer gave the client up (it left its replies unread, or its socket
+                // failed): end the connection now, not when the client next sends.
+                _ = tx.closed() => return End::Closed,
                 _ = shutdown.wait_for(|v| *v) => {
                     tracing::debug!(client = s.id, "draining on shutdown");
                     draining = true;
@@ -186,6 +189,7 @@ async fn read_loop(mut r: ReadHalf, tx: &mpsc::Sender<(Round, Proto)>, s: &mut S
                 (req, None)
             };
             let mut mark = rb.slots.len();
+            let conn_state = (s.proto, s.db);
             let mut flow = handle(s, req, &mut rb).await;
             if let Flow::Flush(req) = flow {
                 if !flush(s, &mut rb, tx).await {
@@ -200,6 +204,12 @@ async fn read_loop(mut r: ReadHalf, tx: &mpsc::Sender<(Round, Proto)>, s: &mut S
                     let slot = rb.slots.pop().expect("one slot pushed");
                     rb.slots.push(Slot::Seen(Box::new(slot), hook));
                 }
+            }
+            if (s.proto, s.db) != conn_state
+                && matches!(flow, Flow::Continue)
+                && !settle(s, &mut rb, tx, conn_state.0).await
+            {
+                return End::Closed;
             }
             match flow {
                 // A fresh round has no jobs, so this cannot happen; answer rather than panic.
@@ -268,6 +278,37 @@ async fn flush(s: &mut Session, rb: &mut RoundBuilder, tx: &mpsc::Sender<(Round,
     // What comes next (a salted task, a combined write) waits for it.
     s.order.flushed(&mut round, keys, s.track);
     tx.send((round, s.proto)).await.is_ok()
+}
+
+/// After a command that changed the connection's database or protocol (SELECT, HELLO,
+/// RESET): the commands before it leave on the old database's (or protocol's) shared
+/// connections, and the commands after it on the new one's. Two connections are not
+/// ordered against each other at the node, so the round built so far is sent, in the old
+/// protocol, and the session waits until every earlier reply is in before it goes on:
+/// each command runs in the database its client had selected when it sent it, and after
+/// everything it sent before. A client changes database rarely (once, after connecting,
+/// when nothing is in flight), so the wait costs nothing on the common path. False when
+/// the client is gone.
+async fn settle(
+    s: &mut Session,
+    rb: &mut RoundBuilder,
+    tx: &mpsc::Sender<(Round, Proto)>,
+    proto: Proto,
+) -> bool {
+    wait_barrier(s, rb).await;
+    let mut rb = std::mem::take(rb);
+    let keys = std::mem::take(&mut rb.keys);
+    let mut round = rb.send(s.ctx.backend.request_timeout).await;
+    s.order.flushed(&mut round, keys, s.track);
+    let (done_tx, done) = tokio::sync::oneshot::channel();
+    round.acked.push(done_tx);
+    if tx.send((round, proto)).await.is_err() {
+        return false;
+    }
+    // The writer answers rounds in order: once this one is answered, so is every earlier
+    // one. A writer that gave up drops the sender, which ends the wait as well.
+    let _ = done.await;
+    true
 }
 
 /// classify -> observe -> decide -> act, for one command.

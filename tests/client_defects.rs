@@ -1,0 +1,186 @@
+//! Defects that real clients found (ioredis's and redis-py's own suites, a chaos soak, an
+//! operator's habits), each reproduced here with real redis-server processes and a raw
+//! RESP client, and checked against what the client sees and what each node holds.
+
+mod support;
+
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::time::{Duration, Instant};
+use support::*;
+
+/// Every command of one pipelined write runs in the database its client had selected
+/// when it sent it (ioredis re-selects its database in the same write as the commands it
+/// resends after a reconnect).
+#[test]
+fn a_pipelined_select_puts_each_command_in_the_database_selected_before_it() {
+    need_redis();
+    let node = Redis::start();
+    let proxy = Proxy::start(&[&node], &[]);
+    let mut c = proxy.client();
+    let r = c.pipeline(&[
+        vec!["SELECT", "3"],
+        vec!["SET", "w3", "x"],
+        vec!["SELECT", "0"],
+        vec!["SET", "w0", "y"],
+    ]);
+    assert_eq!(r, vec![Reply::ok(); 4]);
+    let mut direct = node.client();
+    assert_eq!(
+        direct.cmd(&["GET", "w0"]),
+        Reply::bulk("y"),
+        "w0 in database 0"
+    );
+    assert!(direct.cmd(&["GET", "w3"]).is_nil(), "w3 not in database 0");
+    assert_eq!(direct.cmd(&["SELECT", "3"]), Reply::ok());
+    assert_eq!(
+        direct.cmd(&["GET", "w3"]),
+        Reply::bulk("x"),
+        "w3 in database 3"
+    );
+    assert!(direct.cmd(&["GET", "w0"]).is_nil(), "w0 not in database 3");
+
+    // Reads too: database 2's value, then database 0's.
+    assert_eq!(direct.cmd(&["SELECT", "2"]), Reply::ok());
+    assert_eq!(direct.cmd(&["SET", "k", "two"]), Reply::ok());
+    assert_eq!(direct.cmd(&["SELECT", "0"]), Reply::ok());
+    assert_eq!(direct.cmd(&["SET", "k", "zero"]), Reply::ok());
+    let r = c.pipeline(&[
+        vec!["SELECT", "2"],
+        vec!["GET", "k"],
+        vec!["SELECT", "0"],
+        vec!["GET", "k"],
+        vec!["SELECT", "2"],
+        vec!["GET", "k"],
+    ]);
+    assert_eq!(r[1], Reply::bulk("two"));
+    assert_eq!(r[3], Reply::bulk("zero"));
+    assert_eq!(r[5], Reply::bulk("two"));
+
+    // A write in one database and FLUSHDB in another, in one write: the FLUSHDB runs after
+    // the write, in its own database only.
+    let r = c.pipeline(&[
+        vec!["SELECT", "5"],
+        vec!["SET", "keep", "1"],
+        vec!["SELECT", "6"],
+        vec!["SET", "gone", "1"],
+        vec!["FLUSHDB"],
+        vec!["SELECT", "5"],
+        vec!["GET", "keep"],
+    ]);
+    assert_eq!(r[6], Reply::bulk("1"), "{r:?}");
+    assert_eq!(direct.cmd(&["SELECT", "6"]), Reply::ok());
+    assert_eq!(direct.cmd(&["DBSIZE"]), Reply::Int(0));
+}
+
+/// The protocol and the connection's name change in a pipeline too: each command is
+/// answered in the protocol, and sees the name, set before it.
+#[test]
+fn hello_and_client_setname_in_a_pipeline_apply_from_the_next_command_on() {
+    need_redis();
+    let node = Redis::start();
+    let proxy = Proxy::start(&[&node], &[]);
+    let mut direct = node.client();
+    assert_eq!(direct.cmd(&["HSET", "h", "f", "v"]), Reply::Int(1));
+    let cmds = [
+        vec!["HGETALL", "h"],
+        vec!["HELLO", "3"],
+        vec!["HGETALL", "h"],
+        vec!["CLIENT", "SETNAME", "first"],
+        vec!["CLIENT", "GETNAME"],
+        vec!["HELLO", "2"],
+        vec!["HGETALL", "h"],
+        vec!["CLIENT", "SETNAME", "second"],
+        vec!["CLIENT", "GETNAME"],
+    ];
+    let through = proxy.client().pipeline(&cmds);
+    let straight = node.client().pipeline(&cmds);
+    for (i, c) in cmds.iter().enumerate() {
+        if c[0] == "HELLO" {
+            continue; // the proxy answers HELLO with its own server fields
+        }
+        assert_eq!(through[i], straight[i], "reply {i} to {c:?}");
+    }
+    assert!(matches!(through[0], Reply::Array(_)), "{}", through[0]);
+    assert!(matches!(through[2], Reply::Map(_)), "{}", through[2]);
+    assert_eq!(through[4], Reply::bulk("first"));
+    assert_eq!(through[8], Reply::bulk("second"));
+}
+
+/// A client that pipelines hundreds of large GETs and reads all the while gets every
+/// reply (ioredis's "large pipelines" test), even past the output limit: the limit counts
+/// what the client has not read, and the proxy writes while it resolves.
+#[test]
+fn a_client_that_reads_a_pipeline_larger_than_the_output_limit_gets_every_reply() {
+    need_redis();
+    let node = Redis::start();
+    // A 64 MiB limit and 200 replies of 1 MiB: three times the limit.
+    let proxy = Proxy::start_with_config(&[&node], "limits: { max_output_bytes: 67108864 }", &[]);
+    let value = "v".repeat(1 << 20);
+    let mut c = proxy.client();
+    assert_eq!(c.cmd(&["SET", "big", &value]), Reply::ok());
+    let cmds: Vec<Vec<&str>> = (0..200).map(|_| vec!["GET", "big"]).collect();
+    c.set_read_timeout(Duration::from_secs(20));
+    let started = Instant::now();
+    let replies = c.try_pipeline(&cmds).unwrap_or_else(|got| {
+        panic!(
+            "cut off after {} of 200 replies; proxy log:\n{}",
+            got.len(),
+            proxy.stderr()
+        )
+    });
+    assert_eq!(replies.len(), 200);
+    assert!(replies.iter().all(|r| *r == Reply::bulk(&value)));
+    assert!(started.elapsed() < Duration::from_secs(20));
+    assert_eq!(
+        proxy.metric("saltshaker_client_output_limit_closed_total"),
+        0.0
+    );
+    assert!(!proxy.stderr().contains("leaves its replies unread"));
+}
+
+/// A client that is cut off for leaving its replies unread sees its socket closed at
+/// once, and the connection gauge goes back to zero.
+#[test]
+fn a_client_cut_off_at_the_output_limit_has_its_socket_closed_at_once() {
+    need_redis();
+    let node = Redis::start();
+    let proxy = Proxy::start_with_config(&[&node], "limits: { max_output_bytes: 4194304 }", &[]);
+    let value = "v".repeat(1 << 20);
+    assert_eq!(proxy.client().cmd(&["SET", "big", &value]), Reply::ok());
+    let mut rude = TcpStream::connect(proxy.addr()).unwrap();
+    // 64 GETs of 1 MiB, sent at once; nothing read until the proxy has given up.
+    let mut batch = Vec::new();
+    for _ in 0..64 {
+        batch.extend_from_slice(&encode(&["GET", "big"]));
+    }
+    rude.write_all(&batch).unwrap();
+    assert!(
+        wait_until(Duration::from_secs(10), || proxy
+            .stderr()
+            .contains("closing a client that leaves its replies unread")),
+        "no log line:\n{}",
+        proxy.stderr()
+    );
+    let gone_at = Instant::now();
+    // Drain what was written before the cut; then the socket must end (EOF or reset).
+    rude.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    let mut buf = vec![0u8; 1 << 20];
+    let ended = loop {
+        match rude.read(&mut buf) {
+            Ok(0) => break true,
+            Ok(_) => continue,
+            Err(e) => {
+                break !matches!(
+                    e.kind(),
+                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                )
+            }
+        }
+    };
+    assert!(ended, "the socket stayed open after the cut");
+    assert!(gone_at.elapsed() < Duration::from_secs(5));
+    assert!(wait_until(Duration::from_secs(2), || proxy
+        .metric("saltshaker_client_connections")
+        == 0.0));
+}
