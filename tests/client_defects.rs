@@ -184,3 +184,156 @@ fn a_client_cut_off_at_the_output_limit_has_its_socket_closed_at_once() {
         .metric("saltshaker_client_connections")
         == 0.0));
 }
+
+/// No client can lock the proxy out of its nodes: CONFIG SET of the nodes' password (as
+/// redis-py's own AUTH test sends), their port or their client limit is refused with an
+/// error that says what to do instead, and new backend connections keep working.
+#[test]
+fn config_set_of_a_setting_that_would_lock_the_proxy_out_is_refused() {
+    need_redis();
+    let node = Redis::start();
+    let proxy = Proxy::start(&[&node], &[]);
+    let mut c = proxy.client();
+    for args in [
+        vec!["CONFIG", "SET", "requirepass", "x"],
+        vec!["config", "set", "REQUIREPASS", "x"],
+        vec!["CONFIG", "SET", "maxmemory", "0", "masterauth", "x"],
+        vec!["CONFIG", "SET", "port", "1"],
+        vec!["CONFIG", "SET", "maxclients", "1"],
+    ] {
+        let r = c.cmd(&args);
+        assert!(
+            r.is_error() && r.err().contains("lock saltshaker out of its nodes"),
+            "{args:?}: {r}"
+        );
+    }
+    let mut direct = node.client();
+    assert_eq!(
+        direct.cmd(&["CONFIG", "GET", "requirepass"]),
+        Reply::Array(Some(vec![Reply::bulk("requirepass"), Reply::bulk("")]))
+    );
+    // Another setting still goes to the node.
+    assert_eq!(
+        c.cmd(&["CONFIG", "SET", "slowlog-max-len", "77"]),
+        Reply::ok()
+    );
+    assert_eq!(
+        direct.cmd(&["CONFIG", "GET", "slowlog-max-len"]).as_array()[1],
+        Reply::bulk("77")
+    );
+    // A blocking command opens a new backend connection: it works.
+    assert_eq!(c.cmd(&["RPUSH", "q", "a"]), Reply::Int(1));
+    assert_eq!(
+        c.cmd(&["BLPOP", "q", "1"]),
+        Reply::Array(Some(vec![Reply::bulk("q"), Reply::bulk("a")]))
+    );
+}
+
+/// A shared backend connection killed on a healthy node (`CLIENT KILL TYPE normal`) is
+/// reopened at once: the requests that arrive meanwhile wait for it instead of failing.
+#[test]
+fn a_dropped_connection_to_a_healthy_node_is_reopened_without_failing_requests() {
+    need_redis();
+    let node = Redis::start();
+    // A long backoff, so that requests failed during it would be seen.
+    let proxy = Proxy::start_with_config(
+        &[&node],
+        "  reconnect_min_ms: 1000\n  reconnect_max_ms: 2000",
+        &[],
+    );
+    let mut c = proxy.client();
+    assert_eq!(c.cmd(&["SET", "k", "v"]), Reply::ok());
+    let mut direct = node.client();
+    let mut errors = Vec::new();
+    // A connection that breaks within a second of opening backs off (a node that drops
+    // every connection is not hammered): let the first one age.
+    std::thread::sleep(Duration::from_millis(1100));
+    for round in 0..3 {
+        let killed = direct.cmd(&["CLIENT", "KILL", "TYPE", "normal", "SKIPME", "yes"]);
+        assert!(
+            killed.as_int() >= 1,
+            "round {round}: {killed}; clients: {}\nproxy:\n{}",
+            direct.cmd(&["CLIENT", "LIST"]).as_str(),
+            proxy.stderr()
+        );
+        let until = Instant::now() + Duration::from_millis(1200);
+        while Instant::now() < until {
+            let r = c.cmd(&["GET", "k"]);
+            if r != Reply::bulk("v") {
+                errors.push(format!("round {round}: {r}"));
+            }
+        }
+    }
+    assert!(
+        errors.is_empty(),
+        "{} failed: {:?}",
+        errors.len(),
+        &errors[..errors.len().min(5)]
+    );
+}
+
+/// The connection's name survives pub/sub: CLIENT GETNAME after SUBSCRIBE and UNSUBSCRIBE
+/// answers the name set before (ioredis: "set the name before any subscribe command if
+/// reconnected").
+#[test]
+fn the_connection_name_survives_subscribe_and_unsubscribe() {
+    need_redis();
+    let node = Redis::start();
+    let proxy = Proxy::start(&[&node], &[]);
+    let mut c = proxy.client();
+    assert_eq!(c.cmd(&["CLIENT", "SETNAME", "niceName"]), Reply::ok());
+    let sub = c.cmd(&["SUBSCRIBE", "c"]);
+    assert_eq!(sub.as_array()[0], Reply::bulk("subscribe"));
+    let unsub = c.cmd(&["UNSUBSCRIBE", "c"]);
+    assert_eq!(unsub.as_array()[0], Reply::bulk("unsubscribe"));
+    assert_eq!(c.cmd(&["CLIENT", "GETNAME"]), Reply::bulk("niceName"));
+}
+
+/// A client that shuts down its sending side while a BLPOP waits gets no error reply: as
+/// Redis, the proxy closes it without one (ioredis then resends the command on its new
+/// connection). Replies to the commands before the BLPOP are still written.
+#[test]
+fn a_half_closed_client_with_a_pending_blpop_is_closed_without_an_error_reply() {
+    need_redis();
+    let node = Redis::start();
+    let proxy = Proxy::start(&[&node], &[]);
+    for target in [node.addr(), proxy.addr()] {
+        let mut s = TcpStream::connect(&target).unwrap();
+        let mut batch = encode(&["PING"]);
+        batch.extend_from_slice(&encode(&["BLPOP", "nothing-here", "0"]));
+        s.write_all(&batch).unwrap();
+        std::thread::sleep(Duration::from_millis(200));
+        s.shutdown(std::net::Shutdown::Write).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        let mut got = Vec::new();
+        let _ = s.read_to_end(&mut got);
+        assert_eq!(
+            String::from_utf8_lossy(&got),
+            "+PONG\r\n",
+            "through {target} (node {})",
+            node.addr()
+        );
+    }
+}
+
+/// INFO inside MULTI is queued and answered in EXEC's reply, as Redis does (ioredis's
+/// "batch all commands before ready event" sends it so).
+#[test]
+fn info_inside_multi_is_queued_and_answered_by_exec() {
+    need_redis();
+    let node = Redis::start();
+    let proxy = Proxy::start(&[&node], &[]);
+    let mut c = proxy.client();
+    let r = c.pipeline(&[
+        vec!["MULTI"],
+        vec!["INFO", "server"],
+        vec!["SET", "k", "v"],
+        vec!["EXEC"],
+    ]);
+    assert_eq!(r[0], Reply::ok());
+    assert_eq!(r[1], Reply::Simple("QUEUED".into()), "{}", r[1]);
+    let exec = r[3].as_array();
+    assert_eq!(exec.len(), 2, "{}", r[3]);
+    assert!(exec[0].as_str().contains("redis_version"), "{}", exec[0]);
+    assert_eq!(exec[1], Reply::ok());
+}

@@ -6,7 +6,9 @@
 //! and completes jobs strictly in order. When the connection breaks, every job in flight
 //! fails (its oneshot is dropped), and while the node is down the supervisor answers new
 //! jobs at once with an error instead of letting clients wait: the other nodes keep serving.
-//! Reconnects back off exponentially between `reconnect_min_ms` and `reconnect_max_ms`.
+//! A connection that breaks after it was up a while is reopened at once, and the jobs
+//! queued meanwhile go on the new one; failed connects back off exponentially between
+//! `reconnect_min_ms` and `reconnect_max_ms`.
 
 use std::io::IoSlice;
 use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
@@ -280,6 +282,11 @@ pub fn deadline(timeout: Option<Duration>) -> Option<Instant> {
     timeout.map(|t| Instant::now() + t)
 }
 
+/// A connection that lived at least this long before it broke is reopened at once; one
+/// that broke sooner is treated like a failed connect (backoff), so a node that accepts
+/// and then drops every connection is not hammered.
+const RECONNECT_AT_ONCE_AFTER: Duration = Duration::from_secs(1);
+
 async fn supervise(
     hs: Arc<Handshake>,
     mut rx: mpsc::Receiver<Job>,
@@ -291,6 +298,7 @@ async fn supervise(
     let mut backoff = min;
     let mut was_down_logged = false;
     loop {
+        let up_since = Instant::now();
         let reason = match hs.connect().await {
             Ok(stream) => {
                 backoff = min;
@@ -313,6 +321,15 @@ async fn supervise(
                             _ => "io",
                         };
                         m.errors(kind).inc();
+                        // An open connection broke (CLIENT KILL, a node's timeout, a
+                        // reset): the node is likely fine. Reconnect at once; jobs not yet
+                        // written wait in the queue, within their deadlines, for the new
+                        // connection. Only a failed connect, or a connection that breaks
+                        // as soon as it opens, backs off and fails jobs meanwhile.
+                        if up_since.elapsed() >= RECONNECT_AT_ONCE_AFTER {
+                            tracing::info!(node = %hs.addr, error = %r, "backend connection broke; reconnecting at once");
+                            continue;
+                        }
                         r
                     }
                 }

@@ -33,6 +33,9 @@ pub struct Handshake {
     pub readonly: bool,
     /// TLS to the node, when it speaks TLS.
     pub tls: Option<Arc<Connector>>,
+    /// `CLIENT SETNAME`: a connection that carries one client (a pub/sub tunnel) keeps the
+    /// name that client gave itself.
+    pub name: Option<bytes::Bytes>,
 }
 
 /// The TLS settings of every node, loaded once: `backend.tls`, and `tls_per_node` in its
@@ -90,6 +93,7 @@ impl Handshake {
             max_reply_bulk,
             tracking_redirect: None,
             readonly: false,
+            name: None,
         }
     }
 }
@@ -146,6 +150,10 @@ impl Handshake {
         }
         if self.readonly {
             encode_command(&[b"READONLY".as_slice()], &mut out);
+            n += 1;
+        }
+        if let Some(name) = &self.name {
+            encode_command(&[b"CLIENT".as_slice(), b"SETNAME", name], &mut out);
             n += 1;
         }
         if let Some(id) = self.tracking_redirect {

@@ -323,7 +323,52 @@ pub fn classify<A: Args + ?Sized>(args: &A) -> Result<Classified, CommandError> 
         )?,
         KeySpec::Custom => keys::custom(spec, args, &mut keys)?,
     };
+    let route = match refused_setting(spec, args) {
+        Some(why) => Route::Unsupported(why),
+        None => route,
+    };
     Ok(Classified { spec, route, keys })
+}
+
+/// CONFIG SET of a setting that would cut the proxy off from its nodes: their password
+/// (the proxy holds the nodes' credentials; a client's `CONFIG SET requirepass`, as
+/// redis-py's own AUTH test sends, would leave every new backend connection with NOAUTH),
+/// where they listen, how many clients they take, or their TLS. Any one such setting in
+/// a CONFIG SET refuses it whole.
+fn refused_setting<A: Args + ?Sized>(spec: &Spec, args: &A) -> Option<&'static str> {
+    const LOCKOUT: &str = "CONFIG SET of this setting is refused through the proxy: it could \
+        lock saltshaker out of its nodes. Change it on each node directly, then saltshaker's \
+        backend settings (backend.password, backend.username, nodes, tls)";
+    const SETTINGS: [&str; 19] = [
+        "requirepass",
+        "masterauth",
+        "masteruser",
+        "port",
+        "tls-port",
+        "bind",
+        "bind-source-addr",
+        "unixsocket",
+        "unixsocketperm",
+        "protected-mode",
+        "maxclients",
+        "tls-auth-clients",
+        "tls-cert-file",
+        "tls-key-file",
+        "tls-key-file-pass",
+        "tls-ca-cert-file",
+        "tls-ca-cert-dir",
+        "tls-client-cert-file",
+        "tls-client-key-file",
+    ];
+    if spec.name != "CONFIG SET" {
+        return None;
+    }
+    let refused = (2..args.argc()).step_by(2).any(|i| {
+        SETTINGS
+            .iter()
+            .any(|s| s.as_bytes().eq_ignore_ascii_case(args.arg(i)))
+    });
+    refused.then_some(LOCKOUT)
 }
 
 #[cfg(test)]

@@ -33,8 +33,15 @@ struct Out<W> {
     limit: usize,
 }
 
-/// The writer gives the client up: it left more than the limit unread and took nothing.
-struct Cut;
+/// The writer ends the connection: the client left more than the limit unread and took
+/// nothing, or its socket failed (`Cut`); or a blocking command of a client that closed
+/// its side was dropped (`Abandoned`): Redis closes such a client without a reply, so the
+/// replies before it are written and the connection is closed without one.
+enum Cut {
+    Cut,
+    Abandoned,
+}
+use Cut::Abandoned;
 
 impl<W: AsyncWrite + Unpin> Out<W> {
     fn unread(&self) -> usize {
@@ -59,7 +66,7 @@ impl<W: AsyncWrite + Unpin> Out<W> {
     /// One write; Err when the client is gone.
     async fn write_some(&mut self) -> Result<(), Cut> {
         match self.w.write(&self.buf[self.sent..]).await {
-            Ok(0) | Err(_) => Err(Cut),
+            Ok(0) | Err(_) => Err(Cut::Cut),
             Ok(n) => {
                 self.sent += n;
                 self.unflushed = true;
@@ -83,7 +90,7 @@ impl<W: AsyncWrite + Unpin> Out<W> {
                         stalled_ms = OUTPUT_STALL.as_millis() as u64,
                         "closing a client that leaves its replies unread (limits.max_output_bytes)"
                     );
-                    return Err(Cut);
+                    return Err(Cut::Cut);
                 }
             }
             self.compact();
@@ -161,7 +168,11 @@ pub async fn write_loop<W: AsyncWrite + Unpin>(
             let again = std::mem::take(&mut round.invalidate_after);
             let tunnel = match resolve(round, proto, &ctx, &mut out, client).await {
                 Ok(t) => t,
-                Err(Cut) => return (out.w, None),
+                Err(Cut::Cut) => return (out.w, None),
+                Err(Abandoned) => {
+                    out.finish().await;
+                    return (out.w, None);
+                }
             };
             if let Some(layer) = ctx.cache.as_ref() {
                 for k in again {
@@ -241,7 +252,7 @@ async fn resolve<W: AsyncWrite + Unpin>(
         if let Slot::Again = slot {
             sink.buf.extend_from_slice(&again);
         } else {
-            write_slot(slot, &replies, proto, late, &mut sink.buf).await;
+            write_slot(slot, &replies, proto, late, &mut sink.buf).await?;
             if matches!(slots.peek(), Some(Slot::Again)) {
                 again.clear();
                 again.extend_from_slice(&sink.buf[start..]);
@@ -264,7 +275,7 @@ async fn write_slot(
     proto: Proto,
     late: Option<tokio::time::Instant>,
     out: &mut BytesMut,
-) {
+) -> Result<(), Cut> {
     match slot {
         Slot::Ready(b) => out.extend_from_slice(&b),
         Slot::Reply(p) => match part(replies, p) {
@@ -276,9 +287,9 @@ async fn write_slot(
             Ok(b) => out.extend_from_slice(&b),
             Err(e) => encode_error(e, out),
         },
-        Slot::Blocking(rx) => match later(rx, None).await {
+        Slot::Blocking(rx) => match rx.await {
             Ok(b) => out.extend_from_slice(&b),
-            Err(e) => encode_error(e, out),
+            Err(_) => return Err(Abandoned),
         },
         Slot::LaterThen(rx, then) => match later(rx, late).await {
             Ok(b) => out.extend_from_slice(&then(b)),
@@ -288,8 +299,11 @@ async fn write_slot(
         Slot::Deferred(answer) => out.extend_from_slice(&answer()),
         // `resolve` copies the reply before it; nothing else holds a repeat.
         Slot::Again => {}
-        Slot::Seen(inner, _) => Box::pin(write_slot(*inner, replies, proto, late, out)).await,
+        Slot::Seen(inner, _) => {
+            return Box::pin(write_slot(*inner, replies, proto, late, out)).await
+        }
     }
+    Ok(())
 }
 
 fn record(ctx: &Ctx, started: &std::time::Instant, counts: &[u64; 3], n: u64) {

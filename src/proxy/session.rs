@@ -474,7 +474,9 @@ async fn handle(s: &mut Session, req: Request, rb: &mut RoundBuilder) -> Flow {
         Route::Transaction => return local::transaction(s, &req, &c, rb),
         Route::Subscribe => match pubsub_node(s, &req) {
             Ok(node) => {
-                let hs = s.ctx.backend.node(node).handshake(s.proto, s.db);
+                let mut hs = s.ctx.backend.node(node).handshake(s.proto, s.db);
+                // The client talks to the node from now on: it keeps its name there.
+                hs.name = s.name.clone();
                 match tunnel::open(&hs, req.wire()).await {
                     Ok(start) => return Flow::Tunnel(start),
                     Err(e) => rb
@@ -572,7 +574,8 @@ fn queue_in_tx(s: &mut Session, req: &Request, c: &Classified) -> Slot {
     let allowed = match c.route {
         Route::Keyed | Route::Blocking | Route::Split(_) | Route::AnyNode => true,
         Route::AllNodes(_) | Route::RandomKey | Route::Scan => single,
-        Route::Local => matches!(c.spec.name, "PING" | "ECHO"),
+        // INFO goes to the transaction's node, which answers it in EXEC's reply.
+        Route::Local => matches!(c.spec.name, "PING" | "ECHO" | "INFO"),
         _ => false,
     };
     let node = if allowed {
