@@ -97,7 +97,18 @@ pub async fn run(
     // Replies may carry any value a node stores; cap them at Redis's own bulk limit.
     let backend = match &cfg.backend.cluster {
         Some(c) => {
-            backend::Backend::connect_cluster(&cfg.backend, c, 512 * 1024 * 1024, &metrics).await?
+            // Until a seed gives the map, the admin port answers /healthz and says in
+            // /readyz why the proxy is not ready, and a signal ends the process.
+            let (why_tx, why) = watch::channel("reading the Redis Cluster map".to_string());
+            let mut stop = shutdown.subscribe();
+            tokio::select! {
+                b = backend::Backend::connect_cluster(&cfg.backend, c, 512 * 1024 * 1024, &metrics, &why_tx) => b?,
+                _ = admin::serve_starting(&admin_listener, why) => unreachable!("serves until dropped"),
+                _ = stop.wait_for(|v| *v) => {
+                    tracing::info!("shutdown before the Redis Cluster map was read");
+                    return Ok(());
+                }
+            }
         }
         None => backend::Backend::new(&cfg.backend, 512 * 1024 * 1024, &metrics)?,
     };

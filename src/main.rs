@@ -218,6 +218,12 @@ fn main() -> ExitCode {
             wait_for_signal().await;
             tracing::info!("shutdown requested: draining client connections");
             let _ = signal_tx.send(true);
+            // Whatever the process is waiting on, a signal ends it within the drain time.
+            std::thread::spawn(|| {
+                std::thread::sleep(saltshaker::DRAIN_TIMEOUT + std::time::Duration::from_secs(2));
+                eprintln!("saltshaker: still running past the drain time after a signal; exiting");
+                std::process::exit(1);
+            });
         });
         saltshaker::run(cfg, tx, upgrade).await
     });

@@ -337,3 +337,104 @@ fn info_inside_multi_is_queued_and_answered_by_exec() {
     assert!(exec[0].as_str().contains("redis_version"), "{}", exec[0]);
     assert_eq!(exec[1], Reply::ok());
 }
+
+/// A cluster seed that accepts connections and never answers does not hang startup
+/// silently: the proxy logs the seed and what it waited for, retries, says why in /readyz,
+/// and ends promptly on SIGTERM.
+#[test]
+fn a_cluster_seed_that_never_answers_is_named_retried_and_sigterm_still_ends_the_proxy() {
+    need_redis();
+    let mute = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let seed = mute.local_addr().unwrap().to_string();
+    // Accept every connection and keep it open, answering nothing.
+    let held = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let keep = held.clone();
+    std::thread::spawn(move || {
+        for s in mute.incoming().flatten() {
+            keep.lock().unwrap().push(s);
+        }
+    });
+    let mut proxy = Proxy::start_cluster(&seed, &["--request-timeout-ms", "800"]);
+    assert!(
+        wait_until(Duration::from_secs(10), || {
+            let log = proxy.stderr();
+            log.contains(&seed) && log.contains("no reply to CLUSTER SHARDS within 800 ms")
+        }),
+        "no log line naming the seed:\n{}",
+        proxy.stderr()
+    );
+    assert!(
+        wait_until(Duration::from_secs(5), || proxy
+            .stderr()
+            .matches("not ready, retrying")
+            .count()
+            >= 2),
+        "not retried:\n{}",
+        proxy.stderr()
+    );
+    assert_eq!(proxy.admin_get("/healthz").0, 200);
+    let (status, body) = proxy.admin_get("/readyz");
+    assert_eq!(status, 503, "{body}");
+    assert!(body.contains("not ready") && body.contains(&seed), "{body}");
+    let asked = Instant::now();
+    proxy.signal("TERM");
+    let exited = proxy.wait_exit(Duration::from_secs(5));
+    assert!(
+        exited.is_some(),
+        "still running 5 s after SIGTERM:\n{}",
+        proxy.stderr()
+    );
+    assert!(asked.elapsed() < Duration::from_secs(5));
+}
+
+/// SLOWLOG GET N over a pool answers N entries in all, newest first across the nodes
+/// (it answered N per node); LEN is the sum over the nodes and RESET resets each.
+#[test]
+fn slowlog_get_over_a_pool_merges_the_nodes_newest_first_and_keeps_n() {
+    need_redis();
+    let nodes = pool(3);
+    let refs: Vec<&Redis> = nodes.iter().collect();
+    let proxy = Proxy::start(&refs, &[]);
+    let mut c = proxy.client();
+    assert_eq!(
+        c.cmd(&["CONFIG", "SET", "slowlog-log-slower-than", "0"]),
+        Reply::ok()
+    );
+    assert_eq!(c.cmd(&["SLOWLOG", "RESET"]), Reply::ok());
+    for k in spread_keys("slow", 30) {
+        assert_eq!(c.cmd(&["SET", &k, "v"]), Reply::ok());
+    }
+    // The newest entry stands alone in its second.
+    std::thread::sleep(Duration::from_millis(1100));
+    assert_eq!(c.cmd(&["SET", "newest", "v"]), Reply::ok());
+    let got = c.cmd(&["SLOWLOG", "GET", "5"]);
+    let entries = got.as_array();
+    assert_eq!(entries.len(), 5, "{got}");
+    let times: Vec<i64> = entries.iter().map(|e| e.as_array()[1].as_int()).collect();
+    assert!(
+        times.windows(2).all(|w| w[0] >= w[1]),
+        "not newest first: {times:?}"
+    );
+    // The proxy's own health PINGs may share the newest second; no older SET may come.
+    let newest = entries
+        .iter()
+        .position(|e| e.as_array()[3].strings() == ["SET", "newest", "v"])
+        .unwrap_or_else(|| panic!("SET newest is not among the 5 newest: {got}"));
+    assert!(entries[..newest]
+        .iter()
+        .all(|e| e.as_array()[3].strings()[0] != "SET"));
+    // No count: 10, as Redis; -1: every entry of every node.
+    assert_eq!(c.cmd(&["SLOWLOG", "GET"]).as_array().len(), 10);
+    let len = c.cmd(&["SLOWLOG", "LEN"]).as_int();
+    let direct: i64 = nodes
+        .iter()
+        .map(|n| n.client().cmd(&["SLOWLOG", "LEN"]).as_int())
+        .sum();
+    assert!(len >= 31 && len <= direct, "LEN {len}, nodes {direct}");
+    assert!(c.cmd(&["SLOWLOG", "GET", "-1"]).as_array().len() as i64 >= 31);
+    assert_eq!(c.cmd(&["SLOWLOG", "RESET"]), Reply::ok());
+    assert!(
+        c.cmd(&["SLOWLOG", "LEN"]).as_int() <= 3,
+        "one RESET entry per node at most"
+    );
+}

@@ -77,6 +77,35 @@ pub async fn serve(
     }
 }
 
+/// Serves the probes while the proxy starts (its backend is not known yet): /healthz is
+/// ok, /readyz and every other path answer 503 with `why`. Runs until dropped.
+pub async fn serve_starting(listener: &TcpListener, why: watch::Receiver<String>) {
+    loop {
+        let Ok((stream, _)) = listener.accept().await else {
+            continue;
+        };
+        let why = why.clone();
+        tokio::spawn(async move {
+            let svc = hyper::service::service_fn(move |req: Request<Incoming>| {
+                let why = why.borrow().clone();
+                async move {
+                    Ok::<_, Infallible>(match req.uri().path() {
+                        "/healthz" => text(StatusCode::OK, "text/plain", "ok\n".into()),
+                        _ => text(
+                            StatusCode::SERVICE_UNAVAILABLE,
+                            "text/plain",
+                            format!("not ready: starting: {why}\n"),
+                        ),
+                    })
+                }
+            });
+            let _ = hyper::server::conn::http1::Builder::new()
+                .serve_connection(TokioIo::new(stream), svc)
+                .await;
+        });
+    }
+}
+
 pub async fn bind(addr: SocketAddr) -> std::io::Result<TcpListener> {
     TcpListener::bind(addr).await
 }

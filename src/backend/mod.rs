@@ -221,9 +221,23 @@ impl Backend {
         cc: &ClusterConfig,
         max_reply_bulk: usize,
         metrics: &Metrics,
+        not_ready: &tokio::sync::watch::Sender<String>,
     ) -> Result<Backend, String> {
         let tls = Arc::new(NodeTls::load(cfg)?);
-        let topo = discover(cfg, cc, max_reply_bulk, &tls).await?;
+        // Until a seed answers, retry with backoff; `not_ready` says why (for /readyz).
+        let mut backoff = Duration::from_millis(cfg.reconnect_min_ms.max(50));
+        let topo = loop {
+            match discover(cfg, cc, max_reply_bulk, &tls).await {
+                Ok(t) => break t,
+                Err(e) => {
+                    tracing::warn!(error = %e, retry_in_ms = backoff.as_millis() as u64, "cannot read the Redis Cluster map yet; not ready, retrying");
+                    let _ = not_ready.send(e);
+                    tokio::time::sleep(backoff).await;
+                    backoff =
+                        (backoff * 2).min(Duration::from_millis(cfg.reconnect_max_ms.max(1000)));
+                }
+            }
+        };
         // Every node the map names, and the seeds (a node the answering seed has not
         // heard of yet is still one of the cluster's).
         let mut addrs = topo.addrs();
@@ -388,13 +402,28 @@ async fn discover(
     tls: &NodeTls,
 ) -> Result<slots::Topology, String> {
     let mut last = String::from("no seed nodes given");
+    // A seed that accepts and never answers must not hold startup: each question has a
+    // deadline (the connect and the handshake have their own).
+    let reply_within = Duration::from_millis(match cfg.request_timeout_ms {
+        0 => 5000,
+        ms => ms,
+    });
     for seed in &cc.seeds {
         let hs = Handshake::base(cfg, seed.clone(), max_reply_bulk, tls);
         let ask = |cmd: &'static [&'static str]| {
             let hs = &hs;
             async move {
                 let mut d = Dedicated::open(hs).await.map_err(|e| e.to_string())?;
-                let r = d.call(&[wire(cmd)], 1).await.map_err(|e| e.to_string())?;
+                let r = match tokio::time::timeout(reply_within, d.call(&[wire(cmd)], 1)).await {
+                    Ok(r) => r.map_err(|e| e.to_string())?,
+                    Err(_) => {
+                        return Err(format!(
+                            "no reply to {} within {} ms",
+                            cmd.join(" "),
+                            reply_within.as_millis()
+                        ))
+                    }
+                };
                 match crate::resp::parse_value(&r.get(0)) {
                     Ok(Some((v, _))) => Ok(v),
                     _ => Err("unreadable reply".to_string()),
@@ -418,6 +447,7 @@ async fn discover(
             Ok(_) => last = format!("{seed}: the cluster owns no slots (is it created?)"),
             Err(e) => last = format!("{seed}: {e}"),
         }
+        tracing::warn!(seed = %seed, error = %last, "cluster seed did not give the map");
     }
     Err(format!("cannot read the Redis Cluster map: {last}"))
 }

@@ -230,8 +230,10 @@ pub enum Agg {
     /// FLUSHALL FLUSHDB SCRIPT FLUSH|LOAD FUNCTION LOAD|FLUSH|DELETE|RESTORE CONFIG SET..:
     /// the common reply when all agree, else the first error.
     AllOk,
-    /// KEYS, SLOWLOG GET.
+    /// KEYS.
     ConcatArrays,
+    /// SLOWLOG GET [count]: every node's entries, newest first, the first `count`.
+    Slowlog,
     /// SCRIPT EXISTS: elementwise AND.
     AndArrays,
     /// WAIT: the smallest integer; WAITAOF: elementwise smallest.

@@ -322,7 +322,7 @@ pub(super) const SPECS: [Spec; 383] = [
     s("SISMEMBER", 3, READ | FAST, cat::READ | cat::SET | cat::FAST, KeySpec::Range { first: 1, last: 1, step: 1 }, Route::Keyed),
     s("SLAVEOF", 3, ADMIN | NOSCRIPT | STALE | NO_ASYNC_LOADING, cat::ADMIN | cat::SLOW | cat::DANGEROUS, KeySpec::None, Route::Unsupported("replication commands are not supported through the proxy")),
     s("SLOWLOG", -2, CONTAINER, cat::SLOW, KeySpec::None, Route::AnyNode),
-    s("SLOWLOG GET", -2, ADMIN | LOADING | STALE, cat::ADMIN | cat::SLOW | cat::DANGEROUS, KeySpec::None, Route::AllNodes(Agg::ConcatArrays)),
+    s("SLOWLOG GET", -2, ADMIN | LOADING | STALE, cat::ADMIN | cat::SLOW | cat::DANGEROUS, KeySpec::None, Route::AllNodes(Agg::Slowlog)),
     s("SLOWLOG HELP", 2, LOADING | STALE, cat::SLOW, KeySpec::None, Route::AnyNode),
     s("SLOWLOG LEN", 2, ADMIN | LOADING | STALE, cat::ADMIN | cat::SLOW | cat::DANGEROUS, KeySpec::None, Route::AllNodes(Agg::SumInt)),
     s("SLOWLOG RESET", 2, ADMIN | LOADING | STALE, cat::ADMIN | cat::SLOW | cat::DANGEROUS, KeySpec::None, Route::AllNodes(Agg::AllOk)),

@@ -523,6 +523,26 @@ fn merge(m: Merge, replies: &[Result<Replies, BackendError>], proto: Proto, out:
                 .collect();
             Value::Array(items).encode(proto, out);
         }),
+        Merge::Slowlog { parts, count } => values(replies, &parts).map(|vs| {
+            let mut items: Vec<Value> = vs
+                .into_iter()
+                .flat_map(|v| match v {
+                    Value::Array(a) => a,
+                    _ => Vec::new(),
+                })
+                .collect();
+            // An entry is [id, unix time, microseconds, args, client, name].
+            let at = |e: &Value, i: usize| match e {
+                Value::Array(f) => match f.get(i) {
+                    Some(Value::Integer(n)) => *n,
+                    _ => 0,
+                },
+                _ => 0,
+            };
+            items.sort_by_key(|e| std::cmp::Reverse((at(e, 1), at(e, 0))));
+            items.truncate(count.unwrap_or(usize::MAX));
+            Value::Array(items).encode(proto, out);
+        }),
         Merge::AndArrays(parts) => values(replies, &parts).map(|vs| {
             let mut acc: Vec<i64> = Vec::new();
             for (i, v) in vs.iter().enumerate() {

@@ -68,6 +68,12 @@ pub enum Merge {
     AllOk(Vec<Part>),
     /// Arrays concatenated (KEYS).
     Concat(Vec<Part>),
+    /// SLOWLOG GET: every node's entries merged newest first (by time, then id), the first
+    /// `count` (None: all).
+    Slowlog {
+        parts: Vec<Part>,
+        count: Option<usize>,
+    },
     /// Element-wise AND of integer arrays (SCRIPT EXISTS).
     AndArrays(Vec<Part>),
     /// Smallest integer (WAIT).

@@ -170,6 +170,14 @@ pub(super) fn all_nodes(
         Agg::SumInt => Merge::SumInt(parts),
         Agg::AllOk => Merge::AllOk(parts),
         Agg::ConcatArrays => Merge::Concat(parts),
+        Agg::Slowlog => {
+            // Redis: no count is 10, -1 is every entry (a bad count is the nodes' error).
+            let count = match req.argc() {
+                2 => Some(10),
+                _ => crate::resp::parse_i64(req.arg(2)).and_then(|n| usize::try_from(n).ok()),
+            };
+            Merge::Slowlog { parts, count }
+        }
         Agg::AndArrays => Merge::AndArrays(parts),
         Agg::MinInt => Merge::MinInt(parts),
         Agg::First => unreachable!("handled above"),
