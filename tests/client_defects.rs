@@ -438,3 +438,67 @@ fn slowlog_get_over_a_pool_merges_the_nodes_newest_first_and_keeps_n() {
         "one RESET entry per node at most"
     );
 }
+
+/// SORT's BY and GET patterns name keys that are in no key spec. Over a pool they were
+/// forwarded as if those keys did not exist (BY w_* answered 1 2 3, Redis 3 2 1; GET o_*
+/// three nils): now they are refused unless a hash tag keeps every key they can form on
+/// the sorted key's node, and then answered as Redis answers.
+#[test]
+fn sort_by_and_get_patterns_over_a_pool_are_right_or_refused() {
+    need_redis();
+    let nodes = pool(3);
+    let refs: Vec<&Redis> = nodes.iter().collect();
+    let proxy = Proxy::start(&refs, &["--hash-tag", "{}"]);
+    let mut c = proxy.client();
+    assert_eq!(c.cmd(&["RPUSH", "ids", "3", "1", "2"]), Reply::Int(3));
+    for (k, v) in [("w_1", "9"), ("w_2", "8"), ("w_3", "7"), ("o_1", "obj1"), ("o_2", "obj2"), ("o_3", "obj3")] {
+        assert_eq!(c.cmd(&["SET", k, v]), Reply::ok());
+    }
+    for args in [
+        vec!["SORT", "ids", "BY", "w_*"],
+        vec!["SORT", "ids", "GET", "o_*"],
+        vec!["SORT", "ids", "BY", "nosort", "GET", "#", "GET", "o_*"],
+        vec!["SORT_RO", "ids", "BY", "w_*"],
+        vec!["SORT", "ids", "BY", "w_*->f"],
+        // A tag after the '*' could be changed by the element itself.
+        vec!["SORT", "ids", "BY", "w_*{x}"],
+    ] {
+        let r = c.cmd(&args);
+        assert!(
+            r.is_error() && r.err().contains("may be on other nodes"),
+            "{args:?}: {r}"
+        );
+    }
+    // What needs no other key is answered as before.
+    assert_eq!(c.cmd(&["SORT", "ids"]).strings(), ["1", "2", "3"]);
+    assert_eq!(c.cmd(&["SORT", "ids", "BY", "nosort", "GET", "#"]).strings(), ["3", "1", "2"]);
+
+    // With a hash tag before the '*', every key lives with the list: the answer is Redis's.
+    assert_eq!(c.cmd(&["RPUSH", "{u}ids", "3", "1", "2"]), Reply::Int(3));
+    for (k, v) in [("{u}w_1", "9"), ("{u}w_2", "8"), ("{u}w_3", "7"), ("{u}o_1", "obj1"), ("{u}o_2", "obj2"), ("{u}o_3", "obj3")] {
+        assert_eq!(c.cmd(&["SET", k, v]), Reply::ok());
+    }
+    assert_eq!(c.cmd(&["SORT", "{u}ids", "BY", "{u}w_*"]).strings(), ["3", "2", "1"]);
+    assert_eq!(
+        c.cmd(&["SORT", "{u}ids", "BY", "{u}w_*", "GET", "{u}o_*"]).strings(),
+        ["obj3", "obj2", "obj1"]
+    );
+    assert_eq!(
+        c.cmd(&["SORT", "{u}ids", "BY", "{u}w_*", "GET", "{u}o_*", "STORE", "{u}out"]),
+        Reply::Int(3)
+    );
+    assert_eq!(c.cmd(&["LRANGE", "{u}out", "0", "-1"]).strings(), ["obj3", "obj2", "obj1"]);
+    // A tag that places the keys on another node is refused too.
+    let home = owner(&nodes, "{u}ids");
+    let other = (0..200)
+        .map(|i| format!("t{i}"))
+        .find(|t| {
+            let probe = format!("{{{t}}}probe");
+            c.cmd(&["SET", &probe, "1"]);
+            owner(&nodes, &probe) != home
+        })
+        .unwrap();
+    let pattern = format!("{{{other}}}w_*");
+    let r = c.cmd(&["SORT", "{u}ids", "BY", &pattern]);
+    assert!(r.is_error() && r.err().contains("may be on other nodes"), "{r}");
+}

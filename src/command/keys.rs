@@ -230,6 +230,32 @@ fn sort<A: Args + ?Sized>(args: &A, keys: &mut Keys) {
     keys.extend(store.map(|s| s as u32));
 }
 
+/// The keys that SORT's BY and GET patterns name, as patterns: the part before `->` of
+/// each pattern with a `*` (Redis looks nothing up for `GET #`, or for a pattern without
+/// `*`). These keys are in no key spec: Redis Cluster refuses them when they may lie in
+/// another slot, and a pool must refuse them when they may lie on another node.
+pub fn sort_patterns<'a, A: Args + ?Sized>(args: &'a A) -> SmallVec<[&'a [u8]; 2]> {
+    let mut out = SmallVec::new();
+    let mut i = 2;
+    while i < args.argc() {
+        if is(args, i, b"LIMIT") {
+            i += 2;
+        } else if (is(args, i, b"GET") || is(args, i, b"BY")) && i + 1 < args.argc() {
+            let p = args.arg(i + 1);
+            if let Some(star) = p.iter().position(|&b| b == b'*') {
+                let end = p[star..]
+                    .windows(2)
+                    .position(|w| w == b"->")
+                    .map_or(p.len(), |at| star + at);
+                out.push(&p[..end]);
+            }
+            i += 1;
+        }
+        i += 1;
+    }
+    out
+}
+
 /// migrateGetKeys: argument 3, or everything after KEYS when argument 3 is empty.
 fn migrate<A: Args + ?Sized>(args: &A, keys: &mut Keys) -> Result<Route, CommandError> {
     let argc = args.argc();

@@ -12,6 +12,7 @@ mod lookup;
 mod table;
 
 pub use error::CommandError;
+pub use keys::sort_patterns;
 pub use lookup::{all, lookup, lookup_sub};
 
 use smallvec::SmallVec;

@@ -42,7 +42,39 @@ fn keys_group(s: &Session, req: &Request, c: &Classified) -> Result<Option<(u32,
             _ => {}
         }
     }
+    if matches!(c.spec.name, "SORT" | "SORT_RO") && b.cluster().is_none() && !b.is_single() {
+        if let Some((_, n)) = group {
+            sort_patterns_on(s, req, c, n)?;
+        }
+    }
     Ok(group)
+}
+
+/// SORT's BY and GET patterns name keys no key spec holds. On a pool they are answered
+/// right only when every key they can form lives on the sorted key's node: the pattern's
+/// hash tag comes before its `*` (so no element can change it) and places it there.
+/// Otherwise the node would read them as missing and answer wrong, so the command is
+/// refused as a multi-key command across nodes is. (A cluster's node applies Redis
+/// Cluster's own rule for the same case.)
+fn sort_patterns_on(s: &Session, req: &Request, c: &Classified, node: usize) -> Result<(), Bytes> {
+    let b = &s.ctx.backend;
+    let tag = b.placement().and_then(|p| p.tag());
+    let random = b.placement().is_some_and(|p| p.is_random());
+    for p in crate::command::sort_patterns(req) {
+        let hashed = crate::backend::placement::hash_tag(p, tag);
+        let star = p.iter().position(|&x| x == b'*').unwrap_or(0);
+        let tag_end = hashed.as_ptr() as usize - p.as_ptr() as usize + hashed.len();
+        let placed = !random && hashed.len() < p.len() && tag_end < star;
+        if !placed || b.node_for(p) != node {
+            return Err(err_bytes(&format!(
+                "ERR saltshaker: {} BY/GET pattern '{}' names keys that may be on other nodes than {}; keep them together with a hash tag before the '*'",
+                c.spec.name,
+                String::from_utf8_lossy(p),
+                b.node(node).addr
+            )));
+        }
+    }
+    Ok(())
 }
 
 /// A command that only reads: on a cluster with `read_from`, a replica may answer it.
