@@ -451,7 +451,14 @@ fn sort_by_and_get_patterns_over_a_pool_are_right_or_refused() {
     let proxy = Proxy::start(&refs, &["--hash-tag", "{}"]);
     let mut c = proxy.client();
     assert_eq!(c.cmd(&["RPUSH", "ids", "3", "1", "2"]), Reply::Int(3));
-    for (k, v) in [("w_1", "9"), ("w_2", "8"), ("w_3", "7"), ("o_1", "obj1"), ("o_2", "obj2"), ("o_3", "obj3")] {
+    for (k, v) in [
+        ("w_1", "9"),
+        ("w_2", "8"),
+        ("w_3", "7"),
+        ("o_1", "obj1"),
+        ("o_2", "obj2"),
+        ("o_3", "obj3"),
+    ] {
         assert_eq!(c.cmd(&["SET", k, v]), Reply::ok());
     }
     for args in [
@@ -471,23 +478,41 @@ fn sort_by_and_get_patterns_over_a_pool_are_right_or_refused() {
     }
     // What needs no other key is answered as before.
     assert_eq!(c.cmd(&["SORT", "ids"]).strings(), ["1", "2", "3"]);
-    assert_eq!(c.cmd(&["SORT", "ids", "BY", "nosort", "GET", "#"]).strings(), ["3", "1", "2"]);
+    assert_eq!(
+        c.cmd(&["SORT", "ids", "BY", "nosort", "GET", "#"])
+            .strings(),
+        ["3", "1", "2"]
+    );
 
     // With a hash tag before the '*', every key lives with the list: the answer is Redis's.
     assert_eq!(c.cmd(&["RPUSH", "{u}ids", "3", "1", "2"]), Reply::Int(3));
-    for (k, v) in [("{u}w_1", "9"), ("{u}w_2", "8"), ("{u}w_3", "7"), ("{u}o_1", "obj1"), ("{u}o_2", "obj2"), ("{u}o_3", "obj3")] {
+    for (k, v) in [
+        ("{u}w_1", "9"),
+        ("{u}w_2", "8"),
+        ("{u}w_3", "7"),
+        ("{u}o_1", "obj1"),
+        ("{u}o_2", "obj2"),
+        ("{u}o_3", "obj3"),
+    ] {
         assert_eq!(c.cmd(&["SET", k, v]), Reply::ok());
     }
-    assert_eq!(c.cmd(&["SORT", "{u}ids", "BY", "{u}w_*"]).strings(), ["3", "2", "1"]);
     assert_eq!(
-        c.cmd(&["SORT", "{u}ids", "BY", "{u}w_*", "GET", "{u}o_*"]).strings(),
+        c.cmd(&["SORT", "{u}ids", "BY", "{u}w_*"]).strings(),
+        ["3", "2", "1"]
+    );
+    assert_eq!(
+        c.cmd(&["SORT", "{u}ids", "BY", "{u}w_*", "GET", "{u}o_*"])
+            .strings(),
         ["obj3", "obj2", "obj1"]
     );
     assert_eq!(
         c.cmd(&["SORT", "{u}ids", "BY", "{u}w_*", "GET", "{u}o_*", "STORE", "{u}out"]),
         Reply::Int(3)
     );
-    assert_eq!(c.cmd(&["LRANGE", "{u}out", "0", "-1"]).strings(), ["obj3", "obj2", "obj1"]);
+    assert_eq!(
+        c.cmd(&["LRANGE", "{u}out", "0", "-1"]).strings(),
+        ["obj3", "obj2", "obj1"]
+    );
     // A tag that places the keys on another node is refused too.
     let home = owner(&nodes, "{u}ids");
     let other = (0..200)
@@ -500,5 +525,66 @@ fn sort_by_and_get_patterns_over_a_pool_are_right_or_refused() {
         .unwrap();
     let pattern = format!("{{{other}}}w_*");
     let r = c.cmd(&["SORT", "{u}ids", "BY", &pattern]);
-    assert!(r.is_error() && r.err().contains("may be on other nodes"), "{r}");
+    assert!(
+        r.is_error() && r.err().contains("may be on other nodes"),
+        "{r}"
+    );
+}
+
+const BUSY_SCRIPT: &str = "local t = redis.call('TIME') \
+    while true do \
+      local n = redis.call('TIME') \
+      if (n[1] - t[1]) * 1000000 + (n[2] - t[2]) > 3000000 then break end \
+    end \
+    return 1";
+
+/// A long script runs on its node's script lane: another client's command to that node
+/// gets Redis's own BUSY at once (not the proxy's timeout), SCRIPT KILL through the proxy
+/// ends the script, and the node serves again.
+#[test]
+fn a_busy_script_does_not_block_other_clients_who_get_busy_and_can_kill_it() {
+    need_redis();
+    let node = Redis::start_with(&["--busy-reply-threshold", "100"]);
+    let proxy = Proxy::start(&[&node], &[]);
+    let mut c = proxy.client();
+    assert_eq!(c.cmd(&["SET", "k", "v"]), Reply::ok());
+    let addr = proxy.addr();
+    let script = std::thread::spawn(move || {
+        let mut a = Client::connect(&addr);
+        a.set_read_timeout(Duration::from_secs(10));
+        a.cmd(&["EVAL", BUSY_SCRIPT, "0"])
+    });
+    std::thread::sleep(Duration::from_millis(400));
+    let asked = Instant::now();
+    let r = c.cmd(&["GET", "k"]);
+    let took = asked.elapsed();
+    assert!(r.is_error() && r.err().starts_with("BUSY"), "{r}");
+    assert!(
+        took < Duration::from_millis(1500),
+        "BUSY came after {took:?}"
+    );
+    assert_eq!(c.cmd(&["SCRIPT", "KILL"]), Reply::ok());
+    let killed = script.join().unwrap();
+    assert!(killed.is_error(), "{killed}");
+    assert_eq!(c.cmd(&["GET", "k"]), Reply::bulk("v"));
+}
+
+/// Scripts and plain commands pipelined together still run in the order sent, though
+/// they travel on two lanes.
+#[test]
+fn scripts_and_plain_commands_in_one_pipeline_run_in_order() {
+    need_redis();
+    let node = Redis::start();
+    let proxy = Proxy::start(&[&node], &[]);
+    let incr = "return redis.call('INCR', KEYS[1])";
+    let mut cmds: Vec<Vec<&str>> = vec![vec!["SET", "n", "0"]];
+    for _ in 0..50 {
+        cmds.push(vec!["EVAL", incr, "1", "n"]);
+        cmds.push(vec!["INCR", "n"]);
+        cmds.push(vec!["GET", "n"]);
+        cmds.push(vec!["EVAL", incr, "1", "n"]);
+    }
+    let through = proxy.client().pipeline(&cmds);
+    let straight = node.client().pipeline(&cmds);
+    assert_eq!(through, straight);
 }

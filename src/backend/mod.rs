@@ -23,7 +23,7 @@ use bytes::{Bytes, BytesMut};
 use crate::net::tls::ClientTlsConfig;
 pub use conn::{deadline, pick, Call, ConnHandle, Dedicated, Replies};
 pub use handshake::{Handshake, NodeTls};
-pub use node::{Node, NodeTable, MAX_NODES};
+pub use node::{Lane, Node, NodeTable, MAX_NODES};
 
 use crate::metrics::Metrics;
 pub use crate::metrics::NodeMetrics;

@@ -64,8 +64,21 @@ impl NodeTable {
     }
 }
 
-/// Shared connections per (RESP3?, database), started on first use.
-type ConnSets = Mutex<HashMap<(bool, u32), Arc<[ConnHandle]>>>;
+/// Shared connections per (RESP3?, database, lane), started on first use.
+type ConnSets = Mutex<HashMap<(bool, u32, Lane), Arc<[ConnHandle]>>>;
+
+/// Which of a node's shared lanes a command travels on. A node runs one connection's
+/// commands one after another, so a long script on the lane every command takes would make
+/// every client's command wait behind it until the request timeout. Scripts and functions
+/// have a lane of their own: the main lane keeps flowing, and the node itself answers
+/// `BUSY` while a script runs too long, so that `SCRIPT KILL` can be sent, as it would
+/// to a client connected directly.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+pub enum Lane {
+    #[default]
+    Main,
+    Scripts,
+}
 
 /// One backend node and its shared connections.
 pub struct Node {
@@ -82,8 +95,13 @@ pub struct Node {
 impl Node {
     /// The shared connections for a protocol and database, started on first use.
     pub fn conns(&self, proto: Proto, db: u32) -> Arc<[ConnHandle]> {
+        self.conns_in(proto, db, Lane::Main)
+    }
+
+    /// The shared connections of a lane, for a protocol and database.
+    pub fn conns_in(&self, proto: Proto, db: u32, lane: Lane) -> Arc<[ConnHandle]> {
         let mut map = self.conns.lock().unwrap_or_else(|p| p.into_inner());
-        map.entry((proto == Proto::Resp3, db))
+        map.entry((proto == Proto::Resp3, db, lane))
             .or_insert_with(|| {
                 let hs = Arc::new(self.handshake(proto, db));
                 (0..self.per_node)

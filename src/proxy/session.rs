@@ -191,6 +191,13 @@ async fn read_loop(mut r: ReadHalf, tx: &mpsc::Sender<(Round, Proto)>, s: &mut S
             let mut mark = rb.slots.len();
             let conn_state = (s.proto, s.db);
             let mut flow = handle(s, req, &mut rb).await;
+            if let Flow::Settle(req) = flow {
+                if !settle(s, &mut rb, tx, s.proto).await {
+                    return End::Closed;
+                }
+                mark = 0;
+                flow = handle(s, req, &mut rb).await;
+            }
             if let Flow::Flush(req) = flow {
                 if !flush(s, &mut rb, tx).await {
                     return End::Closed;
@@ -212,8 +219,9 @@ async fn read_loop(mut r: ReadHalf, tx: &mpsc::Sender<(Round, Proto)>, s: &mut S
                 return End::Closed;
             }
             match flow {
-                // A fresh round has no jobs, so this cannot happen; answer rather than panic.
-                Flow::Flush(_) => rb.slots.push(Slot::Ready(err_bytes(
+                // A fresh round has no jobs, and the lane is switched, so this cannot
+                // happen; answer rather than panic.
+                Flow::Flush(_) | Flow::Settle(_) => rb.slots.push(Slot::Ready(err_bytes(
                     "ERR saltshaker: internal: command could not be ordered",
                 ))),
                 Flow::Continue => {}
@@ -281,7 +289,7 @@ async fn flush(s: &mut Session, rb: &mut RoundBuilder, tx: &mpsc::Sender<(Round,
 }
 
 /// After a command that changed the connection's database or protocol (SELECT, HELLO,
-/// RESET): the commands before it leave on the old database's (or protocol's) shared
+/// RESET), or before one that takes another lane to its node (a script): the commands before it leave on the old database's (or protocol's) shared
 /// connections, and the commands after it on the new one's. Two connections are not
 /// ordered against each other at the node, so the round built so far is sent, in the old
 /// protocol, and the session waits until every earlier reply is in before it goes on:
@@ -357,6 +365,22 @@ async fn handle(s: &mut Session, req: Request, rb: &mut RoundBuilder) -> Flow {
             }
         }
         _ => {}
+    }
+    // A script takes its node's script lane, everything else the main lane: at a change,
+    // what the session sent before must all have arrived first.
+    if s.tx.is_none()
+        && !matches!(
+            c.route,
+            Route::Local
+                | Route::Transaction
+                | Route::Subscribe
+                | Route::Unsupported(_)
+                | Route::Blocking
+                | Route::Kill
+        )
+        && s.switch_lane(c.spec.name)
+    {
+        return Flow::Settle(req);
     }
     // decide
     let mut action = decide(s, &req, &c);

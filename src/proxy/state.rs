@@ -11,7 +11,7 @@ use super::ctx::Ctx;
 use super::dedicated::DedicatedWorker;
 use super::order::Order;
 use super::tunnel;
-use crate::backend::ConnHandle;
+use crate::backend::{ConnHandle, Lane};
 use crate::resp::{encode_error, Proto, Request};
 
 /// A queued MULTI.
@@ -43,6 +43,9 @@ pub struct Session {
     conns: Vec<Option<Arc<[ConnHandle]>>>,
     /// The rotation over a node's connections.
     rr: usize,
+    /// The lane of the commands last sent to nodes (`backend::Lane`): scripts travel on
+    /// one of their own.
+    lane: Lane,
     /// What must be done before the session's next command leaves (see `order`).
     pub(super) order: Order,
     pub gone: watch::Receiver<bool>,
@@ -77,6 +80,7 @@ impl Session {
             watch: None,
             blocking: Vec::new(),
             rr: 0,
+            lane: Lane::Main,
             order: Order::default(),
             gone,
             detect: true,
@@ -88,15 +92,32 @@ impl Session {
     /// The shared connection to `node` the next job of this session goes on: the
     /// session's rotation over the node's connections in its protocol and database.
     pub fn conn(&mut self, node: usize) -> ConnHandle {
-        let (proto, db) = (self.proto, self.db);
+        let (proto, db, lane) = (self.proto, self.db, self.lane);
         let ctx = &self.ctx;
         if node >= self.conns.len() {
             // A cluster node added since this session started.
             self.conns.resize(node + 1, None);
         }
-        let conns = self.conns[node].get_or_insert_with(|| ctx.backend.node(node).conns(proto, db));
+        let conns = self.conns[node]
+            .get_or_insert_with(|| ctx.backend.node(node).conns_in(proto, db, lane));
         self.rr = self.rr.wrapping_add(1);
         crate::backend::pick(conns, self.rr)
+    }
+
+    /// The lane a command on a node takes: scripts and functions their own. True when
+    /// it differs from the last one: the session must then let everything it sent
+    /// arrive before the command leaves (two connections are not ordered at the node).
+    pub fn switch_lane(&mut self, name: &str) -> bool {
+        let lane = match name {
+            "EVAL" | "EVALSHA" | "EVAL_RO" | "EVALSHA_RO" | "FCALL" | "FCALL_RO" => Lane::Scripts,
+            _ => Lane::Main,
+        };
+        if lane == self.lane {
+            return false;
+        }
+        self.lane = lane;
+        self.reset_conns();
+        true
     }
 
     /// Forgets the connections looked up, and the dedicated ones, after a protocol or
@@ -116,6 +137,9 @@ pub enum Flow {
     /// Send the round built so far and wait for its replies before this command: it
     /// names a salted key and runs as a task, which must not overtake earlier commands.
     Flush(Request),
+    /// Send the round built so far, wait until every earlier reply is in, then handle
+    /// this command: it takes another lane to its node (`Session::switch_lane`).
+    Settle(Request),
 }
 
 pub fn err_bytes(msg: &str) -> Bytes {
