@@ -74,7 +74,7 @@ fn n(r: &mut Rng, lo: i64, hi: i64) -> String {
 /// The families a run draws from: `DIFF_ONLY=strings,zsets` narrows a failing seed down.
 /// Each family owns a range of 0..100 (counters, strings, hashes, sets, zsets, hlls, multi).
 fn families() -> Vec<(u64, u64)> {
-    const RANGES: [(&str, u64, u64); 7] = [
+    const RANGES: [(&str, u64, u64); 8] = [
         ("counters", 0, 30),
         ("strings", 30, 45),
         ("hashes", 45, 57),
@@ -82,6 +82,7 @@ fn families() -> Vec<(u64, u64)> {
         ("zsets", 70, 85),
         ("hlls", 85, 95),
         ("multi", 95, 100),
+        ("state", 100, 105),
     ];
     let only = std::env::var("DIFF_ONLY").unwrap_or_default();
     RANGES
@@ -171,6 +172,13 @@ fn command(r: &mut Rng, fams: &[(u64, u64)]) -> (Vec<String>, Cmp) {
             0..=2 => (s(&["PFADD", k, &format!("e{}", r.next(3000))]), Cmp::Type),
             _ => (s(&["PFCOUNT", k]), Cmp::Approx),
         }
+    } else if family >= 100 {
+        // Connection state changed inside a pipeline: each command after it sees it.
+        let k = r.pick(STRINGS);
+        (
+            s(&["STATE-BLOCK", k, &format!("n{}", r.next(1000))]),
+            Cmp::Exact,
+        )
     } else {
         // A transaction on one key: inside MULTI a salted key is folded first.
         let k = r.pick(&["c:0", "cc:1", "s:1"]);
@@ -201,8 +209,25 @@ fn same(cmp: Cmp, got: &Reply, want: &Reply) -> bool {
     }
 }
 
-/// Expands MULTI-BLOCK into the commands of one transaction.
+/// Expands MULTI-BLOCK into the commands of one transaction, and STATE-BLOCK into
+/// changes of the connection's state (SELECT, CLIENT SETNAME, HELLO) with commands that
+/// see them, ending where it began (the reference is one connection, the proxies two).
 fn expand(cmd: &[String]) -> Vec<Vec<String>> {
+    let v = |x: &[&str]| x.iter().map(|s| s.to_string()).collect::<Vec<String>>();
+    if cmd[0] == "STATE-BLOCK" {
+        let (k, name) = (cmd[1].as_str(), cmd[2].as_str());
+        return vec![
+            v(&["CLIENT", "SETNAME", name]),
+            v(&["SELECT", "0"]),
+            v(&["HELLO", "3"]),
+            v(&["GET", k]),
+            v(&["CLIENT", "GETNAME"]),
+            v(&["HELLO", "2"]),
+            v(&["GET", k]),
+            v(&["CLIENT", "SETNAME", ""]),
+            v(&["CLIENT", "GETNAME"]),
+        ];
+    }
     if cmd[0] != "MULTI-BLOCK" {
         return vec![cmd.to_vec()];
     }
@@ -330,7 +355,10 @@ fn random_sequences_through_two_proxies_match_redis_while_keys_are_salted_and_fo
         for i in 0..batch.len() {
             *by_cmp.entry(format!("{:?}", cmps[i])).or_default() += 1;
             let exec = batch[i][0] == "EXEC";
-            let ok = if exec {
+            let ok = if batch[i][0] == "HELLO" {
+                // The proxy answers HELLO with its own server fields: the same shape.
+                same(Cmp::Type, &got[i], &want[i])
+            } else if exec {
                 // EXEC's array holds the transaction's replies: compare its elements with
                 // the same rules as the commands (an INCR inside may be an estimate only if
                 // the key was not folded, which MULTI always does).
