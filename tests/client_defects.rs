@@ -588,3 +588,54 @@ fn scripts_and_plain_commands_in_one_pipeline_run_in_order() {
     let straight = node.client().pipeline(&cmds);
     assert_eq!(through, straight);
 }
+
+/// The other state changes that ride in a pipeline: RESET (database, name, protocol),
+/// WATCH and MULTI/EXEC, and AUTH: each command is answered as Redis answers it when the
+/// same write is sent to it directly.
+#[test]
+fn reset_watch_multi_and_auth_in_one_write_apply_from_the_next_command_on() {
+    need_redis();
+    let node = Redis::start_with(&["--requirepass", "pw"]);
+    let proxy = Proxy::start_with_config(&[&node], "  password: pw\nauth:\n  password: pw", &[]);
+    let cmds = [
+        vec!["GET", "k"],
+        vec!["AUTH", "wrong"],
+        vec!["GET", "k"],
+        vec!["AUTH", "pw"],
+        vec!["SELECT", "4"],
+        vec!["SET", "k", "in4"],
+        vec!["CLIENT", "SETNAME", "before-reset"],
+        vec!["RESET"],
+        vec!["AUTH", "pw"],
+        vec!["CLIENT", "GETNAME"],
+        vec!["GET", "k"],
+        vec!["SET", "k", "in0"],
+        vec!["WATCH", "k"],
+        vec!["GET", "k"],
+        vec!["MULTI"],
+        vec!["INCR", "n"],
+        vec!["SET", "k", "tx"],
+        vec!["EXEC"],
+        vec!["SELECT", "4"],
+        vec!["GET", "k"],
+        vec!["SELECT", "0"],
+        vec!["GET", "k"],
+    ];
+    let through = proxy.client().pipeline(&cmds);
+    let mut direct = node.client();
+    assert_eq!(direct.cmd(&["AUTH", "pw"]), Reply::ok());
+    assert_eq!(direct.cmd(&["FLUSHALL"]), Reply::ok());
+    let straight = node.client().pipeline(&cmds);
+    for (i, c) in cmds.iter().enumerate() {
+        let (t, s) = (&through[i], &straight[i]);
+        if t.is_error() && s.is_error() {
+            // The texts of a wrong password differ in wording only.
+            let first = |r: &Reply| r.err().split(' ').next().unwrap_or("").to_string();
+            assert_eq!(first(t), first(s), "reply {i} to {c:?}");
+        } else {
+            assert_eq!(t, s, "reply {i} to {c:?}");
+        }
+    }
+    assert_eq!(through[19], Reply::bulk("in4"));
+    assert_eq!(through[21], Reply::bulk("tx"));
+}

@@ -9,6 +9,7 @@
 
 pub mod cluster;
 mod conn;
+mod dedicated;
 mod handshake;
 mod node;
 pub mod placement;
@@ -21,7 +22,8 @@ use std::time::Duration;
 use bytes::{Bytes, BytesMut};
 
 use crate::net::tls::ClientTlsConfig;
-pub use conn::{deadline, pick, Call, ConnHandle, Dedicated, Replies};
+pub use conn::{deadline, pick, Call, ConnHandle, Replies};
+pub use dedicated::Dedicated;
 pub use handshake::{Handshake, NodeTls};
 pub use node::{Lane, Node, NodeTable, MAX_NODES};
 

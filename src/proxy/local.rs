@@ -8,7 +8,7 @@ use super::dedicated::DedicatedWorker;
 use super::round::{Merge, RoundBuilder, Slot};
 use super::route::{keys_node, push, push_n};
 use super::state::{err_bytes, ready_later, reset_dedicated, Flow, Session, Tx};
-use crate::command::Classified;
+use crate::command::{flags, Classified, Route};
 use crate::resp::{
     encode_bulk, encode_int, encode_map_header, encode_simple, Proto, Request, Value,
 };
@@ -417,4 +417,56 @@ fn exec(s: &mut Session, rb: &mut RoundBuilder) {
         }
     }
     let _ = ready_later;
+}
+
+/// Inside MULTI: check and queue; the client sees +QUEUED (or the error Redis would give).
+pub(super) fn queue_in_tx(s: &mut Session, req: &Request, c: &Classified) -> Slot {
+    let single = s.ctx.backend.is_single();
+    let allowed = match c.route {
+        Route::Keyed | Route::Blocking | Route::Split(_) | Route::AnyNode => true,
+        Route::AllNodes(_) | Route::RandomKey | Route::Scan => single,
+        // INFO goes to the transaction's node, which answers it in EXEC's reply.
+        Route::Local => matches!(c.spec.name, "PING" | "ECHO" | "INFO"),
+        _ => false,
+    };
+    let node = if allowed {
+        keys_node(s, req, c).map(Some)
+    } else {
+        Ok(None)
+    };
+    let tx = s.tx.as_mut().expect("in a transaction");
+    let node = match node {
+        Ok(Some(n)) => n,
+        Ok(None) => {
+            tx.dirty = true;
+            return Slot::Ready(err_bytes(&format!(
+                "ERR saltshaker: {} is not supported inside MULTI through the proxy",
+                c.spec.name
+            )));
+        }
+        Err(e) => {
+            tx.dirty = true;
+            return Slot::Ready(e);
+        }
+    };
+    let keyless = c.keys.is_empty();
+    match tx.node {
+        _ if keyless => {}
+        None => tx.node = Some(node),
+        Some(m) if m != node => {
+            tx.dirty = true;
+            return Slot::Ready(err_bytes(&format!(
+                "ERR saltshaker: MULTI across nodes is not supported (keys on {} and {})",
+                s.ctx.backend.node(m).addr,
+                s.ctx.backend.node(node).addr
+            )));
+        }
+        _ => {}
+    }
+    tx.wires.push(req.wire());
+    if c.spec.flags & flags::WRITE != 0 {
+        tx.writes
+            .extend(c.keys.iter().map(|&k| req.arg_bytes(k as usize)));
+    }
+    Slot::Ready(Bytes::from_static(b"+QUEUED\r\n"))
 }

@@ -11,7 +11,8 @@
 //!
 //! - bottom: `ctx` (what every session shares), `tunnel` (the pub/sub pipe), `dedicated`,
 //!   `scan` (cursors), `round` (a round's jobs, reply slots and keys), `order` (the ordering
-//!   rules), `state` (one connection's state, and what a handler returns: `Flow`);
+//!   rules), `state` (one connection's state, and what a handler returns: `Flow`), `merge`
+//!   (a fanned-out command's replies made one);
 //! - handlers, given the state: `route` (node jobs, splits, all nodes), `mitigation`
 //!   (combine, cache), `salted` (acting on a salt plan), `local` (commands answered here,
 //!   transactions);
@@ -23,6 +24,7 @@ mod as_cluster;
 mod ctx;
 mod dedicated;
 mod local;
+mod merge;
 mod mitigation;
 mod order;
 mod reply;

@@ -299,3 +299,34 @@ fn kill_reply(replies: Vec<Result<Bytes, crate::backend::BackendError>>) -> Byte
         .or(failure)
         .unwrap_or_else(|| err_bytes("ERR saltshaker: no node to send the command to"))
 }
+
+pub(super) fn is_pubsub_command(name: &str) -> bool {
+    name == "PUBLISH" || name == "SPUBLISH" || name.starts_with("PUBSUB")
+}
+
+/// Where a pub/sub command goes. A pool keeps every channel on its first node, so every
+/// proxy's subscribers meet every publisher there. A cluster broadcasts PUBLISH to every
+/// node, so any master will do; its shard channels (SPUBLISH, SSUBSCRIBE) live on the
+/// master of the channel's slot, and one SSUBSCRIBE names one slot.
+pub(super) fn pubsub_node(s: &Session, req: &Request) -> Result<usize, Bytes> {
+    let b = &s.ctx.backend;
+    if b.cluster().is_none() {
+        return Ok(0);
+    }
+    let name = req.arg(0).to_ascii_uppercase();
+    if !matches!(&name[..], b"SPUBLISH" | b"SSUBSCRIBE" | b"SUNSUBSCRIBE") || req.argc() < 2 {
+        return Ok(b.any_node());
+    }
+    let last = if &name[..] == b"SPUBLISH" {
+        2
+    } else {
+        req.argc()
+    };
+    let (slot, node) = b.group_of(req.arg(1));
+    if (2..last).any(|i| b.group_of(req.arg(i)).0 != slot) {
+        return Err(err_bytes(
+            "CROSSSLOT Keys in request don't hash to the same slot",
+        ));
+    }
+    Ok(node)
+}

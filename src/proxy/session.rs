@@ -8,18 +8,21 @@
 
 use std::sync::Arc;
 
-use bytes::{Bytes, BytesMut};
+use bytes::BytesMut;
 use tokio::io::AsyncReadExt;
 
 use crate::net::{ReadHalf, Stream, WriteHalf};
 use tokio::sync::{mpsc, watch};
 
 use super::ctx::Ctx;
+use super::local::queue_in_tx;
 use super::mitigation::{
     cached_mget, cached_read, combine, invalidate_cached, wait_barrier, wait_fills,
 };
 use super::round::{Merge, Round, RoundBuilder, Slot};
-use super::route::{all_nodes, forward_keyed, keys_node, push, scan_one, split};
+use super::route::{
+    all_nodes, forward_keyed, is_pubsub_command, keys_node, pubsub_node, push, scan_one, split,
+};
 use super::state::{blocking_worker, err_bytes, Flow, Session};
 use super::{local, reply, tunnel};
 use crate::command::{self, flags, Args, Classified, Route};
@@ -517,37 +520,6 @@ async fn handle(s: &mut Session, req: Request, rb: &mut RoundBuilder) -> Flow {
     Flow::Continue
 }
 
-fn is_pubsub_command(name: &str) -> bool {
-    name == "PUBLISH" || name == "SPUBLISH" || name.starts_with("PUBSUB")
-}
-
-/// Where a pub/sub command goes. A pool keeps every channel on its first node, so every
-/// proxy's subscribers meet every publisher there. A cluster broadcasts PUBLISH to every
-/// node, so any master will do; its shard channels (SPUBLISH, SSUBSCRIBE) live on the
-/// master of the channel's slot, and one SSUBSCRIBE names one slot.
-fn pubsub_node(s: &Session, req: &Request) -> Result<usize, Bytes> {
-    let b = &s.ctx.backend;
-    if b.cluster().is_none() {
-        return Ok(0);
-    }
-    let name = req.arg(0).to_ascii_uppercase();
-    if !matches!(&name[..], b"SPUBLISH" | b"SSUBSCRIBE" | b"SUNSUBSCRIBE") || req.argc() < 2 {
-        return Ok(b.any_node());
-    }
-    let last = if &name[..] == b"SPUBLISH" {
-        2
-    } else {
-        req.argc()
-    };
-    let (slot, node) = b.group_of(req.arg(1));
-    if (2..last).any(|i| b.group_of(req.arg(i)).0 != slot) {
-        return Err(err_bytes(
-            "CROSSSLOT Keys in request don't hash to the same slot",
-        ));
-    }
-    Ok(node)
-}
-
 /// The decide phase: what the rules, the hot set and the salt table say to do with the
 /// command (`policy::decide`, pure).
 fn decide(s: &Session, req: &Request, c: &Classified) -> Action {
@@ -590,56 +562,4 @@ fn observe(s: &Session, req: &Request, c: &Classified) -> Class {
         }
     }
     class
-}
-
-/// Inside MULTI: check and queue; the client sees +QUEUED (or the error Redis would give).
-fn queue_in_tx(s: &mut Session, req: &Request, c: &Classified) -> Slot {
-    let single = s.ctx.backend.is_single();
-    let allowed = match c.route {
-        Route::Keyed | Route::Blocking | Route::Split(_) | Route::AnyNode => true,
-        Route::AllNodes(_) | Route::RandomKey | Route::Scan => single,
-        // INFO goes to the transaction's node, which answers it in EXEC's reply.
-        Route::Local => matches!(c.spec.name, "PING" | "ECHO" | "INFO"),
-        _ => false,
-    };
-    let node = if allowed {
-        keys_node(s, req, c).map(Some)
-    } else {
-        Ok(None)
-    };
-    let tx = s.tx.as_mut().expect("in a transaction");
-    let node = match node {
-        Ok(Some(n)) => n,
-        Ok(None) => {
-            tx.dirty = true;
-            return Slot::Ready(err_bytes(&format!(
-                "ERR saltshaker: {} is not supported inside MULTI through the proxy",
-                c.spec.name
-            )));
-        }
-        Err(e) => {
-            tx.dirty = true;
-            return Slot::Ready(e);
-        }
-    };
-    let keyless = c.keys.is_empty();
-    match tx.node {
-        _ if keyless => {}
-        None => tx.node = Some(node),
-        Some(m) if m != node => {
-            tx.dirty = true;
-            return Slot::Ready(err_bytes(&format!(
-                "ERR saltshaker: MULTI across nodes is not supported (keys on {} and {})",
-                s.ctx.backend.node(m).addr,
-                s.ctx.backend.node(node).addr
-            )));
-        }
-        _ => {}
-    }
-    tx.wires.push(req.wire());
-    if c.spec.flags & flags::WRITE != 0 {
-        tx.writes
-            .extend(c.keys.iter().map(|&k| req.arg_bytes(k as usize)));
-    }
-    Slot::Ready(Bytes::from_static(b"+QUEUED\r\n"))
 }

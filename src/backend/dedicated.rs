@@ -1,0 +1,78 @@
+//! A connection owned by one session: blocking commands, WATCH, pub/sub, and the
+//! proxy's own one-off questions (the cluster map at startup). One call at a time.
+
+use bytes::{Bytes, BytesMut};
+use smallvec::SmallVec;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+use super::conn::Replies;
+use super::{BackendError, Handshake};
+use crate::net::Stream;
+use crate::resp::ReplyFramer;
+
+/// A connection owned by one session: blocking commands, WATCH, pub/sub. Not shared, so a
+/// command that blocks holds up nobody else.
+pub struct Dedicated {
+    stream: Stream,
+    buf: BytesMut,
+    framer: ReplyFramer,
+}
+
+impl Dedicated {
+    pub async fn open(hs: &Handshake) -> Result<Dedicated, BackendError> {
+        let stream = hs.connect().await?;
+        Ok(Dedicated::from_stream(stream, hs.max_reply_bulk))
+    }
+
+    pub fn from_stream(stream: Stream, max_reply_bulk: usize) -> Dedicated {
+        Dedicated {
+            stream,
+            buf: BytesMut::with_capacity(16 * 1024),
+            framer: ReplyFramer::new(max_reply_bulk),
+        }
+    }
+
+    /// Sends `data` (holding `count` commands) and returns their replies.
+    pub async fn call(&mut self, data: &[Bytes], count: usize) -> Result<Replies, BackendError> {
+        for d in data {
+            self.stream
+                .write_all(d)
+                .await
+                .map_err(|e| BackendError::Io(e.to_string()))?;
+        }
+        self.stream
+            .flush()
+            .await
+            .map_err(|e| BackendError::Io(e.to_string()))?;
+        let mut ends: SmallVec<[u32; 16]> = SmallVec::new();
+        let mut pos = 0usize;
+        while ends.len() < count {
+            if pos < self.buf.len() {
+                match self.framer.next_len(&self.buf[pos..]) {
+                    Ok(Some(len)) => {
+                        pos += len;
+                        ends.push(pos as u32);
+                        continue;
+                    }
+                    Ok(None) => {}
+                    Err(e) => return Err(BackendError::Protocol(e.to_string())),
+                }
+            }
+            self.buf.reserve(16 * 1024);
+            match self.stream.read_buf(&mut self.buf).await {
+                Ok(0) => return Err(BackendError::Io("connection closed by the node".into())),
+                Ok(_) => {}
+                Err(e) => return Err(BackendError::Io(e.to_string())),
+            }
+        }
+        Ok(Replies {
+            buf: self.buf.split_to(pos).freeze(),
+            ends,
+        })
+    }
+
+    /// The stream and any bytes already read past the last reply, for a pub/sub tunnel.
+    pub fn into_parts(self) -> (Stream, BytesMut) {
+        (self.stream, self.buf)
+    }
+}

@@ -1,0 +1,345 @@
+//! Merging the replies of a command that went to several places (a fan-out over nodes,
+//! a salted key's parts, an MGET partly from the cache) into the one reply its client
+//! expects. The reply writer (`reply`) calls `merge` for a `Slot::Merge` and only writes.
+
+use bytes::{Bytes, BytesMut};
+use tokio::sync::oneshot;
+
+use super::round::{CachedGet, Merge, MgetFrom, MgetPerKey, Part};
+use crate::backend::{BackendError, Replies};
+use crate::resp::{
+    encode_array_header, encode_bulk, encode_error, encode_int, parse_value, Proto, Value,
+};
+
+/// A task's reply, or the error text for a task that gave up or ran past `deadline`.
+pub(super) async fn later(
+    rx: oneshot::Receiver<Bytes>,
+    deadline: Option<tokio::time::Instant>,
+) -> Result<Bytes, &'static str> {
+    let r = match deadline {
+        Some(d) => tokio::time::timeout_at(d, rx)
+            .await
+            .map_err(|_| "ERR saltshaker: no reply within request_timeout_ms")?,
+        None => rx.await,
+    };
+    r.map_err(|_| "ERR saltshaker: internal error (request abandoned)")
+}
+
+pub(super) fn part(
+    replies: &[Result<Replies, BackendError>],
+    p: Part,
+) -> Result<Bytes, &BackendError> {
+    match &replies[p.job as usize] {
+        Ok(r) if (p.idx as usize) < r.len() => Ok(r.get(p.idx as usize)),
+        Ok(_) => Ok(Bytes::from_static(
+            b"-ERR saltshaker: internal error (missing reply)\r\n",
+        )),
+        Err(e) => Err(e),
+    }
+}
+
+pub fn backend_error(e: &BackendError, out: &mut BytesMut) {
+    encode_error(&format!("ERR saltshaker: {e}"), out);
+}
+
+/// Parses the replies of `parts`; the first backend failure or error reply wins.
+fn values(replies: &[Result<Replies, BackendError>], parts: &[Part]) -> Result<Vec<Value>, Bytes> {
+    let mut vals = Vec::with_capacity(parts.len());
+    for p in parts {
+        let raw = match part(replies, *p) {
+            Ok(b) => b,
+            Err(e) => {
+                let mut o = BytesMut::new();
+                backend_error(e, &mut o);
+                return Err(o.freeze());
+            }
+        };
+        match parse_value(&raw) {
+            Ok(Some((Value::Error(_), _))) => return Err(raw),
+            Ok(Some((v, _))) => vals.push(v),
+            _ => {
+                return Err(Bytes::from_static(
+                    b"-ERR saltshaker: unreadable backend reply\r\n",
+                ))
+            }
+        }
+    }
+    Ok(vals)
+}
+
+/// An MGET answered key by key. A cached value is the reply to `GET key`, used as the
+/// key's element as it is, except WRONGTYPE, which MGET answers with nil. The node's
+/// failure or another error reply (a failed fill) answers the whole command, as it would
+/// a plain MGET.
+pub(super) async fn mget_per_key(
+    m: MgetPerKey,
+    replies: &[Result<Replies, BackendError>],
+    proto: Proto,
+    late: Option<tokio::time::Instant>,
+    out: &mut BytesMut,
+) {
+    let from_nodes = match values(replies, &m.parts) {
+        Ok(vs) => vs,
+        Err(e) => return out.extend_from_slice(&e),
+    };
+    let n = m.from.len();
+    let mut items = BytesMut::new();
+    for from in m.from {
+        let get = match from {
+            MgetFrom::Node { part, pos } => {
+                let v = match &from_nodes[part as usize] {
+                    Value::Array(vs) => vs.get(pos as usize).unwrap_or(&Value::Nil),
+                    _ => &Value::Nil,
+                };
+                v.encode(proto, &mut items);
+                continue;
+            }
+            MgetFrom::Cache(CachedGet::Ready(b)) => b,
+            MgetFrom::Cache(CachedGet::Later(rx)) => match later(rx, late).await {
+                Ok(b) => b,
+                Err(e) => return encode_error(e, out),
+            },
+        };
+        if get.starts_with(b"-WRONGTYPE") {
+            Value::Nil.encode(proto, &mut items);
+        } else if get.starts_with(b"-") {
+            return out.extend_from_slice(&get);
+        } else {
+            items.extend_from_slice(&get);
+        }
+    }
+    encode_array_header(n, out);
+    out.extend_from_slice(&items);
+}
+
+pub(super) fn merge(
+    m: Merge,
+    replies: &[Result<Replies, BackendError>],
+    proto: Proto,
+    out: &mut BytesMut,
+) {
+    let result = match m {
+        Merge::SumInt(parts) => values(replies, &parts).map(|vs| {
+            let sum: i64 = vs
+                .iter()
+                .map(|v| if let Value::Integer(i) = v { *i } else { 0 })
+                .sum();
+            encode_int(sum, out);
+        }),
+        Merge::MinInt(parts) => values(replies, &parts).map(|vs| {
+            let min = vs
+                .iter()
+                .filter_map(|v| {
+                    if let Value::Integer(i) = v {
+                        Some(*i)
+                    } else {
+                        None
+                    }
+                })
+                .min();
+            encode_int(min.unwrap_or(0), out);
+        }),
+        Merge::Mget { parts, order } => values(replies, &parts).map(|vs| {
+            encode_array_header(order.len(), out);
+            for (p, pos) in order {
+                match &vs[p as usize] {
+                    Value::Array(items) => match items.get(pos as usize) {
+                        Some(v) => v.encode(proto, out),
+                        None => Value::Nil.encode(proto, out),
+                    },
+                    _ => Value::Nil.encode(proto, out),
+                }
+            }
+        }),
+        Merge::AllOk(parts) => values(replies, &parts).map(|vs| match vs.first() {
+            Some(v) => v.encode(proto, out),
+            None => encode_error("ERR saltshaker: no node answered", out),
+        }),
+        Merge::Salted {
+            parts,
+            op,
+            entry,
+            part: written,
+            ctx,
+        } => values(replies, &parts).map(|vs| {
+            let v = match (&op, ctx) {
+                (crate::salt::kind::Op::Write { .. }, Some(ctx)) => {
+                    let (v, created) = crate::salt::merge::written(&entry, &op, written, &vs[0]);
+                    if created {
+                        tokio::spawn(async move {
+                            crate::salt::ops::inherit_expiry(&ctx.backend, &entry, written).await
+                        });
+                    }
+                    v
+                }
+                _ => crate::salt::ops::merge(&entry, &op, &vs, false).unwrap_or_else(|e| e),
+            };
+            v.encode(proto, out);
+        }),
+        Merge::Once {
+            part: p,
+            entry,
+            to,
+            delta,
+            salt,
+        } => {
+            // An error reply too goes through `finish`, which reads it as INCRBY's own.
+            let v = match part(replies, p) {
+                Ok(raw) => match parse_value(&raw) {
+                    Ok(Some((v, _))) => v,
+                    _ => Value::Error(Bytes::from_static(
+                        b"ERR saltshaker: unreadable backend reply",
+                    )),
+                },
+                Err(e) => {
+                    let mut o = BytesMut::new();
+                    backend_error(e, &mut o);
+                    out.extend_from_slice(&o);
+                    return;
+                }
+            };
+            crate::salt::idem::finish(&salt, entry.as_deref(), to, delta, &v).encode(proto, out);
+            Ok(())
+        }
+        Merge::Exec(p) => match part(replies, p) {
+            Ok(b) => {
+                out.extend_from_slice(&b);
+                Ok(())
+            }
+            Err(e) => {
+                backend_error(e, out);
+                Ok(())
+            }
+        },
+        Merge::Concat(parts) => values(replies, &parts).map(|vs| {
+            let items: Vec<Value> = vs
+                .into_iter()
+                .flat_map(|v| match v {
+                    Value::Array(a) | Value::Set(a) => a,
+                    _ => Vec::new(),
+                })
+                .collect();
+            Value::Array(items).encode(proto, out);
+        }),
+        Merge::Slowlog { parts, count } => values(replies, &parts).map(|vs| {
+            let mut items: Vec<Value> = vs
+                .into_iter()
+                .flat_map(|v| match v {
+                    Value::Array(a) => a,
+                    _ => Vec::new(),
+                })
+                .collect();
+            // An entry is [id, unix time, microseconds, args, client, name].
+            let at = |e: &Value, i: usize| match e {
+                Value::Array(f) => match f.get(i) {
+                    Some(Value::Integer(n)) => *n,
+                    _ => 0,
+                },
+                _ => 0,
+            };
+            items.sort_by_key(|e| std::cmp::Reverse((at(e, 1), at(e, 0))));
+            items.truncate(count.unwrap_or(usize::MAX));
+            Value::Array(items).encode(proto, out);
+        }),
+        Merge::AndArrays(parts) => values(replies, &parts).map(|vs| {
+            let mut acc: Vec<i64> = Vec::new();
+            for (i, v) in vs.iter().enumerate() {
+                if let Value::Array(a) = v {
+                    let ints = a
+                        .iter()
+                        .map(|x| if let Value::Integer(n) = x { *n } else { 0 });
+                    if i == 0 {
+                        acc = ints.collect();
+                    } else {
+                        for (slot, n) in acc.iter_mut().zip(ints) {
+                            *slot = (*slot != 0 && n != 0) as i64;
+                        }
+                    }
+                }
+            }
+            Value::Array(acc.into_iter().map(Value::Integer).collect()).encode(proto, out);
+        }),
+        Merge::FirstNonNil(parts) => values(replies, &parts).map(|vs| {
+            let v = vs
+                .into_iter()
+                .find(|v| !matches!(v, Value::Nil | Value::NilArray))
+                .unwrap_or(Value::Nil);
+            v.encode(proto, out);
+        }),
+        Merge::Scan {
+            part: p,
+            node,
+            nodes,
+        } => values(replies, &[p]).map(|vs| match vs.into_iter().next() {
+            Some(Value::Array(mut a)) if a.len() == 2 => {
+                let cursor = match &a[0] {
+                    Value::Bulk(b) => std::str::from_utf8(b)
+                        .ok()
+                        .and_then(|s| s.parse::<u64>().ok())
+                        .unwrap_or(0),
+                    _ => 0,
+                };
+                let next = super::scan::encode_cursor(cursor, node, nodes);
+                a[0] = Value::Bulk(Bytes::from(next.to_string()));
+                Value::Array(a).encode(proto, out);
+            }
+            _ => encode_error("ERR saltshaker: unexpected SCAN reply", out),
+        }),
+        Merge::Info {
+            proxy,
+            parts,
+            addrs,
+        } => {
+            let mut text = proxy;
+            for (i, p) in parts.iter().enumerate() {
+                let body = match part(replies, *p)
+                    .ok()
+                    .and_then(|raw| parse_value(&raw).ok().flatten())
+                {
+                    Some((Value::Bulk(b), _)) | Some((Value::Verbatim(b), _)) => {
+                        String::from_utf8_lossy(if b.starts_with(b"txt:") {
+                            &b[4..]
+                        } else {
+                            &b[..]
+                        })
+                        .into_owned()
+                    }
+                    _ => String::new(),
+                };
+                if i == 0 {
+                    text.push_str(&body);
+                }
+                if addrs.len() > 1 {
+                    if i == 0 {
+                        text.push_str("\r\n# Nodes\r\n");
+                    }
+                    let up = if body.is_empty() { "down" } else { "up" };
+                    let keys: u64 = body
+                        .lines()
+                        .filter(|l| l.starts_with("db"))
+                        .filter_map(|l| {
+                            l.split(&[':', ','][..])
+                                .nth(1)?
+                                .strip_prefix("keys=")?
+                                .parse::<u64>()
+                                .ok()
+                        })
+                        .sum();
+                    text.push_str(&format!(
+                        "node{i}:addr={},status={up},keys={keys}\r\n",
+                        addrs[i]
+                    ));
+                }
+            }
+            if proto == Proto::Resp3 {
+                Value::Verbatim(Bytes::from(format!("txt:{text}"))).encode(proto, out);
+            } else {
+                encode_bulk(text.as_bytes(), out);
+            }
+            Ok(())
+        }
+    };
+    if let Err(e) = result {
+        out.extend_from_slice(&e);
+    }
+}
