@@ -159,6 +159,7 @@ pub async fn run(
     }
     let ctx = Arc::new(ctx);
     proxy::spawn_hot_updater(ctx.clone());
+    proxy::spawn_memory_trim(ctx.clone());
     proxy::spawn_salt_coordinator(ctx.clone());
     proxy::spawn_admission_sync(ctx.clone());
     proxy::spawn_balancer(ctx.clone(), balance.clone());

@@ -168,12 +168,17 @@ impl ConnHandle {
         let sent = match self.tx.try_send(job) {
             Ok(()) => Ok(Ok(())),
             Err(mpsc::error::TrySendError::Closed(_)) => Ok(Err(())),
+            // Boxed: the timer and the queue's wait are large, and every session's future
+            // would hold them beside its own.
             Err(mpsc::error::TrySendError::Full(job)) => {
-                let send = async { self.tx.send(job).await.map_err(|_| ()) };
-                match deadline {
-                    Some(d) => tokio::time::timeout_at(d, send).await,
-                    None => Ok(send.await),
-                }
+                Box::pin(async {
+                    let send = async { self.tx.send(job).await.map_err(|_| ()) };
+                    match deadline {
+                        Some(d) => tokio::time::timeout_at(d, send).await,
+                        None => Ok(send.await),
+                    }
+                })
+                .await
             }
         };
         let failed = match sent {

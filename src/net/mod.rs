@@ -79,6 +79,16 @@ impl Stream {
 }
 
 impl ReadHalf {
+    /// Waits until a read may find data, holding no buffer meanwhile: an idle client
+    /// connection then costs no read buffer. TLS may hold decrypted bytes the socket no
+    /// longer shows, so a TLS stream says "maybe" at once (its reader waits in the read).
+    pub async fn readable(&self) -> io::Result<()> {
+        match self {
+            ReadHalf::Tcp(r) => r.readable().await,
+            ReadHalf::Tls(_) => Ok(()),
+        }
+    }
+
     /// Reads what has already arrived without waiting: `WouldBlock` when nothing has.
     pub fn try_read_buf(&mut self, buf: &mut BytesMut) -> io::Result<usize> {
         match self {

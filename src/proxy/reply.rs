@@ -11,7 +11,7 @@ use tokio::sync::mpsc;
 
 use super::ctx::Ctx;
 use super::merge::{backend_error, later, merge, mget_per_key, part};
-use super::round::{Round, Slot};
+use super::round::{Queued, Round, Slot};
 use crate::backend::{BackendError, Replies};
 use crate::resp::{encode_error, Proto};
 
@@ -114,7 +114,7 @@ impl<W: AsyncWrite + Unpin> Out<W> {
 /// returns, the session sees its channel closed and ends the connection at once.
 pub async fn write_loop<W: AsyncWrite + Unpin>(
     w: W,
-    mut rounds: mpsc::Receiver<(Round, Proto)>,
+    mut rounds: mpsc::Receiver<Queued>,
     ctx: Arc<Ctx>,
     client: u64,
 ) -> (W, Option<super::tunnel::TunnelEnd>) {
@@ -159,10 +159,11 @@ pub async fn write_loop<W: AsyncWrite + Unpin>(
                 r = rounds.recv() => r,
             }
         };
-        let Some((round, proto)) = next else { break };
-        let mut next = Some((round, proto));
+        let Some(queued) = next else { break };
+        let mut next = Some(queued);
         // Resolve every round that is already queued, then write once.
-        while let Some((mut round, proto)) = next.take() {
+        while let Some(queued) = next.take() {
+            let (mut round, proto) = *queued;
             let close = round.close_after;
             let acked = std::mem::take(&mut round.acked);
             let again = std::mem::take(&mut round.invalidate_after);

@@ -19,7 +19,7 @@ use super::local::queue_in_tx;
 use super::mitigation::{
     cached_mget, cached_read, combine, invalidate_cached, wait_barrier, wait_fills,
 };
-use super::round::{Merge, Round, RoundBuilder, Slot};
+use super::round::{Merge, Queued, RoundBuilder, Slot};
 use super::route::{
     all_nodes, forward_keyed, is_pubsub_command, keys_node, pubsub_node, push, scan_one, split,
 };
@@ -52,13 +52,21 @@ pub async fn run(stream: Stream, ctx: Arc<Ctx>, id: u64) {
         .map(|a| a.to_string())
         .unwrap_or_default();
     let (r, w) = stream.into_split();
-    let (tx, rx) = mpsc::channel::<(Round, Proto)>(64);
+    let (tx, rx) = mpsc::channel::<Queued>(64);
     let writer = tokio::spawn(reply::write_loop(w, rx, ctx.clone(), id));
     let (gone_tx, gone_rx) = watch::channel(false);
     let mut s = Session::new(ctx, id, peer, local, gone_rx);
-    let end = read_loop(r, &tx, &mut s).await;
+    // Boxed: an async fn's future passed by value is laid out twice in its caller's.
+    let end = Box::pin(read_loop(r, &tx, &mut s)).await;
     let _ = gone_tx.send(true);
     drop(tx);
+    // Once per connection, and boxed so that its futures do not sit in every
+    // connection's task beside the read loop's.
+    Box::pin(close(end, writer)).await;
+}
+
+/// After the read phase: hand over to the pub/sub tunnel, or close politely.
+async fn close(end: End, writer: tokio::task::JoinHandle<(WriteHalf, Option<tunnel::TunnelEnd>)>) {
     let (mut w, tunnel_end): (WriteHalf, _) = match writer.await {
         Ok(x) => x,
         Err(_) => return,
@@ -72,7 +80,7 @@ pub async fn run(stream: Stream, ctx: Arc<Ctx>, id: u64) {
             // replies still in flight to the client.
             use tokio::io::AsyncWriteExt;
             let _ = w.shutdown().await;
-            let mut sink = [0u8; 4096];
+            let mut sink = vec![0u8; 4096];
             let linger = tokio::time::sleep(std::time::Duration::from_secs(2));
             tokio::pin!(linger);
             loop {
@@ -96,18 +104,20 @@ enum End {
 
 /// The read phase: until the client closes, the session becomes a pub/sub tunnel, or a
 /// shutdown finds the connection at a command boundary.
-async fn read_loop(mut r: ReadHalf, tx: &mpsc::Sender<(Round, Proto)>, s: &mut Session) -> End {
+async fn read_loop(mut r: ReadHalf, tx: &mpsc::Sender<Queued>, s: &mut Session) -> End {
     let limits = s.ctx.limits.clone();
     let mut parser = RequestParser::new(limits);
-    let mut buf = BytesMut::with_capacity(16 * 1024);
-    let mut reqs: Vec<Request> = Vec::with_capacity(64);
+    // Allocated when data arrives, and given back whenever everything read was handled:
+    // an idle connection holds no buffer (`read_some`).
+    let mut buf = BytesMut::new();
+    let mut reqs: Vec<Request> = Vec::new();
     let mut shutdown = s.ctx.shutdown.clone();
     let mut draining = false;
     loop {
-        if buf.capacity() - buf.len() < 4096 {
-            buf.reserve(16 * 1024);
-        }
         let n: std::io::Result<usize> = if draining {
+            if buf.capacity() - buf.len() < 4096 {
+                buf.reserve(16 * 1024);
+            }
             // Drain at a command boundary: take what has already arrived; once nothing is
             // buffered and nothing is waiting, the connection is idle and can close.
             match r.try_read_buf(&mut buf) {
@@ -132,7 +142,7 @@ async fn read_loop(mut r: ReadHalf, tx: &mpsc::Sender<(Round, Proto)>, s: &mut S
         } else {
             tokio::select! {
                 biased;
-                n = r.read_buf(&mut buf) => n,
+                n = read_some(&mut r, &mut buf) => n,
                 // The writer gave the client up (it left its replies unread, or its socket
                 // failed): end the connection now, not when the client next sends.
                 _ = tx.closed() => return End::Closed,
@@ -152,7 +162,7 @@ async fn read_loop(mut r: ReadHalf, tx: &mpsc::Sender<(Round, Proto)>, s: &mut S
             let mut round = rb.send(s.ctx.backend.request_timeout).await;
             round.close_after = true;
             s.ctx.metrics.protocol_errors.inc();
-            let _ = tx.send((round, s.proto)).await;
+            let _ = tx.send(Box::new((round, s.proto))).await;
             return End::Closed;
         }
         {
@@ -177,7 +187,7 @@ async fn read_loop(mut r: ReadHalf, tx: &mpsc::Sender<(Round, Proto)>, s: &mut S
                     super::admit::Gate::Pass { req, hook, wait } => {
                         if !wait.is_zero() {
                             // What was read before it need not wait with it.
-                            if !rb.is_empty() && !flush(s, &mut rb, tx).await {
+                            if !rb.is_empty() && !Box::pin(flush(s, &mut rb, tx)).await {
                                 return End::Closed;
                             }
                             // The wait counts against the command's request_timeout_ms
@@ -195,14 +205,14 @@ async fn read_loop(mut r: ReadHalf, tx: &mpsc::Sender<(Round, Proto)>, s: &mut S
             let conn_state = (s.proto, s.db);
             let mut flow = handle(s, req, &mut rb).await;
             if let Flow::Settle(req) = flow {
-                if !settle(s, &mut rb, tx, s.proto).await {
+                if !Box::pin(settle(s, &mut rb, tx, s.proto)).await {
                     return End::Closed;
                 }
                 mark = 0;
                 flow = handle(s, req, &mut rb).await;
             }
             if let Flow::Flush(req) = flow {
-                if !flush(s, &mut rb, tx).await {
+                if !Box::pin(flush(s, &mut rb, tx)).await {
                     return End::Closed;
                 }
                 mark = 0;
@@ -217,7 +227,7 @@ async fn read_loop(mut r: ReadHalf, tx: &mpsc::Sender<(Round, Proto)>, s: &mut S
             }
             if (s.proto, s.db) != conn_state
                 && matches!(flow, Flow::Continue)
-                && !settle(s, &mut rb, tx, conn_state.0).await
+                && !Box::pin(settle(s, &mut rb, tx, conn_state.0)).await
             {
                 return End::Closed;
             }
@@ -243,7 +253,7 @@ async fn read_loop(mut r: ReadHalf, tx: &mpsc::Sender<(Round, Proto)>, s: &mut S
                     s.order.wait_barrier().await;
                     let mut round = rb.send(s.ctx.backend.request_timeout).await;
                     round.tunnel = start.take_end();
-                    let _ = tx.send((round, s.proto)).await;
+                    let _ = tx.send(Box::new((round, s.proto))).await;
                     return End::Tunnel(r, start);
                 }
             }
@@ -269,7 +279,7 @@ async fn read_loop(mut r: ReadHalf, tx: &mpsc::Sender<(Round, Proto)>, s: &mut S
             s.order
                 .sent(&mut round, had_jobs, want_ack, s.track, written, keys);
             round.close_after = close;
-            if tx.send((round, s.proto)).await.is_err() {
+            if tx.send(Box::new((round, s.proto))).await.is_err() {
                 return End::Closed;
             }
         }
@@ -279,16 +289,35 @@ async fn read_loop(mut r: ReadHalf, tx: &mpsc::Sender<(Round, Proto)>, s: &mut S
     }
 }
 
+/// Reads what the client sent. With nothing left over from the last read, the buffer is
+/// given back first and a new one taken only once data has arrived, so thousands of idle
+/// connections hold no read buffers; a pipelining client keeps its buffer between reads.
+async fn read_some(r: &mut ReadHalf, buf: &mut BytesMut) -> std::io::Result<usize> {
+    if buf.is_empty() {
+        if buf.capacity() > 0 {
+            *buf = BytesMut::new();
+        }
+        r.readable().await?;
+    }
+    if buf.capacity() - buf.len() < 4096 {
+        buf.reserve(16 * 1024);
+    }
+    match r.try_read_buf(buf) {
+        Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => r.read_buf(buf).await,
+        n => n,
+    }
+}
+
 /// Sends the round built so far, before a command that must not join it; false when the
 /// client is gone.
-async fn flush(s: &mut Session, rb: &mut RoundBuilder, tx: &mpsc::Sender<(Round, Proto)>) -> bool {
+async fn flush(s: &mut Session, rb: &mut RoundBuilder, tx: &mpsc::Sender<Queued>) -> bool {
     wait_barrier(s, rb).await;
     let mut rb = std::mem::take(rb);
     let keys = std::mem::take(&mut rb.keys);
     let mut round = rb.send(s.ctx.backend.request_timeout).await;
     // What comes next (a salted task, a combined write) waits for it.
     s.order.flushed(&mut round, keys, s.track);
-    tx.send((round, s.proto)).await.is_ok()
+    tx.send(Box::new((round, s.proto))).await.is_ok()
 }
 
 /// After a command that changed the connection's database or protocol (SELECT, HELLO,
@@ -303,7 +332,7 @@ async fn flush(s: &mut Session, rb: &mut RoundBuilder, tx: &mpsc::Sender<(Round,
 async fn settle(
     s: &mut Session,
     rb: &mut RoundBuilder,
-    tx: &mpsc::Sender<(Round, Proto)>,
+    tx: &mpsc::Sender<Queued>,
     proto: Proto,
 ) -> bool {
     wait_barrier(s, rb).await;
@@ -313,7 +342,7 @@ async fn settle(
     s.order.flushed(&mut round, keys, s.track);
     let (done_tx, done) = tokio::sync::oneshot::channel();
     round.acked.push(done_tx);
-    if tx.send((round, proto)).await.is_err() {
+    if tx.send(Box::new((round, proto))).await.is_err() {
         return false;
     }
     // The writer answers rounds in order: once this one is answered, so is every earlier
@@ -399,7 +428,9 @@ async fn handle(s: &mut Session, req: Request, rb: &mut RoundBuilder) -> Flow {
     let class = observe(s, &req, &c);
     rb.count(class);
     if class == Class::Write {
-        wait_fills(s, &req, &c).await;
+        if !s.order.no_fills() {
+            Box::pin(wait_fills(s, &req, &c)).await;
+        }
         if s.tx.is_none() {
             invalidate_cached(s, &req, &c, &s.ctx.hot.load(), rb);
         }
@@ -410,7 +441,10 @@ async fn handle(s: &mut Session, req: Request, rb: &mut RoundBuilder) -> Flow {
         return Flow::Continue;
     }
     if let Action::Salted(plan) = action {
-        if let super::salted::Next::Done = super::salted::act(s, &req, &c, plan, rb).await {
+        // Rare paths are boxed: the session's future, held by every idle connection, stays
+        // small (bench/conn_memory.py).
+        if let super::salted::Next::Done = Box::pin(super::salted::act(s, &req, &c, plan, rb)).await
+        {
             return Flow::Continue;
         }
         // Folded, or a write the base key takes: on as usual (it may be combined or
@@ -504,7 +538,7 @@ async fn handle(s: &mut Session, req: Request, rb: &mut RoundBuilder) -> Flow {
                 let mut hs = s.ctx.backend.node(node).handshake(s.proto, s.db);
                 // The client talks to the node from now on: it keeps its name there.
                 hs.name = s.name.clone();
-                match tunnel::open(&hs, req.wire()).await {
+                match Box::pin(tunnel::open(&hs, req.wire())).await {
                     Ok(start) => return Flow::Tunnel(start),
                     Err(e) => rb
                         .slots

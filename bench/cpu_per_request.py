@@ -1,0 +1,161 @@
+#!/usr/bin/env python3
+"""CPU per request: saltshaker, twemproxy (nutcracker) and the node hit directly.
+
+One redis-server; nutcracker and saltshaker (`--threads 1`) in front of it. For each
+round, in an order that rotates between rounds, each target gets
+`redis-benchmark -c 50 -r 100000 -n N -t get|set -P 1|16`, and the CPU time each process
+spent (utime + stime from /proc/PID/stat) is divided by the requests served. This is
+the steadiest figure on a shared, noisy machine: it does not depend on how much CPU the
+machine had left, only on how much each process needed.
+
+Reported per cell (median over rounds): the proxy's microseconds per request, the node's
+microseconds per request behind it, and the ratios saltshaker/nutcracker and
+saltshaker/node-behind-saltshaker. With --bin-b a second saltshaker build runs as a
+fourth target in the same rounds (before/after a change).
+
+usage: bench/cpu_per_request.py --saltshaker BIN [--bin-b BIN] [-n 400000] [--rounds 3]
+"""
+
+import argparse
+import os
+import socket
+import statistics
+import subprocess
+import tempfile
+import time
+
+TICK = os.sysconf("SC_CLK_TCK")
+
+
+def free_port():
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    return port
+
+
+def wait_port(port, timeout=10.0):
+    end = time.time() + timeout
+    while time.time() < end:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
+            return
+        except OSError:
+            time.sleep(0.05)
+    raise SystemExit(f"nothing listens on {port}")
+
+
+def cpu_seconds(pid):
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    # utime and stime are fields 14 and 15 of stat; after the ")" they are 12 and 13.
+    return (int(fields[11]) + int(fields[12])) / TICK
+
+
+def commands_processed(port):
+    out = subprocess.run(["redis-cli", "-p", str(port), "INFO", "stats"],
+                         capture_output=True, text=True).stdout
+    for line in out.splitlines():
+        if line.startswith("total_commands_processed:"):
+            return int(line.split(":")[1])
+    return 0
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--saltshaker", required=True)
+    ap.add_argument("--bin-b")
+    ap.add_argument("-n", type=int, default=400000)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--tests", default="get,set")
+    ap.add_argument("--pipelines", default="1,16")
+    ap.add_argument("--threads", default="1")
+    args = ap.parse_args()
+    tmp = tempfile.mkdtemp(prefix="cpu-per-request.")
+    procs = []
+    try:
+        rport = free_port()
+        redis = subprocess.Popen(
+            ["redis-server", "--port", str(rport), "--bind", "127.0.0.1", "--save", "",
+             "--appendonly", "no", "--dir", tmp], stdout=subprocess.DEVNULL)
+        procs.append(redis)
+        wait_port(rport)
+        targets = {"direct": (rport, None)}
+        nport = free_port()
+        conf = os.path.join(tmp, "nc.yml")
+        with open(conf, "w") as f:
+            f.write(f"pool:\n  listen: 127.0.0.1:{nport}\n  redis: true\n"
+                    f"  server_connections: 1\n  servers:\n    - 127.0.0.1:{rport}:1\n")
+        nc = subprocess.Popen(["nutcracker", "-c", conf, "-s", str(free_port())],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        procs.append(nc)
+        wait_port(nport)
+        targets["nutcracker"] = (nport, nc.pid)
+        bins = [("saltshaker", args.saltshaker)]
+        if args.bin_b:
+            bins.append(("saltshaker-b", args.bin_b))
+        for name, binary in bins:
+            port = free_port()
+            p = subprocess.Popen(
+                [binary, "--listen", f"127.0.0.1:{port}", "--admin", f"127.0.0.1:{free_port()}",
+                 "--nodes", f"127.0.0.1:{rport}", "--threads", args.threads,
+                 "--log-level", "warn"],
+                stdout=subprocess.DEVNULL, stderr=open(os.path.join(tmp, name + ".log"), "w"))
+            procs.append(p)
+            wait_port(port)
+            targets[name] = (port, p.pid)
+        names = list(targets)
+        cells = {}
+        for rnd in range(args.rounds):
+            order = names[rnd % len(names):] + names[:rnd % len(names)]
+            for test in args.tests.split(","):
+                for pipe in args.pipelines.split(","):
+                    for name in order:
+                        port, pid = targets[name]
+                        node_before = cpu_seconds(redis.pid)
+                        proxy_before = cpu_seconds(pid) if pid else 0
+                        served_before = commands_processed(rport)
+                        subprocess.run(
+                            ["redis-benchmark", "-p", str(port), "-c", "50", "-r", "100000",
+                             "-n", str(args.n), "-t", test, "-P", pipe, "-q"],
+                            stdout=subprocess.DEVNULL, check=True)
+                        node = cpu_seconds(redis.pid) - node_before
+                        proxy = (cpu_seconds(pid) - proxy_before) if pid else 0
+                        # INFO itself is one command.
+                        served = commands_processed(rport) - served_before - 1
+                        if served < args.n:
+                            raise SystemExit(f"{name}: the node served {served} of {args.n}")
+                        cell = cells.setdefault((test, pipe, name), [])
+                        cell.append((proxy * 1e6 / args.n, node * 1e6 / args.n))
+        print(f"redis-benchmark -c 50 -r 100000 -n {args.n} -t T -P P, {args.rounds} rounds, "
+              f"saltshaker --threads {args.threads}; microseconds of CPU per request, "
+              "median over rounds (min-max)")
+        print("| test | target | proxy us/req | node us/req | proxy/nutcracker | proxy/node |")
+        print("|---|---|---|---|---|---|")
+        for test in args.tests.split(","):
+            for pipe in args.pipelines.split(","):
+                nc_med = statistics.median(p for p, _ in cells[(test, pipe, "nutcracker")])
+                for name in names:
+                    vals = cells[(test, pipe, name)]
+                    p = statistics.median(v[0] for v in vals)
+                    n = statistics.median(v[1] for v in vals)
+                    lo, hi = min(v[0] for v in vals), max(v[0] for v in vals)
+                    if name == "direct":
+                        print(f"| P{pipe} {test.upper()} | direct | - | {n:.2f} | - | - |")
+                        continue
+                    ratio_nc = f"{p / nc_med:.2f}" if name != "nutcracker" else "1.00"
+                    print(f"| P{pipe} {test.upper()} | {name} | {p:.2f} ({lo:.2f}-{hi:.2f}) | "
+                          f"{n:.2f} | {ratio_nc} | {p / n:.2f} |")
+    finally:
+        for p in procs:
+            p.terminate()
+        for p in procs:
+            try:
+                p.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                p.kill()
+
+
+if __name__ == "__main__":
+    main()
