@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use bytes::BytesMut;
 use tokio::io::{AsyncWrite, AsyncWriteExt};
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, watch};
 
 use super::ctx::Ctx;
 use super::merge::{backend_error, later, merge, mget_per_key, part};
@@ -31,6 +31,9 @@ struct Out<W> {
     unflushed: bool,
     /// `limits.max_output_bytes` (usize::MAX for none).
     limit: usize,
+    /// True while the client owes more than the limit: the session reads no more of its
+    /// commands (and so sends nothing more to the nodes) until it is false again.
+    owing: watch::Sender<bool>,
 }
 
 /// The writer ends the connection: the client left more than the limit unread and took
@@ -78,6 +81,10 @@ impl<W: AsyncWrite + Unpin> Out<W> {
     /// Past the limit, the writer takes no more replies and writes until the client owes
     /// less than the limit again; a client that takes nothing for `OUTPUT_STALL` is cut.
     async fn relieve(&mut self, ctx: &Ctx, client: u64) -> Result<(), Cut> {
+        if self.unread() <= self.limit {
+            return Ok(());
+        }
+        self.owing.send_replace(true);
         while self.unread() > self.limit {
             match tokio::time::timeout(OUTPUT_STALL, self.write_some()).await {
                 Ok(r) => r?,
@@ -95,6 +102,7 @@ impl<W: AsyncWrite + Unpin> Out<W> {
             }
             self.compact();
         }
+        self.owing.send_replace(false);
         Ok(())
     }
 
@@ -117,6 +125,7 @@ pub async fn write_loop<W: AsyncWrite + Unpin>(
     mut rounds: mpsc::Receiver<Queued>,
     ctx: Arc<Ctx>,
     client: u64,
+    owing: watch::Sender<bool>,
 ) -> (W, Option<super::tunnel::TunnelEnd>) {
     let limit = if ctx.max_output == 0 {
         usize::MAX
@@ -129,6 +138,7 @@ pub async fn write_loop<W: AsyncWrite + Unpin>(
         sent: 0,
         unflushed: false,
         limit,
+        owing,
     };
     loop {
         out.compact();

@@ -53,11 +53,12 @@ pub async fn run(stream: Stream, ctx: Arc<Ctx>, id: u64) {
         .unwrap_or_default();
     let (r, w) = stream.into_split();
     let (tx, rx) = mpsc::channel::<Queued>(64);
-    let writer = tokio::spawn(reply::write_loop(w, rx, ctx.clone(), id));
+    let (owing_tx, owing) = watch::channel(false);
+    let writer = tokio::spawn(reply::write_loop(w, rx, ctx.clone(), id, owing_tx));
     let (gone_tx, gone_rx) = watch::channel(false);
     let mut s = Session::new(ctx, id, peer, local, gone_rx);
     // Boxed: an async fn's future passed by value is laid out twice in its caller's.
-    let end = Box::pin(read_loop(r, &tx, &mut s)).await;
+    let end = Box::pin(read_loop(r, &tx, owing, &mut s)).await;
     let _ = gone_tx.send(true);
     drop(tx);
     // Once per connection, and boxed so that its futures do not sit in every
@@ -104,7 +105,12 @@ enum End {
 
 /// The read phase: until the client closes, the session becomes a pub/sub tunnel, or a
 /// shutdown finds the connection at a command boundary.
-async fn read_loop(mut r: ReadHalf, tx: &mpsc::Sender<Queued>, s: &mut Session) -> End {
+async fn read_loop(
+    mut r: ReadHalf,
+    tx: &mpsc::Sender<Queued>,
+    mut owing: watch::Receiver<bool>,
+    s: &mut Session,
+) -> End {
     let limits = s.ctx.limits.clone();
     let mut parser = RequestParser::new(limits);
     // Allocated when data arrives, and given back whenever everything read was handled:
@@ -114,6 +120,15 @@ async fn read_loop(mut r: ReadHalf, tx: &mpsc::Sender<Queued>, s: &mut Session) 
     let mut shutdown = s.ctx.shutdown.clone();
     let mut draining = false;
     loop {
+        if *owing.borrow() {
+            // The client owes more than the output limit: read none of its commands (TCP
+            // pushes back) until it has read enough, or the writer gives it up.
+            tokio::select! {
+                biased;
+                _ = tx.closed() => return End::Closed,
+                r = owing.wait_for(|o| !*o) => if r.is_err() { return End::Closed },
+            }
+        }
         let n: std::io::Result<usize> = if draining {
             if buf.capacity() - buf.len() < 4096 {
                 buf.reserve(16 * 1024);
