@@ -46,6 +46,8 @@ pub struct Ctx {
     /// Per-key admission limits (rules' `admit:` sections).
     pub admit: Arc<crate::admit::Admission>,
     pub(super) next_id: AtomicU64,
+    /// Clients waiting in a blocking command now (INFO's `blocked_clients`).
+    pub(super) blocked: Arc<std::sync::atomic::AtomicI64>,
 }
 
 impl Ctx {
@@ -82,6 +84,7 @@ impl Ctx {
             shutdown,
             started: Instant::now(),
             next_id: AtomicU64::new(1),
+            blocked: Arc::default(),
         }
     }
 }

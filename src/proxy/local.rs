@@ -109,6 +109,8 @@ pub fn handle(s: &mut Session, req: &Request, c: &Classified, rb: &mut RoundBuil
                 proxy,
                 parts,
                 addrs,
+                clients: s.ctx.metrics.client_connections.get(),
+                blocked: s.ctx.blocked.load(std::sync::atomic::Ordering::Relaxed),
             })));
             return Flow::Continue;
         }

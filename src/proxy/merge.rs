@@ -289,6 +289,8 @@ pub(super) fn merge(
             proxy,
             parts,
             addrs,
+            clients,
+            blocked,
         } => {
             let mut text = proxy;
             for (i, p) in parts.iter().enumerate() {
@@ -307,7 +309,17 @@ pub(super) fn merge(
                     _ => String::new(),
                 };
                 if i == 0 {
-                    text.push_str(&body);
+                    // The clients are the proxy's, not the node's (whose clients are the
+                    // proxies' shared connections).
+                    for line in body.split_inclusive('\n') {
+                        if line.starts_with("connected_clients:") {
+                            text.push_str(&format!("connected_clients:{clients}\r\n"));
+                        } else if line.starts_with("blocked_clients:") {
+                            text.push_str(&format!("blocked_clients:{blocked}\r\n"));
+                        } else {
+                            text.push_str(line);
+                        }
+                    }
                 }
                 if addrs.len() > 1 {
                     if i == 0 {

@@ -298,7 +298,7 @@ async fn write_slot(
             Ok(b) => out.extend_from_slice(&b),
             Err(e) => encode_error(e, out),
         },
-        Slot::Blocking(rx) => match rx.await {
+        Slot::Blocking(rx, _blocked) => match rx.await {
             Ok(b) => out.extend_from_slice(&b),
             Err(_) => return Err(Abandoned),
         },

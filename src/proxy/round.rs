@@ -86,11 +86,14 @@ pub enum Merge {
         node: usize,
         nodes: usize,
     },
-    /// INFO: the proxy's section, then the first node's reply, then a line per node.
+    /// INFO: the proxy's section, then the first node's reply, then a line per node. The
+    /// node's `connected_clients` and `blocked_clients` are replaced by the proxy's own.
     Info {
         proxy: String,
         parts: Vec<Part>,
         addrs: Vec<String>,
+        clients: i64,
+        blocked: i64,
     },
     /// MULTI ... EXEC sent as one unit: the client wants EXEC's reply, the last one.
     Exec(Part),
@@ -126,8 +129,8 @@ pub enum Slot {
     /// task, WATCH on the dedicated connection), due by the round's deadline.
     Later(oneshot::Receiver<Bytes>),
     /// A blocking command (BLPOP, XREAD BLOCK, ...): it may wait as long as it asks to, so
-    /// the round's deadline does not apply.
-    Blocking(oneshot::Receiver<Bytes>),
+    /// the round's deadline does not apply. Counted as a blocked client until answered.
+    Blocking(oneshot::Receiver<Bytes>, Blocked),
     /// Answered later, then rewritten (a combined shard write's reply becomes the estimate).
     LaterThen(
         oneshot::Receiver<Bytes>,
@@ -145,6 +148,23 @@ pub enum Slot {
     /// to the one before it in the round (both read before the round was sent) is merged
     /// once and written twice.
     Again,
+}
+
+/// One client waiting in a blocking command: counted while it lives (INFO's
+/// `blocked_clients` through the proxy, which tools and test suites poll).
+pub struct Blocked(std::sync::Arc<std::sync::atomic::AtomicI64>);
+
+impl Blocked {
+    pub fn new(count: &std::sync::Arc<std::sync::atomic::AtomicI64>) -> Blocked {
+        count.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        Blocked(count.clone())
+    }
+}
+
+impl Drop for Blocked {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
+    }
 }
 
 /// Shown a reply once it is written.

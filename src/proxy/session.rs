@@ -19,7 +19,7 @@ use super::local::queue_in_tx;
 use super::mitigation::{
     cached_mget, cached_read, combine, invalidate_cached, wait_barrier, wait_fills,
 };
-use super::round::{Merge, Queued, RoundBuilder, Slot};
+use super::round::{Blocked, Merge, Queued, RoundBuilder, Slot};
 use super::route::{
     all_nodes, forward_keyed, is_pubsub_command, keys_node, pubsub_node, push, scan_one, split,
 };
@@ -512,7 +512,10 @@ async fn handle(s: &mut Session, req: Request, rb: &mut RoundBuilder) -> Flow {
         Route::Keyed => forward_keyed(s, &req, &c, rb),
         Route::Blocking => {
             let slot = match keys_node(s, &req, &c) {
-                Ok(node) => Slot::Blocking(blocking_worker(s, node).call(vec![req.wire()], 1)),
+                Ok(node) => Slot::Blocking(
+                    blocking_worker(s, node).call(vec![req.wire()], 1),
+                    Blocked::new(&s.ctx.blocked),
+                ),
                 Err(e) => Slot::Ready(e),
             };
             rb.slots.push(slot);
