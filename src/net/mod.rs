@@ -89,6 +89,27 @@ impl ReadHalf {
         }
     }
 
+    /// Reads what the client sent. With nothing left over from the last read, the buffer is
+    /// given back first and a new one taken only once data has arrived, so thousands of idle
+    /// connections hold no read buffers; a pipelining client keeps its buffer between reads.
+    pub async fn read_some(&mut self, buf: &mut BytesMut) -> io::Result<usize> {
+        if buf.is_empty() {
+            if buf.capacity() > 0 {
+                *buf = BytesMut::new();
+            }
+            self.readable().await?;
+        }
+        if buf.capacity() - buf.len() < 4096 {
+            buf.reserve(16 * 1024);
+        }
+        match self.try_read_buf(buf) {
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                tokio::io::AsyncReadExt::read_buf(self, buf).await
+            }
+            n => n,
+        }
+    }
+
     /// Reads what has already arrived without waiting: `WouldBlock` when nothing has.
     pub fn try_read_buf(&mut self, buf: &mut BytesMut) -> io::Result<usize> {
         match self {

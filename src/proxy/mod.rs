@@ -13,7 +13,8 @@
 //!   `scan` (cursors), `round` (a round's jobs, reply slots and keys), `order` (the ordering
 //!   rules), `state` (one connection's state, and what a handler returns: `Flow`), `merge`
 //!   (a fanned-out command's replies made one);
-//! - handlers, given the state: `route` (node jobs, splits, all nodes), `mitigation`
+//! - handlers, given the state: `settle` (a round sent ahead of a command; the wait at a
+//!   change of database, protocol or lane), `route` (node jobs, splits, all nodes), `mitigation`
 //!   (combine, cache), `salted` (acting on a salt plan), `local` (commands answered here,
 //!   transactions);
 //! - top: `session` (the read loop: classify, decide, observe, act), `reply` (the writer),
@@ -33,6 +34,7 @@ mod route;
 mod salted;
 mod scan;
 mod session;
+mod settle;
 mod state;
 mod tunnel;
 

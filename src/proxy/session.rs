@@ -24,12 +24,12 @@ use super::route::{
     all_nodes, forward_keyed, is_pubsub_command, keys_node, pubsub_node, push, scan_one, split,
 };
 use super::state::{blocking_worker, err_bytes, Flow, Session};
-use super::{local, reply, tunnel};
+use super::{local, reply, settle, tunnel};
 use crate::command::{self, flags, Args, Classified, Route};
 use crate::hotkey::Kind;
 use crate::metrics::Class;
 use crate::policy::{self, Action};
-use crate::resp::{Proto, Request, RequestParser};
+use crate::resp::{Request, RequestParser};
 
 impl Args for Request {
     fn argc(&self) -> usize {
@@ -157,7 +157,7 @@ async fn read_loop(
         } else {
             tokio::select! {
                 biased;
-                n = read_some(&mut r, &mut buf) => n,
+                n = r.read_some(&mut buf) => n,
                 // The writer gave the client up (it left its replies unread, or its socket
                 // failed): end the connection now, not when the client next sends.
                 _ = tx.closed() => return End::Closed,
@@ -202,7 +202,7 @@ async fn read_loop(
                     super::admit::Gate::Pass { req, hook, wait } => {
                         if !wait.is_zero() {
                             // What was read before it need not wait with it.
-                            if !rb.is_empty() && !Box::pin(flush(s, &mut rb, tx)).await {
+                            if !rb.is_empty() && !Box::pin(settle::flush(s, &mut rb, tx)).await {
                                 return End::Closed;
                             }
                             // The wait counts against the command's request_timeout_ms
@@ -220,14 +220,14 @@ async fn read_loop(
             let conn_state = (s.proto, s.db);
             let mut flow = handle(s, req, &mut rb).await;
             if let Flow::Settle(req) = flow {
-                if !Box::pin(settle(s, &mut rb, tx, s.proto)).await {
+                if !Box::pin(settle::settle(s, &mut rb, tx, s.proto)).await {
                     return End::Closed;
                 }
                 mark = 0;
                 flow = handle(s, req, &mut rb).await;
             }
             if let Flow::Flush(req) = flow {
-                if !Box::pin(flush(s, &mut rb, tx)).await {
+                if !Box::pin(settle::flush(s, &mut rb, tx)).await {
                     return End::Closed;
                 }
                 mark = 0;
@@ -242,7 +242,7 @@ async fn read_loop(
             }
             if (s.proto, s.db) != conn_state
                 && matches!(flow, Flow::Continue)
-                && !Box::pin(settle(s, &mut rb, tx, conn_state.0)).await
+                && !Box::pin(settle::settle(s, &mut rb, tx, conn_state.0)).await
             {
                 return End::Closed;
             }
@@ -302,68 +302,6 @@ async fn read_loop(
             return End::Closed;
         }
     }
-}
-
-/// Reads what the client sent. With nothing left over from the last read, the buffer is
-/// given back first and a new one taken only once data has arrived, so thousands of idle
-/// connections hold no read buffers; a pipelining client keeps its buffer between reads.
-async fn read_some(r: &mut ReadHalf, buf: &mut BytesMut) -> std::io::Result<usize> {
-    if buf.is_empty() {
-        if buf.capacity() > 0 {
-            *buf = BytesMut::new();
-        }
-        r.readable().await?;
-    }
-    if buf.capacity() - buf.len() < 4096 {
-        buf.reserve(16 * 1024);
-    }
-    match r.try_read_buf(buf) {
-        Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => r.read_buf(buf).await,
-        n => n,
-    }
-}
-
-/// Sends the round built so far, before a command that must not join it; false when the
-/// client is gone.
-async fn flush(s: &mut Session, rb: &mut RoundBuilder, tx: &mpsc::Sender<Queued>) -> bool {
-    wait_barrier(s, rb).await;
-    let mut rb = std::mem::take(rb);
-    let keys = std::mem::take(&mut rb.keys);
-    let mut round = rb.send(s.ctx.backend.request_timeout).await;
-    // What comes next (a salted task, a combined write) waits for it.
-    s.order.flushed(&mut round, keys, s.track);
-    tx.send(Box::new((round, s.proto))).await.is_ok()
-}
-
-/// After a command that changed the connection's database or protocol (SELECT, HELLO,
-/// RESET), or before one that takes another lane to its node (a script): the commands before it leave on the old database's (or protocol's) shared
-/// connections, and the commands after it on the new one's. Two connections are not
-/// ordered against each other at the node, so the round built so far is sent, in the old
-/// protocol, and the session waits until every earlier reply is in before it goes on:
-/// each command runs in the database its client had selected when it sent it, and after
-/// everything it sent before. A client changes database rarely (once, after connecting,
-/// when nothing is in flight), so the wait costs nothing on the common path. False when
-/// the client is gone.
-async fn settle(
-    s: &mut Session,
-    rb: &mut RoundBuilder,
-    tx: &mpsc::Sender<Queued>,
-    proto: Proto,
-) -> bool {
-    wait_barrier(s, rb).await;
-    let mut rb = std::mem::take(rb);
-    let keys = std::mem::take(&mut rb.keys);
-    let mut round = rb.send(s.ctx.backend.request_timeout).await;
-    s.order.flushed(&mut round, keys, s.track);
-    let (done_tx, done) = tokio::sync::oneshot::channel();
-    round.acked.push(done_tx);
-    if tx.send(Box::new((round, proto))).await.is_err() {
-        return false;
-    }
-    // The writer answers rounds in order: once this one is answered, so is every earlier
-    // one. A writer that gave up drops the sender, which ends the wait as well.
-    let _ = done.await;
-    true
 }
 
 /// classify -> observe -> decide -> act, for one command.
