@@ -213,6 +213,20 @@ impl Users {
         })
     }
 
+    /// Every user's name, sorted, as ACL USERS lists them: `default` always (as in Redis,
+    /// where it exists even when it is off).
+    pub fn names(&self) -> Vec<String> {
+        let mut names: Vec<String> = self
+            .named
+            .keys()
+            .map(|n| String::from_utf8_lossy(n).into_owned())
+            .chain(std::iter::once("default".to_string()))
+            .collect();
+        names.sort();
+        names.dedup();
+        names
+    }
+
     /// The user a new connection is before any AUTH: None when it must log in.
     pub fn initial(&self) -> Option<Arc<User>> {
         if self.open {

@@ -61,3 +61,54 @@ fn info_counts_the_proxys_connected_and_blocked_clients_as_redis_counts_its_own(
         );
     }
 }
+
+/// ACL WHOAMI and ACL USERS answer from the proxy's users, as a redis-server with the same
+/// users answers; ACL CAT as the node does. The rest of ACL stays refused.
+#[test]
+fn acl_whoami_users_and_cat_answer_as_redis_does_for_the_same_users() {
+    need_redis();
+    let node = Redis::start();
+    // The same users on a plain redis-server and in the proxy's config.
+    let reference = Redis::start();
+    let mut r = reference.client();
+    assert_eq!(
+        r.cmd(&["ACL", "SETUSER", "app", "on", ">apppw", "~app:*", "+@all"]),
+        Reply::ok()
+    );
+    assert_eq!(
+        r.cmd(&["CONFIG", "SET", "requirepass", "shared"]),
+        Reply::ok()
+    );
+    let hash = passwd_hash("apppw");
+    let proxy = Proxy::start_with_config(
+        &[&node],
+        &format!(
+            "auth:\n  password: shared\n  users:\n    - name: app\n      passwords_sha256: [\"{hash}\"]\n      keys: [\"~app:*\"]\n      commands: [\"+@all\"]\n"
+        ),
+        &[],
+    );
+    for (name, addr) in [("redis", reference.addr()), ("proxy", proxy.addr())] {
+        let mut c = Client::connect(&addr);
+        assert_eq!(c.cmd(&["AUTH", "app", "apppw"]), Reply::ok(), "{name}");
+        assert_eq!(c.cmd(&["ACL", "WHOAMI"]), Reply::bulk("app"), "{name}");
+        assert_eq!(
+            c.cmd(&["ACL", "USERS"]).strings(),
+            ["app", "default"],
+            "{name}"
+        );
+        let mut d = Client::connect(&addr);
+        assert_eq!(d.cmd(&["AUTH", "shared"]), Reply::ok(), "{name}");
+        assert_eq!(d.cmd(&["ACL", "WHOAMI"]), Reply::bulk("default"), "{name}");
+    }
+    let mut c = proxy.client();
+    assert_eq!(c.cmd(&["AUTH", "shared"]), Reply::ok());
+    assert_eq!(
+        c.cmd(&["ACL", "CAT"]).sorted(),
+        r.cmd(&["ACL", "CAT"]).sorted()
+    );
+    let refused = c.cmd(&["ACL", "SETUSER", "x", "on"]);
+    assert!(
+        refused.is_error() && refused.err().contains("saltshaker"),
+        "{refused}"
+    );
+}

@@ -10,22 +10,7 @@ use support::*;
 
 /// SHA-256 of `pw` as `saltshaker passwd` prints it.
 fn hash(pw: &str) -> String {
-    use std::io::Write;
-    let mut child = Command::new(BIN)
-        .arg("passwd")
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(format!("{pw}\n").as_bytes())
-        .unwrap();
-    let out = child.wait_with_output().unwrap();
-    assert!(out.status.success());
-    String::from_utf8(out.stdout).unwrap().trim().to_string()
+    passwd_hash(pw)
 }
 
 fn users_yaml() -> String {

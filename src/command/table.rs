@@ -30,7 +30,7 @@ const fn s(
 #[allow(clippy::large_const_arrays)]
 pub(super) const SPECS: [Spec; 383] = [
     s("ACL", -2, CONTAINER, cat::SLOW, KeySpec::None, Route::Unsupported("ACL is not supported through the proxy")),
-    s("ACL CAT", -2, NOSCRIPT | LOADING | STALE, cat::SLOW, KeySpec::None, Route::Unsupported("ACL is not supported through the proxy")),
+    s("ACL CAT", -2, NOSCRIPT | LOADING | STALE, cat::SLOW, KeySpec::None, Route::AnyNode),
     s("ACL DELUSER", -3, ADMIN | NOSCRIPT | LOADING | STALE, cat::ADMIN | cat::SLOW | cat::DANGEROUS, KeySpec::None, Route::Unsupported("ACL is not supported through the proxy")),
     s("ACL DRYRUN", -4, ADMIN | NOSCRIPT | LOADING | STALE, cat::ADMIN | cat::SLOW | cat::DANGEROUS, KeySpec::None, Route::Unsupported("ACL is not supported through the proxy")),
     s("ACL GENPASS", -2, NOSCRIPT | LOADING | STALE, cat::SLOW, KeySpec::None, Route::Unsupported("ACL is not supported through the proxy")),
@@ -41,8 +41,8 @@ pub(super) const SPECS: [Spec; 383] = [
     s("ACL LOG", -2, ADMIN | NOSCRIPT | LOADING | STALE, cat::ADMIN | cat::SLOW | cat::DANGEROUS, KeySpec::None, Route::Unsupported("ACL is not supported through the proxy")),
     s("ACL SAVE", 2, ADMIN | NOSCRIPT | LOADING | STALE, cat::ADMIN | cat::SLOW | cat::DANGEROUS, KeySpec::None, Route::Unsupported("ACL is not supported through the proxy")),
     s("ACL SETUSER", -3, ADMIN | NOSCRIPT | LOADING | STALE, cat::ADMIN | cat::SLOW | cat::DANGEROUS, KeySpec::None, Route::Unsupported("ACL is not supported through the proxy")),
-    s("ACL USERS", 2, ADMIN | NOSCRIPT | LOADING | STALE, cat::ADMIN | cat::SLOW | cat::DANGEROUS, KeySpec::None, Route::Unsupported("ACL is not supported through the proxy")),
-    s("ACL WHOAMI", 2, NOSCRIPT | LOADING | STALE, cat::SLOW, KeySpec::None, Route::Unsupported("ACL is not supported through the proxy")),
+    s("ACL USERS", 2, ADMIN | NOSCRIPT | LOADING | STALE, cat::ADMIN | cat::SLOW | cat::DANGEROUS, KeySpec::None, Route::Local),
+    s("ACL WHOAMI", 2, NOSCRIPT | LOADING | STALE, cat::SLOW, KeySpec::None, Route::Local),
     s("APPEND", 3, WRITE | DENYOOM | FAST, cat::WRITE | cat::STRING | cat::FAST, KeySpec::Range { first: 1, last: 1, step: 1 }, Route::Keyed),
     s("ASKING", 1, FAST, cat::FAST | cat::CONNECTION, KeySpec::None, Route::Local),
     s("AUTH", -2, NOSCRIPT | LOADING | STALE | FAST | NO_AUTH | ALLOW_BUSY, cat::FAST | cat::CONNECTION, KeySpec::None, Route::Local),

@@ -42,6 +42,18 @@ pub fn handle(s: &mut Session, req: &Request, c: &Classified, rb: &mut RoundBuil
             ready(rb, OK);
             return Flow::Close;
         }
+        // Answered from the proxy's own users (the nodes' users are the proxy's business).
+        "ACL WHOAMI" => match &s.user {
+            Some(u) => encode_bulk(u.name.as_bytes(), &mut out),
+            None => encode_bulk(b"default", &mut out),
+        },
+        "ACL USERS" => {
+            let names = s.ctx.users.names();
+            out.extend_from_slice(format!("*{}\r\n", names.len()).as_bytes());
+            for n in names {
+                encode_bulk(n.as_bytes(), &mut out);
+            }
+        }
         "ASKING" | "READONLY" | "READWRITE" => {
             out.extend_from_slice(&as_cluster::answer(s, req, c.spec.name))
         }

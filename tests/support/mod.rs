@@ -1023,3 +1023,23 @@ fn read_value(r: &mut impl BufRead) -> io::Result<Reply> {
         _ => return Err(bad(format!("unknown reply type in line {line:?}"))),
     })
 }
+
+/// SHA-256 of `pw` as `saltshaker passwd` prints it.
+pub fn passwd_hash(pw: &str) -> String {
+    use std::io::Write;
+    let mut child = Command::new(BIN)
+        .arg("passwd")
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(format!("{pw}\n").as_bytes())
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(out.status.success());
+    String::from_utf8(out.stdout).unwrap().trim().to_string()
+}
