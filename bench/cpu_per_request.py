@@ -24,26 +24,9 @@ import subprocess
 import tempfile
 import time
 
+from benchlib import free_port, wait_port
+
 TICK = os.sysconf("SC_CLK_TCK")
-
-
-def free_port():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
-
-
-def wait_port(port, timeout=10.0):
-    end = time.time() + timeout
-    while time.time() < end:
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
-            return
-        except OSError:
-            time.sleep(0.05)
-    raise SystemExit(f"nothing listens on {port}")
 
 
 def cpu_seconds(pid):

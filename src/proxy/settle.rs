@@ -17,42 +17,49 @@ pub(super) async fn flush(
     rb: &mut RoundBuilder,
     tx: &mpsc::Sender<Queued>,
 ) -> bool {
-    wait_barrier(s, rb).await;
-    let mut rb = std::mem::take(rb);
-    let keys = std::mem::take(&mut rb.keys);
-    let mut round = rb.send(s.ctx.backend.request_timeout).await;
-    // What comes next (a salted task, a combined write) waits for it.
-    s.order.flushed(&mut round, keys, s.track);
-    tx.send(Box::new((round, s.proto))).await.is_ok()
+    let proto = s.proto;
+    send_ahead(s, rb, tx, proto, None).await
 }
 
 /// After a command that changed the connection's database or protocol (SELECT, HELLO,
-/// RESET), or before one that takes another lane to its node (a script): the commands before it leave on the old database's (or protocol's) shared
-/// connections, and the commands after it on the new one's. Two connections are not
-/// ordered against each other at the node, so the round built so far is sent, in the old
-/// protocol, and the session waits until every earlier reply is in before it goes on:
-/// each command runs in the database its client had selected when it sent it, and after
-/// everything it sent before. A client changes database rarely (once, after connecting,
-/// when nothing is in flight), so the wait costs nothing on the common path. False when
-/// the client is gone.
+/// RESET), or before one that takes another lane to its node (a script): the commands
+/// before it leave on the old database's (protocol's, lane's) shared connections, and the
+/// commands after it on the new one's. Two connections are not ordered against each other
+/// at the node, so the round built so far is sent, in the old protocol, and the session
+/// waits until every earlier reply is in before it goes on: each command runs in the
+/// database its client had selected when it sent it, and after everything it sent before.
+/// A client changes database rarely (once, after connecting, when nothing is in flight),
+/// so the wait costs nothing on the common path. False when the client is gone.
 pub(super) async fn settle(
     s: &mut Session,
     rb: &mut RoundBuilder,
     tx: &mpsc::Sender<Queued>,
     proto: Proto,
 ) -> bool {
-    wait_barrier(s, rb).await;
-    let mut rb = std::mem::take(rb);
-    let keys = std::mem::take(&mut rb.keys);
-    let mut round = rb.send(s.ctx.backend.request_timeout).await;
-    s.order.flushed(&mut round, keys, s.track);
     let (done_tx, done) = tokio::sync::oneshot::channel();
-    round.acked.push(done_tx);
-    if tx.send(Box::new((round, proto))).await.is_err() {
+    if !send_ahead(s, rb, tx, proto, Some(done_tx)).await {
         return false;
     }
     // The writer answers rounds in order: once this one is answered, so is every earlier
     // one. A writer that gave up drops the sender, which ends the wait as well.
     let _ = done.await;
     true
+}
+
+/// Sends the round built so far; what comes next (a salted task, a combined write) waits
+/// for it. `done` fires once it is answered.
+async fn send_ahead(
+    s: &mut Session,
+    rb: &mut RoundBuilder,
+    tx: &mpsc::Sender<Queued>,
+    proto: Proto,
+    done: Option<tokio::sync::oneshot::Sender<()>>,
+) -> bool {
+    wait_barrier(s, rb).await;
+    let mut rb = std::mem::take(rb);
+    let keys = std::mem::take(&mut rb.keys);
+    let mut round = rb.send(s.ctx.backend.request_timeout).await;
+    s.order.flushed(&mut round, keys, s.track);
+    round.acked.extend(done);
+    tx.send(Box::new((round, proto))).await.is_ok()
 }
