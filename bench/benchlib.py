@@ -1,6 +1,7 @@
 """Helpers the Python bench drivers share: loopback ports and waiting for a listener."""
 
 import socket
+import subprocess
 import time
 
 
@@ -21,3 +22,14 @@ def wait_port(port, timeout=10.0):
         except OSError:
             time.sleep(0.05)
     raise SystemExit(f"nothing listens on {port}")
+
+
+def stop_all(procs):
+    """Ends the processes a driver started: TERM, then KILL after 10 s."""
+    for p in procs:
+        p.terminate()
+    for p in procs:
+        try:
+            p.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            p.kill()

@@ -21,7 +21,7 @@ import sys
 import tempfile
 import time
 
-from benchlib import free_port, wait_port
+from benchlib import free_port, stop_all, wait_port
 
 
 def rss_kb(pid):
@@ -126,13 +126,7 @@ def main():
             s, n = results["saltshaker"][0], results["nutcracker"][0]
             print(f"per idle connection: saltshaker/nutcracker {s / n:.2f}x")
     finally:
-        for p in procs:
-            p.terminate()
-        for p in procs:
-            try:
-                p.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                p.kill()
+        stop_all(procs)
 
 
 if __name__ == "__main__":

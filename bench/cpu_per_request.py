@@ -24,7 +24,7 @@ import subprocess
 import tempfile
 import time
 
-from benchlib import free_port, wait_port
+from benchlib import free_port, stop_all, wait_port
 
 TICK = os.sysconf("SC_CLK_TCK")
 
@@ -131,13 +131,7 @@ def main():
                     print(f"| P{pipe} {test.upper()} | {name} | {p:.2f} ({lo:.2f}-{hi:.2f}) | "
                           f"{n:.2f} | {ratio_nc} | {p / n:.2f} |")
     finally:
-        for p in procs:
-            p.terminate()
-        for p in procs:
-            try:
-                p.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                p.kill()
+        stop_all(procs)
 
 
 if __name__ == "__main__":
