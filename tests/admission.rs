@@ -298,6 +298,10 @@ fn a_reload_changes_a_limit_under_load_without_dropping_a_connection() {
         format!("version: 1\nrules:\n  - match: \"q:*\"\n    admit: {{ limit_per_sec: {n}, burst: 10 }}\n")
     };
     let proxy = with_rules(&[&node], &dir, &rule(100), &[]);
+    // The start-up check's connection is counted once the proxy has accepted it.
+    assert!(wait_until(Duration::from_secs(5), || proxy
+        .metric("saltshaker_client_connections_accepted_total")
+        >= 1.0));
     let accepted = proxy.metric("saltshaker_client_connections_accepted_total");
     let stop = Arc::new(AtomicBool::new(false));
     let t = offer(proxy.addr(), "q:r".into(), 1000, stop.clone());
