@@ -52,7 +52,9 @@ pub async fn run(stream: Stream, ctx: Arc<Ctx>, id: u64) {
         .map(|a| a.to_string())
         .unwrap_or_default();
     let (r, w) = stream.into_split();
-    let (tx, rx) = mpsc::channel::<Queued>(64);
+    // Rounds on their way to the writer: few enough that a client that stops reading
+    // holds little beyond the output limit (each round holds its replies).
+    let (tx, rx) = mpsc::channel::<Queued>(16);
     let (owing_tx, owing) = watch::channel(false);
     let writer = tokio::spawn(reply::write_loop(w, rx, ctx.clone(), id, owing_tx));
     let (gone_tx, gone_rx) = watch::channel(false);
