@@ -590,9 +590,8 @@ fn scripts_and_plain_commands_in_one_pipeline_run_in_order() {
 }
 
 /// The other state changes that ride in a pipeline: RESET (database, name, protocol),
-/// MULTI/EXEC, and AUTH: each command is answered as Redis answers it when the same write
-/// is sent to it directly. (WATCH holds its keys on a connection of its own, which a
-/// pipeline's earlier commands on the shared connection are not yet ordered with.)
+/// WATCH, MULTI/EXEC, and AUTH: each command is answered as Redis answers it when the same
+/// write is sent to it directly.
 #[test]
 fn reset_watch_multi_and_auth_in_one_write_apply_from_the_next_command_on() {
     need_redis();
@@ -612,6 +611,7 @@ fn reset_watch_multi_and_auth_in_one_write_apply_from_the_next_command_on() {
         vec!["GET", "k"],
         vec!["SET", "k", "in0"],
         vec!["GET", "k"],
+        vec!["WATCH", "k"],
         vec!["MULTI"],
         vec!["INCR", "n"],
         vec!["SET", "k", "tx"],
@@ -636,6 +636,44 @@ fn reset_watch_multi_and_auth_in_one_write_apply_from_the_next_command_on() {
             assert_eq!(t, s, "reply {i} to {c:?}");
         }
     }
-    assert_eq!(through[18], Reply::bulk("in4"));
-    assert_eq!(through[20], Reply::bulk("tx"));
+    assert_eq!(through[19], Reply::bulk("in4"));
+    assert_eq!(through[21], Reply::bulk("tx"));
+}
+
+/// WATCH holds its keys on a connection of its own; the commands a pipeline sends before
+/// it, between it and EXEC, and after EXEC go on the shared one. Each runs in the order the
+/// client sent it: a write of the session's own before EXEC aborts the transaction, as it
+/// does on Redis, and a read after EXEC sees what EXEC wrote. Repeated, because a race
+/// between the two connections shows only sometimes.
+#[test]
+fn watch_in_a_pipeline_is_ordered_with_the_commands_around_it() {
+    need_redis();
+    let node = Redis::start();
+    let proxy = Proxy::start(&[&node], &[]);
+    let cmds = [
+        vec!["SET", "k", "a"],
+        vec!["WATCH", "k"],
+        vec!["GET", "k"],
+        vec!["SET", "k", "b"],
+        vec!["MULTI"],
+        vec!["SET", "k", "c"],
+        vec!["EXEC"],
+        vec!["GET", "k"],
+        vec!["WATCH", "k"],
+        vec!["GET", "k"],
+        vec!["MULTI"],
+        vec!["INCR", "n"],
+        vec!["SET", "k", "d"],
+        vec!["EXEC"],
+        vec!["GET", "k"],
+        vec!["GET", "n"],
+        vec!["DEL", "n"],
+    ];
+    let straight = node.client().pipeline(&cmds);
+    assert_eq!(straight[6], Reply::Array(None), "Redis aborts the first EXEC");
+    let mut c = proxy.client();
+    for round in 0..30 {
+        let through = c.pipeline(&cmds);
+        assert_eq!(through, straight, "round {round}");
+    }
 }

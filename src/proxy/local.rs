@@ -379,6 +379,9 @@ pub fn transaction(s: &mut Session, req: &Request, c: &Classified, rb: &mut Roun
             }
             let w = &s.watch.as_ref().expect("set above").1;
             rb.slots.push(Slot::Later(w.call(vec![req.wire()], 1)));
+            // The session's next commands go on the shared connections: they wait until
+            // the keys are watched (a write of its own must abort the EXEC, as on Redis).
+            s.settle_after = true;
         }
         "UNWATCH" => {
             if let Some((_, w)) = s.watch.take() {
@@ -419,7 +422,11 @@ fn exec(s: &mut Session, rb: &mut RoundBuilder) {
     wires.extend(tx.wires);
     wires.push(crate::backend::wire(&["EXEC"]));
     match watch {
-        Some((_, w)) => rb.slots.push(Slot::Later(w.call(wires, count))),
+        Some((_, w)) => {
+            rb.slots.push(Slot::Later(w.call(wires, count)));
+            // What the session sends next, on the shared connections, runs after EXEC.
+            s.settle_after = true;
+        }
         None => {
             let node = tx.node.unwrap_or_else(|| s.ctx.backend.any_node());
             let mut buf = BytesMut::new();

@@ -226,6 +226,7 @@ async fn read_loop(
                     return End::Closed;
                 }
                 mark = 0;
+                s.settled = true;
                 flow = handle(s, req, &mut rb).await;
             }
             if let Flow::Flush(req) = flow {
@@ -242,7 +243,8 @@ async fn read_loop(
                     rb.slots.push(Slot::Seen(Box::new(slot), hook));
                 }
             }
-            if (s.proto, s.db) != conn_state
+            let settle_after = std::mem::take(&mut s.settle_after);
+            if ((s.proto, s.db) != conn_state || settle_after)
                 && matches!(flow, Flow::Continue)
                 && !Box::pin(settle::settle(s, &mut rb, tx, conn_state.0)).await
             {
@@ -353,8 +355,14 @@ async fn handle(s: &mut Session, req: Request, rb: &mut RoundBuilder) -> Flow {
         }
         _ => {}
     }
-    // A script takes its node's script lane, everything else the main lane: at a change,
-    // what the session sent before must all have arrived first.
+    // A command that takes another connection to its node than the session's last one
+    // (a script's lane, WATCH's connection, a blocking command's) leaves once everything
+    // the session sent before has arrived: two connections are not ordered at the node.
+    let settled = std::mem::take(&mut s.settled);
+    if !settled && own_connection(s, &c) {
+        return Flow::Settle(req);
+    }
+    // A script takes its node's script lane, everything else the main lane.
     if s.tx.is_none()
         && !matches!(
             c.route,
@@ -510,6 +518,20 @@ async fn handle(s: &mut Session, req: Request, rb: &mut RoundBuilder) -> Flow {
             .push(Slot::Ready(err_bytes(&format!("ERR saltshaker: {why}")))),
     }
     Flow::Continue
+}
+
+/// Whether the command goes on a connection of the session's own: WATCH, EXEC under
+/// WATCH, a blocking command.
+fn own_connection(s: &Session, c: &Classified) -> bool {
+    match c.route {
+        Route::Blocking => s.tx.is_none(),
+        Route::Transaction => match c.spec.name {
+            "WATCH" => s.tx.is_none(),
+            "EXEC" => s.tx.is_some() && s.watch.is_some(),
+            _ => false,
+        },
+        _ => false,
+    }
 }
 
 /// The decide phase: what the rules, the hot set and the salt table say to do with the

@@ -56,6 +56,12 @@ pub struct Session {
     /// Some key may be combined or salted: the keys of this round's commands are kept for
     /// the ordering rules (`Order`). Read once per round as `detect`.
     pub(super) track: bool,
+    /// Every earlier reply is in (the reader has just settled): a command that takes a
+    /// connection of its own may leave now.
+    pub(super) settled: bool,
+    /// The command just handled went on a connection of its own (WATCH, EXEC under
+    /// WATCH): the next one waits until its reply is in.
+    pub(super) settle_after: bool,
 }
 
 impl Session {
@@ -86,6 +92,8 @@ impl Session {
             detect: true,
             admit: false,
             track: false,
+            settled: false,
+            settle_after: false,
         }
     }
 
@@ -138,7 +146,8 @@ pub enum Flow {
     /// names a salted key and runs as a task, which must not overtake earlier commands.
     Flush(Request),
     /// Send the round built so far, wait until every earlier reply is in, then handle
-    /// this command: it takes another lane to its node (`Session::switch_lane`).
+    /// this command: it takes another connection to its node (a script's lane,
+    /// `Session::switch_lane`; WATCH's or a blocking command's own).
     Settle(Request),
 }
 
