@@ -1,6 +1,7 @@
 //! The shape of the code, checked: no file in `src/` over 600 lines, the leaves import
-//! nothing of the crate, no import cycle between the folders of `src/`, imports inside
-//! `salt/` and `proxy/` go one way, and a salt kind imports no other kind.
+//! nothing of the crate, no import cycle between the folders of `src/` nor between any
+//! two files (a folder's `mod.rs` may name its own children), imports inside `salt/` and
+//! `proxy/` go one way, and a salt kind imports no other kind.
 //!
 //! Imports are read from the source text: `crate::a::b`, `super::x` (also in `{...}`
 //! groups), and a parent module naming its own children (`child::f`). Test code
@@ -242,6 +243,27 @@ fn problems(dir: &Path) -> Vec<String> {
     if let Some(c) = cycle(&top) {
         out.push(format!("import cycle between folders: {}", c.join(" -> ")));
     }
+    // Between files: imports go one way everywhere.
+    // A folder's `mod.rs` is its facade: it declares its children and re-exports them, and
+    // they name their parent's types. Those edges (parent to its own child) are left out;
+    // every other import, a child's of its parent's and a sibling's of a sibling's, must
+    // go one way.
+    let mut g: BTreeMap<Module, BTreeSet<Module>> = imp
+        .iter()
+        .map(|(m, to)| {
+            let deps = to
+                .iter()
+                .filter(|t| !(t.len() == m.len() + 1 && t[..m.len()] == m[..]))
+                .cloned()
+                .collect();
+            (m.clone(), deps)
+        })
+        .collect();
+    while let Some(c) = cycle(&g) {
+        g.get_mut(&c[c.len() - 2]).unwrap().remove(&c[c.len() - 1]);
+        let c: Vec<String> = c.iter().map(show).collect();
+        out.push(format!("import cycle between files: {}", c.join(" -> ")));
+    }
     // Inside salt/ and proxy/: files import one way.
     for folder in ["salt", "proxy"] {
         let inner: BTreeMap<Module, BTreeSet<Module>> = imp
@@ -314,7 +336,13 @@ fn a_tree_that_breaks_the_rules_is_caught() {
         std::fs::create_dir_all(p.parent().unwrap()).unwrap();
         std::fs::write(p, text).unwrap();
     };
-    write("lib.rs", "pub mod resp;\npub mod salt;\npub mod proxy;\n");
+    write(
+        "lib.rs",
+        "pub mod resp;\npub mod salt;\npub mod proxy;\npub mod rules;\n",
+    );
+    write("rules/mod.rs", "mod a;\nmod b;\npub use a::A;\n");
+    write("rules/a.rs", "use super::b::B;\npub struct A;\n");
+    write("rules/b.rs", "use super::a::A;\npub struct B;\n");
     write("resp.rs", "use crate::salt::Salt;\n");
     write(
         "salt/mod.rs",
@@ -342,6 +370,7 @@ fn a_tree_that_breaks_the_rules_is_caught() {
         "the leaf resp imports salt",
         "import cycle between folders",
         "import cycle in proxy/",
+        "import cycle between files: rules/a -> rules/b -> rules/a",
         "the salt kind salt/kinds/set imports salt/kinds/hll",
     ] {
         assert!(p.contains(want), "not caught: {want}\nfound:\n{p}");

@@ -432,17 +432,5 @@ fn priority_name(p: Priority) -> &'static str {
     }
 }
 
-/// The delta of a counter command, for sampling: INCR, INCRBY, DECR, DECRBY (`by` is the
-/// third argument, if any).
-pub fn counter_delta(name: &str, argc: usize, by: &[u8]) -> Option<i64> {
-    match (name, argc) {
-        ("INCR", 2) => Some(1),
-        ("DECR", 2) => Some(-1),
-        ("INCRBY", 3) => crate::resp::parse_i64(by),
-        ("DECRBY", 3) => crate::resp::parse_i64(by).and_then(|d| d.checked_neg()),
-        _ => None,
-    }
-}
-
 #[cfg(test)]
 mod tests;

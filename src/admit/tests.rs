@@ -155,11 +155,3 @@ fn a_proxy_new_to_a_global_limit_starts_at_its_start_share() {
         .count();
     assert!((50..=51).contains(&n), "{n}");
 }
-
-#[test]
-fn counter_deltas() {
-    assert_eq!(counter_delta("INCR", 2, b""), Some(1));
-    assert_eq!(counter_delta("DECRBY", 3, b"5"), Some(-5));
-    assert_eq!(counter_delta("INCRBY", 3, b"x"), None);
-    assert_eq!(counter_delta("GET", 2, b""), None);
-}

@@ -9,6 +9,7 @@
 
 pub mod cluster;
 mod conn;
+mod link;
 mod dedicated;
 mod handshake;
 mod node;
@@ -22,7 +23,8 @@ use std::time::Duration;
 use bytes::{Bytes, BytesMut};
 
 use crate::net::tls::ClientTlsConfig;
-pub use conn::{deadline, pick, Call, ConnHandle, Replies};
+pub use conn::{deadline, pick, Call, ConnHandle};
+pub use link::Replies;
 pub use dedicated::Dedicated;
 pub use handshake::{Handshake, NodeTls};
 pub use node::{Lane, Node, NodeTable, MAX_NODES};

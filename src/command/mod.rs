@@ -271,7 +271,31 @@ pub enum Route {
     Unsupported(&'static str),
 }
 
-/// A request resolved against the table.
+/// What a command does to its keys, as the detector, the metrics and admission count it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Access {
+    Read,
+    Write,
+    /// Neither (admin, connection, pub/sub, transaction commands).
+    Other,
+}
+
+/// An integer increment's typed argument: INCR, DECR, INCRBY, DECRBY and HINCRBY.
+/// INCRBYFLOAT and HINCRBYFLOAT have none: Redis formats their float result itself.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Counter {
+    /// The increment, or Redis's own error for the argument (checked before the key).
+    pub delta: Result<i64, &'static str>,
+    /// HINCRBY's field, as an argument index.
+    pub field: Option<u32>,
+}
+
+/// Redis's reply to an increment that is not an integer.
+pub const NOT_AN_INTEGER: &str = "ERR value is not an integer or out of range";
+
+/// A request resolved against the table, once per command: everything later layers ask
+/// about it (admission, the detector, the plan, the salted kinds), so none of them looks
+/// at the command's name or parses its arguments again.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Classified {
     pub spec: &'static Spec,
@@ -280,6 +304,9 @@ pub struct Classified {
     pub route: Route,
     /// Argument indexes of the keys, in the order Redis's `COMMAND GETKEYS` gives them.
     pub keys: SmallVec<[u32; 4]>,
+    pub access: Access,
+    /// An integer increment's delta and field.
+    pub counter: Option<Counter>,
 }
 
 impl Classified {
@@ -330,7 +357,42 @@ pub fn classify<A: Args + ?Sized>(args: &A) -> Result<Classified, CommandError> 
         Some(why) => Route::Unsupported(why),
         None => route,
     };
-    Ok(Classified { spec, route, keys })
+    let access = if spec.is_write() {
+        Access::Write
+    } else if spec.is_read() {
+        Access::Read
+    } else {
+        Access::Other
+    };
+    let counter = if spec.has(flags::COUNTER) {
+        counter(spec.name, args)
+    } else {
+        None
+    };
+    Ok(Classified {
+        spec,
+        route,
+        keys,
+        access,
+        counter,
+    })
+}
+
+/// The typed increment of an integer counter command whose arity the table has checked.
+fn counter<A: Args + ?Sized>(name: &str, args: &A) -> Option<Counter> {
+    let int = |i: usize| crate::resp::parse_i64(args.arg(i)).ok_or(NOT_AN_INTEGER);
+    let (delta, field) = match name {
+        "INCR" => (Ok(1), None),
+        "DECR" => (Ok(-1), None),
+        "INCRBY" => (int(2), None),
+        "DECRBY" => (
+            int(2).and_then(|d| d.checked_neg().ok_or("ERR decrement would overflow")),
+            None,
+        ),
+        "HINCRBY" => (int(3), Some(2)),
+        _ => return None,
+    };
+    Some(Counter { delta, field })
 }
 
 /// CONFIG SET of a setting that would cut the proxy off from its nodes: their password

@@ -486,3 +486,29 @@ fn classify_is_fast() {
         assert!(get < 40.0, "classify(GET key) took {get:.1} ns");
     }
 }
+
+#[test]
+fn an_integer_increment_is_typed_once_with_redis_s_errors() {
+    let counter = |line: &str| ok(line).counter;
+    let by = |d: i64, field: Option<u32>| Some(Counter { delta: Ok(d), field });
+    assert_eq!(counter("INCR k"), by(1, None));
+    assert_eq!(counter("DECR k"), by(-1, None));
+    assert_eq!(counter("INCRBY k 7"), by(7, None));
+    assert_eq!(counter("DECRBY k 5"), by(-5, None));
+    assert_eq!(counter("HINCRBY h f -3"), by(-3, Some(2)));
+    let not_int = Some(Counter {
+        delta: Err(NOT_AN_INTEGER),
+        field: None,
+    });
+    assert_eq!(counter("INCRBY k x"), not_int);
+    assert_eq!(counter("INCRBY k 01"), not_int);
+    assert_eq!(
+        counter("DECRBY k -9223372036854775808").map(|c| c.delta),
+        Some(Err("ERR decrement would overflow"))
+    );
+    assert_eq!(counter("INCRBYFLOAT k 1.5"), None);
+    assert_eq!(counter("GET k"), None);
+    assert_eq!(ok("GET k").access, Access::Read);
+    assert_eq!(ok("SET k v").access, Access::Write);
+    assert_eq!(ok("PING").access, Access::Other);
+}

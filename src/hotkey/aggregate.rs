@@ -5,23 +5,15 @@
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::atomic::Ordering;
-use std::sync::mpsc::{Receiver, RecvTimeoutError, SyncSender};
+use std::sync::mpsc::{Receiver, RecvTimeoutError};
 use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::sync::watch;
 
 use super::clock::{CoarseClock, COARSE_TICK_MS};
-use super::local::{Msg, Published};
+use super::local::{Control, Msg, Published};
 use super::{HotKey, HotSnapshot, HotState, KeyThresholds, Kind, Threshold};
-
-pub(crate) enum Control {
-    Thresholds([Threshold; 2]),
-    KeyThresholds(Option<Arc<dyn KeyThresholds>>),
-    /// Replies once every message sent before it is handled and due windows are closed.
-    Sync(SyncSender<()>),
-    Shutdown,
-}
 
 /// (thread, sliding count, thread's time in ms) of the latest early report per thread.
 type EarlyReport = (u64, f64, u64);

@@ -5,13 +5,13 @@
 
 use std::cell::RefCell;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
-use std::sync::mpsc::Sender;
+use std::sync::mpsc::{Sender, SyncSender};
 use std::sync::Arc;
 
 use super::clock::CoarseClock;
 use super::sketch::{hash_key, CountMin, KeyHash, SKETCH_BYTES};
 use super::topk::{Offer, TopK};
-use super::Kind;
+use super::{KeyThresholds, Kind, Threshold};
 
 /// What threads send the aggregator.
 pub(crate) enum Msg {
@@ -40,7 +40,16 @@ pub(crate) enum Msg {
         sliding: f64,
         at_ms: u64,
     },
-    Control(super::aggregate::Control),
+    Control(Control),
+}
+
+/// What the detector's handle tells the aggregator, through the threads' channel.
+pub(crate) enum Control {
+    Thresholds([Threshold; 2]),
+    KeyThresholds(Option<Arc<dyn KeyThresholds>>),
+    /// Replies once every message sent before it is handled and due windows are closed.
+    Sync(SyncSender<()>),
+    Shutdown,
 }
 
 /// State the aggregator publishes for the threads and they read once per window.

@@ -43,7 +43,8 @@ use tokio::sync::watch;
 pub use clock::{Clock, ManualClock};
 pub use sketch::SKETCH_BYTES;
 
-use aggregate::{Aggregator, Control};
+use aggregate::Aggregator;
+use local::Control;
 use local::{with_existing, with_local, Link, Msg, Published};
 
 /// The most keys a thread's top-k can track per kind (`detection.top_k` is validated

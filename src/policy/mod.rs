@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 
-use crate::command::{flags, Args, Classified};
+use crate::command::{flags, Args, Classified, Counter};
 pub use salted::{SaltPlan, SaltView};
 
 mod salted;
@@ -249,24 +249,19 @@ pub fn decide_plain<A: Args + ?Sized>(c: &Classified, args: &A, hot: &HotSet) ->
     let Some(h) = hot.write_hot(args.arg(c.keys[0] as usize)) else {
         return Action::Forward;
     };
-    let (delta, field) = match (c.spec.name, args.argc()) {
-        ("INCR", 2) => (Some(1), None),
-        ("DECR", 2) => (Some(-1), None),
-        ("INCRBY", 3) => (parse_i64(args.arg(2)), None),
-        ("DECRBY", 3) => (parse_i64(args.arg(2)).and_then(|d| d.checked_neg()), None),
-        ("HINCRBY", 4) => (parse_i64(args.arg(3)), Some(2)),
-        // INCRBYFLOAT/HINCRBYFLOAT: Redis formats the float result itself; we could not
-        // give each caller its exact reply, so they are forwarded.
-        _ => (None, None),
-    };
-    match delta {
-        Some(delta) => Action::Combine {
-            delta,
+    // INCRBYFLOAT/HINCRBYFLOAT have no typed counter: Redis formats the float result
+    // itself, and we could not give each caller its exact reply, so they are forwarded.
+    match c.counter {
+        Some(Counter {
+            delta: Ok(delta),
             field,
+        }) => Action::Combine {
+            delta,
+            field: field.map(|f| f as usize),
             window: h.combine_window,
         },
         // Not a valid integer: let the node give its own error.
-        None => Action::Forward,
+        _ => Action::Forward,
     }
 }
 
@@ -284,17 +279,6 @@ fn cache_per_key<A: Args + ?Sized>(c: &Classified, args: &A, hot: &HotSet) -> Ac
         return Action::Forward;
     }
     Action::CachePerKey(per_key)
-}
-
-/// Redis's string2ll: optional minus, digits, no leading zeros or plus, within i64.
-fn parse_i64(b: &[u8]) -> Option<i64> {
-    if b.is_empty() || b.len() > 20 || b[0] == b'+' || (b.len() > 1 && b[0] == b'0') {
-        return None;
-    }
-    if b.len() > 1 && b[0] == b'-' && b[1] == b'0' {
-        return None;
-    }
-    std::str::from_utf8(b).ok()?.parse().ok()
 }
 
 #[cfg(test)]

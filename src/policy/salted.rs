@@ -7,7 +7,10 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 
+use std::time::Duration;
+
 use crate::command::{Args, Classified};
+use crate::rules::{ReadTier, Rules, Strategy};
 use crate::salt::kind::{is_write, needs_quiet, prepare, written, MOp, Op};
 use crate::salt::record::Kind;
 use crate::salt::{kinds, merge, ops, SaltTable, Salted};
@@ -24,10 +27,8 @@ pub struct SaltView<'a> {
     pub fresh: bool,
     /// The registry view is older than two ticks: a fold might be starting unseen.
     pub stale: bool,
-    /// Whether writes of this key are combined per shard (salt+combine, auto).
-    pub combine: &'a dyn Fn(&[u8]) -> bool,
-    /// The display tier's refresh period of this key's merged reads, if its rule says so.
-    pub display: &'a dyn Fn(&[u8]) -> Option<u64>,
+    /// The rules: a salted key's is resolved once, when its command is decided.
+    pub rules: &'a Rules,
 }
 
 impl SaltView<'_> {
@@ -46,8 +47,9 @@ pub enum SaltPlan {
     /// A summing read while a fold may move values: base key first, then the shards
     /// (`merge::careful_read`), by a task.
     Careful(Arc<Salted>, Op),
-    /// Through the shard's combine batch (salt+combine), ordered like any combined write.
-    Combine(Arc<Salted>, Op),
+    /// Through the shard's combine batch (salt+combine), ordered like any combined write,
+    /// with the rule's combine window.
+    Combine(Arc<Salted>, Op, Duration),
     /// By a task: whole reads of a partitioned kind, and its point reads while a fold may
     /// move members (`SaltKind::read`); the flag says whether one may.
     Members(Arc<Salted>, MOp, bool),
@@ -80,8 +82,8 @@ impl PartialEq for SaltPlan {
         match (self, other) {
             (Inline(a, x), Inline(b, y))
             | (Careful(a, x), Careful(b, y))
-            | (Combine(a, x), Combine(b, y))
             | (Checked(a, x), Checked(b, y)) => Arc::ptr_eq(a, b) && x == y,
+            (Combine(a, x, v), Combine(b, y, w)) => Arc::ptr_eq(a, b) && x == y && v == w,
             (Members(a, x, f), Members(b, y, g)) => Arc::ptr_eq(a, b) && x == y && f == g,
             (Quiet(a, x), Quiet(b, y)) => Arc::ptr_eq(a, b) && x == y,
             (Task(a), Task(b)) | (Fold(a), Fold(b)) => Arc::ptr_eq(a, b),
@@ -136,6 +138,12 @@ pub fn plan<A: Args + ?Sized>(v: &SaltView, args: &A, c: &Classified) -> Option<
         .collect();
     let op = ops::classify(e.rec.kind, c.spec.name, &argv);
     let now = v.now_ms;
+    // The key's rule, resolved once for the whole plan.
+    let rule = v.rules.resolve(&e.key);
+    let combine = matches!(rule.write.strategy, Strategy::SaltCombine | Strategy::Auto)
+        .then(|| Duration::from_micros(rule.write.combine.window_us));
+    let display =
+        (rule.read.salted.tier == ReadTier::Display).then_some(rule.read.salted.refresh_ms);
     if let Op::Member(m) = op {
         return Some(member_plan(v, e, m));
     }
@@ -153,9 +161,11 @@ pub fn plan<A: Args + ?Sized>(v: &SaltView, args: &A, c: &Classified) -> Option<
             SaltPlan::Checked(e, op)
         }
         Op::Write { .. } if e.rec.writers(now).is_none() || !v.fresh => SaltPlan::Base(e),
-        Op::Write { .. } if (v.combine)(&e.key) => SaltPlan::Combine(e, op),
+        Op::Write { .. } if combine.is_some() => {
+            SaltPlan::Combine(e, op, combine.unwrap_or_default())
+        }
         Op::Get | Op::HGet(_) if matches!(e.rec.kind, Kind::String | Kind::Hash) => {
-            match (v.display)(&e.key) {
+            match display {
                 Some(ms) => SaltPlan::Display(e, op, ms),
                 None if v.careful(&e) => SaltPlan::Careful(e, op),
                 None => SaltPlan::Inline(e, op),
@@ -240,10 +250,19 @@ mod tests {
         Arc::new(SaltTable::from_entries(entries))
     }
 
+    /// No rule but the defaults; from 9000 ms on, `k`'s merged reads are of the display
+    /// tier.
+    fn rules_at(now_ms: u64) -> Rules {
+        let yaml = "version: 1\nrules:\n  - match: k\n    read: { salted: { tier: display, refresh_ms: 2000 } }\n";
+        match now_ms >= 9000 {
+            true => Rules::parse(yaml, "r.yaml").unwrap(),
+            false => Rules::default(),
+        }
+    }
+
     fn decide(line: &str, now_ms: u64, db: u32, in_tx: bool, fresh: bool) -> Option<String> {
         let t = table();
-        let combine = |k: &[u8]| k == b"k" && now_ms >= 5000;
-        let display = |k: &[u8]| (k == b"k" && now_ms >= 9000).then_some(2000);
+        let rules = rules_at(now_ms);
         let v = SaltView {
             table: &t,
             db,
@@ -251,8 +270,7 @@ mod tests {
             now_ms,
             fresh,
             stale: false,
-            combine: &combine,
-            display: &display,
+            rules: &rules,
         };
         let words: Vec<&str> = line.split(' ').collect();
         let req = Request::from_args(&words);
@@ -325,7 +343,7 @@ mod tests {
         };
         let (kept, held) = (on(0), on(1));
         let t = Arc::new(SaltTable::from_entries([Arc::clone(&e)]));
-        let no = |_: &[u8]| false;
+        let rules = Rules::default();
         let to_base = |members: &[&str], now_ms: u64| {
             let v = SaltView {
                 table: &t,
@@ -334,8 +352,7 @@ mod tests {
                 now_ms,
                 fresh: true,
                 stale: false,
-                combine: &no,
-                display: &|_| None,
+                rules: &rules,
             };
             let mut words = vec!["SADD", "h"];
             words.extend(members);
@@ -364,7 +381,7 @@ mod tests {
     #[test]
     fn a_set_write_goes_to_the_base_key_until_the_promotion_is_in_force() {
         let t = table();
-        let no = |_: &[u8]| false;
+        let rules = Rules::default();
         let v = SaltView {
             table: &t,
             db: 0,
@@ -372,8 +389,7 @@ mod tests {
             now_ms: 500,
             fresh: true,
             stale: false,
-            combine: &no,
-            display: &|_| None,
+            rules: &rules,
         };
         let req = Request::from_args(&["SADD", "s", "a"]);
         let c = command::classify(&req).unwrap();

@@ -11,8 +11,8 @@ use bytes::Bytes;
 
 use super::round::Slot;
 use super::state::{err_bytes, Session};
-use crate::admit::{counter_delta, Admission, NodeLoad, Verdict};
-use crate::command::{self, flags};
+use crate::admit::{Admission, NodeLoad, Verdict};
+use crate::command::{self, Access, Classified, Counter};
 use crate::metrics::Class;
 use crate::resp::Request;
 
@@ -24,6 +24,7 @@ pub(super) enum Gate {
     /// to `hook`.
     Pass {
         req: Request,
+        c: Classified,
         hook: Option<Hook>,
         wait: Duration,
     },
@@ -31,37 +32,25 @@ pub(super) enum Gate {
     Done(Slot, Class),
 }
 
-pub(super) fn gate(s: &mut Session, req: Request) -> Gate {
-    let pass = |req| Gate::Pass {
-        req,
-        hook: None,
-        wait: Duration::ZERO,
-    };
+pub(super) fn gate(s: &mut Session, req: Request, c: Classified) -> Gate {
     // Who may not run the command at all is told so by the auth check, with no token spent.
-    if s.user.is_none() {
-        return pass(req);
+    if s.user.is_none() || c.keys.is_empty() {
+        return Gate::Pass {
+            req,
+            c,
+            hook: None,
+            wait: Duration::ZERO,
+        };
     }
-    let Ok(c) = command::classify(&req) else {
-        return pass(req);
-    };
-    if c.keys.is_empty() {
-        return pass(req);
-    }
-    let f = c.spec.flags;
-    let class = if f & flags::WRITE != 0 {
-        Class::Write
-    } else if f & flags::READ != 0 {
-        Class::Read
-    } else {
-        Class::Other
+    let class = match c.access {
+        Access::Write => Class::Write,
+        Access::Read => Class::Read,
+        Access::Other => Class::Other,
     };
     let rules = s.ctx.rules.snapshot();
     // Inside MULTI a reply cannot be made up: over the limit, increments are refused too.
-    let incr = match (s.tx.is_some(), &c.keys[..]) {
-        (false, [_]) => {
-            let by = if req.argc() > 2 { req.arg(2) } else { b"" };
-            counter_delta(c.spec.name, req.argc(), by)
-        }
+    let incr = match (s.tx.is_some(), c.counter) {
+        (false, Some(Counter { delta: Ok(d), field: None })) => Some(d),
         _ => None,
     };
     let mut wait = Duration::ZERO;
@@ -105,21 +94,30 @@ pub(super) fn gate(s: &mut Session, req: Request) -> Gate {
     if !(record || scaled.is_some()) {
         return Gate::Pass {
             req,
+            c,
             hook: None,
             wait,
         };
     }
     let key = req.arg_bytes(c.keys[0] as usize);
-    let req = match (scaled, incr) {
+    let (req, c) = match (scaled, incr) {
         (Some(n), Some(d)) => match d.checked_mul(n) {
-            Some(by) => Request::from_args(&[&b"INCRBY"[..], &key, by.to_string().as_bytes()]),
-            None => req,
+            Some(by) => {
+                let new = Request::from_args(&[&b"INCRBY"[..], &key, by.to_string().as_bytes()]);
+                // The rewritten command is the one decided and sent.
+                match command::classify(&new) {
+                    Ok(nc) => (new, nc),
+                    Err(_) => (req, c),
+                }
+            }
+            None => (req, c),
         },
-        _ => req,
+        _ => (req, c),
     };
     let hook = remember(s.ctx.admit.clone(), Bytes::copy_from_slice(&key));
     Gate::Pass {
         req,
+        c,
         hook: Some(hook),
         wait,
     }

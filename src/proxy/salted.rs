@@ -24,7 +24,6 @@ use crate::command::Classified;
 use crate::mitigate::combine::BatchKey;
 use crate::policy::{SaltPlan, SaltPlan as Plan};
 use crate::resp::{Proto, Request};
-use crate::rules::Strategy;
 use crate::salt::kind::{is_write, Op};
 use crate::salt::kinds;
 use crate::salt::merge;
@@ -70,15 +69,10 @@ pub(super) async fn act(
 ) -> Next {
     let args: Vec<Bytes> = (0..req.argc()).map(|i| req.arg_bytes(i)).collect();
     let name = c.spec.name;
-    // Something of the session on the key still on its way, or the rules reloaded since
-    // the plan was made (the key no longer combines): an inline shard write, in order.
+    // Something of the session on the key still on its way: an inline shard write, in
+    // order.
     let plan = match plan {
-        Plan::Combine(e, op)
-            if !matches!(op, Op::Write { .. }) || combine_with(s, &e.key).is_none() =>
-        {
-            Plan::Inline(e, op)
-        }
-        Plan::Combine(e, op) if !super::mitigation::may_combine_now(s, rb, &e.key) => {
+        Plan::Combine(e, op, _) if !super::mitigation::may_combine_now(s, rb, &e.key) => {
             s.ctx.metrics.combine.held_back.inc();
             Plan::Inline(e, op)
         }
@@ -146,8 +140,8 @@ pub(super) async fn act(
             });
             return Next::Done;
         }
-        Plan::Combine(e, op) => {
-            combine(s, e, op, &args, rb);
+        Plan::Combine(e, op, window) => {
+            combine(s, e, op, window, &args, rb);
             return Next::Done;
         }
         Plan::Checked(e, op) => {
@@ -256,10 +250,16 @@ fn same_read_as_last(rb: &mut RoundBuilder, e: &Arc<Salted>, op: &Op) -> bool {
 /// A salted write through its shard's combine batch: the batch's exact shard value becomes
 /// the estimate of the whole when the reply is written. The session's barrier orders it
 /// before the session's later jobs, as for any combined write.
-fn combine(s: &mut Session, e: Arc<Salted>, op: Op, args: &[Bytes], rb: &mut RoundBuilder) {
-    // `act` made it an inline write unless both hold; every command gets its slot.
-    let (Op::Write { delta, field }, Some((combiner, window))) = (&op, combine_with(s, &e.key))
-    else {
+fn combine(
+    s: &mut Session,
+    e: Arc<Salted>,
+    op: Op,
+    window: std::time::Duration,
+    args: &[Bytes],
+    rb: &mut RoundBuilder,
+) {
+    // The plan combines writes only; every command gets its slot.
+    let Op::Write { delta, field } = &op else {
         rb.slots.push(Slot::Ready(err_bytes(
             "ERR saltshaker: internal: a combined salted write without a combine rule",
         )));
@@ -274,7 +274,7 @@ fn combine(s: &mut Session, e: Arc<Salted>, op: Op, args: &[Bytes], rb: &mut Rou
         key: e.parts[part].clone(),
         field: field.clone(),
     };
-    let pending = combiner.add(bk, conn, *delta, cmd, window);
+    let pending = s.ctx.combiner.add(bk, conn, *delta, cmd, window);
     s.order.combined(Keys::hash(&e.key), pending.done);
     rb.combined();
     let (ctx, proto) = (s.ctx.clone(), s.proto);
@@ -403,23 +403,6 @@ fn display(
             });
         }
     }
-}
-
-/// The refresh period of `key`'s display-tier reads, when its rule asks for that tier.
-pub(super) fn display_tier(s: &Session, key: &[u8]) -> Option<u64> {
-    let r = s.ctx.rules.load().resolve(key).read.salted;
-    (r.tier == crate::rules::ReadTier::Display).then_some(r.refresh_ms)
-}
-
-/// salt+combine (and auto, once it salts) combine the writes of each shard.
-pub(super) fn combine_with(s: &Session, key: &[u8]) -> ops::CombineWith {
-    let w = s.ctx.rules.load().resolve(key).write;
-    matches!(w.strategy, Strategy::SaltCombine | Strategy::Auto).then(|| {
-        (
-            s.ctx.combiner.clone(),
-            std::time::Duration::from_micros(w.combine.window_us),
-        )
-    })
 }
 
 /// Answers the command with a task that starts once everything the session sent before

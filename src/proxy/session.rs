@@ -23,9 +23,9 @@ use super::round::{Blocked, Merge, Queued, RoundBuilder, Slot};
 use super::route::{
     all_nodes, forward_keyed, is_pubsub_command, keys_node, pubsub_node, push, scan_one, split,
 };
-use super::state::{blocking_worker, err_bytes, Flow, Session};
+use super::state::{blocking_worker, err_bytes, Decided, Flow, Pending, Session};
 use super::{local, reply, settle, tunnel};
-use crate::command::{self, flags, Args, Classified, Route};
+use crate::command::{self, Access, Args, Classified, Route};
 use crate::hotkey::Kind;
 use crate::metrics::Class;
 use crate::policy::{self, Action};
@@ -193,15 +193,26 @@ async fn read_loop(
         let mut close = false;
         let mut reqs_iter = reqs.drain(..);
         while let Some(req) = reqs_iter.next() {
+            // command: the request resolved once, for every phase after it.
+            let c = match command::classify(&req) {
+                Ok(c) => c,
+                Err(e) => {
+                    if let Some(tx) = s.tx.as_mut() {
+                        tx.dirty = true;
+                    }
+                    rb.slots.push(Slot::Ready(err_bytes(&e.to_string())));
+                    continue;
+                }
+            };
             // admit
-            let (req, hook) = if s.admit {
-                match super::admit::gate(s, req) {
+            let (req, c, hook) = if s.admit {
+                match super::admit::gate(s, req, c) {
                     super::admit::Gate::Done(slot, class) => {
                         rb.count(class);
                         rb.slots.push(slot);
                         continue;
                     }
-                    super::admit::Gate::Pass { req, hook, wait } => {
+                    super::admit::Gate::Pass { req, c, hook, wait } => {
                         if !wait.is_zero() {
                             // What was read before it need not wait with it.
                             if !rb.is_empty() && !Box::pin(settle::flush(s, &mut rb, tx)).await {
@@ -212,29 +223,30 @@ async fn read_loop(
                             let timeout = s.ctx.backend.request_timeout.unwrap_or(wait);
                             tokio::time::sleep(wait.min(timeout)).await;
                         }
-                        (req, hook)
+                        (req, c, hook)
                     }
                 }
             } else {
-                (req, None)
+                (req, c, None)
             };
             let mut mark = rb.slots.len();
             let conn_state = (s.proto, s.db);
-            let mut flow = handle(s, req, &mut rb).await;
-            if let Flow::Settle(req) = flow {
+            let mut flow = handle(s, req, c, &mut rb).await;
+            if let Flow::Settle(p) = flow {
                 if !Box::pin(settle::settle(s, &mut rb, tx, s.proto)).await {
                     return End::Closed;
                 }
                 mark = 0;
-                s.settled = true;
-                flow = handle(s, req, &mut rb).await;
+                let Pending { req, c } = *p;
+                flow = proceed(s, req, c, true, &mut rb).await;
             }
-            if let Flow::Flush(req) = flow {
+            if let Flow::Flush(p) = flow {
                 if !Box::pin(settle::flush(s, &mut rb, tx)).await {
                     return End::Closed;
                 }
                 mark = 0;
-                flow = handle(s, req, &mut rb).await;
+                let Decided { req, c, action } = *p;
+                flow = act(s, req, c, action, &mut rb).await;
             }
             rb.commit_keys();
             if let (Some(hook), Flow::Continue) = (hook, &flow) {
@@ -308,19 +320,8 @@ async fn read_loop(
     }
 }
 
-/// classify -> observe -> decide -> act, for one command.
-async fn handle(s: &mut Session, req: Request, rb: &mut RoundBuilder) -> Flow {
-    // classify
-    let c = match command::classify(&req) {
-        Ok(c) => c,
-        Err(e) => {
-            if let Some(tx) = s.tx.as_mut() {
-                tx.dirty = true;
-            }
-            rb.slots.push(Slot::Ready(err_bytes(&e.to_string())));
-            return Flow::Continue;
-        }
-    };
+/// check -> decide -> observe -> act, for one classified command.
+async fn handle(s: &mut Session, req: Request, c: Classified, rb: &mut RoundBuilder) -> Flow {
     // The keys a combined write of this session must not overtake (see `Order`); a
     // command without keys that reaches a node may touch any.
     if s.track {
@@ -355,15 +356,22 @@ async fn handle(s: &mut Session, req: Request, rb: &mut RoundBuilder) -> Flow {
         }
         _ => {}
     }
+    proceed(s, req, c, false, rb).await
+}
+
+/// An allowed command: ordered against the session's earlier ones, decided once, carried
+/// out. `settled`: every earlier reply is in.
+async fn proceed(
+    s: &mut Session,
+    req: Request,
+    c: Classified,
+    settled: bool,
+    rb: &mut RoundBuilder,
+) -> Flow {
     // A command that takes another connection to its node than the session's last one
     // (a script's lane, WATCH's connection, a blocking command's) leaves once everything
     // the session sent before has arrived: two connections are not ordered at the node.
-    let settled = std::mem::take(&mut s.settled);
-    if !settled && own_connection(s, &c) {
-        return Flow::Settle(req);
-    }
-    // A script takes its node's script lane, everything else the main lane.
-    if s.tx.is_none()
+    let lane_change = s.tx.is_none()
         && !matches!(
             c.route,
             Route::Local
@@ -373,47 +381,60 @@ async fn handle(s: &mut Session, req: Request, rb: &mut RoundBuilder) -> Flow {
                 | Route::Blocking
                 | Route::Kill
         )
-        && s.switch_lane(c.spec.name)
-    {
-        return Flow::Settle(req);
+        && s.switch_lane(c.spec.name);
+    if !settled && (lane_change || own_connection(s, &c)) {
+        return Flow::Settle(Box::new(Pending { req, c }));
     }
     // decide
-    let mut action = decide(s, &req, &c);
+    let action = decide(s, &req, &c);
     let task = match &action {
         Action::Salted(p) => p.needs_flush(),
         Action::Idempotent { .. } => super::salted::idempotent_is_task(s, &req),
         _ => false,
     };
     if task && !rb.jobs.is_empty() {
-        return Flow::Flush(req);
+        return Flow::Flush(Box::new(Decided { req, c, action }));
     }
+    act(s, req, c, action, rb).await
+}
+
+/// observe -> act: carries out the decided plan.
+async fn act(
+    s: &mut Session,
+    req: Request,
+    c: Classified,
+    mut action: Action,
+    rb: &mut RoundBuilder,
+) -> Flow {
+    let c = &c;
+    let req = &req;
     // observe
-    let class = observe(s, &req, &c);
+    let class = observe(s, req, c);
     rb.count(class);
     if class == Class::Write {
         if !s.order.no_fills() {
-            Box::pin(wait_fills(s, &req, &c)).await;
+            Box::pin(wait_fills(s, req, c)).await;
         }
         if s.tx.is_none() {
-            invalidate_cached(s, &req, &c, &s.ctx.hot.load(), rb);
+            invalidate_cached(s, req, c, &s.ctx.hot.load(), rb);
         }
     }
     // act
     if let Action::Idempotent { delta } = action {
-        super::salted::idempotent(s, &req, delta, rb);
+        super::salted::idempotent(s, req, delta, rb);
         return Flow::Continue;
     }
     if let Action::Salted(plan) = action {
         // Rare paths are boxed: the session's future, held by every idle connection, stays
         // small (bench/conn_memory.py).
-        if let super::salted::Next::Done = Box::pin(super::salted::act(s, &req, &c, plan, rb)).await
+        if let super::salted::Next::Done = Box::pin(super::salted::act(s, req, c, plan, rb)).await
         {
             return Flow::Continue;
         }
         // Folded, or a write the base key takes: on as usual (it may be combined or
         // cached like any command on its key).
         action = if s.tx.is_none() {
-            policy::decide_plain(&c, &req, &s.ctx.hot.load())
+            policy::decide_plain(c, req, &s.ctx.hot.load())
         } else {
             Action::Forward
         };
@@ -428,18 +449,18 @@ async fn handle(s: &mut Session, req: Request, rb: &mut RoundBuilder) -> Flow {
                 // A batch leaves on its own schedule: only when nothing of this session is
                 // still on its way, or it could overtake it (then: a plain command).
                 if super::mitigation::may_combine_now(s, rb, req.arg(c.keys[0] as usize)) {
-                    combine(s, &req, &c, delta, field, window, rb);
+                    combine(s, req, c, delta, field, window, rb);
                     return Flow::Continue;
                 }
                 s.ctx.metrics.combine.held_back.inc();
             }
             Action::Cache(p) => {
-                if cached_read(s, &req, &c, p, rb) {
+                if cached_read(s, req, c, p, rb) {
                     return Flow::Continue;
                 }
             }
             Action::CachePerKey(per_key) => {
-                if cached_mget(s, &req, &c, &per_key, rb) {
+                if cached_mget(s, req, c, &per_key, rb) {
                     return Flow::Continue;
                 }
             }
@@ -452,14 +473,14 @@ async fn handle(s: &mut Session, req: Request, rb: &mut RoundBuilder) -> Flow {
             "EXEC" | "DISCARD" | "MULTI" | "WATCH" | "QUIT" | "RESET"
         )
     {
-        let slot = queue_in_tx(s, &req, &c);
+        let slot = queue_in_tx(s, req, c);
         rb.slots.push(slot);
         return Flow::Continue;
     }
     match c.route {
-        Route::Keyed => forward_keyed(s, &req, &c, rb),
+        Route::Keyed => forward_keyed(s, req, c, rb),
         Route::Blocking => {
-            let slot = match keys_node(s, &req, &c) {
+            let slot = match keys_node(s, req, c) {
                 Ok(node) => Slot::Blocking(
                     blocking_worker(s, node).call(vec![req.wire()], 1),
                     Blocked::new(&s.ctx.blocked),
@@ -468,11 +489,11 @@ async fn handle(s: &mut Session, req: Request, rb: &mut RoundBuilder) -> Flow {
             };
             rb.slots.push(slot);
         }
-        Route::Split(kind) => split(s, &req, &c, kind, rb),
-        Route::AllNodes(agg) => all_nodes(s, &req, &c, agg, rb),
+        Route::Split(kind) => split(s, req, c, kind, rb),
+        Route::AllNodes(agg) => all_nodes(s, req, c, agg, rb),
         Route::AnyNode => {
             let node = if is_pubsub_command(c.spec.name) {
-                pubsub_node(s, &req)
+                pubsub_node(s, req)
             } else {
                 Ok(s.ctx.backend.any_node())
             };
@@ -484,8 +505,8 @@ async fn handle(s: &mut Session, req: Request, rb: &mut RoundBuilder) -> Flow {
                 Err(e) => rb.slots.push(Slot::Ready(e)),
             }
         }
-        Route::Scan => scan_one(s, &req, rb),
-        Route::Kill => super::route::kill(s, &req, rb),
+        Route::Scan => scan_one(s, req, rb),
+        Route::Kill => super::route::kill(s, req, rb),
         Route::RandomKey => {
             let parts = s
                 .ctx
@@ -497,9 +518,9 @@ async fn handle(s: &mut Session, req: Request, rb: &mut RoundBuilder) -> Flow {
             rb.slots
                 .push(Slot::Merge(Box::new(Merge::FirstNonNil(parts))));
         }
-        Route::Local => return local::handle(s, &req, &c, rb),
-        Route::Transaction => return local::transaction(s, &req, &c, rb),
-        Route::Subscribe => match pubsub_node(s, &req) {
+        Route::Local => return local::handle(s, req, c, rb),
+        Route::Transaction => return local::transaction(s, req, c, rb),
+        Route::Subscribe => match pubsub_node(s, req) {
             Ok(node) => {
                 let mut hs = s.ctx.backend.node(node).handshake(s.proto, s.db);
                 // The client talks to the node from now on: it keeps its name there.
@@ -545,8 +566,7 @@ fn decide(s: &Session, req: &Request, c: &Classified) -> Action {
     } else {
         crate::salt::now_ms()
     };
-    let combine = |key: &[u8]| super::salted::combine_with(s, key).is_some();
-    let display = |key: &[u8]| super::salted::display_tier(s, key);
+    let rules = s.ctx.rules.load();
     let view = policy::SaltView {
         table: &table,
         db: s.db,
@@ -554,21 +574,17 @@ fn decide(s: &Session, req: &Request, c: &Classified) -> Action {
         now_ms: now,
         fresh: now > 0 && s.ctx.salt.fresh(now),
         stale: now > 0 && s.ctx.salt.stale(now),
-        combine: &combine,
-        display: &display,
+        rules: &rules,
     };
     policy::decide(c, req, &hot, &view)
 }
 
 /// The observe phase: every key of every command feeds the hot-key detector.
 fn observe(s: &Session, req: &Request, c: &Classified) -> Class {
-    let f = c.spec.flags;
-    let (kind, class) = if f & flags::WRITE != 0 {
-        (Kind::Write, Class::Write)
-    } else if f & flags::READ != 0 {
-        (Kind::Read, Class::Read)
-    } else {
-        return Class::Other;
+    let (kind, class) = match c.access {
+        Access::Write => (Kind::Write, Class::Write),
+        Access::Read => (Kind::Read, Class::Read),
+        Access::Other => return Class::Other,
     };
     if s.detect {
         for &k in &c.keys {

@@ -12,6 +12,8 @@ use super::dedicated::DedicatedWorker;
 use super::order::Order;
 use super::tunnel;
 use crate::backend::{ConnHandle, Lane};
+use crate::command::Classified;
+use crate::policy::Action;
 use crate::resp::{encode_error, Proto, Request};
 
 /// A queued MULTI.
@@ -56,9 +58,6 @@ pub struct Session {
     /// Some key may be combined or salted: the keys of this round's commands are kept for
     /// the ordering rules (`Order`). Read once per round as `detect`.
     pub(super) track: bool,
-    /// Every earlier reply is in (the reader has just settled): a command that takes a
-    /// connection of its own may leave now.
-    pub(super) settled: bool,
     /// The command just handled went on a connection of its own (WATCH, EXEC under
     /// WATCH): the next one waits until its reply is in.
     pub(super) settle_after: bool,
@@ -92,7 +91,6 @@ impl Session {
             detect: true,
             admit: false,
             track: false,
-            settled: false,
             settle_after: false,
         }
     }
@@ -144,11 +142,24 @@ pub enum Flow {
     Tunnel(tunnel::Start),
     /// Send the round built so far and wait for its replies before this command: it
     /// names a salted key and runs as a task, which must not overtake earlier commands.
-    Flush(Request),
+    Flush(Box<Decided>),
     /// Send the round built so far, wait until every earlier reply is in, then handle
     /// this command: it takes another connection to its node (a script's lane,
     /// `Session::switch_lane`; WATCH's or a blocking command's own).
-    Settle(Request),
+    Settle(Box<Pending>),
+}
+
+/// A classified command waiting for the session's earlier replies before it is decided.
+pub struct Pending {
+    pub req: Request,
+    pub c: Classified,
+}
+
+/// A decided command waiting for the round built before it to leave.
+pub struct Decided {
+    pub req: Request,
+    pub c: Classified,
+    pub action: Action,
 }
 
 pub fn err_bytes(msg: &str) -> Bytes {

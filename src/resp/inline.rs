@@ -1,7 +1,7 @@
 //! Splitting an inline command line (`SET k "a b"`) into arguments, exactly as Redis's
 //! `sdssplitargs` does. Finding the line in the buffer is `parser`'s job.
 
-use super::parser::ParseError;
+use super::error::ParseError;
 
 /// C's `isspace` in the "C" locale.
 fn is_space(b: u8) -> bool {

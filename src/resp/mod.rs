@@ -12,6 +12,7 @@
 //! belong to `proxy` and `backend`.
 
 mod encode;
+mod error;
 mod framer;
 mod header;
 mod inline;
@@ -31,7 +32,8 @@ pub use encode::{
     encode_null, encode_simple,
 };
 pub use framer::{FrameError, ReplyFramer};
-pub use parser::{ParseError, RequestParser};
+pub use error::ParseError;
+pub use parser::RequestParser;
 pub use request::Request;
 pub use value::{parse_value, Proto, Value};
 

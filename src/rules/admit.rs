@@ -4,7 +4,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::validate::{problem, range, Problem};
+use super::problem::{problem, range, Problem};
 
 /// What happens to a command on a key over its limit.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]

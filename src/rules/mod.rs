@@ -12,6 +12,7 @@
 mod admit;
 mod locate;
 mod model;
+mod problem;
 mod reload;
 mod validate;
 
@@ -127,7 +128,7 @@ impl Rules {
     }
 
     /// Merges every rule over the defaults and checks the result.
-    fn build(doc: model::RulesDoc) -> Result<Rules, validate::Problem> {
+    fn build(doc: model::RulesDoc) -> Result<Rules, problem::Problem> {
         validate::version(doc.version)?;
         validate::detection(&doc.detection, doc.epoch_ms)?;
         validate::read("defaults.read", &doc.defaults.read)?;

@@ -5,49 +5,11 @@
 //! whichever of them the file actually spells out, so the SRE lands on the line to edit.
 
 use super::model::{Balance, Detection, ReadPolicy, Shards, WritePolicy};
+use super::problem::{problem, range, Problem};
 use crate::glob::Glob;
 
 /// Most rules in one file: `resolve` tries them in order on each lookup.
 pub const MAX_RULES: usize = 1024;
-
-/// What is wrong and where to look, best candidate first.
-#[derive(Debug)]
-pub struct Problem {
-    pub fields: Vec<String>,
-    pub message: String,
-}
-
-pub(super) fn problem(base: &str, fields: &[&str], message: String) -> Problem {
-    let join = |f: &str| {
-        if base.is_empty() {
-            f.to_string()
-        } else {
-            format!("{base}.{f}")
-        }
-    };
-    Problem {
-        fields: fields.iter().map(|f| join(f)).collect(),
-        message,
-    }
-}
-
-pub(super) fn range<T: PartialOrd + std::fmt::Display>(
-    base: &str,
-    field: &str,
-    v: T,
-    lo: T,
-    hi: T,
-    unit: &str,
-) -> Result<(), Problem> {
-    if v < lo || v > hi {
-        return Err(problem(
-            base,
-            &[field],
-            format!("{v} is out of range: must be {lo}..={hi}{unit}"),
-        ));
-    }
-    Ok(())
-}
 
 pub fn version(v: u32) -> Result<(), Problem> {
     if v != 1 {
