@@ -270,7 +270,7 @@ impl Config {
         }
         for (i, n) in b.nodes.iter().enumerate() {
             crate::backend::placement::parse_server(n)
-                .map_err(|e| (format!("backend.nodes[{i}]"), e))?;
+                .map_err(|e| (format!("backend.nodes[{i}]"), e.to_string()))?;
         }
         b.hash
             .parse::<crate::backend::placement::HashFn>()

@@ -33,7 +33,7 @@ pub struct Glob {
 
 impl Glob {
     /// Checks `text` and prepares it; the error says what is wrong, for a located message.
-    pub fn new(text: &str) -> Result<Glob, String> {
+    pub fn new(text: &str) -> Result<Glob, GlobError> {
         let b = text.as_bytes();
         check(b)?;
         let meta = |c: &u8| matches!(c, b'*' | b'?' | b'[' | b']' | b'\\');
@@ -193,38 +193,43 @@ fn class(mut p: &[u8], c: u8) -> (bool, &[u8]) {
     (hit != negate, p)
 }
 
+/// What is wrong with a pattern that Redis would accept silently but that is almost surely
+/// a mistake. Display says how to write it instead.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum GlobError {
+    #[error("empty pattern; use \"*\" to match every key")]
+    Empty,
+    #[error("pattern is {0} bytes; at most {MAX_PATTERN_BYTES}")]
+    TooLong(usize),
+    #[error("ends with a lone `\\`; write `\\\\` for a literal backslash")]
+    LoneBackslash,
+    #[error("`[` at byte {0} is never closed (a `]` right after `-` ends a range, as in Redis; escape it as `\\]`)")]
+    Unclosed(usize),
+    #[error("`[]` at byte {0} matches nothing (Redis does not take a leading `]` as a member; write `[\\]]`)")]
+    EmptyClass(usize),
+}
+
 /// Syntax check: what Redis would accept silently but almost surely is a mistake.
-fn check(p: &[u8]) -> Result<(), String> {
+fn check(p: &[u8]) -> Result<(), GlobError> {
     if p.is_empty() {
-        return Err("empty pattern; use \"*\" to match every key".into());
+        return Err(GlobError::Empty);
     }
     if p.len() > MAX_PATTERN_BYTES {
-        return Err(format!(
-            "pattern is {} bytes; at most {MAX_PATTERN_BYTES}",
-            p.len()
-        ));
+        return Err(GlobError::TooLong(p.len()));
     }
     let mut i = 0;
     while i < p.len() {
         match p[i] {
-            b'\\' if i + 1 == p.len() => {
-                return Err("ends with a lone `\\`; write `\\\\` for a literal backslash".into())
-            }
+            b'\\' if i + 1 == p.len() => return Err(GlobError::LoneBackslash),
             b'\\' => i += 2,
             b'[' => {
                 let body = &p[i + 1..];
                 let (_, rest) = class(body, 0);
                 if rest.is_empty() {
-                    return Err(format!(
-                        "`[` at byte {} is never closed (a `]` right after `-` ends a range, as in Redis; escape it as `\\]`)",
-                        i + 1
-                    ));
+                    return Err(GlobError::Unclosed(i + 1));
                 }
                 if body.first() == Some(&b']') {
-                    return Err(format!(
-                        "`[]` at byte {} matches nothing (Redis does not take a leading `]` as a member; write `[\\]]`)",
-                        i + 1
-                    ));
+                    return Err(GlobError::EmptyClass(i + 1));
                 }
                 i = p.len() - rest.len() + 1;
             }

@@ -102,7 +102,7 @@ pub async fn run(
             let (why_tx, why) = watch::channel("reading the Redis Cluster map".to_string());
             let mut stop = shutdown.subscribe();
             tokio::select! {
-                b = backend::Backend::connect_cluster(&cfg.backend, c, 512 * 1024 * 1024, &metrics, &why_tx) => b?,
+                b = backend::Backend::connect_cluster(&cfg.backend, c, 512 * 1024 * 1024, &metrics, &why_tx) => b.map_err(|e| e.to_string())?,
                 _ = admin::serve_starting(&admin_listener, why) => unreachable!("serves until dropped"),
                 _ = stop.wait_for(|v| *v) => {
                     tracing::info!("shutdown before the Redis Cluster map was read");
@@ -110,7 +110,8 @@ pub async fn run(
                 }
             }
         }
-        None => backend::Backend::new(&cfg.backend, 512 * 1024 * 1024, &metrics)?,
+        None => backend::Backend::new(&cfg.backend, 512 * 1024 * 1024, &metrics)
+            .map_err(|e| e.to_string())?,
     };
     let rules = match &cfg.rules {
         Some(p) => rules::Rules::load(p).map_err(|e| e.to_string())?,

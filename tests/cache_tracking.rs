@@ -13,7 +13,7 @@ use saltshaker::backend::tracking::{Filler, Invalidation, Tracker};
 use saltshaker::backend::{wire, Backend, ConnHandle};
 use saltshaker::config::BackendConfig;
 use saltshaker::metrics::Metrics;
-use saltshaker::mitigate::cache::{Cache, CacheMetrics, Cause};
+use saltshaker::mitigate::cache::{Cache, CacheMetrics, Cause, FillReply};
 use saltshaker::resp::Proto;
 use saltshaker::rules::CachePolicy;
 use support::{need_redis, Redis};
@@ -74,15 +74,12 @@ async fn until<T>(what: &str, mut f: impl FnMut() -> Option<T>) -> T {
     }
 }
 
-async fn call(conn: ConnHandle, cmd: Bytes) -> Result<Bytes, String> {
-    conn.call([cmd].into_iter().collect(), 1, None)
-        .await
-        .map(|r| r.get(0))
-        .map_err(|e| e.to_string())
+async fn call(conn: ConnHandle, cmd: Bytes) -> FillReply {
+    Ok(conn.call([cmd].into_iter().collect(), 1, None).await?.get(0))
 }
 
 /// GET through the cache, filled through the tracked connection.
-async fn cached_get(r: &Rig, key: &str) -> Result<Bytes, String> {
+async fn cached_get(r: &Rig, key: &str) -> FillReply {
     let conn = until("the filler connection", || r.filler.conn()).await;
     let req = wire(&["GET", key]);
     let policy = CachePolicy {

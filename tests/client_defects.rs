@@ -670,7 +670,11 @@ fn watch_in_a_pipeline_is_ordered_with_the_commands_around_it() {
         vec!["DEL", "n"],
     ];
     let straight = node.client().pipeline(&cmds);
-    assert_eq!(straight[6], Reply::Array(None), "Redis aborts the first EXEC");
+    assert_eq!(
+        straight[6],
+        Reply::Array(None),
+        "Redis aborts the first EXEC"
+    );
     let mut c = proxy.client();
     for round in 0..30 {
         let through = c.pipeline(&cmds);

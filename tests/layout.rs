@@ -1,7 +1,8 @@
 //! The shape of the code, checked: no file in `src/` over 600 lines, the leaves import
 //! nothing of the crate, no import cycle between the folders of `src/` nor between any
 //! two files (a folder's `mod.rs` may name its own children), imports inside `salt/` and
-//! `proxy/` go one way, and a salt kind imports no other kind.
+//! `proxy/` go one way, a salt kind imports no other kind, and at most 10
+//! `Result<_, String>` are left in the code.
 //!
 //! Imports are read from the source text: `crate::a::b`, `super::x` (also in `{...}`
 //! groups), and a parent module naming its own children (`child::f`). Test code
@@ -200,6 +201,34 @@ fn cycle<T: Ord + Clone>(graph: &BTreeMap<T, BTreeSet<T>>) -> Option<Vec<T>> {
     None
 }
 
+/// Most `Result<_, String>` the code may hold.
+const MAX_STRING_RESULTS: usize = 10;
+
+/// How many `Result<..., String>` the source names (the error type last, at the
+/// `Result`'s own depth).
+fn string_results(src: &str) -> usize {
+    let mut n = 0;
+    for (i, _) in src.match_indices("Result<") {
+        let rest = &src[i + "Result<".len()..];
+        let (mut depth, mut last_comma) = (0i32, None);
+        for (j, c) in rest.char_indices() {
+            match c {
+                '<' | '(' | '[' => depth += 1,
+                '>' | ')' | ']' if depth > 0 => depth -= 1,
+                '>' => {
+                    if last_comma.is_some_and(|k: usize| rest[k + 1..j].trim() == "String") {
+                        n += 1;
+                    }
+                    break;
+                }
+                ',' if depth == 0 => last_comma = Some(j),
+                _ => {}
+            }
+        }
+    }
+    n
+}
+
 /// Everything wrong with the layout of the tree at `dir`.
 fn problems(dir: &Path) -> Vec<String> {
     let mods = modules(dir);
@@ -210,6 +239,18 @@ fn problems(dir: &Path) -> Vec<String> {
         if n > 600 {
             out.push(format!("{} has {n} lines (at most 600)", p.display()));
         }
+    }
+    // Errors are typed: a `Result<_, String>` says nothing a caller can act on, nor who
+    // failed. A few remain where the message is all there is (the process's start-up).
+    let stringly: usize = mods
+        .values()
+        .filter(|p| !is_test_file(p))
+        .map(|p| string_results(&code(p)))
+        .sum();
+    if stringly > MAX_STRING_RESULTS {
+        out.push(format!(
+            "{stringly} `Result<_, String>` in the code (at most {MAX_STRING_RESULTS})"
+        ));
     }
     let show = |m: &Module| m.join("/");
     // Leaves.
@@ -338,11 +379,15 @@ fn a_tree_that_breaks_the_rules_is_caught() {
     };
     write(
         "lib.rs",
-        "pub mod resp;\npub mod salt;\npub mod proxy;\npub mod rules;\n",
+        "pub mod resp;\npub mod salt;\npub mod proxy;\npub mod rules;\npub mod glob;\n",
     );
     write("rules/mod.rs", "mod a;\nmod b;\npub use a::A;\n");
     write("rules/a.rs", "use super::b::B;\npub struct A;\n");
     write("rules/b.rs", "use super::a::A;\npub struct B;\n");
+    write(
+        "glob.rs",
+        &"fn f() -> Result<Vec<(u8, u8)>, String> { todo!() }\n".repeat(11),
+    );
     write("resp.rs", "use crate::salt::Salt;\n");
     write(
         "salt/mod.rs",
@@ -371,6 +416,7 @@ fn a_tree_that_breaks_the_rules_is_caught() {
         "import cycle between folders",
         "import cycle in proxy/",
         "import cycle between files: rules/a -> rules/b -> rules/a",
+        "11 `Result<_, String>` in the code (at most 10)",
         "the salt kind salt/kinds/set imports salt/kinds/hll",
     ] {
         assert!(p.contains(want), "not caught: {want}\nfound:\n{p}");

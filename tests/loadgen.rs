@@ -6,7 +6,7 @@ mod support;
 
 use std::time::Duration;
 
-use saltshaker::loadgen::{run_blocking, BenchArgs, Mix, Workload};
+use saltshaker::loadgen::{run_blocking, BenchArgs, BenchError, Mix, Workload};
 use support::*;
 
 fn args(target: &str) -> BenchArgs {
@@ -169,8 +169,12 @@ fn node_dying_mid_run_is_reported_not_hung() {
 #[test]
 fn unreachable_target_and_bad_arguments_are_errors() {
     let port = free_port();
-    let e = run_blocking(args(&format!("127.0.0.1:{port}"))).expect_err("nothing listens");
-    assert!(e.contains("cannot connect"), "{e}");
+    let target = format!("127.0.0.1:{port}");
+    let e = run_blocking(args(&target)).expect_err("nothing listens");
+    assert!(
+        matches!(&e, BenchError::Node { node, what } if *node == target && what.contains("cannot connect")),
+        "{e}"
+    );
     for bad in [
         BenchArgs {
             clients: 0,

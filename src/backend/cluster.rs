@@ -23,10 +23,11 @@ use smallvec::{smallvec, SmallVec};
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
+use super::map::{self, MapError};
 use super::slots::{self, redirect, Redirect, Topology, SLOTS};
 use super::{pick, wire, BackendError, Node, NodeTable, ReadFrom, Replies};
 use crate::metrics::{ClusterMetrics, ResultLabel};
-use crate::resp::{parse_value, Proto};
+use crate::resp::Proto;
 
 /// No slot owner known.
 const NONE: u16 = u16::MAX;
@@ -265,20 +266,28 @@ impl Cluster {
     }
 
     /// Reads the map from the first node that answers (masters first).
-    pub async fn read_map(&self, deadline: Duration) -> Result<Topology, String> {
+    pub async fn read_map(&self, timeout: Duration) -> Result<Topology, MapError> {
         let masters = self.masters();
         let order = masters
             .iter()
             .copied()
             .chain((0..self.nodes.len()).filter(|i| !masters.contains(i)));
-        let node = |i: usize| self.nodes.get(i);
-        let mut last = String::from("no node to ask");
+        let mut last = MapError::NoNode;
         for i in order {
-            let conns = node(i).conns(Proto::Resp2, 0);
-            match read_map_from(&pick(&conns, 0), deadline, node(i).is_tls()).await {
-                Ok(t) if t.covered() > 0 => return Ok(t),
-                Ok(_) => last = format!("{}: it owns no slots", node(i).addr),
-                Err(e) => last = format!("{}: {e}", node(i).addr),
+            let node = self.nodes.get(i);
+            let conn = pick(&node.conns(Proto::Resp2, 0), 0);
+            let deadline = Some(Instant::now() + timeout);
+            let ask = |cmd: &'static [&'static str]| {
+                let (conn, addr) = (&conn, &node.addr);
+                async move {
+                    conn.call_direct(smallvec![wire(cmd)], 1, deadline)
+                        .await
+                        .map_err(|e| MapError::call(addr, e))
+                }
+            };
+            match map::read(&node.addr, node.is_tls(), ask).await {
+                Ok(t) => return Ok(t),
+                Err(e) => last = e,
             }
         }
         Err(last)
@@ -467,39 +476,4 @@ fn error_reply(e: &BackendError) -> Bytes {
     let mut out = BytesMut::new();
     crate::resp::encode_error(&format!("ERR saltshaker: {e}"), &mut out);
     out.freeze()
-}
-
-/// `CLUSTER SHARDS` from one node, or `CLUSTER SLOTS` where SHARDS is unknown.
-/// Over TLS, nodes are reached at their `tls-port`.
-async fn read_map_from(
-    conn: &super::ConnHandle,
-    timeout: Duration,
-    tls: bool,
-) -> Result<Topology, String> {
-    let deadline = Some(Instant::now() + timeout);
-    let ask = |cmd: &'static [&'static str]| {
-        let data = smallvec![wire(cmd)];
-        conn.call_direct(data, 1, deadline)
-    };
-    let r = ask(&["CLUSTER", "SHARDS"])
-        .await
-        .map_err(|e| e.to_string())?;
-    let v = value(&r.get(0))?;
-    if !matches!(v, crate::resp::Value::Error(_)) {
-        return slots::parse_shards(&v, tls);
-    }
-    let r = ask(&["CLUSTER", "SLOTS"])
-        .await
-        .map_err(|e| e.to_string())?;
-    match value(&r.get(0))? {
-        crate::resp::Value::Error(e) => Err(String::from_utf8_lossy(&e).into_owned()),
-        v => slots::parse_slots(&v),
-    }
-}
-
-fn value(raw: &[u8]) -> Result<crate::resp::Value, String> {
-    match parse_value(raw) {
-        Ok(Some((v, _))) => Ok(v),
-        _ => Err("unreadable reply".into()),
-    }
 }

@@ -8,7 +8,7 @@ use bytes::BytesMut;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
-use super::{BackendConfig, BackendError};
+use super::{BackendConfig, BackendError, SetupError};
 use crate::net::tls::{ClientTlsConfig, Connector, TlsError};
 use crate::net::Stream;
 use crate::resp::{encode_command, Proto, ReplyFramer};
@@ -47,11 +47,11 @@ pub struct NodeTls {
 }
 
 impl NodeTls {
-    pub fn load(cfg: &BackendConfig) -> Result<NodeTls, String> {
+    pub fn load(cfg: &BackendConfig) -> Result<NodeTls, SetupError> {
         let load = |field: String, c: &ClientTlsConfig| {
             Connector::new(c)
                 .map(Arc::new)
-                .map_err(|e: TlsError| format!("{field}: {e}"))
+                .map_err(|error: TlsError| SetupError::Tls { field, error })
         };
         let all = match &cfg.tls {
             Some(c) => Some(load("backend.tls".into(), c)?),

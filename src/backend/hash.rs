@@ -9,6 +9,8 @@ use md5::{Digest, Md5};
 use std::fmt;
 use std::str::FromStr;
 
+use super::UnknownName;
+
 /// A key hash, named as twemproxy's `hash:` setting names it.
 #[allow(non_camel_case_types)] // the names mirror twemproxy's `fnv1a_64` and friends
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -69,17 +71,21 @@ impl fmt::Display for HashFn {
 }
 
 impl FromStr for HashFn {
-    type Err = String;
+    type Err = UnknownName;
 
     /// Exact, case-sensitive names, as twemproxy's `conf_set_hash` compares them.
-    fn from_str(s: &str) -> Result<Self, String> {
+    fn from_str(s: &str) -> Result<Self, UnknownName> {
         NAMES
             .iter()
             .find(|(_, n)| *n == s)
             .map(|(f, _)| *f)
             .ok_or_else(|| {
                 let known: Vec<&str> = NAMES.iter().map(|(_, n)| *n).collect();
-                format!("unknown hash {s:?} (twemproxy knows {})", known.join(", "))
+                UnknownName {
+                    setting: "hash",
+                    value: s.to_string(),
+                    known: known.join(", "),
+                }
             })
     }
 }

@@ -116,7 +116,8 @@ impl Job {
 }
 
 /// Why a job's caller got no reply: its connection broke with it in flight.
-pub(super) const LOST: &str = "connection lost before the reply; the command may or may not have run";
+pub(super) const LOST: &str =
+    "connection lost before the reply; the command may or may not have run";
 
 /// The name of a command in RESP's request form (`*N\r\n$L\r\nNAME\r\n...`).
 fn command_name(wire: &[u8]) -> Option<&[u8]> {

@@ -9,9 +9,11 @@
 
 pub mod cluster;
 mod conn;
-mod link;
 mod dedicated;
+mod error;
 mod handshake;
+mod link;
+mod map;
 mod node;
 pub mod placement;
 pub mod slots;
@@ -24,9 +26,11 @@ use bytes::{Bytes, BytesMut};
 
 use crate::net::tls::ClientTlsConfig;
 pub use conn::{deadline, pick, Call, ConnHandle};
-pub use link::Replies;
 pub use dedicated::Dedicated;
+pub use error::{BackendError, NoReplica, SetupError, UnknownName};
 pub use handshake::{Handshake, NodeTls};
+pub use link::Replies;
+pub use map::MapError;
 pub use node::{Lane, Node, NodeTable, MAX_NODES};
 
 use crate::metrics::Metrics;
@@ -113,13 +117,17 @@ pub enum ReadFrom {
 }
 
 impl std::str::FromStr for ReadFrom {
-    type Err = String;
-    fn from_str(s: &str) -> Result<ReadFrom, String> {
+    type Err = UnknownName;
+    fn from_str(s: &str) -> Result<ReadFrom, UnknownName> {
         match s {
             "master" => Ok(ReadFrom::Master),
             "prefer_replica" => Ok(ReadFrom::PreferReplica),
             "replica" => Ok(ReadFrom::Replica),
-            _ => Err(format!("{s:?} is not master, prefer_replica or replica")),
+            _ => Err(UnknownName {
+                setting: "read_from",
+                value: s.to_string(),
+                known: "master, prefer_replica, replica".into(),
+            }),
         }
     }
 }
@@ -132,25 +140,6 @@ impl Default for ClusterConfig {
             read_from: ReadFrom::Master,
         }
     }
-}
-
-/// Why a backend request failed. Display is the text a client sees after "ERR saltshaker: ".
-#[derive(Debug, Clone, thiserror::Error)]
-pub enum BackendError {
-    #[error("backend {node} is down ({reason})")]
-    Down { node: String, reason: String },
-    #[error("backend connection error: {0}")]
-    Io(String),
-    #[error("backend protocol error: {0}")]
-    Protocol(String),
-    #[error("cannot connect to backend {node}: {reason}")]
-    Connect { node: String, reason: String },
-    #[error("backend handshake failed: {0}")]
-    Handshake(String),
-    #[error("backend connection closed")]
-    Closed,
-    #[error("backend {0} did not answer in time")]
-    Timeout(String),
 }
 
 /// The set of nodes and the rule that places keys on them.
@@ -172,7 +161,7 @@ impl Backend {
         cfg: &BackendConfig,
         max_reply_bulk: usize,
         metrics: &Metrics,
-    ) -> Result<Backend, String> {
+    ) -> Result<Backend, SetupError> {
         let tls = NodeTls::load(cfg)?;
         let mut specs = Vec::new();
         let mut nodes = Vec::new();
@@ -184,14 +173,8 @@ impl Backend {
             specs.push(spec);
         }
         let placement = if nodes.len() > 1 {
-            let hash: HashFn = cfg
-                .hash
-                .parse()
-                .map_err(|_| format!("unknown hash {:?}", cfg.hash))?;
-            let dist: Distribution = cfg
-                .distribution
-                .parse()
-                .map_err(|_| format!("unknown distribution {:?}", cfg.distribution))?;
+            let hash: HashFn = cfg.hash.parse()?;
+            let dist: Distribution = cfg.distribution.parse()?;
             let tag = cfg.hash_tag.as_ref().map(|t| {
                 let b = t.as_bytes();
                 [b[0], b[1]]
@@ -226,7 +209,7 @@ impl Backend {
         max_reply_bulk: usize,
         metrics: &Metrics,
         not_ready: &tokio::sync::watch::Sender<String>,
-    ) -> Result<Backend, String> {
+    ) -> Result<Backend, SetupError> {
         let tls = Arc::new(NodeTls::load(cfg)?);
         // Until a seed answers, retry with backoff; `not_ready` says why (for /readyz).
         let mut backoff = Duration::from_millis(cfg.reconnect_min_ms.max(50));
@@ -234,6 +217,7 @@ impl Backend {
             match discover(cfg, cc, max_reply_bulk, &tls).await {
                 Ok(t) => break t,
                 Err(e) => {
+                    let e = format!("cannot read the Redis Cluster map: {e}");
                     tracing::warn!(error = %e, retry_in_ms = backoff.as_millis() as u64, "cannot read the Redis Cluster map yet; not ready, retrying");
                     let _ = not_ready.send(e);
                     tokio::time::sleep(backoff).await;
@@ -306,14 +290,11 @@ impl Backend {
     /// master, or on a cluster with `read_from` set, a healthy replica of it. Err names
     /// the master when `read_from: replica` finds it without a healthy replica.
     #[inline]
-    pub fn reader_in(&self, group: (u32, usize)) -> Result<usize, String> {
+    pub fn reader_in(&self, group: (u32, usize)) -> Result<usize, NoReplica> {
         match &self.cluster {
-            Some(c) => c.reader(group.0 as u16).map_err(|m| {
-                format!(
-                    "ERR saltshaker: read_from is replica, and master {} of slot {} has no healthy replica now",
-                    self.node(m).addr,
-                    group.0
-                )
+            Some(c) => c.reader(group.0 as u16).map_err(|m| NoReplica {
+                master: self.node(m).addr.clone(),
+                slot: group.0,
             }),
             None => Ok(group.1),
         }
@@ -404,8 +385,8 @@ async fn discover(
     cc: &ClusterConfig,
     max_reply_bulk: usize,
     tls: &NodeTls,
-) -> Result<slots::Topology, String> {
-    let mut last = String::from("no seed nodes given");
+) -> Result<slots::Topology, MapError> {
+    let mut last = MapError::NoNode;
     // A seed that accepts and never answers must not hold startup: each question has a
     // deadline (the connect and the handshake have their own).
     let reply_within = Duration::from_millis(match cfg.request_timeout_ms {
@@ -417,43 +398,30 @@ async fn discover(
         let ask = |cmd: &'static [&'static str]| {
             let hs = &hs;
             async move {
-                let mut d = Dedicated::open(hs).await.map_err(|e| e.to_string())?;
-                let r = match tokio::time::timeout(reply_within, d.call(&[wire(cmd)], 1)).await {
-                    Ok(r) => r.map_err(|e| e.to_string())?,
-                    Err(_) => {
-                        return Err(format!(
-                            "no reply to {} within {} ms",
-                            cmd.join(" "),
-                            reply_within.as_millis()
-                        ))
-                    }
-                };
-                match crate::resp::parse_value(&r.get(0)) {
-                    Ok(Some((v, _))) => Ok(v),
-                    _ => Err("unreadable reply".to_string()),
+                let call = |e| MapError::call(&hs.addr, e);
+                let mut d = Dedicated::open(hs).await.map_err(call)?;
+                match tokio::time::timeout(reply_within, d.call(&[wire(cmd)], 1)).await {
+                    Ok(r) => r.map_err(call),
+                    Err(_) => Err(MapError::Silent {
+                        node: hs.addr.clone(),
+                        command: cmd.join(" "),
+                        ms: reply_within.as_millis(),
+                    }),
                 }
             }
         };
-        let topo = match ask(&["CLUSTER", "SHARDS"]).await {
-            Ok(crate::resp::Value::Error(_)) => match ask(&["CLUSTER", "SLOTS"]).await {
-                Ok(crate::resp::Value::Error(e)) => Err(String::from_utf8_lossy(&e).into_owned()),
-                Ok(v) => slots::parse_slots(&v),
-                Err(e) => Err(e),
-            },
-            Ok(v) => slots::parse_shards(&v, hs.tls.is_some()),
-            Err(e) => Err(e),
-        };
-        match topo {
-            Ok(t) if t.covered() > 0 => {
+        match map::read(seed, hs.tls.is_some(), ask).await {
+            Ok(t) => {
                 tracing::info!(seed = %seed, masters = t.shards.len(), slots = t.covered(), "read the cluster map");
                 return Ok(t);
             }
-            Ok(_) => last = format!("{seed}: the cluster owns no slots (is it created?)"),
-            Err(e) => last = format!("{seed}: {e}"),
+            Err(e) => {
+                tracing::warn!(seed = %seed, error = %e, "cluster seed did not give the map");
+                last = e;
+            }
         }
-        tracing::warn!(seed = %seed, error = %last, "cluster seed did not give the map");
     }
-    Err(format!("cannot read the Redis Cluster map: {last}"))
+    Err(last)
 }
 
 /// Asks the node for its `databases` setting, retrying until it answers, so SELECT is

@@ -18,6 +18,8 @@ pub use self::hash::{hash, HashFn};
 use std::cell::Cell;
 use std::str::FromStr;
 
+use super::{SetupError, UnknownName};
+
 /// How keys are spread over nodes, named as twemproxy's `distribution:` names it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Distribution {
@@ -27,16 +29,18 @@ pub enum Distribution {
 }
 
 impl FromStr for Distribution {
-    type Err = String;
+    type Err = UnknownName;
 
-    fn from_str(s: &str) -> Result<Self, String> {
+    fn from_str(s: &str) -> Result<Self, UnknownName> {
         match s {
             "ketama" => Ok(Self::Ketama),
             "modula" => Ok(Self::Modula),
             "random" => Ok(Self::Random),
-            _ => Err(format!(
-                "unknown distribution {s:?} (twemproxy knows ketama, modula, random)"
-            )),
+            _ => Err(UnknownName {
+                setting: "distribution",
+                value: s.to_string(),
+                known: "ketama, modula, random".into(),
+            }),
         }
     }
 }
@@ -236,14 +240,14 @@ fn twemproxy_order(nodes: &[NodeSpec]) -> Vec<u32> {
 }
 
 /// Checks what twemproxy refuses at startup: duplicate names and zero weights.
-pub fn check_nodes(nodes: &[NodeSpec]) -> Result<(), String> {
+pub fn check_nodes(nodes: &[NodeSpec]) -> Result<(), SetupError> {
     if let Some(n) = nodes.iter().find(|n| n.weight == 0) {
-        return Err(format!("server {:?} has weight 0", n.name));
+        return Err(SetupError::ZeroWeight(n.name.clone()));
     }
     let mut names: Vec<&str> = nodes.iter().map(|n| n.name.as_str()).collect();
     names.sort_unstable();
     match names.windows(2).find(|w| w[0] == w[1]) {
-        Some(w) => Err(format!("two servers share the name {:?}", w[0])),
+        Some(w) => Err(SetupError::SharedName(w[0].to_string())),
         None => Ok(()),
     }
 }
@@ -336,8 +340,11 @@ pub(crate) fn next_random() -> u64 {
 /// Parses a twemproxy server line `host:port:weight [name]`; the weight may be left out
 /// here (`host:port`, weight 1). Returns the address to connect to ("host:port") and the
 /// node as twemproxy places it. Unix-socket lines are refused: the backends are TCP.
-pub fn parse_server(s: &str) -> Result<(String, NodeSpec), String> {
-    let bad = |why: &str| format!("server {s:?}: {why} (expected \"host:port:weight [name]\")");
+pub fn parse_server(s: &str) -> Result<(String, NodeSpec), SetupError> {
+    let bad = |why: &'static str| SetupError::Server {
+        line: s.to_string(),
+        why,
+    };
     let (spec, name) = match s.rfind(' ') {
         Some(i) => (&s[..i], Some(&s[i + 1..])),
         None => (s, None),

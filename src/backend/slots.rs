@@ -140,8 +140,9 @@ fn address(endpoint: Option<String>, ip: Option<String>, port: i64) -> Option<St
 
 /// Reads a `CLUSTER SHARDS` reply. `tls`: the proxy reaches nodes over TLS, so it takes
 /// their `tls-port` where both are given.
-pub fn parse_shards(v: &Value, tls: bool) -> Result<Topology, String> {
-    let bad = |what: &str| format!("unreadable CLUSTER SHARDS reply: {what}");
+/// The error says what is wrong with the reply.
+pub fn parse_shards(v: &Value, tls: bool) -> Result<Topology, &'static str> {
+    let bad = |what: &'static str| what;
     let mut shards = Vec::new();
     let mut others = Vec::new();
     for shard in items(v).ok_or_else(|| bad("not an array"))? {
@@ -210,8 +211,8 @@ pub fn parse_shards(v: &Value, tls: bool) -> Result<Topology, String> {
 }
 
 /// Reads a `CLUSTER SLOTS` reply: one entry per slot range, master first.
-pub fn parse_slots(v: &Value) -> Result<Topology, String> {
-    let bad = |what: &str| format!("unreadable CLUSTER SLOTS reply: {what}");
+pub fn parse_slots(v: &Value) -> Result<Topology, &'static str> {
+    let bad = |what: &'static str| what;
     let mut t = Topology::default();
     for range in items(v).ok_or_else(|| bad("not an array"))? {
         let r = items(range).ok_or_else(|| bad("a range is not an array"))?;

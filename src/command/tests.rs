@@ -490,7 +490,12 @@ fn classify_is_fast() {
 #[test]
 fn an_integer_increment_is_typed_once_with_redis_s_errors() {
     let counter = |line: &str| ok(line).counter;
-    let by = |d: i64, field: Option<u32>| Some(Counter { delta: Ok(d), field });
+    let by = |d: i64, field: Option<u32>| {
+        Some(Counter {
+            delta: Ok(d),
+            field,
+        })
+    };
     assert_eq!(counter("INCR k"), by(1, None));
     assert_eq!(counter("DECR k"), by(-1, None));
     assert_eq!(counter("INCRBY k 7"), by(7, None));

@@ -108,20 +108,45 @@ impl BenchArgs {
     }
 }
 
+/// Why a bench run could not start or finish: an option, a node, or the run itself.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum BenchError {
+    /// A command-line value that makes no sense: which option, its value, and why.
+    #[error("{option} {value:?}: {why}")]
+    Option {
+        option: &'static str,
+        value: String,
+        why: String,
+    },
+    /// Settings the run cannot start with.
+    #[error("{0}")]
+    Setting(&'static str),
+    /// The target or a node failed: which, and how.
+    #[error("{node}: {what}")]
+    Node { node: String, what: String },
+    /// The run's own machinery (its runtime, a client task) failed.
+    #[error("{0}")]
+    Internal(String),
+}
+
 /// Runs the benchmark on the current runtime. Connections are opened before the clock
 /// starts; the run ends at the deadline or when `requests` are answered, and every batch
 /// in flight is waited for. `Err` for invalid arguments or when the target or a node
 /// cannot be reached at the start; a connection that fails later is reported in
 /// [`Report::failures`], and its unanswered commands as errors.
-pub async fn run(args: BenchArgs) -> Result<Report, String> {
+pub async fn run(args: BenchArgs) -> Result<Report, BenchError> {
     if args.clients == 0 || args.pipeline == 0 {
-        return Err("clients and pipeline must be at least 1".into());
+        return Err(BenchError::Setting(
+            "clients and pipeline must be at least 1",
+        ));
     }
     if args.duration_ms == 0 && args.requests.is_none() {
-        return Err("give a duration or a number of requests".into());
+        return Err(BenchError::Setting(
+            "give a duration or a number of requests",
+        ));
     }
     if args.rate == Some(0) {
-        return Err("rate must be above 0".into());
+        return Err(BenchError::Setting("rate must be above 0"));
     }
     let mut seeds = Rng::new(args.seed);
     let mut gens = Vec::with_capacity(args.clients);
@@ -143,7 +168,10 @@ pub async fn run(args: BenchArgs) -> Result<Report, String> {
     for _ in 0..args.clients {
         let s = TcpStream::connect(&args.target)
             .await
-            .map_err(|e| format!("cannot connect to {}: {e}", args.target))?;
+            .map_err(|e| BenchError::Node {
+                node: args.target.clone(),
+                what: format!("cannot connect: {e}"),
+            })?;
         // Batches are written whole; Nagle would only hold the next one back.
         let _ = s.set_nodelay(true);
         streams.push(s);
@@ -165,7 +193,9 @@ pub async fn run(args: BenchArgs) -> Result<Report, String> {
     let (mut ops, mut errors, mut viral_ops) = (0, 0, 0);
     let mut failures = Vec::new();
     for t in tasks {
-        let tally = t.await.map_err(|e| format!("client task failed: {e}"))?;
+        let tally = t
+            .await
+            .map_err(|e| BenchError::Internal(format!("client task failed: {e}")))?;
         latency.merge(&tally.latency);
         ops += tally.ops;
         errors += tally.errors;
@@ -202,10 +232,10 @@ pub async fn run(args: BenchArgs) -> Result<Report, String> {
 
 /// Runs the benchmark on a runtime of its own with one thread, as `redis-benchmark` does,
 /// leaving the other cores to the server and the proxy being measured.
-pub fn run_blocking(args: BenchArgs) -> Result<Report, String> {
+pub fn run_blocking(args: BenchArgs) -> Result<Report, BenchError> {
     tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
-        .map_err(|e| format!("cannot start runtime: {e}"))?
+        .map_err(|e| BenchError::Internal(format!("cannot start runtime: {e}")))?
         .block_on(run(args))
 }

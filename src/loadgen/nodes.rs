@@ -5,6 +5,7 @@ use bytes::BytesMut;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
+use super::BenchError;
 use crate::resp::{encode_command, parse_value, Value};
 
 /// Largest INFO reply accepted: commandstats is a few KiB even with every command used.
@@ -12,34 +13,35 @@ const MAX_REPLY: usize = 4 * 1024 * 1024;
 
 /// Commands executed on `node` so far: the sum of `calls=` over every `cmdstat_*` line.
 /// Costs the node one INFO call, which the next snapshot will include.
-pub(crate) async fn total_calls(node: &str) -> Result<u64, String> {
-    let text = info_commandstats(node)
-        .await
-        .map_err(|e| format!("INFO commandstats on {node}: {e}"))?;
-    Ok(sum_calls(&text))
+pub(crate) async fn total_calls(node: &str) -> Result<u64, BenchError> {
+    Ok(sum_calls(&info_commandstats(node).await?))
 }
 
-async fn info_commandstats(node: &str) -> Result<String, String> {
-    let mut stream = TcpStream::connect(node).await.map_err(|e| e.to_string())?;
+async fn info_commandstats(node: &str) -> Result<String, BenchError> {
+    let failed = |what: &dyn std::fmt::Display| BenchError::Node {
+        node: node.to_string(),
+        what: format!("INFO commandstats: {what}"),
+    };
+    let mut stream = TcpStream::connect(node).await.map_err(|e| failed(&e))?;
     let mut out = BytesMut::new();
     encode_command(&["INFO", "commandstats"], &mut out);
-    stream.write_all(&out).await.map_err(|e| e.to_string())?;
+    stream.write_all(&out).await.map_err(|e| failed(&e))?;
     let mut buf = Vec::with_capacity(8192);
     loop {
-        match parse_value(&buf).map_err(|e| e.to_string())? {
+        match parse_value(&buf).map_err(|e| failed(&e))? {
             Some((Value::Bulk(b) | Value::Verbatim(b), _)) => {
                 return Ok(String::from_utf8_lossy(&b).into_owned())
             }
-            Some((Value::Error(e), _)) => return Err(String::from_utf8_lossy(&e).into_owned()),
-            Some((other, _)) => return Err(format!("unexpected reply {other:?}")),
+            Some((Value::Error(e), _)) => return Err(failed(&String::from_utf8_lossy(&e))),
+            Some((other, _)) => return Err(failed(&format!("unexpected reply {other:?}"))),
             None => {}
         }
         if buf.len() > MAX_REPLY {
-            return Err("reply too large".into());
+            return Err(failed(&"reply too large"));
         }
-        let n = stream.read_buf(&mut buf).await.map_err(|e| e.to_string())?;
+        let n = stream.read_buf(&mut buf).await.map_err(|e| failed(&e))?;
         if n == 0 {
-            return Err("connection closed".into());
+            return Err(failed(&"connection closed"));
         }
     }
 }

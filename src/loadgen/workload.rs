@@ -8,6 +8,7 @@ use std::str::FromStr;
 use bytes::BytesMut;
 
 use super::zipf::{Rng, Zipf};
+use super::BenchError;
 use crate::resp::encode_command;
 
 /// How keys are chosen.
@@ -23,12 +24,16 @@ pub enum Workload {
 }
 
 impl FromStr for Workload {
-    type Err = String;
+    type Err = BenchError;
 
     /// `uniform`, `zipf:S` (S > 0), or `viral:KEY:SHARE` (0 <= SHARE <= 1). KEY may itself
     /// contain `:`; the last field is the share.
-    fn from_str(s: &str) -> Result<Self, String> {
-        let bad = |why: &str| format!("workload {s:?}: {why} (uniform, zipf:1.1, viral:KEY:0.3)");
+    fn from_str(s: &str) -> Result<Self, BenchError> {
+        let bad = |why: &str| BenchError::Option {
+            option: "workload",
+            value: s.to_string(),
+            why: format!("{why} (uniform, zipf:1.1, viral:KEY:0.3)"),
+        };
         if s == "uniform" {
             return Ok(Workload::Uniform);
         }
@@ -84,10 +89,15 @@ impl Default for Mix {
 }
 
 impl FromStr for Mix {
-    type Err = String;
+    type Err = BenchError;
 
     /// `get=80,set=10,incr=10`; commands left out weigh 0; names are case-insensitive.
-    fn from_str(s: &str) -> Result<Self, String> {
+    fn from_str(s: &str) -> Result<Self, BenchError> {
+        let bad = |why: String| BenchError::Option {
+            option: "mix",
+            value: s.to_string(),
+            why,
+        };
         let mut mix = Mix {
             get: 0,
             set: 0,
@@ -96,24 +106,20 @@ impl FromStr for Mix {
         for part in s.split(',').map(str::trim).filter(|p| !p.is_empty()) {
             let (name, weight) = part
                 .split_once('=')
-                .ok_or_else(|| format!("mix {s:?}: {part:?} is not NAME=WEIGHT"))?;
+                .ok_or_else(|| bad(format!("{part:?} is not NAME=WEIGHT")))?;
             let weight: u32 = weight
                 .trim()
                 .parse()
-                .map_err(|_| format!("mix {s:?}: weight {weight:?} is not a whole number"))?;
+                .map_err(|_| bad(format!("weight {weight:?} is not a whole number")))?;
             match name.trim().to_ascii_lowercase().as_str() {
                 "get" => mix.get = weight,
                 "set" => mix.set = weight,
                 "incr" => mix.incr = weight,
-                other => {
-                    return Err(format!(
-                        "mix {s:?}: unknown command {other:?} (get, set, incr)"
-                    ))
-                }
+                other => return Err(bad(format!("unknown command {other:?} (get, set, incr)"))),
             }
         }
         if mix.total() == 0 {
-            return Err(format!("mix {s:?}: all weights are 0"));
+            return Err(bad("all weights are 0".into()));
         }
         Ok(mix)
     }
@@ -161,18 +167,19 @@ impl Generator {
         prefix: &str,
         value_size: usize,
         seed: u64,
-    ) -> Result<Generator, String> {
+    ) -> Result<Generator, BenchError> {
         if keyspace == 0 {
-            return Err("keyspace must be at least 1".into());
+            return Err(BenchError::Setting("keyspace must be at least 1"));
         }
         if mix.total() == 0 {
-            return Err("the command mix has no weight".into());
+            return Err(BenchError::Setting("the command mix has no weight"));
         }
         let keys = match workload {
             Workload::Uniform => Keys::Uniform,
-            Workload::Zipf(s) => {
-                Keys::Zipf(Zipf::new(keyspace, *s).ok_or("the Zipf exponent must be above 0")?)
-            }
+            Workload::Zipf(s) => Keys::Zipf(
+                Zipf::new(keyspace, *s)
+                    .ok_or(BenchError::Setting("the Zipf exponent must be above 0"))?,
+            ),
             Workload::Viral { key, share } => Keys::Viral {
                 key: key.as_bytes().to_vec(),
                 share: *share,

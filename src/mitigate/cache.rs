@@ -29,6 +29,7 @@ use moka::Expiry;
 use tokio::sync::watch;
 use tokio::time::Instant;
 
+use crate::backend::BackendError;
 pub use crate::metrics::CacheMetrics;
 use crate::rules::CachePolicy;
 
@@ -92,7 +93,22 @@ impl Expiry<Bytes, Arc<Bucket>> for BucketExpiry {
     }
 }
 
-type FillResult = Option<Result<Bytes, String>>;
+/// Why a read through the cache got no reply.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum FillError {
+    /// The fill's call to its node failed (the node is named).
+    #[error(transparent)]
+    Node(#[from] BackendError),
+    /// The fill ended without a result: it failed (panicked or was aborted), vanished or
+    /// was abandoned while a caller waited for it.
+    #[error("cache fill {0}")]
+    Lost(&'static str),
+}
+
+/// What a fill, or a caller waiting for another's, gets.
+pub type FillReply = Result<Bytes, FillError>;
+
+type FillResult = Option<FillReply>;
 
 struct Flight {
     tx: watch::Sender<FillResult>,
@@ -182,10 +198,10 @@ impl Cache {
         policy: &CachePolicy,
         wait_timeout: Duration,
         fill: F,
-    ) -> Result<Bytes, String>
+    ) -> FillReply
     where
         F: FnOnce() -> Fut + Send + 'static,
-        Fut: Future<Output = Result<Bytes, String>> + Send + 'static,
+        Fut: Future<Output = FillReply> + Send + 'static,
     {
         if !policy.enabled {
             return fill().await;
@@ -252,10 +268,8 @@ impl Cache {
         }
         let wait = async {
             match rx.wait_for(|r| r.is_some()).await {
-                Ok(r) => r
-                    .clone()
-                    .unwrap_or_else(|| Err("cache fill vanished".into())),
-                Err(_) => Err("cache fill abandoned".into()),
+                Ok(r) => r.clone().unwrap_or(Err(FillError::Lost("vanished"))),
+                Err(_) => Err(FillError::Lost("abandoned")),
             }
         };
         match fill.take() {
@@ -471,23 +485,20 @@ struct Completion {
     request: Bytes,
     policy: CachePolicy,
     flight: Arc<Flight>,
-    result: Option<Result<Bytes, String>>,
+    result: Option<FillReply>,
 }
 
 async fn run_fill<F, Fut>(mut done: Completion, fill: F)
 where
     F: FnOnce() -> Fut,
-    Fut: Future<Output = Result<Bytes, String>>,
+    Fut: Future<Output = FillReply>,
 {
     done.result = Some(fill().await);
 }
 
 impl Drop for Completion {
     fn drop(&mut self) {
-        let res = self
-            .result
-            .take()
-            .unwrap_or_else(|| Err("cache fill failed".into()));
+        let res = self.result.take().unwrap_or(Err(FillError::Lost("failed")));
         {
             let mut shard = self.inner.shard(&self.key);
             if let Some(v) = shard.flights.get_mut(&self.key) {

@@ -29,10 +29,8 @@ const WAIT: Duration = Duration::from_secs(5);
 fn counted(
     calls: &Arc<AtomicUsize>,
     delay: Duration,
-    reply: Result<Bytes, String>,
-) -> impl FnOnce() -> std::pin::Pin<Box<dyn Future<Output = Result<Bytes, String>> + Send>>
-       + Send
-       + 'static {
+    reply: FillReply,
+) -> impl FnOnce() -> std::pin::Pin<Box<dyn Future<Output = FillReply> + Send>> + Send + 'static {
     let calls = calls.clone();
     move || {
         calls.fetch_add(1, Ordering::SeqCst);
@@ -49,8 +47,8 @@ async fn burst(
     p: CachePolicy,
     calls: &Arc<AtomicUsize>,
     delay: Duration,
-    reply: Result<Bytes, String>,
-) -> Vec<Result<Bytes, String>> {
+    reply: FillReply,
+) -> Vec<FillReply> {
     let key = Bytes::from_static(b"hot");
     let req = Bytes::from_static(b"*2\r\n$3\r\nGET\r\n$3\r\nhot\r\n");
     let mut tasks = Vec::with_capacity(n);
@@ -99,8 +97,12 @@ async fn a_failing_fill_wakes_every_waiter_with_its_error_and_caches_nothing() {
     let calls = Arc::new(AtomicUsize::new(0));
     let p = policy(10_000, 0, 0);
     let d = Duration::from_millis(20);
-    let out = burst(&cache, 500, p, &calls, d, Err("backend down".into())).await;
-    assert!(out.iter().all(|r| r == &Err("backend down".to_string())));
+    let down = FillError::Node(crate::backend::BackendError::Closed);
+    let out = burst(&cache, 500, p, &calls, d, Err(down)).await;
+    let said = |r: &FillReply| r.as_ref().map_err(ToString::to_string).err();
+    assert!(out
+        .iter()
+        .all(|r| said(r).as_deref() == Some("backend connection closed")));
     assert_eq!(calls.load(Ordering::SeqCst), 1);
     assert!(cache.is_empty());
 
@@ -507,7 +509,9 @@ async fn hit_path_cost() {
                 tokio::spawn(async move {
                     for _ in 0..n {
                         let r = cache
-                            .get_or_fill(&key, &req, &p, WAIT, || async { Err("miss".into()) })
+                            .get_or_fill(&key, &req, &p, WAIT, || async {
+                                Err(FillError::Lost("miss"))
+                            })
                             .await;
                         assert!(r.is_ok());
                     }

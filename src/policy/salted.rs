@@ -164,13 +164,11 @@ pub fn plan<A: Args + ?Sized>(v: &SaltView, args: &A, c: &Classified) -> Option<
         Op::Write { .. } if combine.is_some() => {
             SaltPlan::Combine(e, op, combine.unwrap_or_default())
         }
-        Op::Get | Op::HGet(_) if matches!(e.rec.kind, Kind::String | Kind::Hash) => {
-            match display {
-                Some(ms) => SaltPlan::Display(e, op, ms),
-                None if v.careful(&e) => SaltPlan::Careful(e, op),
-                None => SaltPlan::Inline(e, op),
-            }
-        }
+        Op::Get | Op::HGet(_) if matches!(e.rec.kind, Kind::String | Kind::Hash) => match display {
+            Some(ms) => SaltPlan::Display(e, op, ms),
+            None if v.careful(&e) => SaltPlan::Careful(e, op),
+            None => SaltPlan::Inline(e, op),
+        },
         _ if merge::sums(&op) && v.careful(&e) => SaltPlan::Careful(e, op),
         _ => SaltPlan::Inline(e, op),
     })

@@ -50,7 +50,13 @@ pub(super) fn gate(s: &mut Session, req: Request, c: Classified) -> Gate {
     let rules = s.ctx.rules.snapshot();
     // Inside MULTI a reply cannot be made up: over the limit, increments are refused too.
     let incr = match (s.tx.is_some(), c.counter) {
-        (false, Some(Counter { delta: Ok(d), field: None })) => Some(d),
+        (
+            false,
+            Some(Counter {
+                delta: Ok(d),
+                field: None,
+            }),
+        ) => Some(d),
         _ => None,
     };
     let mut wait = Duration::ZERO;

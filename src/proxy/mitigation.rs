@@ -14,6 +14,7 @@ use super::state::{err_bytes, Session};
 use crate::backend::ConnHandle;
 use crate::command::Classified;
 use crate::mitigate::cache::Cause;
+use crate::mitigate::cache::FillReply;
 use crate::mitigate::combine::BatchKey;
 use crate::policy::HotSet;
 use crate::resp::{Proto, Request};
@@ -267,19 +268,13 @@ pub(super) async fn wait_fills(s: &mut Session, req: &Request, c: &Classified) {
 }
 
 /// One command on a fill connection.
-async fn fetch(
-    conn: ConnHandle,
-    wire: Bytes,
-    timeout: Option<std::time::Duration>,
-) -> Result<Bytes, String> {
-    conn.call(
+async fn fetch(conn: ConnHandle, wire: Bytes, timeout: Option<std::time::Duration>) -> FillReply {
+    let r = conn.call(
         smallvec::smallvec![wire],
         1,
         crate::backend::deadline(timeout),
-    )
-    .await
-    .map(|r| r.get(0))
-    .map_err(|e| e.to_string())
+    );
+    Ok(r.await?.get(0))
 }
 
 /// Before this session's next jobs leave, its combined writes of the keys they hold (and

@@ -8,7 +8,7 @@ use smallvec::SmallVec;
 use super::round::{Merge, Part, RoundBuilder, Slot};
 use super::scan;
 use super::state::{err_bytes, Session};
-use crate::command::{flags, Agg, Classified, Split};
+use crate::command::{Access, Agg, Classified, Split};
 use crate::resp::Request;
 
 /// The node of every key of a keyed command, or the error a client sees when they span
@@ -79,12 +79,16 @@ fn sort_patterns_on(s: &Session, req: &Request, c: &Classified, node: usize) -> 
 
 /// A command that only reads: on a cluster with `read_from`, a replica may answer it.
 fn reads_only(c: &Classified) -> bool {
-    c.spec.flags & flags::READ != 0 && c.spec.flags & flags::WRITE == 0
+    c.access == Access::Read
 }
 
 pub(super) fn forward_keyed(s: &mut Session, req: &Request, c: &Classified, rb: &mut RoundBuilder) {
     let node = keys_group(s, req, c).and_then(|group| match group {
-        Some(g) if reads_only(c) => s.ctx.backend.reader_in(g).map_err(|e| err_bytes(&e)),
+        Some(g) if reads_only(c) => s
+            .ctx
+            .backend
+            .reader_in(g)
+            .map_err(|e| err_bytes(&e.to_string())),
         Some((_, n)) => Ok(n),
         None => Ok(s.ctx.backend.any_node()),
     });
@@ -151,7 +155,7 @@ pub(super) fn split(
             Split::Mget => match s.ctx.backend.reader_in(group) {
                 Ok(n) => nodes.push(n),
                 Err(e) => {
-                    rb.slots.push(Slot::Ready(err_bytes(&e)));
+                    rb.slots.push(Slot::Ready(err_bytes(&e.to_string())));
                     return;
                 }
             },

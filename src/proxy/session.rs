@@ -427,8 +427,7 @@ async fn act(
     if let Action::Salted(plan) = action {
         // Rare paths are boxed: the session's future, held by every idle connection, stays
         // small (bench/conn_memory.py).
-        if let super::salted::Next::Done = Box::pin(super::salted::act(s, req, c, plan, rb)).await
-        {
+        if let super::salted::Next::Done = Box::pin(super::salted::act(s, req, c, plan, rb)).await {
             return Flow::Continue;
         }
         // Folded, or a write the base key takes: on as usual (it may be combined or

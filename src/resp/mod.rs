@@ -31,8 +31,8 @@ pub use encode::{
     encode_array_header, encode_bulk, encode_command, encode_error, encode_int, encode_map_header,
     encode_null, encode_simple,
 };
-pub use framer::{FrameError, ReplyFramer};
 pub use error::ParseError;
+pub use framer::{FrameError, ReplyFramer};
 pub use parser::RequestParser;
 pub use request::Request;
 pub use value::{parse_value, Proto, Value};

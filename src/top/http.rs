@@ -11,16 +11,19 @@ use hyper_util::rt::TokioIo;
 use super::*;
 
 /// The runtime every GET of this process runs on (top polls from one thread).
-fn runtime() -> Result<&'static tokio::runtime::Runtime, String> {
+fn runtime() -> Result<&'static tokio::runtime::Runtime, TopError> {
     static RT: OnceLock<Result<tokio::runtime::Runtime, String>> = OnceLock::new();
     RT.get_or_init(|| {
         tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()
-            .map_err(|e| format!("cannot start the HTTP client: {e}"))
+            .map_err(|e| e.to_string())
     })
     .as_ref()
-    .map_err(|e| e.clone())
+    .map_err(|e| TopError::Http {
+        at: "the HTTP client".into(),
+        what: format!("cannot start: {e}"),
+    })
 }
 
 /// `GET path` from `addr`: the body of a 200, or an error that says who failed. `timeout`
@@ -31,9 +34,12 @@ pub fn http_get(
     path: &str,
     token: Option<&str>,
     timeout: Duration,
-) -> Result<String, String> {
+) -> Result<String, TopError> {
     let rt = runtime()?;
-    let late = || format!("{addr}{path}: no answer within {} ms", timeout.as_millis());
+    let late = || TopError::Http {
+        at: format!("{addr}{path}"),
+        what: format!("no answer within {} ms", timeout.as_millis()),
+    };
     rt.block_on(async {
         tokio::time::timeout(timeout, get(addr, path, token))
             .await
@@ -41,11 +47,17 @@ pub fn http_get(
     })
 }
 
-async fn get(addr: &str, path: &str, token: Option<&str>) -> Result<String, String> {
-    let at = |e: &dyn std::fmt::Display| format!("{addr}{path}: {e}");
+async fn get(addr: &str, path: &str, token: Option<&str>) -> Result<String, TopError> {
+    let at = |e: &dyn std::fmt::Display| TopError::Http {
+        at: format!("{addr}{path}"),
+        what: e.to_string(),
+    };
     let stream = tokio::net::TcpStream::connect(addr)
         .await
-        .map_err(|e| format!("{addr}: {e}"))?;
+        .map_err(|e| TopError::Http {
+            at: addr.to_string(),
+            what: e.to_string(),
+        })?;
     let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
         .await
         .map_err(|e| at(&e))?;

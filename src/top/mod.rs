@@ -18,6 +18,20 @@ mod render;
 mod tests;
 
 pub use http::http_get;
+
+/// Why a poll of the admin port gave no frame: where, and what went wrong.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum TopError {
+    /// The HTTP exchange with `at` (address and path) failed.
+    #[error("{at}: {what}")]
+    Http { at: String, what: String },
+    /// An endpoint answered, but not as a saltshaker admin port does.
+    #[error("{endpoint} {what}")]
+    Answer {
+        endpoint: &'static str,
+        what: String,
+    },
+}
 pub use parse::{parse_counters, parse_hotkeys, Counters, HotKey, Snapshot};
 pub use render::render;
 
@@ -189,13 +203,13 @@ impl Poller {
                 // Rates across a gap would average over it; start over once the port is back.
                 self.prev = None;
                 self.view.rates = None;
-                self.view.error = Some(e);
+                self.view.error = Some(e.to_string());
             }
         }
         &self.view
     }
 
-    fn fetch(&self) -> Result<(Snapshot, Counters, Instant), String> {
+    fn fetch(&self) -> Result<(Snapshot, Counters, Instant), TopError> {
         let token = self.token.as_deref();
         let metrics = http_get(&self.view.admin, "/metrics", token, self.timeout)?;
         let at = Instant::now();

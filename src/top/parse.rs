@@ -2,6 +2,8 @@
 
 use std::collections::BTreeMap;
 
+use super::TopError;
+
 /// One row of `/hotkeys`.
 #[derive(Clone, Debug, PartialEq)]
 pub struct HotKey {
@@ -29,21 +31,27 @@ pub struct Snapshot {
 }
 
 /// Parses `/hotkeys`. Missing numeric fields read as 0, so an older or newer proxy still shows.
-pub fn parse_hotkeys(json: &str) -> Result<Snapshot, String> {
+pub fn parse_hotkeys(json: &str) -> Result<Snapshot, TopError> {
+    let bad = |what: String| TopError::Answer {
+        endpoint: "/hotkeys",
+        what,
+    };
     let v: serde_json::Value =
-        serde_json::from_str(json).map_err(|e| format!("/hotkeys is not JSON: {e}"))?;
-    let obj = v.as_object().ok_or("/hotkeys is not a JSON object")?;
+        serde_json::from_str(json).map_err(|e| bad(format!("is not JSON: {e}")))?;
+    let obj = v
+        .as_object()
+        .ok_or_else(|| bad("is not a JSON object".into()))?;
     let rows = obj
         .get("keys")
         .and_then(|k| k.as_array())
-        .ok_or("/hotkeys has no \"keys\" array")?;
+        .ok_or_else(|| bad("has no \"keys\" array".into()))?;
     let num = |r: &serde_json::Value, f: &str| r.get(f).and_then(|x| x.as_f64()).unwrap_or(0.0);
     let mut keys = Vec::with_capacity(rows.len());
     for (i, r) in rows.iter().enumerate() {
         let key = r
             .get("key")
             .and_then(|k| k.as_str())
-            .ok_or_else(|| format!("/hotkeys entry {i} has no key"))?;
+            .ok_or_else(|| bad(format!("entry {i} has no key")))?;
         keys.push(HotKey {
             key: key.to_string(),
             reads_per_sec: num(r, "reads_per_sec"),
@@ -73,7 +81,7 @@ pub struct Counters {
 /// Parses Prometheus or OpenMetrics text. Samples are accepted with or without the `_total`
 /// suffix (OpenMetrics adds it to counter samples, older exporters may not); `_created`
 /// samples, comments and everything after `# EOF` are ignored.
-pub fn parse_counters(metrics_text: &str) -> Result<Counters, String> {
+pub fn parse_counters(metrics_text: &str) -> Result<Counters, TopError> {
     let mut c = Counters::default();
     let mut saw_requests = false;
     for line in metrics_text.lines() {
@@ -101,9 +109,10 @@ pub fn parse_counters(metrics_text: &str) -> Result<Counters, String> {
         }
     }
     if !saw_requests {
-        return Err(
-            "/metrics has no saltshaker_requests_total: is this a saltshaker admin port?".into(),
-        );
+        return Err(TopError::Answer {
+            endpoint: "/metrics",
+            what: "has no saltshaker_requests_total: is this a saltshaker admin port?".into(),
+        });
     }
     Ok(c)
 }
