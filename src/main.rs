@@ -199,11 +199,19 @@ fn main() -> ExitCode {
     } else {
         cfg.threads
     };
-    let rt = match tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(threads)
-        .enable_all()
-        .build()
-    {
+    // One worker: tokio's current-thread scheduler runs every task on this thread, with
+    // no work-stealing queues or cross-thread wakeups to pay for on each request
+    // (bench/README.md, "CPU per request").
+    let built = match threads {
+        1 => tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build(),
+        n => tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(n)
+            .enable_all()
+            .build(),
+    };
+    let rt = match built {
         Ok(rt) => rt,
         Err(e) => {
             eprintln!("saltshaker: cannot start runtime: {e}");

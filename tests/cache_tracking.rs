@@ -75,7 +75,10 @@ async fn until<T>(what: &str, mut f: impl FnMut() -> Option<T>) -> T {
 }
 
 async fn call(conn: ConnHandle, cmd: Bytes) -> FillReply {
-    Ok(conn.call([cmd].into_iter().collect(), 1, None).await?.get(0))
+    Ok(conn
+        .call([cmd].into_iter().collect(), 1, None)
+        .await?
+        .get(0))
 }
 
 /// GET through the cache, filled through the tracked connection.

@@ -88,13 +88,7 @@ pub(super) fn gate(s: &mut Session, req: Request, c: Classified) -> Gate {
                     class,
                 );
             }
-            Verdict::Reject(msg) => {
-                // As any refused command inside MULTI: the EXEC is aborted.
-                if let Some(tx) = s.tx.as_mut() {
-                    tx.dirty = true;
-                }
-                return Gate::Done(Slot::Ready(err_bytes(&msg)), class);
-            }
+            Verdict::Reject(msg) => return Gate::Done(s.refuse(err_bytes(&msg)), class),
         }
     }
     if !(record || scaled.is_some()) {

@@ -455,34 +455,32 @@ pub(super) fn queue_in_tx(s: &mut Session, req: &Request, c: &Classified) -> Slo
     } else {
         Ok(None)
     };
-    let tx = s.tx.as_mut().expect("in a transaction");
     let node = match node {
         Ok(Some(n)) => n,
         Ok(None) => {
-            tx.dirty = true;
-            return Slot::Ready(err_bytes(&format!(
+            return s.refuse(err_bytes(&format!(
                 "ERR saltshaker: {} is not supported inside MULTI through the proxy",
                 c.spec.name
-            )));
+            )))
         }
-        Err(e) => {
-            tx.dirty = true;
-            return Slot::Ready(e);
-        }
+        Err(e) => return s.refuse(e),
     };
     let keyless = c.keys.is_empty();
-    match tx.node {
-        _ if keyless => {}
-        None => tx.node = Some(node),
-        Some(m) if m != node => {
-            tx.dirty = true;
-            return Slot::Ready(err_bytes(&format!(
+    let tx_node = s.tx.as_ref().and_then(|t| t.node);
+    match tx_node {
+        Some(m) if !keyless && m != node => {
+            let msg = format!(
                 "ERR saltshaker: MULTI across nodes is not supported (keys on {} and {})",
                 s.ctx.backend.node(m).addr,
                 s.ctx.backend.node(node).addr
-            )));
+            );
+            return s.refuse(err_bytes(&msg));
         }
         _ => {}
+    }
+    let tx = s.tx.as_mut().expect("in a transaction");
+    if !keyless && tx.node.is_none() {
+        tx.node = Some(node);
     }
     tx.wires.push(req.wire());
     if c.spec.flags & flags::WRITE != 0 {

@@ -255,14 +255,21 @@ pub struct RoundBuilder {
 
 impl RoundBuilder {
     pub fn new() -> Self {
+        Self::with_capacity(16)
+    }
+
+    /// A round for about `commands` commands (one read's worth).
+    pub fn with_capacity(commands: usize) -> Self {
+        // One clock read per round: the latency histogram's start and the deadline's.
+        let read_at = tokio::time::Instant::now();
         RoundBuilder {
             wrote_cached: false,
             invalidate_after: Vec::new(),
             written: Vec::new(),
             jobs: SmallVec::new(),
-            slots: Vec::with_capacity(16),
-            started: Instant::now(),
-            read_at: tokio::time::Instant::now(),
+            slots: Vec::with_capacity(commands),
+            started: read_at.into_std(),
+            read_at,
 
             counts: [0; 3],
             repeated: 0,

@@ -198,12 +198,10 @@ pub(super) async fn act(
         }
         if let Err(e) = fold::move_all(&s.ctx.backend, &s.ctx.salt, key).await {
             tracing::warn!(key = %String::from_utf8_lossy(key), error = %e, command = name, "could not fold a salted key before a command that needs its whole value");
-            if let Some(tx) = s.tx.as_mut() {
-                tx.dirty = true;
-            }
-            rb.slots.push(Slot::Ready(err_bytes(&format!(
+            let slot = s.refuse(err_bytes(&format!(
                 "ERR saltshaker: {name} needs the salted key folded first, and that failed: {e}"
-            ))));
+            )));
+            rb.slots.push(slot);
             return Next::Done;
         }
     }

@@ -189,7 +189,7 @@ async fn read_loop(
             s.track = !s.ctx.salt.table.load().is_empty() || s.ctx.hot.load().may_combine();
         }
         let parsed = parser.parse(&mut buf, &mut reqs);
-        let mut rb = RoundBuilder::new();
+        let mut rb = RoundBuilder::with_capacity(reqs.len().max(1));
         let mut close = false;
         let mut reqs_iter = reqs.drain(..);
         while let Some(req) = reqs_iter.next() {
@@ -197,10 +197,8 @@ async fn read_loop(
             let c = match command::classify(&req) {
                 Ok(c) => c,
                 Err(e) => {
-                    if let Some(tx) = s.tx.as_mut() {
-                        tx.dirty = true;
-                    }
-                    rb.slots.push(Slot::Ready(err_bytes(&e.to_string())));
+                    let slot = s.refuse(err_bytes(&e.to_string()));
+                    rb.slots.push(slot);
                     continue;
                 }
             };
@@ -336,10 +334,6 @@ async fn handle(s: &mut Session, req: Request, c: Classified, rb: &mut RoundBuil
         }
         Some(u) if !u.unrestricted() => {
             if let Err(d) = u.check(&c, &req) {
-                // As Redis: a refused command inside MULTI aborts the EXEC.
-                if let Some(tx) = s.tx.as_mut() {
-                    tx.dirty = true;
-                }
                 let label = crate::metrics::DeniedLabel {
                     user: u.name.clone(),
                     reason: d.reason(),
@@ -350,7 +344,8 @@ async fn handle(s: &mut Session, req: Request, c: Classified, rb: &mut RoundBuil
                     .acl_denied
                     .get_or_create(&label)
                     .inc();
-                rb.slots.push(Slot::Ready(err_bytes(&d.message())));
+                let slot = s.refuse(err_bytes(&d.message()));
+                rb.slots.push(slot);
                 return Flow::Continue;
             }
         }

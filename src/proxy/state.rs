@@ -20,7 +20,8 @@ use crate::resp::{encode_error, Proto, Request};
 pub struct Tx {
     pub wires: Vec<Bytes>,
     pub node: Option<usize>,
-    pub dirty: bool,
+    /// A command was refused: EXEC answers EXECABORT (set by `Session::refuse` only).
+    pub(super) dirty: bool,
     /// Keys the queued commands write: EXEC drops their cached replies.
     pub writes: Vec<Bytes>,
 }
@@ -124,6 +125,16 @@ impl Session {
         self.lane = lane;
         self.reset_conns();
         true
+    }
+
+    /// The reply to a command refused before it runs (unknown, not allowed, over a limit,
+    /// not possible through the proxy). Inside MULTI it also aborts the EXEC, as Redis
+    /// does: the one place a transaction is marked so.
+    pub fn refuse(&mut self, reply: Bytes) -> super::round::Slot {
+        if let Some(tx) = self.tx.as_mut() {
+            tx.dirty = true;
+        }
+        super::round::Slot::Ready(reply)
     }
 
     /// Forgets the connections looked up, and the dedicated ones, after a protocol or
