@@ -6,7 +6,8 @@
 //! | module     | owns                                                                   |
 //! |------------|------------------------------------------------------------------------|
 //! | `resp`     | the wire: request parser, reply framer, value tree and encoders         |
-//! | `command`  | the command table: key positions, read/write, ACL categories, route    |
+//! | `command`  | the command table, and the typed command made once per request: key   |
+//! |            | positions, access class, ACL categories, route, a counter's delta      |
 //! | `hotkey`   | Count-Min sketch, top-k, windows, aggregation; knows nothing of Redis  |
 //! | `rules`    | hot-key rules (YAML): thresholds, strategies, live reload              |
 //! | `glob`     | Redis's glob patterns (rules, users' keys)                             |
@@ -23,7 +24,8 @@
 //! | `backend`  | nodes, shared pipelined connections, placement, tracking invalidation, |
 //! |            | Redis Cluster (slot map kept current, MOVED/ASK followed in the call)  |
 //! | `net`      | streams plain or TLS behind one type; client and node TLS (rustls)     |
-//! | `proxy`    | listener, session (read, classify, decide, observe, act, reply)        |
+//! | `proxy`    | listener, session (read, classify once, admit, decide, observe, act,   |
+//! |            | reply), the clients as CLIENT LIST shows them                          |
 //! | `admin`    | HTTP: /metrics /healthz /readyz /hotkeys /rules                        |
 //! | `config`   | startup settings, units in names, located errors                       |
 //! | `metrics`  | every Prometheus series the proxy exports                              |

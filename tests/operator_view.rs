@@ -112,3 +112,165 @@ fn acl_whoami_users_and_cat_answer_as_redis_does_for_the_same_users() {
         "{refused}"
     );
 }
+
+/// A CLIENT LIST or CLIENT INFO line as (field, value) pairs, in order.
+fn fields(line: &str) -> Vec<(String, String)> {
+    line.split_whitespace()
+        .map(|f| {
+            let (k, v) = f.split_once('=').unwrap_or((f, ""));
+            (k.to_string(), v.to_string())
+        })
+        .collect()
+}
+
+fn field(line: &str, name: &str) -> String {
+    fields(line)
+        .into_iter()
+        .find(|(k, _)| k == name)
+        .unwrap_or_else(|| panic!("no {name} in {line}"))
+        .1
+}
+
+/// CLIENT INFO and CLIENT LIST give every field a real redis-server 7.0 gives, in its
+/// order, with the proxy's values: its own clients (not a node's), each one's name,
+/// database, protocol, MULTI state, last command and address; the errors of a bad filter
+/// are Redis's own.
+#[test]
+fn client_info_and_list_describe_the_proxys_own_clients_field_by_field() {
+    need_redis();
+    let node = Redis::start();
+    let other = Redis::start();
+    let proxy = Proxy::start(&[&node], &[]);
+    let mut want = Vec::new();
+    for addr in [other.addr(), proxy.addr()] {
+        let mut c = Client::connect(&addr);
+        assert_eq!(c.cmd(&["CLIENT", "SETNAME", "probe"]), Reply::ok());
+        assert_eq!(c.cmd(&["SELECT", "2"]), Reply::ok());
+        let id = c.cmd(&["CLIENT", "ID"]).as_int();
+        let info = c.cmd(&["CLIENT", "INFO"]).as_str();
+        let names: Vec<String> = fields(&info).into_iter().map(|(k, _)| k).collect();
+        want.push(names);
+        assert_eq!(field(&info, "id"), id.to_string(), "{addr}: {info}");
+        assert_eq!(field(&info, "name"), "probe");
+        assert_eq!(field(&info, "db"), "2");
+        assert_eq!(field(&info, "resp"), "2");
+        assert_eq!(field(&info, "cmd"), "client|info");
+        assert_eq!(field(&info, "flags"), "N");
+        assert_eq!(field(&info, "multi"), "-1");
+        assert_eq!(field(&info, "user"), "default");
+        assert_eq!(field(&info, "laddr"), addr);
+        // A second client in MULTI with one command queued, and a third that is idle.
+        let mut m = Client::connect(&addr);
+        assert_eq!(m.cmd(&["MULTI"]), Reply::ok());
+        assert_eq!(m.cmd(&["SET", "k", "v"]), Reply::Simple("QUEUED".into()));
+        let _idle = Client::connect(&addr);
+        // The server accepts the new connection a moment after the client's connect returns.
+        let mut list = String::new();
+        wait_until(Duration::from_secs(2), || {
+            list = c.cmd(&["CLIENT", "LIST"]).as_str();
+            list.lines().count() >= 3
+        });
+        let lines: Vec<&str> = list.lines().collect();
+        assert_eq!(
+            lines.len(),
+            3,
+            "{addr}: only this server's three clients:\n{list}"
+        );
+        for l in &lines {
+            let keys: Vec<String> = fields(l).into_iter().map(|(k, _)| k).collect();
+            assert_eq!(keys, want[0], "{addr}: {l}");
+        }
+        let one = c.cmd(&["CLIENT", "LIST", "ID", &id.to_string()]).as_str();
+        assert_eq!(one.lines().count(), 1, "{one}");
+        assert_eq!(field(&one, "cmd"), "client|list");
+        assert_eq!(m.cmd(&["EXEC"]), Reply::Array(Some(vec![Reply::ok()])));
+    }
+    assert_eq!(want[0], want[1], "the proxy's fields, in Redis's order");
+    // The proxy's MULTI client, seen by another: flags x, one command queued.
+    let mut a = proxy.client();
+    let mut m = proxy.client();
+    assert_eq!(m.cmd(&["MULTI"]), Reply::ok());
+    assert_eq!(m.cmd(&["INCR", "n"]), Reply::Simple("QUEUED".into()));
+    assert_eq!(m.cmd(&["SET", "k", "v"]), Reply::Simple("QUEUED".into()));
+    let line = a
+        .cmd(&["CLIENT", "LIST"])
+        .as_str()
+        .lines()
+        .find(|l| field(l, "flags") == "x")
+        .map(str::to_string)
+        .expect("a client in MULTI");
+    assert_eq!(field(&line, "multi"), "2");
+    assert_eq!(field(&line, "cmd"), "set");
+    // Bad filters: Redis's own errors.
+    let mut direct = other.client();
+    for bad in [
+        vec!["CLIENT", "LIST", "TYPE", "bogus"],
+        vec!["CLIENT", "LIST", "ID", "1", "x"],
+        vec!["CLIENT", "LIST", "BOGUS"],
+    ] {
+        assert_eq!(a.cmd(&bad), direct.cmd(&bad), "{bad:?}");
+    }
+    assert_eq!(
+        a.cmd(&["CLIENT", "LIST", "TYPE", "master"]),
+        Reply::bulk(""),
+        "the proxy has no master clients"
+    );
+}
+
+/// CLIENT KILL closes the proxy's own clients: by ID, by address, the old `addr:port` form,
+/// and the caller itself with `SKIPME no` after its reply; counts and errors as Redis
+/// gives them.
+#[test]
+fn client_kill_closes_the_proxys_clients_as_redis_closes_its_own() {
+    need_redis();
+    let node = Redis::start();
+    let other = Redis::start();
+    let proxy = Proxy::start(&[&node], &[]);
+    for addr in [other.addr(), proxy.addr()] {
+        let mut a = Client::connect(&addr);
+        let mut b = Client::connect(&addr);
+        let mut c = Client::connect(&addr);
+        let bid = b.cmd(&["CLIENT", "ID"]).as_int().to_string();
+        let c_addr = field(&c.cmd(&["CLIENT", "INFO"]).as_str(), "addr");
+        assert_eq!(
+            a.cmd(&["CLIENT", "KILL", "ID", &bid]),
+            Reply::Int(1),
+            "{addr}"
+        );
+        assert!(
+            b.closed_within(Duration::from_secs(2)),
+            "{addr}: b stays open"
+        );
+        assert_eq!(a.cmd(&["CLIENT", "KILL", &c_addr]), Reply::ok(), "{addr}");
+        assert!(
+            c.closed_within(Duration::from_secs(2)),
+            "{addr}: c stays open"
+        );
+        assert_eq!(a.cmd(&["CLIENT", "KILL", "ID", "999999"]), Reply::Int(0));
+        let no_such = a.cmd(&["CLIENT", "KILL", "10.9.8.7:6"]);
+        assert_eq!(no_such.err(), "ERR No such client", "{addr}");
+        let no_user = a.cmd(&["CLIENT", "KILL", "USER", "nobody"]);
+        assert_eq!(no_user.err(), "ERR No such user 'nobody'", "{addr}");
+        let bad = a.cmd(&["CLIENT", "KILL", "ID", "0"]);
+        assert_eq!(
+            bad.err(),
+            "ERR client-id should be greater than 0",
+            "{addr}"
+        );
+        assert_eq!(
+            a.cmd(&["CLIENT", "KILL", "USER", "default", "SKIPME", "yes"]),
+            Reply::Int(0),
+            "{addr}: only the caller is left"
+        );
+        let aid = a.cmd(&["CLIENT", "ID"]).as_int().to_string();
+        assert_eq!(
+            a.cmd(&["CLIENT", "KILL", "ID", &aid, "SKIPME", "no"]),
+            Reply::Int(1),
+            "{addr}"
+        );
+        assert!(
+            a.closed_within(Duration::from_secs(2)),
+            "{addr}: a stays open"
+        );
+    }
+}

@@ -68,7 +68,7 @@ pub(super) const SPECS: [Spec; 383] = [
     s("CLIENT HELP", 2, LOADING | STALE, cat::SLOW | cat::CONNECTION, KeySpec::None, Route::AnyNode),
     s("CLIENT ID", 2, NOSCRIPT | LOADING | STALE, cat::SLOW | cat::CONNECTION, KeySpec::None, Route::Local),
     s("CLIENT INFO", 2, NOSCRIPT | LOADING | STALE, cat::SLOW | cat::CONNECTION, KeySpec::None, Route::Local),
-    s("CLIENT KILL", -3, ADMIN | NOSCRIPT | LOADING | STALE, cat::ADMIN | cat::SLOW | cat::DANGEROUS | cat::CONNECTION, KeySpec::None, Route::Unsupported("CLIENT KILL is not supported through the proxy")),
+    s("CLIENT KILL", -3, ADMIN | NOSCRIPT | LOADING | STALE, cat::ADMIN | cat::SLOW | cat::DANGEROUS | cat::CONNECTION, KeySpec::None, Route::Local),
     s("CLIENT LIST", -2, ADMIN | NOSCRIPT | LOADING | STALE, cat::ADMIN | cat::SLOW | cat::DANGEROUS | cat::CONNECTION, KeySpec::None, Route::Local),
     s("CLIENT NO-EVICT", 3, ADMIN | NOSCRIPT | LOADING | STALE, cat::ADMIN | cat::SLOW | cat::DANGEROUS | cat::CONNECTION, KeySpec::None, Route::Local),
     s("CLIENT NO-TOUCH", 3, NOSCRIPT | LOADING | STALE, cat::SLOW | cat::CONNECTION, KeySpec::None, Route::Local),

@@ -52,6 +52,12 @@ impl Stream {
         matches!(self, Stream::Tls(_))
     }
 
+    /// The socket's file descriptor (CLIENT LIST's `fd`).
+    pub fn fd(&self) -> i64 {
+        use std::os::fd::AsRawFd;
+        self.tcp().as_raw_fd() as i64
+    }
+
     pub fn set_nodelay(&self, on: bool) -> io::Result<()> {
         self.tcp().set_nodelay(on)
     }

@@ -48,6 +48,8 @@ pub struct Ctx {
     pub(super) next_id: AtomicU64,
     /// Clients waiting in a blocking command now (INFO's `blocked_clients`).
     pub(super) blocked: Arc<std::sync::atomic::AtomicI64>,
+    /// Every client connection, for CLIENT LIST, CLIENT INFO and CLIENT KILL.
+    pub(super) clients: Arc<super::clients::Clients>,
 }
 
 impl Ctx {
@@ -85,6 +87,7 @@ impl Ctx {
             started: Instant::now(),
             next_id: AtomicU64::new(1),
             blocked: Arc::default(),
+            clients: Arc::default(),
         }
     }
 }

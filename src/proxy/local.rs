@@ -4,6 +4,7 @@
 use bytes::{Bytes, BytesMut};
 
 use super::as_cluster;
+use super::clients;
 use super::dedicated::DedicatedWorker;
 use super::round::{Merge, RoundBuilder, Slot};
 use super::route::{keys_node, push, push_n};
@@ -245,24 +246,6 @@ fn bulk(s: &str) -> Value {
     Value::Bulk(Bytes::copy_from_slice(s.as_bytes()))
 }
 
-fn client_line(s: &Session) -> String {
-    let name = s
-        .name
-        .as_ref()
-        .map(|n| String::from_utf8_lossy(n).into_owned())
-        .unwrap_or_default();
-    format!(
-        "id={} addr={} laddr={} fd=0 name={} age=0 idle=0 flags=N db={} sub=0 psub=0 ssub=0 multi={} resp={} lib-name= lib-ver=\n",
-        s.id,
-        s.peer,
-        s.local,
-        name,
-        s.db,
-        s.tx.as_ref().map(|t| t.wires.len() as i64).unwrap_or(-1),
-        if s.proto == Proto::Resp3 { 3 } else { 2 }
-    )
-}
-
 fn client(s: &mut Session, req: &Request, name: &str, rb: &mut RoundBuilder) -> Flow {
     let mut out = BytesMut::new();
     match name {
@@ -283,14 +266,42 @@ fn client(s: &mut Session, req: &Request, name: &str, rb: &mut RoundBuilder) -> 
             None => Value::Nil.encode(s.proto, &mut out),
         },
         "CLIENT ID" => encode_int(s.id as i64, &mut out),
-        "CLIENT INFO" | "CLIENT LIST" => {
-            let line = client_line(s);
-            if s.proto == Proto::Resp3 && name == "CLIENT INFO" {
-                Value::Verbatim(Bytes::from(format!("txt:{line}"))).encode(s.proto, &mut out);
-            } else {
-                encode_bulk(line.as_bytes(), &mut out);
+        "CLIENT INFO" => {
+            s.publish();
+            let line = s.me.line(lookup_spec(name));
+            match s.proto {
+                Proto::Resp3 => {
+                    Value::Verbatim(Bytes::from(format!("txt:{line}"))).encode(s.proto, &mut out)
+                }
+                Proto::Resp2 => encode_bulk(line.as_bytes(), &mut out),
             }
         }
+        "CLIENT LIST" => {
+            s.publish();
+            let args: Vec<&[u8]> = (2..req.argc()).map(|i| req.arg(i)).collect();
+            let f = match clients::parse_filter(&args, s.id, false) {
+                Ok(f) => f,
+                Err(e) => {
+                    error(rb, &e.to_string());
+                    return Flow::Continue;
+                }
+            };
+            let me = lookup_spec(name);
+            let text: String = s
+                .ctx
+                .clients
+                .select(&f)
+                .iter()
+                .map(|c| c.line(if c.id == s.id { me } else { None }))
+                .collect();
+            match s.proto {
+                Proto::Resp3 => {
+                    Value::Verbatim(Bytes::from(format!("txt:{text}"))).encode(s.proto, &mut out)
+                }
+                Proto::Resp2 => encode_bulk(text.as_bytes(), &mut out),
+            }
+        }
+        "CLIENT KILL" => return client_kill(s, req, rb),
         "CLIENT NO-EVICT" | "CLIENT NO-TOUCH" | "CLIENT SETINFO" => encode_simple("OK", &mut out),
         "CLIENT REPLY" => {
             if upper(req.arg(2)) == "ON" {
@@ -311,6 +322,49 @@ fn client(s: &mut Session, req: &Request, name: &str, rb: &mut RoundBuilder) -> 
             return Flow::Continue;
         }
     }
+    rb.slots.push(Slot::Ready(out.freeze()));
+    Flow::Continue
+}
+
+/// The table entry of a command the proxy answers itself, for CLIENT LIST's `cmd=`.
+fn lookup_spec(name: &str) -> Option<&'static crate::command::Spec> {
+    crate::command::lookup(name.as_bytes())
+}
+
+/// `CLIENT KILL addr:port` (the old form: OK, or an error when no client has that
+/// address) and `CLIENT KILL <filter> <value> ...` (how many were closed), over this
+/// proxy's clients. A client that kills itself (`SKIPME no`) gets its reply first.
+fn client_kill(s: &mut Session, req: &Request, rb: &mut RoundBuilder) -> Flow {
+    let mut out = BytesMut::new();
+    if req.argc() == 3 {
+        let f = clients::Filter {
+            addr: Some(String::from_utf8_lossy(req.arg(2)).into_owned()),
+            ..clients::Filter::default()
+        };
+        match s.ctx.clients.kill(&f) {
+            0 => error(rb, "ERR No such client"),
+            _ => {
+                encode_simple("OK", &mut out);
+                rb.slots.push(Slot::Ready(out.freeze()));
+            }
+        }
+        return Flow::Continue;
+    }
+    let args: Vec<&[u8]> = (2..req.argc()).map(|i| req.arg(i)).collect();
+    let f = match clients::parse_filter(&args, s.id, true) {
+        Ok(f) => f,
+        Err(e) => {
+            error(rb, &e.to_string());
+            return Flow::Continue;
+        }
+    };
+    if let Some(u) = &f.user {
+        if !s.ctx.users.names().iter().any(|n| n == u) {
+            error(rb, &format!("ERR No such user '{u}'"));
+            return Flow::Continue;
+        }
+    }
+    encode_int(s.ctx.clients.kill(&f) as i64, &mut out);
     rb.slots.push(Slot::Ready(out.freeze()));
     Flow::Continue
 }

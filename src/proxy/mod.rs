@@ -9,11 +9,13 @@
 //!
 //! The files form layers; each imports only the layers below it (`tests/layout.rs`):
 //!
-//! - bottom: `ctx` (what every session shares), `tunnel` (the pub/sub pipe), `dedicated`,
+//! - bottom: `ctx` (what every session shares), `clients` (every connection as CLIENT LIST
+//!   shows it), `tunnel` (the pub/sub pipe), `dedicated`,
 //!   `scan` (cursors), `round` (a round's jobs, reply slots and keys), `order` (the ordering
 //!   rules), `state` (one connection's state, and what a handler returns: `Flow`), `merge`
 //!   (a fanned-out command's replies made one);
-//! - handlers, given the state: `settle` (a round sent ahead of a command; the wait at a
+//! - handlers, given the state: `plan` (the decide and observe phases of one command),
+//!   `settle` (a round sent ahead of a command; the wait at a
 //!   change of database, protocol or lane), `route` (node jobs, splits, all nodes), `mitigation`
 //!   (combine, cache), `salted` (acting on a salt plan), `local` (commands answered here,
 //!   transactions);
@@ -22,12 +24,14 @@
 
 mod admit;
 mod as_cluster;
+mod clients;
 mod ctx;
 mod dedicated;
 mod local;
 mod merge;
 mod mitigation;
 mod order;
+mod plan;
 mod reply;
 mod round;
 mod route;

@@ -124,9 +124,10 @@ pub async fn write_loop<W: AsyncWrite + Unpin>(
     w: W,
     mut rounds: mpsc::Receiver<Queued>,
     ctx: Arc<Ctx>,
-    client: u64,
+    me: Arc<super::clients::Client>,
     owing: watch::Sender<bool>,
 ) -> (W, Option<super::tunnel::TunnelEnd>) {
+    let client = me.id;
     let limit = if ctx.max_output == 0 {
         usize::MAX
     } else {
@@ -206,6 +207,7 @@ pub async fn write_loop<W: AsyncWrite + Unpin>(
         if out.relieve(&ctx, client).await.is_err() {
             return (out.w, None);
         }
+        me.set_output(out.unread());
     }
     out.finish().await;
     (out.w, None)

@@ -151,19 +151,28 @@ pub enum Slot {
 }
 
 /// One client waiting in a blocking command: counted while it lives (INFO's
-/// `blocked_clients` through the proxy, which tools and test suites poll).
-pub struct Blocked(std::sync::Arc<std::sync::atomic::AtomicI64>);
+/// `blocked_clients` through the proxy, which tools and test suites poll), and flagged `b`
+/// in its CLIENT LIST line.
+pub struct Blocked(
+    std::sync::Arc<std::sync::atomic::AtomicI64>,
+    std::sync::Arc<super::clients::Client>,
+);
 
 impl Blocked {
-    pub fn new(count: &std::sync::Arc<std::sync::atomic::AtomicI64>) -> Blocked {
+    pub fn new(
+        count: &std::sync::Arc<std::sync::atomic::AtomicI64>,
+        client: &std::sync::Arc<super::clients::Client>,
+    ) -> Blocked {
         count.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        Blocked(count.clone())
+        client.set_blocked(true);
+        Blocked(count.clone(), client.clone())
     }
 }
 
 impl Drop for Blocked {
     fn drop(&mut self) {
         self.0.fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
+        self.1.set_blocked(false);
     }
 }
 

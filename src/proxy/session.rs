@@ -19,14 +19,14 @@ use super::local::queue_in_tx;
 use super::mitigation::{
     cached_mget, cached_read, combine, invalidate_cached, wait_barrier, wait_fills,
 };
+use super::plan::{decide, observe, own_connection};
 use super::round::{Blocked, Merge, Queued, RoundBuilder, Slot};
 use super::route::{
     all_nodes, forward_keyed, is_pubsub_command, keys_node, pubsub_node, push, scan_one, split,
 };
 use super::state::{blocking_worker, err_bytes, Decided, Flow, Pending, Session};
 use super::{local, reply, settle, tunnel};
-use crate::command::{self, Access, Args, Classified, Route};
-use crate::hotkey::Kind;
+use crate::command::{self, Args, Classified, Route};
 use crate::metrics::Class;
 use crate::policy::{self, Action};
 use crate::resp::{Request, RequestParser};
@@ -51,21 +51,25 @@ pub async fn run(stream: Stream, ctx: Arc<Ctx>, id: u64) {
         .local_addr()
         .map(|a| a.to_string())
         .unwrap_or_default();
+    let registered = ctx.clients.open(id, &peer, &local, stream.fd());
+    let killed = registered.killed.clone();
     let (r, w) = stream.into_split();
     // Rounds on their way to the writer: few enough that a client that stops reading
     // holds little beyond the output limit (each round holds its replies).
     let (tx, rx) = mpsc::channel::<Queued>(16);
     let (owing_tx, owing) = watch::channel(false);
-    let writer = tokio::spawn(reply::write_loop(w, rx, ctx.clone(), id, owing_tx));
+    let me = registered.client.clone();
+    let writer = tokio::spawn(reply::write_loop(w, rx, ctx.clone(), me.clone(), owing_tx));
     let (gone_tx, gone_rx) = watch::channel(false);
-    let mut s = Session::new(ctx, id, peer, local, gone_rx);
+    let mut s = Session::new(ctx, me, peer, local, gone_rx);
     // Boxed: an async fn's future passed by value is laid out twice in its caller's.
-    let end = Box::pin(read_loop(r, &tx, owing, &mut s)).await;
+    let end = Box::pin(read_loop(r, &tx, owing, killed, &mut s)).await;
     let _ = gone_tx.send(true);
     drop(tx);
     // Once per connection, and boxed so that its futures do not sit in every
     // connection's task beside the read loop's.
     Box::pin(close(end, writer)).await;
+    drop(registered);
 }
 
 /// After the read phase: hand over to the pub/sub tunnel, or close politely.
@@ -111,6 +115,7 @@ async fn read_loop(
     mut r: ReadHalf,
     tx: &mpsc::Sender<Queued>,
     mut owing: watch::Receiver<bool>,
+    mut killed: watch::Receiver<bool>,
     s: &mut Session,
 ) -> End {
     let limits = s.ctx.limits.clone();
@@ -163,6 +168,8 @@ async fn read_loop(
                 // The writer gave the client up (it left its replies unread, or its socket
                 // failed): end the connection now, not when the client next sends.
                 _ = tx.closed() => return End::Closed,
+                // CLIENT KILL chose this connection.
+                _ = killed.wait_for(|k| *k) => return End::Closed,
                 _ = shutdown.wait_for(|v| *v) => {
                     tracing::debug!(client = s.id, "draining on shutdown");
                     draining = true;
@@ -192,10 +199,14 @@ async fn read_loop(
         let mut rb = RoundBuilder::with_capacity(reqs.len().max(1));
         let mut close = false;
         let mut reqs_iter = reqs.drain(..);
+        let mut last = None;
         while let Some(req) = reqs_iter.next() {
             // command: the request resolved once, for every phase after it.
             let c = match command::classify(&req) {
-                Ok(c) => c,
+                Ok(c) => {
+                    last = Some(c.spec);
+                    c
+                }
                 Err(e) => {
                     let slot = s.refuse(err_bytes(&e.to_string()));
                     rb.slots.push(slot);
@@ -272,6 +283,10 @@ async fn read_loop(
                     break;
                 }
                 Flow::Tunnel(mut start) => {
+                    s.me.publish(super::clients::Shown {
+                        pubsub: true,
+                        ..s.me.shown()
+                    });
                     // Everything the client sent after SUBSCRIBE goes straight to the node.
                     for rest in reqs_iter.by_ref() {
                         start.pending.push(rest.wire());
@@ -288,6 +303,11 @@ async fn read_loop(
             }
         }
         drop(reqs_iter);
+        // What CLIENT LIST shows of this connection.
+        if let Some(spec) = last {
+            s.me.touched(rb.started, buf.capacity(), spec);
+        }
+        s.publish();
         if let Err(e) = parsed {
             if !close {
                 rb.slots.push(Slot::Ready(err_bytes(&format!("ERR {e}"))));
@@ -477,7 +497,7 @@ async fn act(
             let slot = match keys_node(s, req, c) {
                 Ok(node) => Slot::Blocking(
                     blocking_worker(s, node).call(vec![req.wire()], 1),
-                    Blocked::new(&s.ctx.blocked),
+                    Blocked::new(&s.ctx.blocked, &s.me),
                 ),
                 Err(e) => Slot::Ready(e),
             };
@@ -533,57 +553,4 @@ async fn act(
             .push(Slot::Ready(err_bytes(&format!("ERR saltshaker: {why}")))),
     }
     Flow::Continue
-}
-
-/// Whether the command goes on a connection of the session's own: WATCH, EXEC under
-/// WATCH, a blocking command.
-fn own_connection(s: &Session, c: &Classified) -> bool {
-    match c.route {
-        Route::Blocking => s.tx.is_none(),
-        Route::Transaction => match c.spec.name {
-            "WATCH" => s.tx.is_none(),
-            "EXEC" => s.tx.is_some() && s.watch.is_some(),
-            _ => false,
-        },
-        _ => false,
-    }
-}
-
-/// The decide phase: what the rules, the hot set and the salt table say to do with the
-/// command (`policy::decide`, pure).
-fn decide(s: &Session, req: &Request, c: &Classified) -> Action {
-    let hot = s.ctx.hot.load();
-    let table = s.ctx.salt.table.load();
-    // No salted key (the common case): the plan looks no further, so skip the clock.
-    let now = if table.is_empty() {
-        0
-    } else {
-        crate::salt::now_ms()
-    };
-    let rules = s.ctx.rules.load();
-    let view = policy::SaltView {
-        table: &table,
-        db: s.db,
-        in_tx: s.tx.is_some(),
-        now_ms: now,
-        fresh: now > 0 && s.ctx.salt.fresh(now),
-        stale: now > 0 && s.ctx.salt.stale(now),
-        rules: &rules,
-    };
-    policy::decide(c, req, &hot, &view)
-}
-
-/// The observe phase: every key of every command feeds the hot-key detector.
-fn observe(s: &Session, req: &Request, c: &Classified) -> Class {
-    let (kind, class) = match c.access {
-        Access::Write => (Kind::Write, Class::Write),
-        Access::Read => (Kind::Read, Class::Read),
-        Access::Other => return Class::Other,
-    };
-    if s.detect {
-        for &k in &c.keys {
-            s.ctx.detector.observe(req.arg(k as usize), kind);
-        }
-    }
-    class
 }

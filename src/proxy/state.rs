@@ -7,6 +7,7 @@ use std::sync::Arc;
 use bytes::{Bytes, BytesMut};
 use tokio::sync::{oneshot, watch};
 
+use super::clients::{Client, Shown};
 use super::ctx::Ctx;
 use super::dedicated::DedicatedWorker;
 use super::order::Order;
@@ -62,12 +63,26 @@ pub struct Session {
     /// The command just handled went on a connection of its own (WATCH, EXEC under
     /// WATCH): the next one waits until its reply is in.
     pub(super) settle_after: bool,
+    /// This connection as CLIENT LIST shows it, and what was last published there.
+    pub(super) me: Arc<Client>,
+    shown: ShownKey,
 }
+
+/// What CLIENT LIST shows of a session that changes rarely, compared cheaply once per
+/// round: database, protocol, the name's and the user's identity, MULTI's length, WATCH.
+type ShownKey = (
+    u32,
+    Proto,
+    Option<(usize, usize)>,
+    usize,
+    Option<usize>,
+    bool,
+);
 
 impl Session {
     pub fn new(
         ctx: Arc<Ctx>,
-        id: u64,
+        me: Arc<Client>,
         peer: String,
         local: String,
         gone: watch::Receiver<bool>,
@@ -76,7 +91,9 @@ impl Session {
             user: ctx.users.initial(),
             conns: vec![None; ctx.backend.len()],
             ctx,
-            id,
+            id: me.id,
+            me,
+            shown: (0, Proto::Resp2, None, 0, None, false),
             peer,
             local,
             proto: Proto::Resp2,
@@ -125,6 +142,43 @@ impl Session {
         self.lane = lane;
         self.reset_conns();
         true
+    }
+
+    /// Publishes the connection's state to its CLIENT LIST entry, if it changed since the
+    /// last time (a few comparisons per round otherwise).
+    pub fn publish(&mut self) {
+        let key: ShownKey = (
+            self.db,
+            self.proto,
+            self.name.as_ref().map(|n| (n.as_ptr() as usize, n.len())),
+            self.user.as_ref().map_or(0, |u| Arc::as_ptr(u) as usize),
+            self.tx.as_ref().map(|t| t.wires.len()),
+            self.watch.is_some(),
+        );
+        if key == self.shown {
+            return;
+        }
+        self.shown = key;
+        self.me.publish(Shown {
+            name: self
+                .name
+                .as_ref()
+                .map(|n| String::from_utf8_lossy(n).into_owned())
+                .unwrap_or_default(),
+            db: self.db,
+            resp: if self.proto == Proto::Resp3 { 3 } else { 2 },
+            user: self
+                .user
+                .as_ref()
+                .map_or_else(|| "default".to_string(), |u| u.name.clone()),
+            multi: self.tx.as_ref().map(|t| t.wires.len()),
+            multi_mem: self
+                .tx
+                .as_ref()
+                .map_or(0, |t| t.wires.iter().map(|w| w.len()).sum()),
+            watching: self.watch.is_some(),
+            pubsub: false,
+        });
     }
 
     /// The reply to a command refused before it runs (unknown, not allowed, over a limit,

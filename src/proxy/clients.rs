@@ -1,0 +1,318 @@
+//! The proxy's own clients, as `CLIENT LIST`, `CLIENT INFO` and `CLIENT KILL` see them:
+//! one entry per connection, in the line format of Redis 7.0's `CLIENT LIST`, each field
+//! with its meaning for the proxy's connection (not a node's).
+//!
+//! A session publishes what changes rarely (name, database, protocol, user, MULTI) when it
+//! changes, and what changes per round (last command, idle) with relaxed atomic stores, so
+//! the request path pays two stores per round. The registry's lock is taken when a
+//! connection opens or closes and when someone lists or kills.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use tokio::sync::watch;
+
+use crate::command::Spec;
+
+/// Every client connection of this process.
+#[derive(Default)]
+pub struct Clients {
+    map: Mutex<BTreeMap<u64, Arc<Client>>>,
+}
+
+/// What changes rarely: published by the session when it changes.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Shown {
+    pub name: String,
+    pub db: u32,
+    pub resp: u8,
+    pub user: String,
+    /// Commands queued in MULTI, or None outside one.
+    pub multi: Option<usize>,
+    /// Bytes those commands hold.
+    pub multi_mem: usize,
+    pub watching: bool,
+    pub pubsub: bool,
+}
+
+/// One client connection.
+pub struct Client {
+    pub id: u64,
+    pub addr: String,
+    pub laddr: String,
+    pub fd: i64,
+    created: Instant,
+    shown: Mutex<Shown>,
+    /// Milliseconds after `created` of the last command.
+    last_ms: AtomicU64,
+    /// The last command's table entry (null before the first).
+    last_cmd: std::sync::atomic::AtomicPtr<Spec>,
+    /// The read buffer's size after the last read, and the output not yet written.
+    rbs: AtomicUsize,
+    omem: AtomicUsize,
+    blocked: AtomicBool,
+    kill: watch::Sender<bool>,
+}
+
+/// Which clients a `CLIENT KILL` or `CLIENT LIST` selects (Redis's filters).
+#[derive(Default)]
+pub struct Filter {
+    pub ids: Option<Vec<u64>>,
+    pub addr: Option<String>,
+    pub laddr: Option<String>,
+    pub user: Option<String>,
+    /// `normal` or `pubsub` (`master`/`replica` select none: the proxy has none).
+    pub kind: Option<String>,
+    /// Leave out this client (`SKIPME yes`).
+    pub skip: Option<u64>,
+}
+
+impl Clients {
+    /// Registers a new connection; dropping the returned `Registered` takes it out.
+    pub fn open(self: &Arc<Self>, id: u64, addr: &str, laddr: &str, fd: i64) -> Registered {
+        let (kill, killed) = watch::channel(false);
+        let c = Arc::new(Client {
+            id,
+            addr: addr.to_string(),
+            laddr: laddr.to_string(),
+            fd,
+            created: Instant::now(),
+            shown: Mutex::new(Shown {
+                resp: 2,
+                user: "default".into(),
+                ..Shown::default()
+            }),
+            last_ms: AtomicU64::new(0),
+            last_cmd: std::sync::atomic::AtomicPtr::new(std::ptr::null_mut()),
+            rbs: AtomicUsize::new(0),
+            omem: AtomicUsize::new(0),
+            blocked: AtomicBool::new(false),
+            kill,
+        });
+        self.lock().insert(id, c.clone());
+        Registered {
+            clients: self.clone(),
+            client: c,
+            killed,
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, BTreeMap<u64, Arc<Client>>> {
+        self.map.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The clients `f` selects, in id order.
+    pub fn select(&self, f: &Filter) -> Vec<Arc<Client>> {
+        self.lock()
+            .values()
+            .filter(|c| c.matches(f))
+            .cloned()
+            .collect()
+    }
+
+    /// Ends the connections `f` selects; how many.
+    pub fn kill(&self, f: &Filter) -> usize {
+        let chosen = self.select(f);
+        for c in &chosen {
+            let _ = c.kill.send(true);
+        }
+        chosen.len()
+    }
+}
+
+impl Client {
+    fn matches(&self, f: &Filter) -> bool {
+        let shown = self.shown();
+        f.ids.as_ref().is_none_or(|ids| ids.contains(&self.id))
+            && f.addr.as_ref().is_none_or(|a| *a == self.addr)
+            && f.laddr.as_ref().is_none_or(|a| *a == self.laddr)
+            && f.user.as_ref().is_none_or(|u| *u == shown.user)
+            && f.kind.as_ref().is_none_or(|k| match k.as_str() {
+                "normal" => !shown.pubsub,
+                "pubsub" => shown.pubsub,
+                _ => false,
+            })
+            && f.skip != Some(self.id)
+    }
+
+    pub fn shown(&self) -> Shown {
+        self.shown.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    /// Publishes what changed rarely, when it did.
+    pub fn publish(&self, now: Shown) {
+        let mut s = self.shown.lock().unwrap_or_else(|p| p.into_inner());
+        if *s != now {
+            *s = now;
+        }
+    }
+
+    pub fn set_blocked(&self, on: bool) {
+        self.blocked.store(on, Ordering::Relaxed);
+    }
+
+    /// The reply bytes not yet written to the client.
+    pub fn set_output(&self, bytes: usize) {
+        self.omem.store(bytes, Ordering::Relaxed);
+    }
+
+    /// A round of commands was read at `at` (the read buffer then `rbs` bytes); its last
+    /// command is `cmd`.
+    pub fn touched(&self, at: Instant, rbs: usize, cmd: &'static Spec) {
+        let ms = at.saturating_duration_since(self.created).as_millis() as u64;
+        self.last_ms.store(ms, Ordering::Relaxed);
+        self.rbs.store(rbs, Ordering::Relaxed);
+        self.last_cmd
+            .store(cmd as *const Spec as *mut Spec, Ordering::Relaxed);
+    }
+
+    /// The `CLIENT LIST` line of this client, as Redis 7.0 writes it. `current`: the
+    /// command being answered, when the line is the asking client's own.
+    pub fn line(&self, current: Option<&'static Spec>) -> String {
+        let s = self.shown();
+        let now = Instant::now();
+        let age = now.saturating_duration_since(self.created).as_secs();
+        let last = self.last_ms.load(Ordering::Relaxed);
+        let idle = match current {
+            Some(_) => 0,
+            None => {
+                (now.saturating_duration_since(self.created).as_millis() as u64)
+                    .saturating_sub(last)
+                    / 1000
+            }
+        };
+        let cmd = current.or_else(|| {
+            let p = self.last_cmd.load(Ordering::Relaxed);
+            // Only ever a `&'static Spec` of the command table, stored by `touched`.
+            (!p.is_null()).then(|| unsafe { &*p })
+        });
+        let cmd = cmd.map_or("NULL".to_string(), |c| c.fullname());
+        let mut flags = String::new();
+        if s.multi.is_some() {
+            flags.push('x');
+        }
+        if self.blocked.load(Ordering::Relaxed) {
+            flags.push('b');
+        }
+        if s.pubsub {
+            flags.push('P');
+        }
+        if flags.is_empty() {
+            flags.push('N');
+        }
+        let rbs = self.rbs.load(Ordering::Relaxed);
+        let omem = self.omem.load(Ordering::Relaxed);
+        let tot = PER_CONNECTION + rbs + omem + s.multi_mem;
+        format!(
+            "id={} addr={} laddr={} fd={} name={} age={age} idle={idle} flags={flags} db={} \
+             sub=0 psub=0 ssub=0 multi={} qbuf=0 qbuf-free={rbs} argv-mem=0 multi-mem={} \
+             rbs={rbs} rbp={rbs} obl=0 oll=0 omem={omem} tot-mem={tot} events={} cmd={cmd} \
+             user={} redir=-1 resp={}\n",
+            self.id,
+            self.addr,
+            self.laddr,
+            self.fd,
+            s.name,
+            s.db,
+            s.multi.map_or(-1, |n| n as i64),
+            s.multi_mem,
+            if omem > 0 { "rw" } else { "r" },
+            s.user,
+            s.resp,
+        )
+    }
+}
+
+/// What an open connection holds besides its buffers, measured with idle connections
+/// (bench/conn_memory.py): the session's tasks and state.
+const PER_CONNECTION: usize = 16 * 1024;
+
+/// A connection's place in the registry, for as long as it is open.
+pub struct Registered {
+    clients: Arc<Clients>,
+    pub client: Arc<Client>,
+    /// Turns true when a `CLIENT KILL` selects this connection.
+    pub killed: watch::Receiver<bool>,
+}
+
+impl Drop for Registered {
+    fn drop(&mut self) {
+        self.clients.lock().remove(&self.client.id);
+    }
+}
+
+/// Why `CLIENT KILL` or `CLIENT LIST` refused its arguments: Redis 7.0's own replies.
+#[derive(Debug, thiserror::Error)]
+pub enum FilterError {
+    #[error("ERR syntax error")]
+    Syntax,
+    #[error("ERR Invalid client ID")]
+    BadId,
+    #[error("ERR client-id should be greater than 0")]
+    BadKillId,
+    #[error("ERR Unknown client type '{0}'")]
+    UnknownType(String),
+}
+
+/// Parses the filters of `CLIENT LIST` (`args` after LIST) or `CLIENT KILL` (after KILL,
+/// the new form), as Redis 7.0 does.
+pub fn parse_filter(args: &[&[u8]], me: u64, kill: bool) -> Result<Filter, FilterError> {
+    let text = |b: &[u8]| String::from_utf8_lossy(b).into_owned();
+    let kind = |v: &[u8]| {
+        let t = text(v).to_ascii_lowercase();
+        match t.as_str() {
+            "normal" | "pubsub" | "master" | "replica" | "slave" => Ok(t),
+            _ => Err(FilterError::UnknownType(text(v))),
+        }
+    };
+    let mut f = Filter {
+        skip: kill.then_some(me),
+        ..Filter::default()
+    };
+    if !kill {
+        let opt = args.first().map(|a| text(a).to_ascii_lowercase());
+        match (opt.as_deref(), args.len()) {
+            (None, _) => {}
+            (Some("type"), 2) => f.kind = Some(kind(args[1])?),
+            (Some("id"), n) if n > 1 => {
+                let mut ids = Vec::new();
+                for a in &args[1..] {
+                    match crate::resp::parse_i64(a) {
+                        Some(n) if n > 0 => ids.push(n as u64),
+                        _ => return Err(FilterError::BadId),
+                    }
+                }
+                f.ids = Some(ids);
+            }
+            _ => return Err(FilterError::Syntax),
+        }
+        return Ok(f);
+    }
+    let mut i = 0;
+    while i < args.len() {
+        let opt = text(args[i]).to_ascii_lowercase();
+        let Some(v) = args.get(i + 1) else {
+            return Err(FilterError::Syntax);
+        };
+        match opt.as_str() {
+            "id" => match crate::resp::parse_i64(v) {
+                Some(n) if n > 0 => f.ids = Some(vec![n as u64]),
+                _ => return Err(FilterError::BadKillId),
+            },
+            "type" => f.kind = Some(kind(v)?),
+            "addr" => f.addr = Some(text(v)),
+            "laddr" => f.laddr = Some(text(v)),
+            "user" => f.user = Some(text(v)),
+            "skipme" => match text(v).to_ascii_lowercase().as_str() {
+                "yes" => f.skip = Some(me),
+                "no" => f.skip = None,
+                _ => return Err(FilterError::Syntax),
+            },
+            _ => return Err(FilterError::Syntax),
+        }
+        i += 2;
+    }
+    Ok(f)
+}

@@ -1,0 +1,64 @@
+//! The decide and observe phases of one classified command, for the session loop: what
+//! the rules, the hot set and the salt table say to do with it (`policy::decide`, pure),
+//! what the hot-key detector is told, and whether it needs a connection of its own.
+
+use crate::command::{Access, Classified, Route};
+use crate::hotkey::Kind;
+use crate::metrics::Class;
+use crate::policy::{self, Action};
+use crate::resp::Request;
+
+use super::state::Session;
+
+/// Whether the command goes on a connection of the session's own: WATCH, EXEC under
+/// WATCH, a blocking command.
+pub(super) fn own_connection(s: &Session, c: &Classified) -> bool {
+    match c.route {
+        Route::Blocking => s.tx.is_none(),
+        Route::Transaction => match c.spec.name {
+            "WATCH" => s.tx.is_none(),
+            "EXEC" => s.tx.is_some() && s.watch.is_some(),
+            _ => false,
+        },
+        _ => false,
+    }
+}
+
+/// The decide phase: what the rules, the hot set and the salt table say to do with the
+/// command (`policy::decide`, pure).
+pub(super) fn decide(s: &Session, req: &Request, c: &Classified) -> Action {
+    let hot = s.ctx.hot.load();
+    let table = s.ctx.salt.table.load();
+    // No salted key (the common case): the plan looks no further, so skip the clock.
+    let now = if table.is_empty() {
+        0
+    } else {
+        crate::salt::now_ms()
+    };
+    let rules = s.ctx.rules.load();
+    let view = policy::SaltView {
+        table: &table,
+        db: s.db,
+        in_tx: s.tx.is_some(),
+        now_ms: now,
+        fresh: now > 0 && s.ctx.salt.fresh(now),
+        stale: now > 0 && s.ctx.salt.stale(now),
+        rules: &rules,
+    };
+    policy::decide(c, req, &hot, &view)
+}
+
+/// The observe phase: every key of every command feeds the hot-key detector.
+pub(super) fn observe(s: &Session, req: &Request, c: &Classified) -> Class {
+    let (kind, class) = match c.access {
+        Access::Write => (Kind::Write, Class::Write),
+        Access::Read => (Kind::Read, Class::Read),
+        Access::Other => return Class::Other,
+    };
+    if s.detect {
+        for &k in &c.keys {
+            s.ctx.detector.observe(req.arg(k as usize), kind);
+        }
+    }
+    class
+}
