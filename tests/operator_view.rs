@@ -274,3 +274,82 @@ fn client_kill_closes_the_proxys_clients_as_redis_closes_its_own() {
         );
     }
 }
+
+/// MONITOR through the proxy streams every command that passes through it, in Redis's line
+/// format: the same line Redis writes for the same command from the same client, but for
+/// the time and the client's address (the client's own, as CLIENT INFO gives it). Redis
+/// writes a line once the command ran: SELECT shows the database it selected.
+#[test]
+fn monitor_streams_each_command_in_redis_s_line_format() {
+    need_redis();
+    let node = Redis::start();
+    let other = Redis::start();
+    let proxy = Proxy::start(&[&node], &[]);
+    let mut seen = Vec::new();
+    for addr in [other.addr(), proxy.addr()] {
+        let mut m = Client::connect(&addr);
+        assert_eq!(m.cmd(&["MONITOR"]), Reply::ok(), "{addr}");
+        let mut c = Client::connect(&addr);
+        let me = field(&c.cmd(&["CLIENT", "INFO"]).as_str(), "addr");
+        assert_eq!(c.cmd(&["SELECT", "3"]), Reply::ok());
+        assert_eq!(c.cmd(&["SET", "k x", "a\"\r\n\u{1}"]), Reply::ok());
+        assert_eq!(c.cmd(&["GET", "k x"]), Reply::bulk("a\"\r\n\u{1}"));
+        let mut lines = Vec::new();
+        while lines.len() < 4 {
+            let Reply::Simple(l) = m.read_reply() else {
+                panic!("{addr}: MONITOR sends simple strings")
+            };
+            // Without the time, and with the client's address as a placeholder.
+            let (time, rest) = l.split_once(' ').unwrap();
+            assert!(time.starts_with('+') || time.chars().next().unwrap().is_ascii_digit());
+            lines.push(rest.replace(&me, "CLIENT"));
+        }
+        seen.push(lines);
+    }
+    assert_eq!(
+        seen[0],
+        [
+            "[0 CLIENT] \"CLIENT\" \"INFO\"",
+            "[3 CLIENT] \"SELECT\" \"3\"",
+            "[3 CLIENT] \"SET\" \"k x\" \"a\\\"\\r\\n\\x01\"",
+            "[3 CLIENT] \"GET\" \"k x\""
+        ],
+        "redis-server's lines"
+    );
+    assert_eq!(seen[1], seen[0], "the proxy's lines");
+}
+
+/// A monitoring client that never reads costs the others nothing: its queue is bounded,
+/// the lines it cannot take are dropped and counted, and the proxy keeps its memory.
+#[test]
+fn a_monitor_that_never_reads_does_not_slow_or_grow_the_proxy() {
+    need_redis();
+    let node = Redis::start();
+    let proxy = Proxy::start(&[&node], &[]);
+    let mut m = proxy.client();
+    assert_eq!(m.cmd(&["MONITOR"]), Reply::ok());
+    let mut c = proxy.client();
+    let value = "v".repeat(1000);
+    let started = std::time::Instant::now();
+    for round in 0..40 {
+        let cmds: Vec<Vec<&str>> = (0..1000).map(|_| vec!["SET", "k", &value]).collect();
+        let r = c.pipeline(&cmds);
+        assert!(r.iter().all(|x| *x == Reply::ok()), "round {round}");
+    }
+    assert!(
+        started.elapsed() < Duration::from_secs(20),
+        "40,000 SETs took {:?} beside a stalled monitor",
+        started.elapsed()
+    );
+    let dropped = proxy.metric("saltshaker_monitor_dropped_lines_total");
+    assert!(dropped > 0.0, "a stalled monitor's lines are dropped");
+    assert_eq!(proxy.metric("saltshaker_monitor_clients"), 1.0);
+    drop(m);
+    assert!(
+        wait_until(Duration::from_secs(5), || {
+            c.cmd(&["PING"]);
+            proxy.metric("saltshaker_monitor_clients") == 0.0
+        }),
+        "the closed monitor is forgotten"
+    );
+}

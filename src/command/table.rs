@@ -245,7 +245,7 @@ pub(super) const SPECS: [Spec; 383] = [
     s("MODULE LOAD", -3, ADMIN | NOSCRIPT | NO_ASYNC_LOADING, cat::ADMIN | cat::SLOW | cat::DANGEROUS, KeySpec::None, Route::Unsupported("MODULE is not supported through the proxy")),
     s("MODULE LOADEX", -3, ADMIN | NOSCRIPT | NO_ASYNC_LOADING, cat::ADMIN | cat::SLOW | cat::DANGEROUS, KeySpec::None, Route::Unsupported("MODULE is not supported through the proxy")),
     s("MODULE UNLOAD", 3, ADMIN | NOSCRIPT | NO_ASYNC_LOADING, cat::ADMIN | cat::SLOW | cat::DANGEROUS, KeySpec::None, Route::Unsupported("MODULE is not supported through the proxy")),
-    s("MONITOR", 1, ADMIN | NOSCRIPT | LOADING | STALE, cat::ADMIN | cat::SLOW | cat::DANGEROUS, KeySpec::None, Route::Unsupported("MONITOR is not supported through the proxy")),
+    s("MONITOR", 1, ADMIN | NOSCRIPT | LOADING | STALE, cat::ADMIN | cat::SLOW | cat::DANGEROUS, KeySpec::None, Route::Local),
     s("MOVE", 3, WRITE | FAST, cat::KEYSPACE | cat::WRITE | cat::FAST, KeySpec::Range { first: 1, last: 1, step: 1 }, Route::Unsupported("MOVE is not supported through the proxy")),
     s("MSET", -3, WRITE | DENYOOM, cat::WRITE | cat::STRING | cat::SLOW, KeySpec::Range { first: 1, last: -1, step: 2 }, Route::Split(Split::Mset)),
     s("MSETNX", -3, WRITE | DENYOOM, cat::WRITE | cat::STRING | cat::SLOW, KeySpec::Range { first: 1, last: -1, step: 2 }, Route::Keyed),

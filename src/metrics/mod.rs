@@ -11,11 +11,13 @@
 
 mod admission;
 mod cluster;
+mod monitor;
 mod node;
 mod security;
 
 pub use admission::{AdmissionMetrics, AdmitLabel, ADMIT_RESULTS};
 pub use cluster::{ClusterMetrics, RedirectLabel};
+pub use monitor::MonitorMetrics;
 pub use node::NodeMetrics;
 pub use security::{DeniedLabel, SecurityMetrics};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -110,6 +112,7 @@ pub struct Metrics {
     pub security: SecurityMetrics,
     pub cluster: ClusterMetrics,
     pub admission: AdmissionMetrics,
+    pub monitor: MonitorMetrics,
 }
 
 impl Metrics {
@@ -168,6 +171,7 @@ impl Metrics {
             security: SecurityMetrics::default(),
             cluster: ClusterMetrics::default(),
             admission: AdmissionMetrics::default(),
+            monitor: MonitorMetrics::default(),
         };
 
         // Labelled series with a fixed label set exist from the start, at 0.
@@ -295,6 +299,7 @@ impl Metrics {
         m.security.register(r);
         m.cluster.register(r);
         m.admission.register(r);
+        m.monitor.register(r);
         let s = &m.salt;
         r.register(
             "salted_keys",

@@ -50,6 +50,8 @@ pub struct Ctx {
     pub(super) blocked: Arc<std::sync::atomic::AtomicI64>,
     /// Every client connection, for CLIENT LIST, CLIENT INFO and CLIENT KILL.
     pub(super) clients: Arc<super::clients::Clients>,
+    /// The clients in MONITOR.
+    pub(super) monitors: super::monitor::Monitors,
 }
 
 impl Ctx {
@@ -68,6 +70,7 @@ impl Ctx {
         let combiner = Combiner::new(metrics.combine.clone(), backend.request_timeout);
         let salt = Arc::new(crate::salt::Salt::new(&backend, metrics.salt.clone()));
         let admit = Arc::new(crate::admit::Admission::new(metrics.admission.clone()));
+        let monitors = super::monitor::Monitors::new(metrics.monitor.clone());
         Ctx {
             admit,
             salt,
@@ -88,6 +91,7 @@ impl Ctx {
             next_id: AtomicU64::new(1),
             blocked: Arc::default(),
             clients: Arc::default(),
+            monitors,
         }
     }
 }

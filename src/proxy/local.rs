@@ -128,6 +128,10 @@ pub fn handle(s: &mut Session, req: &Request, c: &Classified, rb: &mut RoundBuil
             return Flow::Continue;
         }
         name if name.starts_with("CLIENT") => return client(s, req, name, rb),
+        "MONITOR" => {
+            ready(rb, b"+OK\r\n");
+            return Flow::Monitor;
+        }
         other => error(
             rb,
             &format!("ERR saltshaker: {other} is not supported through the proxy"),

@@ -10,7 +10,8 @@
 //! The files form layers; each imports only the layers below it (`tests/layout.rs`):
 //!
 //! - bottom: `ctx` (what every session shares), `clients` (every connection as CLIENT LIST
-//!   shows it), `tunnel` (the pub/sub pipe), `dedicated`,
+//!   shows it), `monitor` (MONITOR's lines and queues), `tunnel` (the pub/sub pipe),
+//!   `dedicated`,
 //!   `scan` (cursors), `round` (a round's jobs, reply slots and keys), `order` (the ordering
 //!   rules), `state` (one connection's state, and what a handler returns: `Flow`), `merge`
 //!   (a fanned-out command's replies made one);
@@ -30,6 +31,7 @@ mod dedicated;
 mod local;
 mod merge;
 mod mitigation;
+mod monitor;
 mod order;
 mod plan;
 mod reply;

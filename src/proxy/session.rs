@@ -80,6 +80,7 @@ async fn close(end: End, writer: tokio::task::JoinHandle<(WriteHalf, Option<tunn
     };
     match (end, tunnel_end) {
         (End::Tunnel(r, start), Some(t)) => tunnel::pump(r, w, start, t).await,
+        (End::Monitor(r, lines), None) => super::monitor::pump(r, w, lines).await,
         (End::Drained(mut r), _) => {
             // Every command read has its reply written. Send FIN, then discard what the
             // client sent after we stopped reading (it was never executed, so the client can
@@ -107,6 +108,8 @@ enum End {
     /// Shutdown: every complete command read was dispatched; close politely.
     Drained(ReadHalf),
     Tunnel(ReadHalf, tunnel::Start),
+    /// MONITOR: the lines to stream once the replies before it are written.
+    Monitor(ReadHalf, tokio::sync::mpsc::Receiver<bytes::Bytes>),
 }
 
 /// The read phase: until the client closes, the session becomes a pub/sub tunnel, or a
@@ -195,6 +198,7 @@ async fn read_loop(
             s.admit = rules.any_admit();
             s.track = !s.ctx.salt.table.load().is_empty() || s.ctx.hot.load().may_combine();
         }
+        let monitored = s.ctx.monitors.active();
         let parsed = parser.parse(&mut buf, &mut reqs);
         let mut rb = RoundBuilder::with_capacity(reqs.len().max(1));
         let mut close = false;
@@ -238,6 +242,8 @@ async fn read_loop(
             } else {
                 (req, c, None)
             };
+            let monitor = (monitored && !c.spec.has(command::flags::SKIP_MONITOR))
+                .then(|| super::monitor::args(&req));
             let mut mark = rb.slots.len();
             let conn_state = (s.proto, s.db);
             let mut flow = handle(s, req, c, &mut rb).await;
@@ -258,6 +264,9 @@ async fn read_loop(
                 flow = act(s, req, c, action, &mut rb).await;
             }
             rb.commit_keys();
+            if let Some(args) = monitor {
+                s.ctx.monitors.feed(s.db, &s.peer, &args);
+            }
             if let (Some(hook), Flow::Continue) = (hook, &flow) {
                 if rb.slots.len() == mark + 1 {
                     let slot = rb.slots.pop().expect("one slot pushed");
@@ -281,6 +290,14 @@ async fn read_loop(
                 Flow::Close => {
                     close = true;
                     break;
+                }
+                Flow::Monitor => {
+                    // Whatever the client sent after MONITOR is not run, as on Redis.
+                    let lines = s.ctx.monitors.subscribe();
+                    s.order.wait_barrier().await;
+                    let round = rb.send(s.ctx.backend.request_timeout).await;
+                    let _ = tx.send(Box::new((round, s.proto))).await;
+                    return End::Monitor(r, lines);
                 }
                 Flow::Tunnel(mut start) => {
                     s.me.publish(super::clients::Shown {

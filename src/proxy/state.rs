@@ -205,6 +205,8 @@ pub enum Flow {
     Continue,
     Close,
     Tunnel(tunnel::Start),
+    /// MONITOR: the connection streams every command of this proxy from now on.
+    Monitor,
     /// Send the round built so far and wait for its replies before this command: it
     /// names a salted key and runs as a task, which must not overtake earlier commands.
     Flush(Box<Decided>),
