@@ -894,3 +894,49 @@ rules:
     assert_eq!(c.cmd(&["ZSCORE", "ev:lb", "p7"]).as_str(), "80");
     assert!(shard_keys(&nodes).len() >= 8, "the writes reached shards");
 }
+
+/// A removal repeated in one pipeline on a salted key answers as Redis does: the first
+/// HDEL (SREM, ZREM) of a member removes it, the second finds nothing. A pipeline's repeat
+/// of the same read is answered from the first's merged reply; a removal is not a read,
+/// and sharing its reply answered 1 twice (found by the differential test, seed 2).
+#[test]
+fn a_removal_repeated_in_one_pipeline_on_a_salted_key_answers_as_redis_does() {
+    need_redis();
+    let (nodes, _dir, rules) = setup("salt-removals");
+    let a = proxy(&nodes, &rules, &[]);
+    let reference_server = Redis::start();
+    let mut reference = reference_server.client();
+    let mut c = a.client();
+    let keys = ["fh:del", "set:del", "lb:del"];
+    for i in 0..8 {
+        let m = format!("m{i}");
+        for cmd in [
+            vec!["HINCRBY", "fh:del", &m, "2"],
+            vec!["SADD", "set:del", &m],
+            vec!["ZINCRBY", "lb:del", "1", &m],
+        ] {
+            assert_eq!(c.cmd(&cmd), reference.cmd(&cmd), "{cmd:?}");
+        }
+    }
+    for key in keys {
+        promote(&a, key, 4);
+    }
+    for key in keys {
+        wait_in_force(&[&a], key);
+    }
+    for i in 0..8 {
+        let m = format!("m{i}");
+        let cmds = [
+            vec!["HDEL", "fh:del", &m],
+            vec!["HDEL", "fh:del", &m],
+            vec!["HEXISTS", "fh:del", &m],
+            vec!["SREM", "set:del", &m],
+            vec!["SREM", "set:del", &m],
+            vec!["SISMEMBER", "set:del", &m],
+            vec!["ZREM", "lb:del", &m],
+            vec!["ZREM", "lb:del", &m],
+            vec!["ZSCORE", "lb:del", &m],
+        ];
+        assert_eq!(c.pipeline(&cmds), reference.pipeline(&cmds), "member {m}");
+    }
+}

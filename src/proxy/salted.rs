@@ -24,7 +24,7 @@ use crate::command::Classified;
 use crate::mitigate::combine::BatchKey;
 use crate::policy::{SaltPlan, SaltPlan as Plan};
 use crate::resp::{Proto, Request};
-use crate::salt::kind::{is_write, Op};
+use crate::salt::kind::{is_write, only_reads, Op};
 use crate::salt::kinds;
 use crate::salt::merge;
 use crate::salt::ops;
@@ -220,7 +220,7 @@ fn same_read_as_last(rb: &mut RoundBuilder, e: &Arc<Salted>, op: &Op) -> bool {
     use crate::salt::kind::MOp;
     let pure = match op {
         Op::Get | Op::HGet(_) | Op::HMGet(_) | Op::HGetAll | Op::Exists => true,
-        Op::Member(m) => !is_write(m) && !matches!(m, MOp::SRandMember(_) | MOp::SScan { .. }),
+        Op::Member(m) => only_reads(m) && !matches!(m, MOp::SRandMember(_) | MOp::SScan { .. }),
         _ => false,
     };
     // The slot a repeat would copy: the last one, or the one a run of repeats copies.

@@ -188,6 +188,31 @@ pub fn is_write(op: &MOp) -> bool {
     )
 }
 
+/// Whether `op` only reads: the same command twice in a row answers the same. Removals
+/// (SREM, ZREM, HDEL) are not reads even though they place nothing: a second HDEL of a
+/// field answers 0.
+pub fn only_reads(op: &MOp) -> bool {
+    matches!(
+        op,
+        MOp::SIsMember(_)
+            | MOp::SMIsMember(_)
+            | MOp::SCard
+            | MOp::SMembers
+            | MOp::SScan { .. }
+            | MOp::SRandMember(_)
+            | MOp::PfCount
+            | MOp::ZScore(_)
+            | MOp::ZMScore(_)
+            | MOp::ZCard
+            | MOp::ZRange(_)
+            | MOp::ZRank(..)
+            | MOp::HGetF(_)
+            | MOp::HMGetF(_)
+            | MOp::HExists(_)
+            | MOp::HLen
+    )
+}
+
 /// The members (elements, fields) a write `op` places; empty for the others.
 pub fn written(op: &MOp) -> &[Bytes] {
     match op {
