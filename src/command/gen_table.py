@@ -40,8 +40,28 @@ def unsupported(why):
     return 'Route::Unsupported("%s")' % why
 
 
+# Why each command the proxy refuses is refused, and what to do instead.
+REFUSED = {
+    "SHUTDOWN": "SHUTDOWN is refused through the proxy: it would stop one node. Stop the nodes directly, and saltshaker with SIGTERM",
+    "DEBUG": "DEBUG is refused through the proxy: it acts on one node's internals. Run it on the node directly",
+    "PFDEBUG": "PFDEBUG is refused through the proxy: it acts on one node's internals. Run it on the node directly",
+    "SAVE": "SAVE is refused through the proxy: persistence is per node. Run it on each node directly",
+    "BGSAVE": "BGSAVE is refused through the proxy: persistence is per node. Run it on each node directly",
+    "BGREWRITEAOF": "BGREWRITEAOF is refused through the proxy: persistence is per node. Run it on each node directly",
+    "MOVE": "MOVE is refused through the proxy: a key's databases live on its node only. Use DUMP and RESTORE, or COPY with DB on the node",
+    "SWAPDB": "SWAPDB is refused through the proxy: it would swap databases on one node only. Run it on each node directly",
+    "FAILOVER": "FAILOVER is refused through the proxy: run it on the node; saltshaker follows a cluster's failovers itself",
+    "SCRIPT DEBUG": "SCRIPT DEBUG is refused through the proxy: debug scripts on a node directly (redis-cli --ldb)",
+    "CLIENT PAUSE": "CLIENT PAUSE is not supported through the proxy: pause the nodes directly",
+    "CLIENT UNPAUSE": "CLIENT UNPAUSE is not supported through the proxy: unpause the nodes directly",
+    "CLIENT UNBLOCK": "CLIENT UNBLOCK is not supported through the proxy: end the blocked client with CLIENT KILL ID",
+    "ACL": "ACL is refused through the proxy: its users are set in its config (users:); ACL WHOAMI, USERS and CAT answer from them",
+    "MODULE": "MODULE is refused through the proxy: load modules on each node directly",
+}
+
+
 def not_through(name):
-    return unsupported("%s is not supported through the proxy" % name)
+    return unsupported(REFUSED.get(name, "%s is not supported through the proxy" % name))
 
 
 ROUTES = {}

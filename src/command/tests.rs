@@ -246,9 +246,12 @@ fn keyless_routes() {
     assert_eq!(keys("WATCH a b"), [1, 2]);
     assert_eq!(route("SUBSCRIBE c"), Route::Subscribe);
     assert_eq!(route("SSUBSCRIBE c"), Route::Subscribe);
+    assert_eq!(route("MONITOR"), Route::Local);
     assert_eq!(
-        route("MONITOR"),
-        Route::Unsupported("MONITOR is not supported through the proxy")
+        route("SAVE"),
+        Route::Unsupported(
+            "SAVE is refused through the proxy: persistence is per node. Run it on each node directly"
+        )
     );
     assert!(matches!(route("MOVE k 1"), Route::Unsupported(_)));
 }
