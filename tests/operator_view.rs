@@ -353,3 +353,45 @@ fn a_monitor_that_never_reads_does_not_slow_or_grow_the_proxy() {
         "the closed monitor is forgotten"
     );
 }
+
+/// INFO's keyspace through a pool is every node's, summed per database (what the client
+/// stores through the proxy), not the first node's.
+#[test]
+fn info_keyspace_over_a_pool_sums_every_node() {
+    need_redis();
+    let nodes = pool(3);
+    let refs: Vec<&Redis> = nodes.iter().collect();
+    let proxy = Proxy::start(&refs, &[]);
+    let mut c = proxy.client();
+    let keys = spread_keys("ks", 40);
+    for k in &keys {
+        assert_eq!(c.cmd(&["SET", k, "v"]), Reply::ok());
+    }
+    for k in &keys[..10] {
+        assert_eq!(c.cmd(&["EXPIRE", k, "1000"]), Reply::Int(1));
+    }
+    let per_node: Vec<i64> = nodes
+        .iter()
+        .map(|n| n.client().cmd(&["DBSIZE"]).as_int())
+        .collect();
+    assert!(
+        per_node.iter().filter(|&&n| n > 0).count() > 1,
+        "keys on several nodes: {per_node:?}"
+    );
+    let info = c.cmd(&["INFO", "keyspace"]).as_str();
+    let db0 = info
+        .lines()
+        .find(|l| l.starts_with("db0:"))
+        .unwrap_or_else(|| panic!("no db0 in:\n{info}"));
+    let fields: Vec<&str> = db0["db0:".len()..].split(',').collect();
+    assert_eq!(fields[0], "keys=40", "{db0}");
+    assert_eq!(fields[1], "expires=10", "{db0}");
+    let ttl: u64 = fields[2].strip_prefix("avg_ttl=").unwrap().parse().unwrap();
+    // The nodes' own estimates (0 until a node has sampled its keys), never above the TTL.
+    assert!(ttl <= 1_000_000, "{db0}");
+    assert_eq!(
+        info.lines().filter(|l| l.starts_with("db")).count(),
+        1,
+        "{info}"
+    );
+}

@@ -293,21 +293,24 @@ pub(super) fn merge(
             blocked,
         } => {
             let mut text = proxy;
-            for (i, p) in parts.iter().enumerate() {
-                let body = match part(replies, *p)
-                    .ok()
-                    .and_then(|raw| parse_value(&raw).ok().flatten())
-                {
-                    Some((Value::Bulk(b), _)) | Some((Value::Verbatim(b), _)) => {
-                        String::from_utf8_lossy(if b.starts_with(b"txt:") {
-                            &b[4..]
-                        } else {
-                            &b[..]
-                        })
-                        .into_owned()
+            let bodies: Vec<String> = parts
+                .iter()
+                .map(|p| {
+                    match part(replies, *p)
+                        .ok()
+                        .and_then(|raw| parse_value(&raw).ok().flatten())
+                    {
+                        Some((Value::Bulk(b), _)) | Some((Value::Verbatim(b), _)) => {
+                            String::from_utf8_lossy(b.strip_prefix(b"txt:").unwrap_or(&b[..]))
+                                .into_owned()
+                        }
+                        _ => String::new(),
                     }
-                    _ => String::new(),
-                };
+                })
+                .collect();
+            // The keyspace is every node's, summed per database.
+            let keyspace = merged_keyspace(&bodies);
+            for (i, body) in bodies.iter().enumerate() {
                 if i == 0 {
                     // The clients are the proxy's, not the node's (whose clients are the
                     // proxies' shared connections).
@@ -316,7 +319,10 @@ pub(super) fn merge(
                             text.push_str(&format!("connected_clients:{clients}\r\n"));
                         } else if line.starts_with("blocked_clients:") {
                             text.push_str(&format!("blocked_clients:{blocked}\r\n"));
-                        } else {
+                        } else if line.starts_with("# Keyspace") {
+                            text.push_str(line);
+                            text.push_str(&keyspace);
+                        } else if db_line(line).is_none() {
                             text.push_str(line);
                         }
                     }
@@ -326,17 +332,7 @@ pub(super) fn merge(
                         text.push_str("\r\n# Nodes\r\n");
                     }
                     let up = if body.is_empty() { "down" } else { "up" };
-                    let keys: u64 = body
-                        .lines()
-                        .filter(|l| l.starts_with("db"))
-                        .filter_map(|l| {
-                            l.split(&[':', ','][..])
-                                .nth(1)?
-                                .strip_prefix("keys=")?
-                                .parse::<u64>()
-                                .ok()
-                        })
-                        .sum();
+                    let keys: u64 = body.lines().filter_map(db_line).map(|(_, k, _, _)| k).sum();
                     text.push_str(&format!(
                         "node{i}:addr={},status={up},keys={keys}\r\n",
                         addrs[i]
@@ -354,4 +350,41 @@ pub(super) fn merge(
     if let Err(e) = result {
         out.extend_from_slice(&e);
     }
+}
+
+/// A keyspace line, `db<N>:keys=<k>,expires=<e>,avg_ttl=<t>`: (N, k, e, t).
+fn db_line(line: &str) -> Option<(u32, u64, u64, u64)> {
+    let (db, rest) = line.trim_end().split_once(':')?;
+    let db = db.strip_prefix("db")?.parse().ok()?;
+    let mut f = [0u64; 3];
+    for (i, name) in ["keys=", "expires=", "avg_ttl="].iter().enumerate() {
+        f[i] = rest
+            .split(',')
+            .find_map(|kv| kv.strip_prefix(name))?
+            .parse()
+            .ok()?;
+    }
+    Some((db, f[0], f[1], f[2]))
+}
+
+/// Every node's keyspace lines summed per database: keys and expires added, `avg_ttl`
+/// the mean of the nodes' estimates weighted by their keys with an expiry (a node that has
+/// no estimate yet says 0, and is left out of the mean).
+fn merged_keyspace(bodies: &[String]) -> String {
+    let mut dbs: std::collections::BTreeMap<u32, (u64, u64, u128, u128)> = Default::default();
+    for (db, keys, expires, ttl) in bodies.iter().flat_map(|b| b.lines().filter_map(db_line)) {
+        let e = dbs.entry(db).or_default();
+        e.0 += keys;
+        e.1 += expires;
+        if ttl > 0 {
+            e.2 += ttl as u128 * expires as u128;
+            e.3 += expires as u128;
+        }
+    }
+    dbs.iter()
+        .map(|(db, (keys, expires, weighted, estimated))| {
+            let ttl = weighted.checked_div(*estimated).unwrap_or(0);
+            format!("db{db}:keys={keys},expires={expires},avg_ttl={ttl}\r\n")
+        })
+        .collect()
 }
