@@ -515,8 +515,10 @@ fn sort_by_and_get_patterns_over_a_pool_are_right_or_refused() {
     );
     // A tag that places the keys on another node is refused too.
     let home = owner(&nodes, "{u}ids");
-    let other = (0..200)
-        .map(|i| format!("t{i}"))
+    // Tags that differ everywhere: twemproxy's 32-bit fnv1a puts names that differ in their
+    // last characters only on one node.
+    let other = spread_keys("t", 200)
+        .into_iter()
         .find(|t| {
             let probe = format!("{{{t}}}probe");
             c.cmd(&["SET", &probe, "1"]);
