@@ -173,7 +173,7 @@ fn unsupported_commands_get_a_saltshaker_error_and_nothing_reaches_the_node() {
         let refs: Vec<&Redis> = nodes.iter().collect();
         let proxy = Proxy::start(&refs, &[]);
         let mut c = proxy.client();
-        for args in [&["MONITOR"][..], &["SHUTDOWN"], &["SHUTDOWN", "NOSAVE"]] {
+        for args in [&["SAVE"][..], &["SHUTDOWN"], &["SHUTDOWN", "NOSAVE"]] {
             let r = c.cmd(args);
             assert!(
                 r.is_error() && r.err().contains("saltshaker"),
