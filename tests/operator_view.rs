@@ -262,6 +262,19 @@ fn client_kill_closes_the_proxys_clients_as_redis_closes_its_own() {
             Reply::Int(0),
             "{addr}: only the caller is left"
         );
+        // A client in MONITOR is closed too.
+        let mut m = Client::connect(&addr);
+        let mid = m.cmd(&["CLIENT", "ID"]).as_int().to_string();
+        assert_eq!(m.cmd(&["MONITOR"]), Reply::ok());
+        assert_eq!(
+            a.cmd(&["CLIENT", "KILL", "ID", &mid]),
+            Reply::Int(1),
+            "{addr}"
+        );
+        assert!(
+            m.closed_within(Duration::from_secs(2)),
+            "{addr}: the monitor stays open"
+        );
         let aid = a.cmd(&["CLIENT", "ID"]).as_int().to_string();
         assert_eq!(
             a.cmd(&["CLIENT", "KILL", "ID", &aid, "SKIPME", "no"]),

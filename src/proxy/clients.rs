@@ -33,7 +33,6 @@ pub struct Shown {
     pub multi: Option<usize>,
     /// Bytes those commands hold.
     pub multi_mem: usize,
-    pub watching: bool,
     pub pubsub: bool,
 }
 
@@ -141,12 +140,9 @@ impl Client {
         self.shown.lock().unwrap_or_else(|p| p.into_inner()).clone()
     }
 
-    /// Publishes what changed rarely, when it did.
+    /// Publishes what changes rarely (the session calls it when it changed).
     pub fn publish(&self, now: Shown) {
-        let mut s = self.shown.lock().unwrap_or_else(|p| p.into_inner());
-        if *s != now {
-            *s = now;
-        }
+        *self.shown.lock().unwrap_or_else(|p| p.into_inner()) = now;
     }
 
     pub fn set_blocked(&self, on: bool) {

@@ -127,7 +127,7 @@ pub fn handle(s: &mut Session, req: &Request, c: &Classified, rb: &mut RoundBuil
             })));
             return Flow::Continue;
         }
-        name if name.starts_with("CLIENT") => return client(s, req, name, rb),
+        name if name.starts_with("CLIENT") => return client(s, req, c.spec, rb),
         "MONITOR" => {
             ready(rb, b"+OK\r\n");
             return Flow::Monitor;
@@ -250,9 +250,14 @@ fn bulk(s: &str) -> Value {
     Value::Bulk(Bytes::copy_from_slice(s.as_bytes()))
 }
 
-fn client(s: &mut Session, req: &Request, name: &str, rb: &mut RoundBuilder) -> Flow {
+fn client(
+    s: &mut Session,
+    req: &Request,
+    spec: &'static crate::command::Spec,
+    rb: &mut RoundBuilder,
+) -> Flow {
     let mut out = BytesMut::new();
-    match name {
+    match spec.name {
         "CLIENT SETNAME" => {
             let n = req.arg(2);
             if n.iter().any(|b| *b <= b' ' || *b > b'~') {
@@ -272,13 +277,7 @@ fn client(s: &mut Session, req: &Request, name: &str, rb: &mut RoundBuilder) -> 
         "CLIENT ID" => encode_int(s.id as i64, &mut out),
         "CLIENT INFO" => {
             s.publish();
-            let line = s.me.line(lookup_spec(name));
-            match s.proto {
-                Proto::Resp3 => {
-                    Value::Verbatim(Bytes::from(format!("txt:{line}"))).encode(s.proto, &mut out)
-                }
-                Proto::Resp2 => encode_bulk(line.as_bytes(), &mut out),
-            }
+            text_reply(s.proto, s.me.line(Some(spec)), &mut out);
         }
         "CLIENT LIST" => {
             s.publish();
@@ -290,20 +289,15 @@ fn client(s: &mut Session, req: &Request, name: &str, rb: &mut RoundBuilder) -> 
                     return Flow::Continue;
                 }
             };
-            let me = lookup_spec(name);
-            let text: String = s
+            let me = s.id;
+            let text = s
                 .ctx
                 .clients
                 .select(&f)
                 .iter()
-                .map(|c| c.line(if c.id == s.id { me } else { None }))
+                .map(|c| c.line((c.id == me).then_some(spec)))
                 .collect();
-            match s.proto {
-                Proto::Resp3 => {
-                    Value::Verbatim(Bytes::from(format!("txt:{text}"))).encode(s.proto, &mut out)
-                }
-                Proto::Resp2 => encode_bulk(text.as_bytes(), &mut out),
-            }
+            text_reply(s.proto, text, &mut out);
         }
         "CLIENT KILL" => return client_kill(s, req, rb),
         "CLIENT NO-EVICT" | "CLIENT NO-TOUCH" | "CLIENT SETINFO" => encode_simple("OK", &mut out),
@@ -330,9 +324,12 @@ fn client(s: &mut Session, req: &Request, name: &str, rb: &mut RoundBuilder) -> 
     Flow::Continue
 }
 
-/// The table entry of a command the proxy answers itself, for CLIENT LIST's `cmd=`.
-fn lookup_spec(name: &str) -> Option<&'static crate::command::Spec> {
-    crate::command::lookup(name.as_bytes())
+/// CLIENT INFO's and CLIENT LIST's text: a verbatim string in RESP3, a bulk in RESP2.
+fn text_reply(proto: Proto, text: String, out: &mut BytesMut) {
+    match proto {
+        Proto::Resp3 => Value::Verbatim(Bytes::from(format!("txt:{text}"))).encode(proto, out),
+        Proto::Resp2 => encode_bulk(text.as_bytes(), out),
+    }
 }
 
 /// `CLIENT KILL addr:port` (the old form: OK, or an error when no client has that

@@ -68,19 +68,31 @@ pub async fn run(stream: Stream, ctx: Arc<Ctx>, id: u64) {
     drop(tx);
     // Once per connection, and boxed so that its futures do not sit in every
     // connection's task beside the read loop's.
-    Box::pin(close(end, writer)).await;
+    Box::pin(close(end, writer, registered.killed.clone())).await;
     drop(registered);
 }
 
 /// After the read phase: hand over to the pub/sub tunnel, or close politely.
-async fn close(end: End, writer: tokio::task::JoinHandle<(WriteHalf, Option<tunnel::TunnelEnd>)>) {
+async fn close(
+    end: End,
+    writer: tokio::task::JoinHandle<(WriteHalf, Option<tunnel::TunnelEnd>)>,
+    mut killed: watch::Receiver<bool>,
+) {
     let (mut w, tunnel_end): (WriteHalf, _) = match writer.await {
         Ok(x) => x,
         Err(_) => return,
     };
     match (end, tunnel_end) {
-        (End::Tunnel(r, start), Some(t)) => tunnel::pump(r, w, start, t).await,
-        (End::Monitor(r, lines), None) => super::monitor::pump(r, w, lines).await,
+        // A tunnel or a monitor ends when either side closes, or when CLIENT KILL chooses
+        // the connection (dropping the pump closes its sockets).
+        (End::Tunnel(r, start), Some(t)) => tokio::select! {
+            _ = tunnel::pump(r, w, start, t) => {}
+            _ = killed.wait_for(|k| *k) => {}
+        },
+        (End::Monitor(r, lines), None) => tokio::select! {
+            _ = super::monitor::pump(r, w, lines) => {}
+            _ = killed.wait_for(|k| *k) => {}
+        },
         (End::Drained(mut r), _) => {
             // Every command read has its reply written. Send FIN, then discard what the
             // client sent after we stopped reading (it was never executed, so the client can

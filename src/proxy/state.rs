@@ -69,15 +69,8 @@ pub struct Session {
 }
 
 /// What CLIENT LIST shows of a session that changes rarely, compared cheaply once per
-/// round: database, protocol, the name's and the user's identity, MULTI's length, WATCH.
-type ShownKey = (
-    u32,
-    Proto,
-    Option<(usize, usize)>,
-    usize,
-    Option<usize>,
-    bool,
-);
+/// round: database, protocol, the name's and the user's identity, MULTI's length.
+type ShownKey = (u32, Proto, Option<(usize, usize)>, usize, Option<usize>);
 
 impl Session {
     pub fn new(
@@ -93,7 +86,7 @@ impl Session {
             ctx,
             id: me.id,
             me,
-            shown: (0, Proto::Resp2, None, 0, None, false),
+            shown: (0, Proto::Resp2, None, 0, None),
             peer,
             local,
             proto: Proto::Resp2,
@@ -153,7 +146,6 @@ impl Session {
             self.name.as_ref().map(|n| (n.as_ptr() as usize, n.len())),
             self.user.as_ref().map_or(0, |u| Arc::as_ptr(u) as usize),
             self.tx.as_ref().map(|t| t.wires.len()),
-            self.watch.is_some(),
         );
         if key == self.shown {
             return;
@@ -176,7 +168,6 @@ impl Session {
                 .tx
                 .as_ref()
                 .map_or(0, |t| t.wires.iter().map(|w| w.len()).sum()),
-            watching: self.watch.is_some(),
             pubsub: false,
         });
     }
