@@ -304,6 +304,9 @@ fn monitor_streams_each_command_in_redis_s_line_format() {
         assert_eq!(m.cmd(&["MONITOR"]), Reply::ok(), "{addr}");
         let mut c = Client::connect(&addr);
         let me = field(&c.cmd(&["CLIENT", "INFO"]).as_str(), "addr");
+        // Admin commands are not shown (Redis skips CMD_ADMIN as it skips CMD_SKIP_MONITOR).
+        c.cmd(&["CLIENT", "LIST"]);
+        assert_eq!(c.cmd(&["CLIENT", "KILL", "ID", "999999"]), Reply::Int(0));
         assert_eq!(c.cmd(&["SELECT", "3"]), Reply::ok());
         assert_eq!(c.cmd(&["SET", "k x", "a\"\r\n\u{1}"]), Reply::ok());
         assert_eq!(c.cmd(&["GET", "k x"]), Reply::bulk("a\"\r\n\u{1}"));

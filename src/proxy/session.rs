@@ -254,7 +254,9 @@ async fn read_loop(
             } else {
                 (req, c, None)
             };
-            let monitor = (monitored && !c.spec.has(command::flags::SKIP_MONITOR))
+            // Redis shows neither CMD_SKIP_MONITOR nor CMD_ADMIN commands to monitors.
+            let monitor = (monitored
+                && !c.spec.has(command::flags::SKIP_MONITOR | command::flags::ADMIN))
                 .then(|| super::monitor::args(&req));
             let mut mark = rb.slots.len();
             let conn_state = (s.proto, s.db);
