@@ -46,16 +46,12 @@ REFUSED = {
     "DEBUG": "DEBUG is refused through the proxy: it acts on one node's internals. Run it on the node directly",
     "PFDEBUG": "PFDEBUG is refused through the proxy: it acts on one node's internals. Run it on the node directly",
     "SAVE": "SAVE is refused through the proxy: persistence is per node. Run it on each node directly",
-    "BGSAVE": "BGSAVE is refused through the proxy: persistence is per node. Run it on each node directly",
-    "BGREWRITEAOF": "BGREWRITEAOF is refused through the proxy: persistence is per node. Run it on each node directly",
     "MOVE": "MOVE is refused through the proxy: a key's databases live on its node only. Use DUMP and RESTORE, or COPY with DB on the node",
     "SWAPDB": "SWAPDB is refused through the proxy: it would swap databases on one node only. Run it on each node directly",
     "FAILOVER": "FAILOVER is refused through the proxy: run it on the node; saltshaker follows a cluster's failovers itself",
     "SCRIPT DEBUG": "SCRIPT DEBUG is refused through the proxy: debug scripts on a node directly (redis-cli --ldb)",
-    "CLIENT PAUSE": "CLIENT PAUSE is not supported through the proxy: pause the nodes directly",
-    "CLIENT UNPAUSE": "CLIENT UNPAUSE is not supported through the proxy: unpause the nodes directly",
-    "CLIENT UNBLOCK": "CLIENT UNBLOCK is not supported through the proxy: end the blocked client with CLIENT KILL ID",
-    "ACL": "ACL is refused through the proxy: its users are set in its config (users:); ACL WHOAMI, USERS and CAT answer from them",
+    "ACL SAVE": "ACL SAVE is refused through the proxy: its users come from its config file (auth.users); write changes made with ACL SETUSER there",
+    "ACL LOAD": "ACL LOAD is refused through the proxy: its users come from its config file (auth.users); restart or upgrade saltshaker to load it",
     "MODULE": "MODULE is refused through the proxy: load modules on each node directly",
 }
 
@@ -79,7 +75,11 @@ route("DBSIZE, SLOWLOG LEN, LATENCY RESET", "Route::AllNodes(Agg::SumInt)")
 route("FLUSHALL, FLUSHDB, SCRIPT FLUSH, SCRIPT LOAD, FUNCTION LOAD, FUNCTION FLUSH, "
       "FUNCTION DELETE, FUNCTION RESTORE, CONFIG SET, CONFIG RESETSTAT, CONFIG REWRITE, "
       "MEMORY PURGE, SLOWLOG RESET", "Route::AllNodes(Agg::AllOk)")
-route("KEYS, SLOWLOG GET", "Route::AllNodes(Agg::ConcatArrays)")
+# Every node starts its own background save or rewrite; the reply is the first node's
+# once none failed.
+route("BGSAVE, BGREWRITEAOF", "Route::AllNodes(Agg::AllOk)")
+route("KEYS", "Route::AllNodes(Agg::ConcatArrays)")
+route("SLOWLOG GET", "Route::AllNodes(Agg::Slowlog)")
 route("SCRIPT EXISTS", "Route::AllNodes(Agg::AndArrays)")
 route("WAIT, WAITAOF", "Route::AllNodes(Agg::MinInt)")
 route("CONFIG GET, FUNCTION LIST, FUNCTION DUMP, FUNCTION STATS, LASTSAVE",
@@ -89,16 +89,25 @@ route("TIME, LOLWUT, ROLE, PUBLISH, SPUBLISH, PFSELFTEST, MEMORY STATS, MEMORY D
       "LATENCY HISTOGRAM", "Route::AnyNode")
 route("PING, ECHO, QUIT, HELLO, AUTH, SELECT, RESET, READONLY, READWRITE, INFO, "
       "CLIENT SETNAME, CLIENT GETNAME, CLIENT ID, CLIENT INFO, CLIENT LIST, CLIENT NO-EVICT, "
-      "CLIENT NO-TOUCH, CLIENT SETINFO, CLIENT REPLY, CLIENT KILL, MONITOR", "Route::Local")
+      "CLIENT NO-TOUCH, CLIENT SETINFO, CLIENT REPLY, CLIENT KILL, CLIENT PAUSE, CLIENT UNPAUSE, "
+      "CLIENT UNBLOCK, MONITOR", "Route::Local")
+# DEBUG ERROR is answered by the proxy (clients test their error handling with it); the
+# other DEBUG subcommands are refused there (`proxy::local`).
+route("DEBUG", "Route::Local")
+# The proxy's own users (`auth`): ACL acts on them, not on the nodes'.
+route("ACL WHOAMI, ACL USERS, ACL SETUSER, ACL DELUSER, ACL GETUSER, ACL LIST, ACL DRYRUN, "
+      "ACL GENPASS, ACL LOG, ACL HELP", "Route::Local")
+route("ACL CAT", "Route::AnyNode")
+for n in ["ACL SAVE", "ACL LOAD"]:
+    route(n, not_through(n))
 route("SCAN", "Route::Scan")
 route("SCRIPT KILL, FUNCTION KILL", "Route::Kill")
 route("RANDOMKEY", "Route::RandomKey")
 route("MULTI, EXEC, DISCARD, WATCH, UNWATCH", "Route::Transaction")
 route("SUBSCRIBE, PSUBSCRIBE, SSUBSCRIBE, UNSUBSCRIBE, PUNSUBSCRIBE, SUNSUBSCRIBE",
       "Route::Subscribe")
-for n in ["SHUTDOWN", "DEBUG", "MOVE", "SWAPDB", "FAILOVER", "PFDEBUG",
-          "SAVE", "BGSAVE", "BGREWRITEAOF", "SCRIPT DEBUG",
-          "CLIENT PAUSE", "CLIENT UNPAUSE", "CLIENT UNBLOCK"]:
+for n in ["SHUTDOWN", "MOVE", "SWAPDB", "FAILOVER", "PFDEBUG",
+          "SAVE", "SCRIPT DEBUG"]:
     route(n, not_through(n))
 route("SYNC, PSYNC, REPLCONF, REPLICAOF, SLAVEOF",
       unsupported("replication commands are not supported through the proxy"))
@@ -111,7 +120,7 @@ route("CLIENT TRACKING, CLIENT CACHING, CLIENT GETREDIR, CLIENT TRACKINGINFO",
       unsupported("client-side caching (CLIENT TRACKING) is not supported through the proxy"))
 # Whole families, by container name.
 FAMILY_ROUTES = {
-    "ACL": not_through("ACL"),
+    "ACL": "Route::Local",
     "CLUSTER": unsupported("cluster commands are not supported through the proxy"),
     "MODULE": not_through("MODULE"),
     "COMMAND": "Route::AnyNode",

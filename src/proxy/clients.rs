@@ -22,6 +22,75 @@ pub struct Clients {
     map: Mutex<BTreeMap<u64, Arc<Client>>>,
 }
 
+/// CLIENT PAUSE: until when this proxy's clients wait before their commands run (all of
+/// them, or those that write), as Redis pauses its own. One relaxed load per command
+/// while nothing is paused.
+#[derive(Default)]
+pub struct Pause {
+    any: AtomicBool,
+    state: Mutex<Option<Paused>>,
+    changed: tokio::sync::Notify,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Paused {
+    pub until: Instant,
+    /// ALL (every command) rather than WRITE (writes, and commands that may write).
+    pub all: bool,
+}
+
+impl Pause {
+    /// CLIENT PAUSE: as Redis, a pause already on keeps the later end and the stricter
+    /// mode.
+    pub fn pause(&self, p: Paused) {
+        let mut st = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        let now = match *st {
+            Some(old) if old.until > Instant::now() => Paused {
+                until: old.until.max(p.until),
+                all: old.all || p.all,
+            },
+            _ => p,
+        };
+        *st = Some(now);
+        self.any.store(true, Ordering::Release);
+        self.changed.notify_waiters();
+    }
+
+    /// CLIENT UNPAUSE.
+    pub fn unpause(&self) {
+        *self.state.lock().unwrap_or_else(|e| e.into_inner()) = None;
+        self.any.store(false, Ordering::Release);
+        self.changed.notify_waiters();
+    }
+
+    /// The pause a command waits for now (`writes`: it writes or may), if any.
+    pub fn holds(&self, writes: bool) -> Option<Instant> {
+        if !self.any.load(Ordering::Relaxed) {
+            return None;
+        }
+        let st = *self.state.lock().unwrap_or_else(|e| e.into_inner());
+        match st {
+            Some(p) if p.until > Instant::now() && (p.all || writes) => Some(p.until),
+            Some(p) if p.until <= Instant::now() => {
+                self.any.store(false, Ordering::Release);
+                None
+            }
+            _ => None,
+        }
+    }
+
+    /// Waits until a command (`writes` as in `holds`) may run.
+    pub async fn wait(&self, writes: bool) {
+        while let Some(until) = self.holds(writes) {
+            let changed = self.changed.notified();
+            tokio::select! {
+                _ = changed => {}
+                _ = tokio::time::sleep_until(until.into()) => {}
+            }
+        }
+    }
+}
+
 /// What changes rarely: published by the session when it changes.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Shown {
@@ -52,6 +121,9 @@ pub struct Client {
     rbs: AtomicUsize,
     omem: AtomicUsize,
     blocked: AtomicBool,
+    /// While blocked: the node and the node's id of the connection the command waits
+    /// on (0 until known), for CLIENT UNBLOCK.
+    blocked_on: Mutex<Option<(usize, Arc<AtomicU64>)>>,
     kill: watch::Sender<bool>,
 }
 
@@ -88,6 +160,7 @@ impl Clients {
             rbs: AtomicUsize::new(0),
             omem: AtomicUsize::new(0),
             blocked: AtomicBool::new(false),
+            blocked_on: Mutex::new(None),
             kill,
         });
         self.lock().insert(id, c.clone());
@@ -145,8 +218,23 @@ impl Client {
         *self.shown.lock().unwrap_or_else(|p| p.into_inner()) = now;
     }
 
-    pub fn set_blocked(&self, on: bool) {
+    /// Blocked in a command (`on`: the node and the node's id of the connection it waits
+    /// on, when it waits on a node), or not.
+    pub fn set_blocked(&self, on: bool, node: Option<(usize, Arc<AtomicU64>)>) {
         self.blocked.store(on, Ordering::Relaxed);
+        *self.blocked_on.lock().unwrap_or_else(|p| p.into_inner()) = node;
+    }
+
+    /// Where CLIENT UNBLOCK finds this client's blocked command: its node and the node's
+    /// client id, when it waits on a node now.
+    pub fn blocked_on(&self) -> Option<(usize, u64)> {
+        if !self.blocked.load(Ordering::Relaxed) {
+            return None;
+        }
+        let b = self.blocked_on.lock().unwrap_or_else(|p| p.into_inner());
+        b.as_ref()
+            .map(|(n, id)| (*n, id.load(Ordering::Acquire)))
+            .filter(|(_, id)| *id != 0)
     }
 
     /// The reply bytes not yet written to the client.

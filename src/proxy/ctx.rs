@@ -52,6 +52,10 @@ pub struct Ctx {
     pub(super) clients: Arc<super::clients::Clients>,
     /// The clients in MONITOR.
     pub(super) monitors: super::monitor::Monitors,
+    /// CLIENT PAUSE over this proxy's clients.
+    pub(super) pause: super::clients::Pause,
+    /// ACL LOG: the commands and logins this proxy refused.
+    pub(super) acl_log: crate::auth::Log,
 }
 
 impl Ctx {
@@ -92,6 +96,8 @@ impl Ctx {
             blocked: Arc::default(),
             clients: Arc::default(),
             monitors,
+            acl_log: crate::auth::Log::default(),
+            pause: super::clients::Pause::default(),
         }
     }
 }

@@ -5,6 +5,9 @@
 //! session made them. It stops when the session goes away, even mid-BLPOP, so an
 //! abandoned blocking command never pins a backend connection.
 
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
 use bytes::{Bytes, BytesMut};
 use tokio::sync::{mpsc, oneshot, watch};
 
@@ -15,13 +18,27 @@ type Call = (Vec<Bytes>, usize, oneshot::Sender<Bytes>);
 
 pub struct DedicatedWorker {
     tx: mpsc::UnboundedSender<Call>,
+    /// The node's id of the connection (CLIENT ID), once open; 0 before, or when not
+    /// asked for.
+    node_id: Arc<AtomicU64>,
 }
 
+/// CLIENT ID, asked on a blocking worker's connection when it opens, so that CLIENT
+/// UNBLOCK can name it to the node.
+const CLIENT_ID: &[u8] = b"*2\r\n$6\r\nCLIENT\r\n$2\r\nID\r\n";
+
 impl DedicatedWorker {
-    pub fn spawn(hs: Handshake, gone: watch::Receiver<bool>) -> DedicatedWorker {
+    /// `ask_id`: learn the node's id of the connection when it opens (blocking commands).
+    pub fn spawn(hs: Handshake, gone: watch::Receiver<bool>, ask_id: bool) -> DedicatedWorker {
         let (tx, rx) = mpsc::unbounded_channel();
-        tokio::spawn(work(hs, rx, gone));
-        DedicatedWorker { tx }
+        let node_id = Arc::new(AtomicU64::new(0));
+        tokio::spawn(work(hs, rx, gone, ask_id.then(|| node_id.clone())));
+        DedicatedWorker { tx, node_id }
+    }
+
+    /// The node's id of the connection (0 until known).
+    pub fn node_id(&self) -> Arc<AtomicU64> {
+        self.node_id.clone()
     }
 
     /// Sends `count` commands; the receiver gets the reply of the last one.
@@ -37,12 +54,27 @@ async fn work(
     hs: Handshake,
     mut rx: mpsc::UnboundedReceiver<Call>,
     mut gone: watch::Receiver<bool>,
+    node_id: Option<Arc<AtomicU64>>,
 ) {
     let mut conn: Option<Dedicated> = None;
     while let Some((wires, count, reply)) = rx.recv().await {
         if conn.is_none() {
             match Dedicated::open(&hs).await {
-                Ok(c) => conn = Some(c),
+                Ok(mut c) => {
+                    if let Some(id) = &node_id {
+                        id.store(0, Ordering::Release);
+                        let asked = c.call(&[Bytes::from_static(CLIENT_ID)], 1).await;
+                        if let Some(n) = asked.ok().and_then(|r| {
+                            let b = r.get(0);
+                            b.strip_prefix(b":")
+                                .and_then(|x| x.strip_suffix(b"\r\n"))
+                                .and_then(crate::resp::parse_i64)
+                        }) {
+                            id.store(n as u64, Ordering::Release);
+                        }
+                    }
+                    conn = Some(c)
+                }
                 Err(e) => {
                     let _ = reply.send(error(&format!("ERR saltshaker: {e}")));
                     continue;

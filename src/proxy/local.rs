@@ -4,14 +4,13 @@
 use bytes::{Bytes, BytesMut};
 
 use super::as_cluster;
-use super::clients;
 use super::dedicated::DedicatedWorker;
 use super::round::{Merge, RoundBuilder, Slot};
 use super::route::{keys_node, push, push_n};
 use super::state::{err_bytes, ready_later, reset_dedicated, Flow, Session, Tx};
 use crate::command::{flags, Classified, Route};
 use crate::resp::{
-    encode_bulk, encode_int, encode_map_header, encode_simple, Proto, Request, Value,
+    encode_bulk, encode_map_header, encode_simple, Proto, Request, Value,
 };
 
 const OK: &[u8] = b"+OK\r\n";
@@ -42,18 +41,6 @@ pub fn handle(s: &mut Session, req: &Request, c: &Classified, rb: &mut RoundBuil
         "QUIT" => {
             ready(rb, OK);
             return Flow::Close;
-        }
-        // Answered from the proxy's own users (the nodes' users are the proxy's business).
-        "ACL WHOAMI" => match &s.user {
-            Some(u) => encode_bulk(u.name.as_bytes(), &mut out),
-            None => encode_bulk(b"default", &mut out),
-        },
-        "ACL USERS" => {
-            let names = s.ctx.users.names();
-            out.extend_from_slice(format!("*{}\r\n", names.len()).as_bytes());
-            for n in names {
-                encode_bulk(n.as_bytes(), &mut out);
-            }
         }
         "ASKING" | "READONLY" | "READWRITE" => {
             out.extend_from_slice(&as_cluster::answer(s, req, c.spec.name))
@@ -127,7 +114,16 @@ pub fn handle(s: &mut Session, req: &Request, c: &Classified, rb: &mut RoundBuil
             })));
             return Flow::Continue;
         }
-        name if name.starts_with("CLIENT") => return client(s, req, c.spec, rb),
+        // Clients test how they take an error with DEBUG ERROR; it touches no node, so the
+        // proxy answers it. Every other DEBUG acts on one node's internals.
+        "DEBUG" if req.argc() == 3 && req.arg(1).eq_ignore_ascii_case(b"ERROR") => {
+            let msg = String::from_utf8_lossy(req.arg(2)).replace(['\r', '\n'], " ");
+            error(rb, &msg);
+            return Flow::Continue;
+        }
+        "DEBUG" => error(rb, "ERR saltshaker: DEBUG is refused through the proxy (but DEBUG ERROR): it acts on one node's internals. Run it on the node directly"),
+        name if name.starts_with("ACL ") => return super::acl::handle(s, req, c.spec, rb),
+        name if name.starts_with("CLIENT") => return super::client_cmd::handle(s, req, c, rb),
         "MONITOR" => {
             ready(rb, b"+OK\r\n");
             return Flow::Monitor;
@@ -152,6 +148,8 @@ fn check_auth(s: &mut Session, user: Option<&[u8]>, pass: &[u8]) -> Result<(), &
         Err(e) => {
             if e == crate::auth::WRONGPASS {
                 s.ctx.metrics.security.auth_failures.inc();
+                let name = String::from_utf8_lossy(user.unwrap_or(b"default")).into_owned();
+                s.log_refusal("auth", "AUTH".into(), &name);
                 tracing::info!(client = s.id, peer = %s.peer, user = %String::from_utf8_lossy(user.unwrap_or(b"default")), "AUTH refused");
             }
             Err(e)
@@ -250,126 +248,6 @@ fn bulk(s: &str) -> Value {
     Value::Bulk(Bytes::copy_from_slice(s.as_bytes()))
 }
 
-fn client(
-    s: &mut Session,
-    req: &Request,
-    spec: &'static crate::command::Spec,
-    rb: &mut RoundBuilder,
-) -> Flow {
-    let mut out = BytesMut::new();
-    match spec.name {
-        "CLIENT SETNAME" => {
-            let n = req.arg(2);
-            if n.iter().any(|b| *b <= b' ' || *b > b'~') {
-                error(
-                    rb,
-                    "ERR Client names cannot contain spaces, newlines or special characters.",
-                );
-                return Flow::Continue;
-            }
-            s.name = (!n.is_empty()).then(|| req.arg_bytes(2));
-            encode_simple("OK", &mut out);
-        }
-        "CLIENT GETNAME" => match &s.name {
-            Some(n) => encode_bulk(n, &mut out),
-            None => Value::Nil.encode(s.proto, &mut out),
-        },
-        "CLIENT ID" => encode_int(s.id as i64, &mut out),
-        "CLIENT INFO" => {
-            s.publish();
-            text_reply(s.proto, s.me.line(Some(spec)), &mut out);
-        }
-        "CLIENT LIST" => {
-            s.publish();
-            let args: Vec<&[u8]> = (2..req.argc()).map(|i| req.arg(i)).collect();
-            let f = match clients::parse_filter(&args, s.id, false) {
-                Ok(f) => f,
-                Err(e) => {
-                    error(rb, &e.to_string());
-                    return Flow::Continue;
-                }
-            };
-            let me = s.id;
-            let text = s
-                .ctx
-                .clients
-                .select(&f)
-                .iter()
-                .map(|c| c.line((c.id == me).then_some(spec)))
-                .collect();
-            text_reply(s.proto, text, &mut out);
-        }
-        "CLIENT KILL" => return client_kill(s, req, rb),
-        "CLIENT NO-EVICT" | "CLIENT NO-TOUCH" | "CLIENT SETINFO" => encode_simple("OK", &mut out),
-        "CLIENT REPLY" => {
-            if upper(req.arg(2)) == "ON" {
-                encode_simple("OK", &mut out);
-            } else {
-                error(
-                    rb,
-                    "ERR saltshaker: CLIENT REPLY OFF|SKIP is not supported through the proxy",
-                );
-                return Flow::Continue;
-            }
-        }
-        other => {
-            error(
-                rb,
-                &format!("ERR saltshaker: {other} is not supported through the proxy"),
-            );
-            return Flow::Continue;
-        }
-    }
-    rb.slots.push(Slot::Ready(out.freeze()));
-    Flow::Continue
-}
-
-/// CLIENT INFO's and CLIENT LIST's text: a verbatim string in RESP3, a bulk in RESP2.
-fn text_reply(proto: Proto, text: String, out: &mut BytesMut) {
-    match proto {
-        Proto::Resp3 => Value::Verbatim(Bytes::from(format!("txt:{text}"))).encode(proto, out),
-        Proto::Resp2 => encode_bulk(text.as_bytes(), out),
-    }
-}
-
-/// `CLIENT KILL addr:port` (the old form: OK, or an error when no client has that
-/// address) and `CLIENT KILL <filter> <value> ...` (how many were closed), over this
-/// proxy's clients. A client that kills itself (`SKIPME no`) gets its reply first.
-fn client_kill(s: &mut Session, req: &Request, rb: &mut RoundBuilder) -> Flow {
-    let mut out = BytesMut::new();
-    if req.argc() == 3 {
-        let f = clients::Filter {
-            addr: Some(String::from_utf8_lossy(req.arg(2)).into_owned()),
-            ..clients::Filter::default()
-        };
-        match s.ctx.clients.kill(&f) {
-            0 => error(rb, "ERR No such client"),
-            _ => {
-                encode_simple("OK", &mut out);
-                rb.slots.push(Slot::Ready(out.freeze()));
-            }
-        }
-        return Flow::Continue;
-    }
-    let args: Vec<&[u8]> = (2..req.argc()).map(|i| req.arg(i)).collect();
-    let f = match clients::parse_filter(&args, s.id, true) {
-        Ok(f) => f,
-        Err(e) => {
-            error(rb, &e.to_string());
-            return Flow::Continue;
-        }
-    };
-    if let Some(u) = &f.user {
-        if !s.ctx.users.names().iter().any(|n| n == u) {
-            error(rb, &format!("ERR No such user '{u}'"));
-            return Flow::Continue;
-        }
-    }
-    encode_int(s.ctx.clients.kill(&f) as i64, &mut out);
-    rb.slots.push(Slot::Ready(out.freeze()));
-    Flow::Continue
-}
-
 fn proxy_info(s: &Session) -> String {
     let b = &s.ctx.backend;
     let up = b.nodes().iter().filter(|n| n.is_up()).count();
@@ -430,7 +308,7 @@ pub fn transaction(s: &mut Session, req: &Request, c: &Classified, rb: &mut Roun
                 }
             } else {
                 let hs = s.ctx.backend.node(node).handshake(s.proto, s.db);
-                s.watch = Some((node, DedicatedWorker::spawn(hs, s.gone.clone())));
+                s.watch = Some((node, DedicatedWorker::spawn(hs, s.gone.clone(), false)));
             }
             let w = &s.watch.as_ref().expect("set above").1;
             rb.slots.push(Slot::Later(w.call(vec![req.wire()], 1)));
@@ -502,7 +380,14 @@ pub(super) fn queue_in_tx(s: &mut Session, req: &Request, c: &Classified) -> Slo
         Route::Keyed | Route::Blocking | Route::Split(_) | Route::AnyNode => true,
         Route::AllNodes(_) | Route::RandomKey | Route::Scan => single,
         // INFO goes to the transaction's node, which answers it in EXEC's reply.
-        Route::Local => matches!(c.spec.name, "PING" | "ECHO" | "INFO"),
+        // So does DEBUG ERROR (a node started without enable-debug-command refuses it
+        // when it is queued there, and EXEC then aborts, as on that node).
+        Route::Local => {
+            matches!(c.spec.name, "PING" | "ECHO" | "INFO")
+                || (c.spec.name == "DEBUG"
+                    && req.argc() == 3
+                    && req.arg(1).eq_ignore_ascii_case(b"ERROR"))
+        }
         _ => false,
     };
     let node = if allowed {

@@ -18,13 +18,15 @@
 //! - handlers, given the state: `plan` (the decide and observe phases of one command),
 //!   `settle` (a round sent ahead of a command; the wait at a
 //!   change of database, protocol or lane), `route` (node jobs, splits, all nodes), `mitigation`
-//!   (combine, cache), `salted` (acting on a salt plan), `local` (commands answered here,
-//!   transactions);
+//!   (combine, cache), `salted` (acting on a salt plan), `acl` (the ACL commands, on the
+//!   proxy's users), `local` (commands answered here, transactions);
 //! - top: `session` (the read loop: classify, decide, observe, act), `reply` (the writer),
 //!   and this file (the listener and the background tasks).
 
+mod acl;
 mod admit;
 mod as_cluster;
+mod client_cmd;
 mod clients;
 mod ctx;
 mod dedicated;

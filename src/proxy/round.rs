@@ -159,12 +159,15 @@ pub struct Blocked(
 );
 
 impl Blocked {
+    /// `on`: the node and the node's id of the connection the command waits on, for
+    /// CLIENT UNBLOCK (None while paused by CLIENT PAUSE, which it cannot end).
     pub fn new(
         count: &std::sync::Arc<std::sync::atomic::AtomicI64>,
         client: &std::sync::Arc<super::clients::Client>,
+        on: Option<(usize, std::sync::Arc<std::sync::atomic::AtomicU64>)>,
     ) -> Blocked {
         count.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        client.set_blocked(true);
+        client.set_blocked(true, on);
         Blocked(count.clone(), client.clone())
     }
 }
@@ -172,7 +175,7 @@ impl Blocked {
 impl Drop for Blocked {
     fn drop(&mut self) {
         self.0.fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
-        self.1.set_blocked(false);
+        self.1.set_blocked(false, None);
     }
 }
 

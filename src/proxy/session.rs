@@ -255,6 +255,20 @@ async fn read_loop(
                 (req, c, None)
             };
             // Redis shows neither CMD_SKIP_MONITOR nor CMD_ADMIN commands to monitors.
+            // CLIENT PAUSE: the commands read before this one go first, as on Redis; this
+            // one waits, counted in blocked_clients (EXEC counts as a write).
+            let writes = c.spec.has(command::flags::WRITE | command::flags::MAY_REPLICATE)
+                || c.spec.name == "EXEC";
+            if s.ctx.pause.holds(writes).is_some() {
+                if !rb.is_empty() && !Box::pin(settle::flush(s, &mut rb, tx)).await {
+                    return End::Closed;
+                }
+                let _paused = super::round::Blocked::new(&s.ctx.blocked, &s.me, None);
+                tokio::select! {
+                    _ = s.ctx.pause.wait(writes) => {}
+                    _ = killed.wait_for(|k| *k) => return End::Closed,
+                }
+            }
             let monitor = (monitored
                 && !c.spec.has(command::flags::SKIP_MONITOR | command::flags::ADMIN))
                 .then(|| super::monitor::args(&req));
@@ -314,6 +328,10 @@ async fn read_loop(
                     return End::Monitor(r, lines);
                 }
                 Flow::Tunnel(mut start) => {
+                    // CLIENT LIST shows cmd=subscribe, as tools look for it there.
+                    if let Some(spec) = last {
+                        s.me.touched(rb.started, buf.capacity(), spec);
+                    }
                     s.me.publish(super::clients::Shown {
                         pubsub: true,
                         ..s.me.shown()
@@ -377,6 +395,7 @@ async fn handle(s: &mut Session, req: Request, c: Classified, rb: &mut RoundBuil
         let known = !c.keys.is_empty() || matches!(c.route, Route::Local);
         rb.note_keys(&req, &c.keys, known);
     }
+    s.refresh_user();
     match &s.user {
         None if !matches!(c.spec.name, "AUTH" | "HELLO" | "QUIT" | "RESET") => {
             rb.slots
@@ -395,6 +414,7 @@ async fn handle(s: &mut Session, req: Request, c: Classified, rb: &mut RoundBuil
                     .acl_denied
                     .get_or_create(&label)
                     .inc();
+                s.log_refusal(d.reason(), d.object(&c), &u.name.clone());
                 let slot = s.refuse(err_bytes(&d.message()));
                 rb.slots.push(slot);
                 return Flow::Continue;
@@ -526,10 +546,12 @@ async fn act(
         Route::Keyed => forward_keyed(s, req, c, rb),
         Route::Blocking => {
             let slot = match keys_node(s, req, c) {
-                Ok(node) => Slot::Blocking(
-                    blocking_worker(s, node).call(vec![req.wire()], 1),
-                    Blocked::new(&s.ctx.blocked, &s.me),
-                ),
+                Ok(node) => {
+                    let w = blocking_worker(s, node);
+                    let rx = w.call(vec![req.wire()], 1);
+                    let on = Some((node, w.node_id()));
+                    Slot::Blocking(rx, Blocked::new(&s.ctx.blocked, &s.me, on))
+                }
                 Err(e) => Slot::Ready(e),
             };
             rb.slots.push(slot);

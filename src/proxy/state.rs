@@ -38,6 +38,9 @@ pub struct Session {
     pub name: Option<Bytes>,
     /// The user logged in as; None until the connection logs in (when it must).
     pub user: Option<Arc<crate::auth::User>>,
+    /// `Users::epoch` when `user` was last looked up: an ACL SETUSER since then applies
+    /// at the next command.
+    users_epoch: u64,
     pub tx: Option<Tx>,
     /// Node of the WATCHed keys and the dedicated connection holding the WATCH.
     pub watch: Option<(usize, DedicatedWorker)>,
@@ -81,6 +84,7 @@ impl Session {
         gone: watch::Receiver<bool>,
     ) -> Session {
         Session {
+            users_epoch: ctx.users.epoch(),
             user: ctx.users.initial(),
             conns: vec![None; ctx.backend.len()],
             ctx,
@@ -104,6 +108,25 @@ impl Session {
             track: false,
             settle_after: false,
         }
+    }
+
+    /// The logged-in user as the proxy's users say now (ACL SETUSER may have changed it;
+    /// ACL DELUSER may have removed it).
+    pub fn refresh_user(&mut self) {
+        let epoch = self.ctx.users.epoch();
+        if epoch != self.users_epoch {
+            self.users_epoch = epoch;
+            if let Some(u) = &self.user {
+                self.user = self.ctx.users.get(u.name.as_bytes());
+            }
+        }
+    }
+
+    /// Records a refusal in ACL LOG: `reason`, `object` for the user `user`.
+    pub fn log_refusal(&self, reason: &'static str, object: String, user: &str) {
+        let context = if self.tx.is_some() { "multi" } else { "toplevel" };
+        let info = self.me.line(None);
+        self.ctx.acl_log.add(reason, context, object, user, info);
     }
 
     /// The shared connection to `node` the next job of this session goes on: the
@@ -233,7 +256,7 @@ pub(super) fn blocking_worker(s: &mut Session, node: usize) -> &DedicatedWorker 
     }
     let hs = s.ctx.backend.node(node).handshake(s.proto, s.db);
     s.blocking
-        .push((node, DedicatedWorker::spawn(hs, s.gone.clone())));
+        .push((node, DedicatedWorker::spawn(hs, s.gone.clone(), true)));
     &s.blocking.last().expect("just pushed").1
 }
 

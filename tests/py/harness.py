@@ -73,12 +73,12 @@ class Cluster:
         self.procs.append(proc)
         return proc
 
-    def start_redis(self):
+    def start_redis(self, extra=()):
         port = free_port()
         proc = self._spawn(f"redis-{port}", [
             "redis-server", "--port", str(port), "--bind", "127.0.0.1",
             "--save", "", "--appendonly", "no", "--daemonize", "no",
-            "--dir", self.logdir, "--dbfilename", f"dump-{port}.rdb",
+            "--dir", self.logdir, "--dbfilename", f"dump-{port}.rdb", *extra,
         ])
         wait_for_port(port, proc, f"redis-server on {port}")
         self.nodes.append(port)

@@ -20,15 +20,22 @@
 //! Without users and without `password`, every connection is the default user with
 //! every permission (Redis's `nopass`). With users but no `password`, the default user
 //! is off and every connection must AUTH as one of them.
+//!
+//! The users are live: `ACL SETUSER` and `ACL DELUSER` change this proxy's users until it
+//! restarts (`acl`: the rule language; `log`: ACL LOG).
 
 use std::collections::HashMap;
-use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, RwLock};
 
 use ring::digest;
 use serde::{Deserialize, Serialize};
 
-use crate::command::{self, cat, flags, Args, Classified, Spec};
-use crate::glob::Glob;
+mod acl;
+mod log;
+
+pub use acl::{split_rules, Denied, Selector, User};
+pub use log::{Entry, Log};
 
 /// `auth:` in the config file.
 #[derive(Clone, Debug, Default, Deserialize, Serialize, PartialEq)]
@@ -48,9 +55,14 @@ pub struct UserConfig {
     /// Hex SHA-256 of each password the user may give (more than one while rotating).
     #[serde(default)]
     pub passwords_sha256: Vec<String>,
-    /// Key patterns (Redis glob, an optional leading `~`); `*` is every key. Default none.
+    /// Key patterns (Redis glob, an optional leading `~`, or `%R~`/`%W~` for read or
+    /// write only); `*` is every key. Default none.
     #[serde(default)]
     pub keys: Vec<String>,
+    /// Pub/sub channel patterns (an optional leading `&`). Default every channel, as
+    /// before channels were checked.
+    #[serde(default = "every_channel")]
+    pub channels: Vec<String>,
     /// ACL command rules, applied in order from nothing allowed.
     #[serde(default)]
     pub commands: Vec<String>,
@@ -63,280 +75,197 @@ fn enabled() -> bool {
     true
 }
 
-/// A user a connection is logged in as.
-#[derive(Debug)]
-pub struct User {
-    pub name: String,
-    hashes: Vec<[u8; 32]>,
-    enabled: bool,
-    /// One bit per command of `command::all()`.
-    commands: Vec<u64>,
-    all_commands: bool,
-    keys: Vec<Glob>,
-    all_keys: bool,
-}
-
-/// Why a command was refused.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Denied {
-    /// Redis's full name of the command: `get`, `config|get`.
-    Command(String),
-    Key,
-    /// (P|S)SUBSCRIBE by a restricted user: a subscribed connection is a pipe to the node
-    /// (`proxy::tunnel`), whose commands the proxy does not see, so none could be checked.
-    Subscribe,
-}
-
-impl Denied {
-    /// Redis's own error text (7.0).
-    pub fn message(&self) -> String {
-        match self {
-            Denied::Command(name) => {
-                format!("NOPERM this user has no permissions to run the '{name}' command")
-            }
-            Denied::Key => {
-                "NOPERM this user has no permissions to access one of the keys used as arguments"
-                    .into()
-            }
-            Denied::Subscribe => "NOPERM saltshaker: only users with every command and key (+@all, ~*) may subscribe through the proxy".into(),
-        }
-    }
-
-    /// The metric label.
-    pub fn reason(&self) -> &'static str {
-        match self {
-            Denied::Command(_) => "command",
-            Denied::Key => "key",
-            Denied::Subscribe => "subscribe",
-        }
-    }
+fn every_channel() -> Vec<String> {
+    vec!["*".into()]
 }
 
 /// Why a login failed: Redis's error texts.
 pub const WRONGPASS: &str = "WRONGPASS invalid username-password pair or user is disabled.";
 pub const NO_PASSWORD: &str = "ERR AUTH <password> called without any password configured for the default user. Are you sure your configuration is correct?";
 
-impl User {
-    fn everything(name: &str, hashes: Vec<[u8; 32]>) -> User {
-        User {
-            name: name.into(),
-            hashes,
-            enabled: true,
-            commands: Vec::new(),
-            all_commands: true,
-            keys: Vec::new(),
-            all_keys: true,
-        }
-    }
-
-    /// True when the user may run every command on every key.
-    pub fn unrestricted(&self) -> bool {
-        self.all_commands && self.all_keys
-    }
-
-    /// May this user run `c` with these arguments?
-    pub fn check<A: Args + ?Sized>(&self, c: &Classified, args: &A) -> Result<(), Denied> {
-        if !self.all_commands && !c.spec.has(flags::NO_AUTH) {
-            let i = index(c.spec);
-            if self.commands[i / 64] & (1 << (i % 64)) == 0 {
-                return Err(Denied::Command(c.spec.fullname()));
-            }
-        }
-        if c.route == command::Route::Subscribe && !self.unrestricted() {
-            return Err(Denied::Subscribe);
-        }
-        if !self.all_keys {
-            for n in 0..c.keys.len() {
-                let key = c.key(args, n).unwrap_or_default();
-                if !self.keys.iter().any(|g| g.matches(key)) {
-                    return Err(Denied::Key);
-                }
-            }
-        }
-        Ok(())
-    }
-
-    fn password_is(&self, pass: &[u8]) -> bool {
-        let h = sha256(pass);
-        // Compare every byte of every hash, so the time says nothing of where they differ.
-        self.hashes.iter().fold(false, |ok, k| {
-            ok | (k.iter().zip(h.iter()).fold(0u8, |d, (a, b)| d | (a ^ b)) == 0)
-        })
-    }
-}
-
-/// The users of one config.
+/// The proxy's users: built from the config, changed live by ACL SETUSER and DELUSER
+/// (until the proxy restarts; ACL SAVE is refused). Sessions keep their user's `Arc` and
+/// look it up again when `epoch` moves, so a change applies to connected clients at
+/// their next command, as in Redis.
 #[derive(Debug)]
 pub struct Users {
-    /// None: the default user is off (users configured, no password).
-    default: Option<Arc<User>>,
-    /// True when nobody needs to log in.
-    open: bool,
-    named: HashMap<Vec<u8>, Arc<User>>,
+    table: RwLock<HashMap<Vec<u8>, Arc<User>>>,
+    epoch: AtomicU64,
 }
 
 impl Users {
-    /// Builds the users; an error is (field, problem) for a located message.
+    /// Builds the users; an error is (field, problem) for a located message. The
+    /// `default` user always exists, as in Redis: with `password` it needs that password;
+    /// with neither password nor users it is `nopass` (nobody needs to log in); with
+    /// users and no password it is off.
     pub fn new(cfg: &AuthConfig) -> Result<Users, (String, String)> {
         let mut named = HashMap::new();
-        let mut default = cfg
-            .password
-            .as_ref()
-            .map(|p| Arc::new(User::everything("default", vec![sha256(p.as_bytes())])));
+        let default = match &cfg.password {
+            Some(p) => User::everything("default", vec![sha256(p.as_bytes())]),
+            None if cfg.users.is_empty() => User::everything("default", Vec::new()),
+            None => {
+                let mut d = User::everything("default", Vec::new());
+                d.enabled = false;
+                d.nopass = false;
+                d
+            }
+        };
+        named.insert(b"default".to_vec(), Arc::new(default));
         for (i, u) in cfg.users.iter().enumerate() {
             let at = format!("auth.users[{i}]");
-            let user = Arc::new(user(&at, u)?);
-            if u.name == "default" {
-                if cfg.password.is_some() {
-                    return Err((
-                        format!("{at}.name"),
-                        "give the default user's password either as auth.password or here, not both".into(),
-                    ));
-                }
-                default = Some(user.clone());
+            if u.name == "default" && cfg.password.is_some() {
+                return Err((
+                    format!("{at}.name"),
+                    "give the default user's password either as auth.password or here, not both".into(),
+                ));
             }
-            if named.insert(u.name.as_bytes().to_vec(), user).is_some() {
+            if cfg.users[..i].iter().any(|o| o.name == u.name) {
                 return Err((
                     format!("{at}.name"),
                     format!("user {:?} is named twice", u.name),
                 ));
             }
-        }
-        let open = cfg.password.is_none() && cfg.users.is_empty();
-        if open {
-            default = Some(Arc::new(User::everything("default", Vec::new())));
+            named.insert(u.name.as_bytes().to_vec(), Arc::new(user(&at, u)?));
         }
         Ok(Users {
-            default,
-            open,
-            named,
+            table: RwLock::new(named),
+            epoch: AtomicU64::new(0),
         })
     }
 
-    /// Every user's name, sorted, as ACL USERS lists them: `default` always (as in Redis,
-    /// where it exists even when it is off).
+    fn read(&self) -> std::sync::RwLockReadGuard<'_, HashMap<Vec<u8>, Arc<User>>> {
+        self.table.read().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Moves on every change; a session compares it with the one it saw last.
+    pub fn epoch(&self) -> u64 {
+        self.epoch.load(Ordering::Acquire)
+    }
+
+    /// Every user's name, sorted, as ACL USERS lists them.
     pub fn names(&self) -> Vec<String> {
         let mut names: Vec<String> = self
-            .named
+            .read()
             .keys()
             .map(|n| String::from_utf8_lossy(n).into_owned())
-            .chain(std::iter::once("default".to_string()))
             .collect();
         names.sort();
-        names.dedup();
         names
     }
 
-    /// The user a new connection is before any AUTH: None when it must log in.
+    /// A user by name, as it is now.
+    pub fn get(&self, name: &[u8]) -> Option<Arc<User>> {
+        self.read().get(name).cloned()
+    }
+
+    /// Every user, sorted by name (ACL LIST).
+    pub fn all(&self) -> Vec<Arc<User>> {
+        let t = self.read();
+        let mut v: Vec<Arc<User>> = t.values().cloned().collect();
+        v.sort_by(|a, b| a.name.cmp(&b.name));
+        v
+    }
+
+    /// The user a new connection is before any AUTH: None when it must log in (the
+    /// default user is off or has a password).
     pub fn initial(&self) -> Option<Arc<User>> {
-        if self.open {
-            self.default.clone()
-        } else {
-            None
-        }
+        self.get(b"default").filter(|d| d.enabled && d.nopass)
     }
 
     /// AUTH [user] pass. Without a user name, the default user.
     pub fn login(&self, user: Option<&[u8]>, pass: &[u8]) -> Result<Arc<User>, &'static str> {
-        if self.open && user.is_none_or(|u| u == b"default") {
+        if user.is_none() && self.initial().is_some() {
             return Err(NO_PASSWORD);
         }
-        let u = match user {
-            None | Some(b"default") => self.default.as_ref(),
-            Some(name) => self.named.get(name),
-        };
-        match u {
-            Some(u) if u.enabled && u.password_is(pass) => Ok(u.clone()),
+        match self.get(user.unwrap_or(b"default")) {
+            Some(u) if u.enabled && u.password_is(pass) => Ok(u),
             _ => Err(WRONGPASS),
         }
     }
+
+    /// ACL SETUSER: the rules applied, in order, to the user (a new one if none has that
+    /// name); nothing changes if one fails. Err is (the rule, Redis's reason).
+    pub fn set_user(&self, name: &[u8], rules: &[String]) -> Result<(), (String, String)> {
+        let mut t = self.table.write().unwrap_or_else(|p| p.into_inner());
+        let mut u = match t.get(name) {
+            Some(u) => User::clone(u),
+            None => User::new(&String::from_utf8_lossy(name)),
+        };
+        for r in rules {
+            u.apply(r).map_err(|e| (r.clone(), e.to_string()))?;
+        }
+        t.insert(name.to_vec(), Arc::new(u));
+        self.epoch.fetch_add(1, Ordering::AcqRel);
+        Ok(())
+    }
+
+    /// ACL DELUSER: how many of these users there were. `default` stays.
+    pub fn delete(&self, names: &[&[u8]]) -> usize {
+        let mut t = self.table.write().unwrap_or_else(|p| p.into_inner());
+        let n = names.iter().filter(|n| t.remove(**n).is_some()).count();
+        self.epoch.fetch_add(1, Ordering::AcqRel);
+        n
+    }
 }
 
+/// A configured user, built with the same rules as ACL SETUSER.
 fn user(at: &str, u: &UserConfig) -> Result<User, (String, String)> {
     if u.name.is_empty() || u.name.contains(char::is_whitespace) {
         return Err((format!("{at}.name"), "a user name is one word".into()));
     }
-    let mut hashes = Vec::new();
+    let mut user = User::new(&u.name);
+    user.enabled = u.enabled;
     for (j, h) in u.passwords_sha256.iter().enumerate() {
-        hashes.push(unhex(h).ok_or_else(|| {
+        let h = h.strip_prefix('#').unwrap_or(h);
+        user.apply(&format!("#{}", h.to_ascii_lowercase())).map_err(|_| {
             (
                 format!("{at}.passwords_sha256[{j}]"),
                 "must be 64 hex digits, the SHA-256 of the password (`saltshaker passwd` prints it)"
                     .into(),
             )
-        })?);
+        })?;
     }
-    let mut keys = Vec::new();
-    let mut all_keys = false;
     for (j, k) in u.keys.iter().enumerate() {
-        let k = k.strip_prefix('~').unwrap_or(k);
-        if k == "*" || k == "allkeys" {
-            all_keys = true;
-            continue;
-        }
-        keys.push(Glob::new(k).map_err(|e| (format!("{at}.keys[{j}]"), format!("{k:?}: {e}")))?);
+        let rule = if k == "allkeys" || k.starts_with('~') || k.starts_with('%') {
+            k.clone()
+        } else {
+            format!("~{k}")
+        };
+        user.apply(&rule)
+            .map_err(|e| (format!("{at}.keys[{j}]"), format!("{k:?}: {e}")))?;
     }
-    let specs = command::all();
-    let mut commands = vec![0u64; specs.len().div_ceil(64)];
+    for (j, c) in u.channels.iter().enumerate() {
+        let rule = if c.starts_with('&') || c == "allchannels" {
+            c.clone()
+        } else {
+            format!("&{c}")
+        };
+        user.apply(&rule)
+            .map_err(|e| (format!("{at}.channels[{j}]"), format!("{c:?}: {e}")))?;
+    }
     for (j, rule) in u.commands.iter().enumerate() {
         let bad = |why: String| (format!("{at}.commands[{j}]"), format!("{rule:?}: {why}"));
-        let (on, what) = match rule.as_bytes().first() {
-            Some(b'+') => (true, &rule[1..]),
-            Some(b'-') => (false, &rule[1..]),
-            _ if rule == "allcommands" => (true, "@all"),
-            _ if rule == "nocommands" => (false, "@all"),
-            _ => return Err(bad("starts with + or - (as +@read, -flushall)".into())),
-        };
-        let picked: Vec<usize> = if let Some(c) = what.strip_prefix('@') {
-            if c.eq_ignore_ascii_case("all") {
-                (0..specs.len()).collect()
-            } else {
-                let bit = cat::by_name(c).ok_or_else(|| {
-                    bad(format!(
-                        "unknown category; Redis's are {}",
-                        cat::NAMES.join(", ")
-                    ))
-                })?;
-                (0..specs.len())
-                    .filter(|&i| specs[i].cats & bit != 0)
-                    .collect()
-            }
-        } else {
-            let spec =
-                command::lookup(what.as_bytes()).ok_or_else(|| bad("unknown command".into()))?;
-            let mut v = vec![index(spec)];
-            if spec.is_container() {
-                let prefix = format!("{} ", spec.name);
-                v.extend((0..specs.len()).filter(|&i| specs[i].name.starts_with(&prefix)));
-            }
-            v
-        };
-        for i in picked {
-            if on {
-                commands[i / 64] |= 1 << (i % 64);
-            } else {
-                commands[i / 64] &= !(1 << (i % 64));
-            }
+        let ok = rule.starts_with('+')
+            || rule.starts_with('-')
+            || rule == "allcommands"
+            || rule == "nocommands";
+        if !ok {
+            return Err(bad("starts with + or - (as +@read, -flushall)".into()));
         }
+        user.root.apply(rule).map_err(|e| {
+            if e == acl::UNKNOWN && rule.contains('@') {
+                bad(format!(
+                    "unknown category; Redis's are {}",
+                    crate::command::cat::NAMES.join(", ")
+                ))
+            } else if e == acl::UNKNOWN {
+                bad("unknown command".into())
+            } else {
+                bad(e.into())
+            }
+        })?;
     }
-    let all_commands = (0..specs.len()).all(|i| commands[i / 64] & (1 << (i % 64)) != 0);
-    Ok(User {
-        name: u.name.clone(),
-        hashes,
-        enabled: u.enabled,
-        commands,
-        all_commands,
-        keys,
-        all_keys,
-    })
-}
-
-/// The position of a spec in `command::all()`.
-fn index(spec: &'static Spec) -> usize {
-    let base = command::all().as_ptr() as usize;
-    let i = (spec as *const Spec as usize - base) / std::mem::size_of::<Spec>();
-    debug_assert!(std::ptr::eq(&command::all()[i], spec));
-    i
+    Ok(user)
 }
 
 pub fn sha256(b: &[u8]) -> [u8; 32] {
@@ -391,8 +320,11 @@ mod tests {
         let u = us.login(Some(b"app"), b"pw").unwrap();
         assert_eq!(run(&u, &["GET", "app:1"]), Ok(()));
         assert_eq!(run(&u, &["SET", "app:1", "x"]), Ok(()));
-        assert_eq!(run(&u, &["GET", "other"]), Err(Denied::Key));
-        assert_eq!(run(&u, &["MGET", "app:1", "zzz"]), Err(Denied::Key));
+        assert_eq!(run(&u, &["GET", "other"]), Err(Denied::Key(b"other".to_vec())));
+        assert_eq!(
+            run(&u, &["MGET", "app:1", "zzz"]),
+            Err(Denied::Key(b"zzz".to_vec()))
+        );
         assert_eq!(
             run(&u, &["DEL", "app:1"]),
             Err(Denied::Command("del".into()))
