@@ -11,7 +11,8 @@
 //! | `hotkey`   | Count-Min sketch, top-k, windows, aggregation; knows nothing of Redis  |
 //! | `rules`    | hot-key rules (YAML): thresholds, strategies, live reload              |
 //! | `glob`     | Redis's glob patterns (rules, users' keys)                             |
-//! | `auth`     | users: hashed passwords, key patterns, ACL command rules (NOPERM)       |
+//! | `auth`     | users: hashed passwords, key and channel patterns, ACL rules (NOPERM), |
+//! |            | changed live by ACL SETUSER; ACL LOG                                    |
 //! | `admit`    | admission: per-key token buckets, sampling, delay, shedding, global    |
 //! |            | limits shared through the registry; the fleet simulator               |
 //! | `policy`   | decide(command, hot set, salt view) -> Action; pure, table-tested      |
@@ -25,7 +26,7 @@
 //! |            | Redis Cluster (slot map kept current, MOVED/ASK followed in the call)  |
 //! | `net`      | streams plain or TLS behind one type; client and node TLS (rustls)     |
 //! | `proxy`    | listener, session (read, classify once, admit, decide, observe, act,   |
-//! |            | reply), the clients as CLIENT LIST shows them                          |
+//! |            | reply), the clients as CLIENT LIST shows them, the ACL commands        |
 //! | `admin`    | HTTP: /metrics /healthz /readyz /hotkeys /rules                        |
 //! | `config`   | startup settings, units in names, located errors                       |
 //! | `metrics`  | every Prometheus series the proxy exports                              |

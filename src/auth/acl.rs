@@ -17,7 +17,7 @@ pub const SYNTAX: &str = "Syntax error";
 pub const UNKNOWN: &str = "Unknown command or category name in ACL";
 pub const BAD_HASH: &str =
     "The password hash must be exactly 64 characters and contain only lowercase hexadecimal characters";
-pub const NO_SUCH_PASS: &str = "no such password";
+pub const NO_SUCH_PASS: &str = "The password you are trying to remove from the user does not exist";
 pub const AFTER_ALL_KEYS: &str = "Adding a pattern after the * pattern (or the 'allkeys' flag) is not valid and does not have any effect. Try 'resetkeys' to start with an empty list of patterns";
 pub const AFTER_ALL_CHANNELS: &str = "Adding a pattern after the * pattern (or the 'allchannels' flag) is not valid and does not have any effect. Try 'resetchannels' to start with an empty list of channels";
 

@@ -266,12 +266,25 @@ pub(super) fn merge(
                 .unwrap_or(Value::Nil);
             v.encode(proto, out);
         }),
-        Merge::Scan {
-            part: p,
-            node,
-            nodes,
-        } => values(replies, &[p]).map(|vs| match vs.into_iter().next() {
-            Some(Value::Array(mut a)) if a.len() == 2 => {
+        Merge::Scan { parts, node, nodes } => {
+            let mut keys = Vec::new();
+            let mut next = 0;
+            let mut failed = None;
+            for (i, p) in parts.iter().enumerate() {
+                // A later node's failure ends this call at the nodes before it; the scan
+                // meets the failure there next time.
+                let v = match values(replies, &[*p]) {
+                    Ok(mut v) => v.pop(),
+                    Err(e) if i == 0 => {
+                        failed = Some(e);
+                        break;
+                    }
+                    Err(_) => break,
+                };
+                let Some(Value::Array(mut a)) = v.filter(|v| matches!(v, Value::Array(a) if a.len() == 2)) else {
+                    failed = Some(Bytes::from_static(b"-ERR saltshaker: unexpected SCAN reply\r\n"));
+                    break;
+                };
                 let cursor = match &a[0] {
                     Value::Bulk(b) => std::str::from_utf8(b)
                         .ok()
@@ -279,12 +292,27 @@ pub(super) fn merge(
                         .unwrap_or(0),
                     _ => 0,
                 };
-                let next = super::scan::encode_cursor(cursor, node, nodes);
-                a[0] = Value::Bulk(Bytes::from(next.to_string()));
-                Value::Array(a).encode(proto, out);
+                if let Some(Value::Array(k)) = a.pop() {
+                    keys.extend(k);
+                }
+                next = super::scan::encode_cursor(cursor, node + i, nodes);
+                // This node is not finished: the scan goes on here next time.
+                if cursor != 0 {
+                    break;
+                }
             }
-            _ => encode_error("ERR saltshaker: unexpected SCAN reply", out),
-        }),
+            match failed {
+                Some(e) => Err(e),
+                None => {
+                    Value::Array(vec![
+                        Value::Bulk(Bytes::from(next.to_string())),
+                        Value::Array(keys),
+                    ])
+                    .encode(proto, out);
+                    Ok(())
+                }
+            }
+        }
         Merge::Info {
             proxy,
             parts,

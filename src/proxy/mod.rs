@@ -19,7 +19,8 @@
 //!   `settle` (a round sent ahead of a command; the wait at a
 //!   change of database, protocol or lane), `route` (node jobs, splits, all nodes), `mitigation`
 //!   (combine, cache), `salted` (acting on a salt plan), `acl` (the ACL commands, on the
-//!   proxy's users), `local` (commands answered here, transactions);
+//!   proxy's users), `client_cmd` (the CLIENT commands), `local` (commands answered here,
+//!   transactions);
 //! - top: `session` (the read loop: classify, decide, observe, act), `reply` (the writer),
 //!   and this file (the listener and the background tasks).
 

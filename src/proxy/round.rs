@@ -82,7 +82,9 @@ pub enum Merge {
     FirstNonNil(Vec<Part>),
     /// SCAN on one node; the cursor in the reply is re-encoded with the node.
     Scan {
-        part: Part,
+        /// One SCAN per node from `node` on: several when the scan starts a node afresh
+        /// (see `route::scan_one`).
+        parts: Vec<Part>,
         node: usize,
         nodes: usize,
     },

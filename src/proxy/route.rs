@@ -236,10 +236,16 @@ pub(super) fn scan_one(s: &mut Session, req: &Request, rb: &mut RoundBuilder) {
     let (node, backend_cursor) = scan::decode_cursor(cursor, nodes);
     let mut args: Vec<Bytes> = (0..req.argc()).map(|i| req.arg_bytes(i)).collect();
     args[1] = Bytes::from(backend_cursor.to_string());
-    let target = masters.get(node).copied().unwrap_or(0);
-    let part = push(s, rb, target, crate::backend::wire(&args));
+    let wire = crate::backend::wire(&args);
+    // A node started afresh: the nodes after it start afresh too, in the same round, so
+    // that a small keyspace is scanned in one call (cursor 0), as on one Redis. The merge
+    // keeps the nodes up to the first one not finished; the rest are asked again later.
+    let last = if backend_cursor == 0 { nodes } else { node + 1 };
+    let parts = (node..last.min(nodes).max(node + 1))
+        .map(|n| push(s, rb, masters.get(n).copied().unwrap_or(0), wire.clone()))
+        .collect();
     rb.slots
-        .push(Slot::Merge(Box::new(Merge::Scan { part, node, nodes })));
+        .push(Slot::Merge(Box::new(Merge::Scan { parts, node, nodes })));
 }
 
 /// SCRIPT KILL or FUNCTION KILL: sent at once to every node, each on a fresh connection of

@@ -3,7 +3,9 @@
 # then suite.py starts 4 redis-servers and the proxy (target/debug/saltshaker, or
 # $SALTSHAKER_BIN) over them. `run.sh --direct` runs against one plain redis-server;
 # `run.sh --cluster` runs cluster_clients.py (a Redis Cluster behind the proxy);
-# `run.sh --tls` runs tls_clients.py (TLS on both sides, a named user).
+# `run.sh --tls` runs tls_clients.py (TLS on both sides, a named user);
+# `run.sh --upstream` runs upstream.py (redis-py's own test suite, directly and through
+# the proxy over one node and a pool).
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 venv="$here/.venv"
@@ -20,6 +22,15 @@ if ! cmp -s "$req" "$stamp"; then
     cp "$req" "$stamp"
 fi
 cd "$here"
+if [ "${1:-}" = "--upstream" ]; then
+    ureq="$here/requirements-upstream.txt"
+    ustamp="$venv/.requirements-upstream"
+    if ! cmp -s "$ureq" "$ustamp"; then
+        "$venv/bin/python" -m pip install --quiet --disable-pip-version-check -r "$ureq"
+        cp "$ureq" "$ustamp"
+    fi
+    exec "$venv/bin/python" -u upstream.py
+fi
 if [ "${1:-}" = "--tls" ]; then
     # redis-py with ssl=True (and a named user) through the proxy, TLS on both sides.
     exec "$venv/bin/python" -u tls_clients.py

@@ -53,14 +53,10 @@ def run(label, port, logdir):
     print(f"redis-py upstream {label}: pytest says {tail[0] if tail else '(nothing)'}")
     results = {}
     for case in ET.parse(xml).getroot().iter("testcase"):
-        cls = case.get("classname", "").replace(".", "/")
-        name = case.get("name")
-        mod, _, klass = cls.partition("/tests/")
-        tid = f"{cls}.py::{name}"
-        parts = case.get("classname", "").split(".")
         # tests.test_commands.TestRedisCommands -> tests/test_commands.py::TestRedisCommands
+        parts = case.get("classname", "").split(".")
         i = next((k for k, p in enumerate(parts) if p.startswith("test_")), len(parts) - 1)
-        tid = "/".join(parts[:i + 1]) + ".py::" + "::".join(parts[i + 1:] + [name])
+        tid = "/".join(parts[:i + 1]) + ".py::" + "::".join(parts[i + 1:] + [case.get("name")])
         kinds = {c.tag for c in case}
         if kinds & {"failure", "error"}:
             outcome = "failed"
