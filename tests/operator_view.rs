@@ -62,8 +62,8 @@ fn info_counts_the_proxys_connected_and_blocked_clients_as_redis_counts_its_own(
     }
 }
 
-/// ACL WHOAMI and ACL USERS answer from the proxy's users, as a redis-server with the same
-/// users answers; ACL CAT as the node does. The rest of ACL stays refused.
+/// ACL WHOAMI, ACL USERS and ACL GETUSER answer from the proxy's users, as a redis-server
+/// with the same users answers; ACL CAT as the node does. ACL SAVE and LOAD are refused.
 #[test]
 fn acl_whoami_users_and_cat_answer_as_redis_does_for_the_same_users() {
     need_redis();
@@ -72,7 +72,7 @@ fn acl_whoami_users_and_cat_answer_as_redis_does_for_the_same_users() {
     let reference = Redis::start();
     let mut r = reference.client();
     assert_eq!(
-        r.cmd(&["ACL", "SETUSER", "app", "on", ">apppw", "~app:*", "+@all"]),
+        r.cmd(&["ACL", "SETUSER", "app", "on", ">apppw", "~app:*", "&*", "+@all"]),
         Reply::ok()
     );
     assert_eq!(
@@ -106,11 +106,18 @@ fn acl_whoami_users_and_cat_answer_as_redis_does_for_the_same_users() {
         c.cmd(&["ACL", "CAT"]).sorted(),
         r.cmd(&["ACL", "CAT"]).sorted()
     );
-    let refused = c.cmd(&["ACL", "SETUSER", "x", "on"]);
-    assert!(
-        refused.is_error() && refused.err().contains("saltshaker"),
-        "{refused}"
+    assert_eq!(
+        c.cmd(&["ACL", "GETUSER", "app"]),
+        r.cmd(&["ACL", "GETUSER", "app"]),
+        "a configured user, as redis-server shows the same user"
     );
+    for cmd in ["SAVE", "LOAD"] {
+        let refused = c.cmd(&["ACL", cmd]);
+        assert!(
+            refused.is_error() && refused.err().contains("config file"),
+            "{refused}"
+        );
+    }
 }
 
 /// A CLIENT LIST or CLIENT INFO line as (field, value) pairs, in order.

@@ -70,7 +70,7 @@ fn users_log_in_and_are_held_to_their_keys_and_categories() {
     assert!(c
         .cmd(&["SUBSCRIBE", "app:news"])
         .err()
-        .starts_with("NOPERM saltshaker: only users with every command and key"));
+        .starts_with("NOPERM saltshaker: only users with every command, key and channel"));
     assert_eq!(
         c.cmd(&["PING"]).as_str(),
         "PONG",

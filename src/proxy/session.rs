@@ -255,19 +255,10 @@ async fn read_loop(
                 (req, c, None)
             };
             // Redis shows neither CMD_SKIP_MONITOR nor CMD_ADMIN commands to monitors.
-            // CLIENT PAUSE: the commands read before this one go first, as on Redis; this
-            // one waits, counted in blocked_clients (EXEC counts as a write).
-            let writes = c.spec.has(command::flags::WRITE | command::flags::MAY_REPLICATE)
-                || c.spec.name == "EXEC";
-            if s.ctx.pause.holds(writes).is_some() {
-                if !rb.is_empty() && !Box::pin(settle::flush(s, &mut rb, tx)).await {
-                    return End::Closed;
-                }
-                let _paused = super::round::Blocked::new(&s.ctx.blocked, &s.me, None);
-                tokio::select! {
-                    _ = s.ctx.pause.wait(writes) => {}
-                    _ = killed.wait_for(|k| *k) => return End::Closed,
-                }
+            if s.ctx.pause.holds(settle::writes(&c)).is_some()
+                && !Box::pin(settle::paused(s, &c, &mut rb, tx, &mut killed)).await
+            {
+                return End::Closed;
             }
             let monitor = (monitored
                 && !c.spec.has(command::flags::SKIP_MONITOR | command::flags::ADMIN))

@@ -1,14 +1,41 @@
 //! Sending the round built so far ahead of a command that must not join it: `flush` (a
-//! salted task, an admission delay), and `settle`, which also waits until every earlier
+//! salted task, an admission delay), `settle`, which also waits until every earlier
 //! reply is in (a change of database, protocol or lane: two connections are not ordered
-//! at the node).
+//! at the node), and `paused`, the wait of a command that CLIENT PAUSE holds.
 
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, watch};
 
 use super::mitigation::wait_barrier;
 use super::round::{Queued, RoundBuilder};
 use super::state::Session;
 use crate::resp::Proto;
+
+/// Whether CLIENT PAUSE WRITE holds `c`: it writes or may (EVAL, PUBLISH), or is EXEC,
+/// whatever it queued.
+pub(super) fn writes(c: &crate::command::Classified) -> bool {
+    use crate::command::flags::{MAY_REPLICATE, WRITE};
+    c.spec.has(WRITE | MAY_REPLICATE) || c.spec.name == "EXEC"
+}
+
+/// A command CLIENT PAUSE holds: the commands read before it go first, as on Redis; it
+/// waits until the pause ends, counted in blocked_clients. False when the client is gone
+/// or killed meanwhile.
+pub(super) async fn paused(
+    s: &mut Session,
+    c: &crate::command::Classified,
+    rb: &mut RoundBuilder,
+    tx: &mpsc::Sender<Queued>,
+    killed: &mut watch::Receiver<bool>,
+) -> bool {
+    if !rb.is_empty() && !flush(s, rb, tx).await {
+        return false;
+    }
+    let _paused = super::round::Blocked::new(&s.ctx.blocked, &s.me, None);
+    tokio::select! {
+        _ = s.ctx.pause.wait(writes(c)) => true,
+        _ = killed.wait_for(|k| *k) => false,
+    }
+}
 
 /// Sends the round built so far, before a command that must not join it; false when the
 /// client is gone.
