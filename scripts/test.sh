@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The project's test command: format check (warning only), cargo test, the redis-py
-# suite against the proxy over a 4-node pool, then the fuzz smoke run if there is one.
+# suites against the proxy (a 4-node pool, a Redis Cluster, TLS), redis-py's own test
+# suite directly and through the proxy, then the fuzz smoke run if there is one.
 # Stops at the first failing step; prints "summary: N passed, N failed" last and exits
 # non-zero if anything failed.
 set -uo pipefail
@@ -108,6 +109,13 @@ SALTSHAKER_BIN="$target_dir/debug/saltshaker" timeout 300 tests/py/run.sh --tls 
 rc=${PIPESTATUS[0]}
 count "$logdir/py-tls.log" "$rc"
 [ "$rc" -eq 0 ] || { echo "redis-py TLS clients failed (exit $rc)"; finish 1; }
+
+step "redis-py's own test suite, directly and through the proxy (tests/py/run.sh --upstream)"
+SALTSHAKER_BIN="$target_dir/debug/saltshaker" timeout 1200 tests/py/run.sh --upstream 2>&1 \
+    | tee "$logdir/py-upstream.log"
+rc=${PIPESTATUS[0]}
+count "$logdir/py-upstream.log" "$rc"
+[ "$rc" -eq 0 ] || { echo "redis-py's own suite differs from tests/py/upstream_expected.txt (exit $rc)"; finish 1; }
 
 if [ -f .ci/fuzz.sh ]; then
     step "fuzz smoke run (.ci/fuzz.sh)"
