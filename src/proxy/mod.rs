@@ -44,6 +44,7 @@ mod salted;
 mod scan;
 mod session;
 mod settle;
+mod sort;
 mod state;
 mod tunnel;
 

@@ -77,12 +77,27 @@ fn sort_patterns_on(s: &Session, req: &Request, c: &Classified, node: usize) -> 
     Ok(())
 }
 
+/// SORT or SORT_RO on a pool whose BY/GET patterns or STORE destination name keys on other
+/// nodes than the sorted key's: the proxy runs it across the nodes (`sort`).
+pub(super) fn sort_spans_nodes(s: &Session, req: &Request, c: &Classified) -> bool {
+    let b = &s.ctx.backend;
+    if !matches!(c.spec.name, "SORT" | "SORT_RO") || b.cluster().is_some() || b.is_single() {
+        return false;
+    }
+    let home = b.node_for(req.arg(1));
+    c.keys.iter().any(|&k| b.node_for(req.arg(k as usize)) != home)
+        || sort_patterns_on(s, req, c, home).is_err()
+}
+
 /// A command that only reads: on a cluster with `read_from`, a replica may answer it.
 fn reads_only(c: &Classified) -> bool {
     c.access == Access::Read
 }
 
 pub(super) fn forward_keyed(s: &mut Session, req: &Request, c: &Classified, rb: &mut RoundBuilder) {
+    if sort_spans_nodes(s, req, c) {
+        return super::sort::across(s, req, c, rb);
+    }
     let node = keys_group(s, req, c).and_then(|group| match group {
         Some(g) if reads_only(c) => s
             .ctx

@@ -439,7 +439,7 @@ async fn proceed(
                 | Route::Kill
         )
         && s.switch_lane(c.spec.name);
-    if !settled && (lane_change || own_connection(s, &c)) {
+    if !settled && (lane_change || own_connection(s, &req, &c)) {
         return Flow::Settle(Box::new(Pending { req, c }));
     }
     // decide
