@@ -84,10 +84,13 @@ class Cluster:
         self.nodes.append(port)
         return proc
 
-    def start_proxy(self, binary, hash_tag="{}"):
+    def start_proxy(self, binary, hash_tag="{}", named=False):
+        """named: the nodes get names (node0, node1, ...), so that keys are placed by the
+        names, the same on every run, not by the ports, which change."""
         self.proxy_port = free_port()
         self.admin_port = free_port()
-        nodes = ",".join(f"127.0.0.1:{p}:1" for p in self.nodes)
+        nodes = ",".join(f"127.0.0.1:{p}:1" + (f" node{i}" if named else "")
+                         for i, p in enumerate(self.nodes))
         argv = [binary, "--listen", f"127.0.0.1:{self.proxy_port}", "--nodes", nodes,
                 "--admin", f"127.0.0.1:{self.admin_port}", "--hash-tag", hash_tag]
         self.proxy_log = os.path.join(self.logdir, "proxy.log")

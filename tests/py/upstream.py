@@ -91,7 +91,7 @@ def setup(c, nodes, proxy):
     for _ in range(nodes):
         c.start_redis(SERVER_ARGS)
     if proxy:
-        c.start_proxy(harness.binary())
+        c.start_proxy(harness.binary(), named=True)
         return c.proxy_port
     return c.nodes[0]
 
