@@ -244,6 +244,12 @@ fn client_kill_closes_the_proxys_clients_as_redis_closes_its_own() {
             Reply::Int(1),
             "{addr}"
         );
+        // Gone from the list at once, as on Redis (tools kill, then list to check).
+        let list = a.cmd(&["CLIENT", "LIST"]).as_str();
+        assert!(
+            !list.lines().any(|l| field(l, "id") == bid),
+            "{addr}: a killed client is still listed:\n{list}"
+        );
         assert!(
             b.closed_within(Duration::from_secs(2)),
             "{addr}: b stays open"
@@ -417,4 +423,15 @@ fn info_keyspace_over_a_pool_sums_every_node() {
         1,
         "{info}"
     );
+    // The sections that are one node's say which node they describe.
+    let memory = c.cmd(&["INFO", "memory"]).as_str();
+    let header = memory
+        .lines()
+        .find(|l| l.starts_with("# Memory"))
+        .unwrap_or_default()
+        .to_string();
+    assert_eq!(header, format!("# Memory (node0, {})", nodes[0].addr()), "{memory}");
+    let clients = c.cmd(&["INFO", "clients"]).as_str();
+    assert!(clients.lines().any(|l| l == "tracking_clients:0"), "{clients}");
+    assert!(clients.lines().any(|l| l == "# Clients"), "{clients}");
 }

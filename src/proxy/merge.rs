@@ -347,9 +347,22 @@ pub(super) fn merge(
                             text.push_str(&format!("connected_clients:{clients}\r\n"));
                         } else if line.starts_with("blocked_clients:") {
                             text.push_str(&format!("blocked_clients:{blocked}\r\n"));
+                        } else if line.starts_with("tracking_clients:") {
+                            // Client-side caching is not offered through the proxy yet: none
+                            // of its clients tracks (the node's count is the proxies' own
+                            // cache connections).
+                            text.push_str("tracking_clients:0\r\n");
                         } else if line.starts_with("# Keyspace") {
                             text.push_str(line);
                             text.push_str(&keyspace);
+                        } else if addrs.len() > 1
+                            && line.starts_with("# ")
+                            && !line.starts_with("# Clients")
+                        {
+                            // Over several nodes, the other sections are the first node's:
+                            // the header says so (clients read '#' lines as comments).
+                            let name = line.trim_end();
+                            text.push_str(&format!("{name} (node0, {})\r\n", addrs[0]));
                         } else if db_line(line).is_none() {
                             text.push_str(line);
                         }
