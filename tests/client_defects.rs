@@ -512,6 +512,83 @@ fn sort_by_and_get_patterns_over_a_pool_answer_as_redis_does() {
     }
 }
 
+/// A command that stores its result, whose sources share a node and whose destination is on
+/// another, was refused over a pool (keys on different nodes): now the result moves to the
+/// destination's node, and every form answers, and leaves the destination, as one
+/// redis-server does.
+#[test]
+fn a_store_destination_on_another_node_answers_as_redis_does() {
+    need_redis();
+    let nodes = pool(3);
+    let refs: Vec<&Redis> = nodes.iter().collect();
+    let proxy = Proxy::start(&refs, &["--hash-tag", "{}"]);
+    // Destinations on another node than the sources' ({s}).
+    let mut c = proxy.client();
+    c.cmd(&["SET", "{s}probe", "1"]);
+    let home = owner(&nodes, "{s}probe");
+    let dests: Vec<String> = spread_keys("dst", 300)
+        .into_iter()
+        .filter(|k| {
+            c.cmd(&["SET", k, "1"]);
+            let away = owner(&nodes, k) != home;
+            c.cmd(&["DEL", k]);
+            away
+        })
+        .take(3)
+        .collect();
+    c.cmd(&["DEL", "{s}probe"]);
+    let (d1, d2, d3) = (&dests[0], &dests[1], &dests[2]);
+    let single = Redis::start();
+    let mut seen = Vec::new();
+    for addr in [single.addr(), proxy.addr()] {
+        let mut c = Client::connect(&addr);
+        let mut replies = Vec::new();
+        for args in [
+            vec!["SADD", "{s}a", "1", "2", "3"],
+            vec!["SADD", "{s}b", "3", "4"],
+            vec!["ZADD", "{s}z", "1", "a", "2", "b", "3", "c"],
+            vec!["GEOADD", "{s}geo", "2.19", "41.43", "place1", "2.18", "41.40", "place2"],
+            vec!["SET", "{s}bits", "ab"],
+            vec!["SET", d1, "old", "EX", "100"],
+            vec!["SUNIONSTORE", d1, "{s}a", "{s}b"],
+            vec!["SMEMBERS", d1],
+            vec!["TTL", d1],
+            vec!["SINTERSTORE", d1, "{s}a", "{s}missing"],
+            vec!["EXISTS", d1],
+            vec!["ZRANGESTORE", d2, "{s}z", "0", "1"],
+            vec!["ZRANGE", d2, "0", "-1", "WITHSCORES"],
+            vec!["GEOSEARCHSTORE", d2, "{s}geo", "FROMLONLAT", "2.19", "41.43", "BYRADIUS", "10", "km", "ASC", "STOREDIST"],
+            vec!["ZRANGE", d2, "0", "-1"],
+            vec!["GEORADIUS", "{s}geo", "2.19", "41.43", "10", "km", "STORE", d3],
+            vec!["ZRANGE", d3, "0", "-1", "WITHSCORES"],
+            vec!["BITOP", "NOT", d3, "{s}bits"],
+            vec!["GET", d3],
+            vec!["COPY", "{s}a", d3],
+            vec!["COPY", "{s}a", d3, "REPLACE"],
+            vec!["SMEMBERS", d3],
+            vec!["COPY", "{s}missing", d3, "REPLACE"],
+            vec!["SCARD", d3],
+            vec!["SUNIONSTORE", d1, "{s}z"],
+        ] {
+            let mut r = c.cmd(&args);
+            if let Reply::Array(Some(items)) = &mut r {
+                if args[0] == "SMEMBERS" {
+                    items.sort_by_key(|i| i.as_str());
+                }
+            }
+            replies.push((args.join(" "), r));
+        }
+        seen.push(replies);
+    }
+    for (r, p) in seen[0].iter().zip(&seen[1]) {
+        assert_eq!(r.1, p.1, "{}: redis-server, then the proxy over a pool", r.0);
+    }
+    // No temporary key is left on any node.
+    for n in &nodes {
+        assert!(n.keys().iter().all(|k| !k.starts_with("saltshaker:store:")), "{:?}", n.keys());
+    }
+}
+
 const BUSY_SCRIPT: &str = "local t = redis.call('TIME') \
     while true do \
       local n = redis.call('TIME') \

@@ -18,7 +18,8 @@
 //! - handlers, given the state: `plan` (the decide and observe phases of one command),
 //!   `settle` (a round sent ahead of a command; the wait at a
 //!   change of database, protocol or lane), `route` (node jobs, splits, all nodes), `mitigation`
-//!   (combine, cache), `salted` (acting on a salt plan), `acl` (the ACL commands, on the
+//!   (combine, cache), `salted` (acting on a salt plan), `sort` and `store` (SORT, and a
+//!   STORE destination, across a pool's nodes), `acl` (the ACL commands, on the
 //!   proxy's users), `client_cmd` (the CLIENT commands), `local` (commands answered here,
 //!   transactions);
 //! - top: `session` (the read loop: classify, decide, observe, act), `reply` (the writer),
@@ -45,6 +46,7 @@ mod scan;
 mod session;
 mod settle;
 mod sort;
+mod store;
 mod state;
 mod tunnel;
 

@@ -12,11 +12,15 @@ use super::state::Session;
 
 /// Whether the command goes on a connection of the session's own (WATCH, EXEC under
 /// WATCH, a blocking command) or runs as a task across nodes (SORT with patterns on other
-/// nodes): it leaves once every earlier reply is in.
+/// nodes, a STORE destination on another node): it leaves once every earlier reply is in.
 pub(super) fn own_connection(s: &Session, req: &Request, c: &Classified) -> bool {
     match c.route {
         Route::Blocking => s.tx.is_none(),
-        Route::Keyed => s.tx.is_none() && super::route::sort_spans_nodes(s, req, c),
+        Route::Keyed => {
+            s.tx.is_none()
+                && (super::route::sort_spans_nodes(s, req, c)
+                    || super::route::store_spans_nodes(s, req, c).is_some())
+        }
         Route::Transaction => match c.spec.name {
             "WATCH" => s.tx.is_none(),
             "EXEC" => s.tx.is_some() && s.watch.is_some(),

@@ -89,6 +89,20 @@ pub(super) fn sort_spans_nodes(s: &Session, req: &Request, c: &Classified) -> bo
         || sort_patterns_on(s, req, c, home).is_err()
 }
 
+/// A storing command on a pool whose sources share a node and whose destination is on
+/// another: the result moves there (`store`). The destination's place among the keys.
+pub(super) fn store_spans_nodes(s: &Session, req: &Request, c: &Classified) -> Option<usize> {
+    let b = &s.ctx.backend;
+    if b.cluster().is_some() || b.is_single() || b.placement().is_some_and(|p| p.is_random()) {
+        return None;
+    }
+    let dest = super::store::destination(c)?;
+    let node = |i: usize| b.node_for(req.arg(c.keys[i] as usize));
+    let sources: Vec<usize> = (0..c.keys.len()).filter(|&i| i != dest).map(node).collect();
+    let one = sources.first().copied()?;
+    (sources.iter().all(|&n| n == one) && node(dest) != one).then_some(dest)
+}
+
 /// A command that only reads: on a cluster with `read_from`, a replica may answer it.
 fn reads_only(c: &Classified) -> bool {
     c.access == Access::Read
@@ -97,6 +111,9 @@ fn reads_only(c: &Classified) -> bool {
 pub(super) fn forward_keyed(s: &mut Session, req: &Request, c: &Classified, rb: &mut RoundBuilder) {
     if sort_spans_nodes(s, req, c) {
         return super::sort::across(s, req, c, rb);
+    }
+    if let Some(dest) = store_spans_nodes(s, req, c) {
+        return super::store::across(s, req, c, dest, rb);
     }
     let node = keys_group(s, req, c).and_then(|group| match group {
         Some(g) if reads_only(c) => s
