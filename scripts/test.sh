@@ -89,33 +89,28 @@ if ! cargo build --bin saltshaker 2>&1 | tail -n 30; then
     finish 1
 fi
 
+# One redis-py run: its log name, its time limit, what failing means, then run.sh's flags.
+py_suite() {
+    local name=$1 limit=$2 what=$3
+    shift 3
+    SALTSHAKER_BIN="$target_dir/debug/saltshaker" timeout "$limit" tests/py/run.sh "$@" 2>&1 \
+        | tee "$logdir/$name.log"
+    rc=${PIPESTATUS[0]}
+    count "$logdir/$name.log" "$rc"
+    [ "$rc" -eq 0 ] || { echo "$what (exit $rc)"; finish 1; }
+}
+
 step "redis-py suite (tests/py/run.sh)"
-SALTSHAKER_BIN="$target_dir/debug/saltshaker" timeout 900 tests/py/run.sh 2>&1 \
-    | tee "$logdir/py.log"
-rc=${PIPESTATUS[0]}
-count "$logdir/py.log" "$rc"
-[ "$rc" -eq 0 ] || { echo "redis-py suite failed (exit $rc)"; finish 1; }
+py_suite py 900 "redis-py suite failed"
 
 step "redis-py against a Redis Cluster behind the proxy (tests/py/run.sh --cluster)"
-SALTSHAKER_BIN="$target_dir/debug/saltshaker" timeout 300 tests/py/run.sh --cluster 2>&1 \
-    | tee "$logdir/py-cluster.log"
-rc=${PIPESTATUS[0]}
-count "$logdir/py-cluster.log" "$rc"
-[ "$rc" -eq 0 ] || { echo "redis-py cluster clients failed (exit $rc)"; finish 1; }
+py_suite py-cluster 300 "redis-py cluster clients failed" --cluster
 
 step "redis-py with TLS on both sides and a named user (tests/py/run.sh --tls)"
-SALTSHAKER_BIN="$target_dir/debug/saltshaker" timeout 300 tests/py/run.sh --tls 2>&1 \
-    | tee "$logdir/py-tls.log"
-rc=${PIPESTATUS[0]}
-count "$logdir/py-tls.log" "$rc"
-[ "$rc" -eq 0 ] || { echo "redis-py TLS clients failed (exit $rc)"; finish 1; }
+py_suite py-tls 300 "redis-py TLS clients failed" --tls
 
 step "redis-py's own test suite, directly and through the proxy (tests/py/run.sh --upstream)"
-SALTSHAKER_BIN="$target_dir/debug/saltshaker" timeout 1200 tests/py/run.sh --upstream 2>&1 \
-    | tee "$logdir/py-upstream.log"
-rc=${PIPESTATUS[0]}
-count "$logdir/py-upstream.log" "$rc"
-[ "$rc" -eq 0 ] || { echo "redis-py's own suite differs from tests/py/upstream_expected.txt (exit $rc)"; finish 1; }
+py_suite py-upstream 1200 "redis-py's own suite differs from tests/py/upstream_expected.txt" --upstream
 
 if [ -f .ci/fuzz.sh ]; then
     step "fuzz smoke run (.ci/fuzz.sh)"

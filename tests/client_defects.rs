@@ -460,7 +460,9 @@ fn sort_by_and_get_patterns_over_a_pool_answer_as_redis_does() {
             vec!["ZADD", "z", "1", "x", "2", "y"],
             vec!["MSET", "w_1", "9", "w_2", "8", "w_3", "7"],
             vec!["MSET", "o_1", "obj1", "o_2", "obj2", "o_3", "obj3"],
-            vec!["MSET", "a_a", "zz", "a_b", "yy", "a_c", "xx", "bad_1", "nan?"],
+            vec![
+                "MSET", "a_a", "zz", "a_b", "yy", "a_c", "xx", "bad_1", "nan?",
+            ],
             vec!["HSET", "h_1", "f", "3", "g", "one"],
             vec!["HSET", "h_2", "f", "1", "g", "two"],
             vec!["SET", "notalist", "x"],
@@ -508,7 +510,11 @@ fn sort_by_and_get_patterns_over_a_pool_answer_as_redis_does() {
         seen.push(replies);
     }
     for (r, p) in seen[0].iter().zip(&seen[1]) {
-        assert_eq!(r.1, p.1, "{}: redis-server, then the proxy over a pool", r.0);
+        assert_eq!(
+            r.1, p.1,
+            "{}: redis-server, then the proxy over a pool",
+            r.0
+        );
     }
 }
 
@@ -547,7 +553,9 @@ fn a_store_destination_on_another_node_answers_as_redis_does() {
             vec!["SADD", "{s}a", "1", "2", "3"],
             vec!["SADD", "{s}b", "3", "4"],
             vec!["ZADD", "{s}z", "1", "a", "2", "b", "3", "c"],
-            vec!["GEOADD", "{s}geo", "2.19", "41.43", "place1", "2.18", "41.40", "place2"],
+            vec![
+                "GEOADD", "{s}geo", "2.19", "41.43", "place1", "2.18", "41.40", "place2",
+            ],
             vec!["SET", "{s}bits", "ab"],
             vec!["SET", d1, "old", "EX", "100"],
             vec!["SUNIONSTORE", d1, "{s}a", "{s}b"],
@@ -557,9 +565,30 @@ fn a_store_destination_on_another_node_answers_as_redis_does() {
             vec!["EXISTS", d1],
             vec!["ZRANGESTORE", d2, "{s}z", "0", "1"],
             vec!["ZRANGE", d2, "0", "-1", "WITHSCORES"],
-            vec!["GEOSEARCHSTORE", d2, "{s}geo", "FROMLONLAT", "2.19", "41.43", "BYRADIUS", "10", "km", "ASC", "STOREDIST"],
+            vec![
+                "GEOSEARCHSTORE",
+                d2,
+                "{s}geo",
+                "FROMLONLAT",
+                "2.19",
+                "41.43",
+                "BYRADIUS",
+                "10",
+                "km",
+                "ASC",
+                "STOREDIST",
+            ],
             vec!["ZRANGE", d2, "0", "-1"],
-            vec!["GEORADIUS", "{s}geo", "2.19", "41.43", "10", "km", "STORE", d3],
+            vec![
+                "GEORADIUS",
+                "{s}geo",
+                "2.19",
+                "41.43",
+                "10",
+                "km",
+                "STORE",
+                d3,
+            ],
             vec!["ZRANGE", d3, "0", "-1", "WITHSCORES"],
             vec!["BITOP", "NOT", d3, "{s}bits"],
             vec!["GET", d3],
@@ -581,11 +610,19 @@ fn a_store_destination_on_another_node_answers_as_redis_does() {
         seen.push(replies);
     }
     for (r, p) in seen[0].iter().zip(&seen[1]) {
-        assert_eq!(r.1, p.1, "{}: redis-server, then the proxy over a pool", r.0);
+        assert_eq!(
+            r.1, p.1,
+            "{}: redis-server, then the proxy over a pool",
+            r.0
+        );
     }
     // No temporary key is left on any node.
     for n in &nodes {
-        assert!(n.keys().iter().all(|k| !k.starts_with("saltshaker:store:")), "{:?}", n.keys());
+        assert!(
+            n.keys().iter().all(|k| !k.starts_with("saltshaker:store:")),
+            "{:?}",
+            n.keys()
+        );
     }
 }
 

@@ -430,8 +430,15 @@ fn info_keyspace_over_a_pool_sums_every_node() {
         .find(|l| l.starts_with("# Memory"))
         .unwrap_or_default()
         .to_string();
-    assert_eq!(header, format!("# Memory (node0, {})", nodes[0].addr()), "{memory}");
+    assert_eq!(
+        header,
+        format!("# Memory (node0, {})", nodes[0].addr()),
+        "{memory}"
+    );
     let clients = c.cmd(&["INFO", "clients"]).as_str();
-    assert!(clients.lines().any(|l| l == "tracking_clients:0"), "{clients}");
+    assert!(
+        clients.lines().any(|l| l == "tracking_clients:0"),
+        "{clients}"
+    );
     assert!(clients.lines().any(|l| l == "# Clients"), "{clients}");
 }

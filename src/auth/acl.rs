@@ -185,16 +185,16 @@ impl Selector {
             };
             for n in 0..c.keys.len() {
                 let key = c.key(args, n).unwrap_or_default();
-                let ok = self.keys.iter().any(|k| {
-                    (!read || k.read) && (!write || k.write) && k.glob.matches(key)
-                });
+                let ok = self
+                    .keys
+                    .iter()
+                    .any(|k| (!read || k.read) && (!write || k.write) && k.glob.matches(key));
                 if !ok {
                     return Err(Denied::Key(key.to_vec()));
                 }
             }
         }
-        if !self.all_channels && matches!(c.spec.name, "PUBLISH" | "SPUBLISH") && args.argc() > 1
-        {
+        if !self.all_channels && matches!(c.spec.name, "PUBLISH" | "SPUBLISH") && args.argc() > 1 {
             let ch = args.arg(1);
             if !self.channels.iter().any(|p| stringmatch(p.as_bytes(), ch)) {
                 return Err(Denied::Channel(ch.to_vec()));
@@ -286,7 +286,9 @@ fn picked(what: &str) -> Result<Vec<usize>, &'static str> {
             return Ok((0..specs.len()).collect());
         }
         let bit = cat::by_name(c).ok_or(UNKNOWN)?;
-        return Ok((0..specs.len()).filter(|&i| specs[i].cats & bit != 0).collect());
+        return Ok((0..specs.len())
+            .filter(|&i| specs[i].cats & bit != 0)
+            .collect());
     }
     if what.is_empty() {
         return Err(UNKNOWN);
@@ -537,7 +539,11 @@ impl User {
 
 /// `#<hash>`: 64 lower-case hex digits.
 fn hash_rule(h: &str) -> Result<[u8; 32], &'static str> {
-    if h.len() != 64 || !h.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b)) {
+    if h.len() != 64
+        || !h
+            .bytes()
+            .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+    {
         return Err(BAD_HASH);
     }
     super::unhex(h).ok_or(BAD_HASH)

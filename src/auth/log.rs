@@ -98,7 +98,10 @@ mod tests {
         log.add("key", "toplevel", "k".into(), "u", "id=2".into());
         let e = log.newest(None);
         assert_eq!(e.len(), 2);
-        assert_eq!((e[0].reason, e[0].count, e[0].client_info.as_str()), ("key", 2, "id=2"));
+        assert_eq!(
+            (e[0].reason, e[0].count, e[0].client_info.as_str()),
+            ("key", 2, "id=2")
+        );
         assert_eq!(e[1].object, "hset");
         assert_eq!(log.newest(Some(1)).len(), 1);
         for i in 0..200 {

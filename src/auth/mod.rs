@@ -116,7 +116,8 @@ impl Users {
             if u.name == "default" && cfg.password.is_some() {
                 return Err((
                     format!("{at}.name"),
-                    "give the default user's password either as auth.password or here, not both".into(),
+                    "give the default user's password either as auth.password or here, not both"
+                        .into(),
                 ));
             }
             if cfg.users[..i].iter().any(|o| o.name == u.name) {
@@ -217,13 +218,14 @@ fn user(at: &str, u: &UserConfig) -> Result<User, (String, String)> {
     user.enabled = u.enabled;
     for (j, h) in u.passwords_sha256.iter().enumerate() {
         let h = h.strip_prefix('#').unwrap_or(h);
-        user.apply(&format!("#{}", h.to_ascii_lowercase())).map_err(|_| {
-            (
+        user.apply(&format!("#{}", h.to_ascii_lowercase()))
+            .map_err(|_| {
+                (
                 format!("{at}.passwords_sha256[{j}]"),
                 "must be 64 hex digits, the SHA-256 of the password (`saltshaker passwd` prints it)"
                     .into(),
             )
-        })?;
+            })?;
     }
     for (j, k) in u.keys.iter().enumerate() {
         let rule = if k == "allkeys" || k.starts_with('~') || k.starts_with('%') {
@@ -320,7 +322,10 @@ mod tests {
         let u = us.login(Some(b"app"), b"pw").unwrap();
         assert_eq!(run(&u, &["GET", "app:1"]), Ok(()));
         assert_eq!(run(&u, &["SET", "app:1", "x"]), Ok(()));
-        assert_eq!(run(&u, &["GET", "other"]), Err(Denied::Key(b"other".to_vec())));
+        assert_eq!(
+            run(&u, &["GET", "other"]),
+            Err(Denied::Key(b"other".to_vec()))
+        );
         assert_eq!(
             run(&u, &["MGET", "app:1", "zzz"]),
             Err(Denied::Key(b"zzz".to_vec()))

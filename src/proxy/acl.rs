@@ -24,7 +24,9 @@ fn text(b: &[u8]) -> String {
 pub fn handle(s: &mut Session, req: &Request, spec: &'static Spec, rb: &mut RoundBuilder) -> Flow {
     let reply = match spec.name {
         "ACL WHOAMI" => Ok(bulk(s.user.as_ref().map_or("default", |u| &u.name))),
-        "ACL USERS" => Ok(Value::Array(s.ctx.users.names().iter().map(|n| bulk(n)).collect())),
+        "ACL USERS" => Ok(Value::Array(
+            s.ctx.users.names().iter().map(|n| bulk(n)).collect(),
+        )),
         "ACL SETUSER" => set_user(s, req),
         "ACL DELUSER" => del_user(s, req),
         "ACL GETUSER" => Ok(s
@@ -33,13 +35,20 @@ pub fn handle(s: &mut Session, req: &Request, spec: &'static Spec, rb: &mut Roun
             .get(req.arg(2))
             .map_or(Value::Nil, |u| get_user(&u))),
         "ACL LIST" => Ok(Value::Array(
-            s.ctx.users.all().iter().map(|u| bulk(&u.describe())).collect(),
+            s.ctx
+                .users
+                .all()
+                .iter()
+                .map(|u| bulk(&u.describe()))
+                .collect(),
         )),
         "ACL DRYRUN" => dry_run(s, req),
         "ACL GENPASS" => gen_pass(req),
         "ACL LOG" => log(s, req),
         "ACL HELP" => Ok(Value::Array(HELP.iter().map(|l| bulk(l)).collect())),
-        other => Err(format!("ERR saltshaker: {other} is not supported through the proxy")),
+        other => Err(format!(
+            "ERR saltshaker: {other} is not supported through the proxy"
+        )),
     };
     let mut out = BytesMut::new();
     match reply {
@@ -60,7 +69,7 @@ fn ok() -> Value {
 
 /// ACL SETUSER name rule...: all of the rules or none.
 fn set_user(s: &mut Session, req: &Request) -> Result<Value, String> {
-    let name = req.arg(1 + 1);
+    let name = req.arg(2);
     if name.iter().any(|b| b.is_ascii_whitespace() || *b == 0) {
         return Err("ERR Usernames can't contain spaces or null characters".into());
     }
@@ -133,14 +142,10 @@ fn dry_run(s: &mut Session, req: &Request) -> Result<Value, String> {
         .get(req.arg(2))
         .ok_or_else(|| format!("ERR User '{}' not found", text(req.arg(2))))?;
     let args: Vec<&[u8]> = (3..req.argc()).map(|i| req.arg(i)).collect();
-    let c = match command::classify(args.as_slice()) {
-        Ok(c) => c,
-        Err(e) if command::lookup(args[0]).is_none() => {
-            let _ = e;
-            return Err(format!("ERR Command '{}' not found", text(args[0])));
-        }
-        Err(e) => return Err(e.to_string()),
-    };
+    if command::lookup(args[0]).is_none() {
+        return Err(format!("ERR Command '{}' not found", text(args[0])));
+    }
+    let c = command::classify(args.as_slice()).map_err(|e| e.to_string())?;
     Ok(match user.check(&c, args.as_slice()) {
         Ok(()) => ok(),
         Err(d) => bulk(&d.dryrun()),

@@ -80,7 +80,12 @@ pub fn handle(s: &mut Session, req: &Request, c: &Classified, rb: &mut RoundBuil
             };
             let until = std::time::Instant::now() + std::time::Duration::from_millis(ms);
             s.ctx.pause.pause(clients::Paused { until, all });
-            tracing::info!(client = s.id, ms, all, "CLIENT PAUSE: this proxy's clients pause");
+            tracing::info!(
+                client = s.id,
+                ms,
+                all,
+                "CLIENT PAUSE: this proxy's clients pause"
+            );
             encode_simple("OK", &mut out);
         }
         "CLIENT UNPAUSE" => {
@@ -160,7 +165,6 @@ fn client_kill(s: &mut Session, req: &Request, rb: &mut RoundBuilder) -> Flow {
     Flow::Continue
 }
 
-
 /// `CLIENT UNBLOCK id [TIMEOUT|ERROR]`: a client of this proxy blocked in a command on a
 /// node is unblocked there (the node answers the blocked command as it would its own
 /// client's: a timeout's reply, or the UNBLOCKED error), so nothing the node did is
@@ -180,7 +184,12 @@ fn unblock(s: &mut Session, req: &Request, rb: &mut RoundBuilder) -> Flow {
         ids: Some(vec![id as u64]),
         ..clients::Filter::default()
     };
-    let target = s.ctx.clients.select(&f).first().and_then(|c| c.blocked_on());
+    let target = s
+        .ctx
+        .clients
+        .select(&f)
+        .first()
+        .and_then(|c| c.blocked_on());
     let Some((node, node_id)) = target else {
         let mut out = BytesMut::new();
         encode_int(0, &mut out);

@@ -189,7 +189,11 @@ impl Clients {
     /// them, though their tasks may take a moment to close the socket.
     pub fn kill(&self, f: &Filter) -> usize {
         let mut map = self.lock();
-        let chosen: Vec<u64> = map.values().filter(|c| c.matches(f)).map(|c| c.id).collect();
+        let chosen: Vec<u64> = map
+            .values()
+            .filter(|c| c.matches(f))
+            .map(|c| c.id)
+            .collect();
         for id in &chosen {
             if let Some(c) = map.remove(id) {
                 let _ = c.kill.send(true);

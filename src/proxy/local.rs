@@ -9,9 +9,7 @@ use super::round::{Merge, RoundBuilder, Slot};
 use super::route::{keys_node, push, push_n};
 use super::state::{err_bytes, ready_later, reset_dedicated, Flow, Session, Tx};
 use crate::command::{flags, Classified, Route};
-use crate::resp::{
-    encode_bulk, encode_map_header, encode_simple, Proto, Request, Value,
-};
+use crate::resp::{encode_bulk, encode_map_header, encode_simple, Proto, Request, Value};
 
 const OK: &[u8] = b"+OK\r\n";
 

@@ -281,8 +281,12 @@ pub(super) fn merge(
                     }
                     Err(_) => break,
                 };
-                let Some(Value::Array(mut a)) = v.filter(|v| matches!(v, Value::Array(a) if a.len() == 2)) else {
-                    failed = Some(Bytes::from_static(b"-ERR saltshaker: unexpected SCAN reply\r\n"));
+                let Some(Value::Array(mut a)) =
+                    v.filter(|v| matches!(v, Value::Array(a) if a.len() == 2))
+                else {
+                    failed = Some(Bytes::from_static(
+                        b"-ERR saltshaker: unexpected SCAN reply\r\n",
+                    ));
                     break;
                 };
                 let cursor = match &a[0] {

@@ -46,8 +46,8 @@ mod scan;
 mod session;
 mod settle;
 mod sort;
-mod store;
 mod state;
+mod store;
 mod tunnel;
 
 use std::sync::atomic::Ordering;

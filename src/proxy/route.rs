@@ -85,7 +85,9 @@ pub(super) fn sort_spans_nodes(s: &Session, req: &Request, c: &Classified) -> bo
         return false;
     }
     let home = b.node_for(req.arg(1));
-    c.keys.iter().any(|&k| b.node_for(req.arg(k as usize)) != home)
+    c.keys
+        .iter()
+        .any(|&k| b.node_for(req.arg(k as usize)) != home)
         || sort_patterns_on(s, req, c, home).is_err()
 }
 

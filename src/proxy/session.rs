@@ -261,8 +261,10 @@ async fn read_loop(
                 return End::Closed;
             }
             let monitor = (monitored
-                && !c.spec.has(command::flags::SKIP_MONITOR | command::flags::ADMIN))
-                .then(|| super::monitor::args(&req));
+                && !c
+                    .spec
+                    .has(command::flags::SKIP_MONITOR | command::flags::ADMIN))
+            .then(|| super::monitor::args(&req));
             let mut mark = rb.slots.len();
             let conn_state = (s.proto, s.db);
             let mut flow = handle(s, req, c, &mut rb).await;

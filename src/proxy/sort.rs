@@ -80,9 +80,12 @@ fn parse(req: &Request, ro: bool) -> Result<Sort, &'static str> {
     Ok(s)
 }
 
+/// A key, and the hash field in it when the pattern has `->field`.
+type Named = (Vec<u8>, Option<Vec<u8>>);
+
 /// The key (and hash field) a pattern names for an element, as Redis's
 /// `lookupKeyByPattern`: None for a pattern without `*`.
-fn substitute(pattern: &[u8], elem: &[u8]) -> Option<(Vec<u8>, Option<Vec<u8>>)> {
+fn substitute(pattern: &[u8], elem: &[u8]) -> Option<Named> {
     let star = pattern.iter().position(|&b| b == b'*')?;
     let arrow = pattern[star + 1..]
         .windows(2)
@@ -150,7 +153,7 @@ async fn ask(
 async fn lookups(
     conns: &[ConnHandle],
     node_for: &impl Fn(&[u8]) -> usize,
-    names: &[Option<(Vec<u8>, Option<Vec<u8>>)>],
+    names: &[Option<Named>],
     deadline: Option<Instant>,
 ) -> Result<Vec<Option<Bytes>>, Bytes> {
     let mut out = Vec::with_capacity(names.len());
@@ -222,7 +225,9 @@ async fn run(
                     .ok()
                     .and_then(|t| t.trim().parse::<f64>().ok())
                     .filter(|x| !x.is_nan())
-                    .ok_or_else(|| err_bytes("ERR One or more scores can't be converted into double"))?,
+                    .ok_or_else(|| {
+                        err_bytes("ERR One or more scores can't be converted into double")
+                    })?,
                 _ => 0.0,
             };
             keyed.push((w, num, e));
@@ -245,7 +250,11 @@ async fn run(
     if sort.by.is_some() {
         if let Some((o, c)) = sort.limit {
             let start = (o.max(0) as usize).min(elems.len());
-            let end = if c < 0 { elems.len() } else { (start + c as usize).min(elems.len()) };
+            let end = if c < 0 {
+                elems.len()
+            } else {
+                (start + c as usize).min(elems.len())
+            };
             elems = elems[start..end].to_vec();
         }
     }
@@ -257,14 +266,24 @@ async fn run(
         for e in &elems {
             for g in &sort.gets {
                 own.push(g.as_ref() == b"#");
-                names.push(if g.as_ref() == b"#" { None } else { substitute(g, e) });
+                names.push(if g.as_ref() == b"#" {
+                    None
+                } else {
+                    substitute(g, e)
+                });
             }
         }
         let got = lookups(conns, node_for, &names, deadline).await?;
         let per = sort.gets.len();
         got.into_iter()
             .enumerate()
-            .map(|(i, v)| if own[i] { Some(elems[i / per].clone()) } else { v })
+            .map(|(i, v)| {
+                if own[i] {
+                    Some(elems[i / per].clone())
+                } else {
+                    v
+                }
+            })
             .collect()
     };
     let Some(dst) = &sort.store else {
@@ -312,7 +331,10 @@ mod tests {
         );
         // "->" with nothing after it is part of the key; one before the '*' too.
         assert_eq!(substitute(b"h_*->", b"a"), Some((b"h_a->".to_vec(), None)));
-        assert_eq!(substitute(b"a->b_*", b"x"), Some((b"a->b_x".to_vec(), None)));
+        assert_eq!(
+            substitute(b"a->b_*", b"x"),
+            Some((b"a->b_x".to_vec(), None))
+        );
         assert_eq!(substitute(b"nostar", b"a"), None);
     }
 }

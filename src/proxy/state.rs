@@ -124,7 +124,11 @@ impl Session {
 
     /// Records a refusal in ACL LOG: `reason`, `object` for the user `user`.
     pub fn log_refusal(&self, reason: &'static str, object: String, user: &str) {
-        let context = if self.tx.is_some() { "multi" } else { "toplevel" };
+        let context = if self.tx.is_some() {
+            "multi"
+        } else {
+            "toplevel"
+        };
         let info = self.me.line(None);
         self.ctx.acl_log.add(reason, context, object, user, info);
     }

@@ -55,7 +55,9 @@ pub(super) fn across(
     let dst_arg = c.keys[dest] as usize;
     let b = &s.ctx.backend;
     let Some(src_arg) = c.keys.iter().find(|&&k| k as usize != dst_arg) else {
-        return rb.slots.push(Slot::Ready(err_bytes("ERR saltshaker: no source key")));
+        return rb
+            .slots
+            .push(Slot::Ready(err_bytes("ERR saltshaker: no source key")));
     };
     let src_node = b.node_for(req.arg(*src_arg as usize));
     let dst = req.arg_bytes(dst_arg);
