@@ -453,10 +453,12 @@ fn a_client_that_never_reads_is_closed_at_the_output_limit_and_memory_stays_boun
             .any(|l| l == "saltshaker_client_output_limit_closed_total 1"),
         "metric:\n{m}"
     );
-    // The proxy's memory grew by about the limit, not by the 400 MB owed.
+    // The proxy's memory grew by about the limit, not by the 400 MB owed: the session
+    // asks the node for no more replies than the limit holds (it grew by 65-123 MB under
+    // load when only the writer's buffer was bounded, 20-30 MB since).
     peak = peak.max(rss_bytes(proxy.pid().unwrap()));
     assert!(
-        peak < before + 120 * 1024 * 1024,
+        peak < before + 48 * 1024 * 1024,
         "proxy RSS went from {before} to {peak} bytes"
     );
     // Others are served; the rude client's socket is closed (writes fail, or it reads EOF).

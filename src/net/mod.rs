@@ -85,16 +85,6 @@ impl Stream {
 }
 
 impl ReadHalf {
-    /// Waits until a read may find data, holding no buffer meanwhile: an idle client
-    /// connection then costs no read buffer. TLS may hold decrypted bytes the socket no
-    /// longer shows, so a TLS stream says "maybe" at once (its reader waits in the read).
-    pub async fn readable(&self) -> io::Result<()> {
-        match self {
-            ReadHalf::Tcp(r) => r.readable().await,
-            ReadHalf::Tls(_) => Ok(()),
-        }
-    }
-
     /// Reads what the client sent. With nothing left over from the last read, the buffer is
     /// given back first and a new one taken only once data has arrived, so thousands of idle
     /// connections hold no read buffers; a pipelining client keeps its buffer between reads.
@@ -103,35 +93,40 @@ impl ReadHalf {
             if buf.capacity() > 0 {
                 *buf = BytesMut::new();
             }
-            self.readable().await?;
             if let ReadHalf::Tcp(r) = self {
                 // The common read of a connection that was idle is one small command (a
                 // client sending one at a time): read it on the stack and allocate only its
                 // size. A 16 KiB buffer taken and freed per command cost about 3% of the
-                // proxy's CPU at pipeline 1 (bench/README.md, "CPU per request").
-                let mut chunk = [0u8; 2048];
-                match r.try_read(&mut chunk) {
-                    Ok(n) => {
-                        if n == chunk.len() {
-                            buf.reserve(16 * 1024);
+                // proxy's CPU at pipeline 1 (bench/README.md, "CPU per request"). The chunk
+                // lives in one poll only, never in the future while the client is idle.
+                // It goes through `poll_read`, which takes a short read as the socket
+                // drained: the next wait goes to epoll, where a `try_read` left the
+                // readiness set and the next one paid a read that failed with EAGAIN
+                // (half a system call per command at pipeline 1).
+                return std::future::poll_fn(|cx| {
+                    let mut chunk = [0u8; 2048];
+                    let mut rb = ReadBuf::new(&mut chunk);
+                    match Pin::new(&mut *r).poll_read(cx, &mut rb) {
+                        Poll::Ready(Ok(())) => {
+                            let n = rb.filled().len();
+                            if n == rb.capacity() {
+                                buf.reserve(16 * 1024);
+                            }
+                            buf.extend_from_slice(rb.filled());
+                            Poll::Ready(Ok(n))
                         }
-                        buf.extend_from_slice(&chunk[..n]);
-                        return Ok(n);
+                        Poll::Ready(Err(e)) => Poll::Ready(Err(e)),
+                        Poll::Pending => Poll::Pending,
                     }
-                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
-                    Err(e) => return Err(e),
-                }
+                })
+                .await;
             }
         }
         if buf.capacity() - buf.len() < 4096 {
             buf.reserve(16 * 1024);
         }
-        match self.try_read_buf(buf) {
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                tokio::io::AsyncReadExt::read_buf(self, buf).await
-            }
-            n => n,
-        }
+        // `read_buf` polls `poll_read`, which clears the readiness after a short read too.
+        tokio::io::AsyncReadExt::read_buf(self, buf).await
     }
 
     /// Reads what has already arrived without waiting: `WouldBlock` when nothing has.

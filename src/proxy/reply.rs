@@ -175,11 +175,20 @@ pub async fn write_loop<W: AsyncWrite + Unpin>(
         // Resolve every round that is already queued, then write once.
         while let Some(queued) = next.take() {
             let (mut round, proto) = *queued;
+            let held = round.inflight.take();
+            let before = out.unread();
             let close = round.close_after;
             let acked = std::mem::take(&mut round.acked);
             let again = std::mem::take(&mut round.invalidate_after);
             let tunnel = match resolve(round, proto, &ctx, &mut out, client).await {
-                Ok(t) => t,
+                Ok(t) => {
+                    // What the client was written meanwhile is not known here; the growth
+                    // of what it owes is a fair lower bound of the round's bytes.
+                    if let Some(h) = held {
+                        h.resolved(out.unread().saturating_sub(before));
+                    }
+                    t
+                }
                 Err(Cut::Cut) => return (out.w, None),
                 Err(Abandoned) => {
                     out.finish().await;

@@ -237,6 +237,86 @@ pub struct Round {
     /// write to a cached key).
     pub acked: Vec<oneshot::Sender<()>>,
     pub invalidate_after: Vec<Bytes>,
+    /// Counts the round's commands in the session's `Inflight` until the writer has them.
+    pub inflight: Option<Held>,
+}
+
+/// The commands a session has sent whose replies the writer has not yet taken, and the
+/// bytes a reply took lately: the session reads no more of its client while their product
+/// passes `limits.max_output_bytes`. The writer's own limit starts only once replies are
+/// resolved, and replies resolve while the client is not reading: without this, a client
+/// that pipelines small GETs of a big value and never reads had every command of up to 16
+/// queued rounds (thousands) answered by the node into the proxy's memory first.
+#[derive(Default)]
+pub struct Inflight {
+    cmds: std::sync::atomic::AtomicUsize,
+    /// Bytes per reply, as the writer last measured them (0 before the first round).
+    per_reply: std::sync::atomic::AtomicUsize,
+    freed: tokio::sync::Notify,
+}
+
+/// While no reply size is known (no round of the session resolved yet: its node may be
+/// slow), replies are taken to be this big, so that a deep pipeline to a frozen node is
+/// read at once (its commands' deadlines start when they are read) while a flood of GETs
+/// of a big value stays within a few times the limit until the first round measures it.
+const UNMEASURED_REPLY: usize = 32 * 1024;
+/// And at least this many commands may be in flight, whatever the limit.
+const UNMEASURED_MIN: usize = 256;
+
+impl Inflight {
+    /// Whether the replies in flight may already pass `limit` bytes.
+    pub fn over(&self, limit: usize) -> bool {
+        use std::sync::atomic::Ordering::Relaxed;
+        let n = self.cmds.load(Relaxed);
+        let per = self.per_reply.load(Relaxed);
+        n > 0
+            && if per == 0 {
+                n > unmeasured(limit)
+            } else {
+                n.saturating_mul(per) > limit
+            }
+    }
+
+    /// How many more commands may be asked for now (at least one).
+    pub fn room(&self, limit: usize) -> usize {
+        use std::sync::atomic::Ordering::Relaxed;
+        let per = self.per_reply.load(Relaxed);
+        let cap = if per == 0 {
+            unmeasured(limit)
+        } else {
+            (limit / per).max(1)
+        };
+        cap.saturating_sub(self.cmds.load(Relaxed)).max(1)
+    }
+
+    /// Waits until the writer takes a round.
+    pub async fn freed(&self) {
+        self.freed.notified().await
+    }
+}
+
+fn unmeasured(limit: usize) -> usize {
+    (limit / UNMEASURED_REPLY).max(UNMEASURED_MIN)
+}
+
+/// A round's commands, counted in flight until dropped.
+pub struct Held(std::sync::Arc<Inflight>, usize);
+
+impl Held {
+    /// The writer resolved the round into `bytes` of replies.
+    pub fn resolved(self, bytes: usize) {
+        if self.1 > 0 {
+            let per = (bytes / self.1).max(1);
+            self.0.per_reply.store(per, std::sync::atomic::Ordering::Relaxed);
+        }
+    }
+}
+
+impl Drop for Held {
+    fn drop(&mut self) {
+        self.0.cmds.fetch_sub(self.1, std::sync::atomic::Ordering::Relaxed);
+        self.0.freed.notify_one();
+    }
 }
 
 /// Builds a round while the session walks the commands of one read.
@@ -354,7 +434,17 @@ impl RoundBuilder {
 
     /// Sends every job and returns the round for the writer. Its replies are due
     /// `timeout` after the round was read.
-    pub async fn send(self, timeout: Option<std::time::Duration>) -> Round {
+    /// Sends the round's jobs; its commands count in `inflight` until the writer has them.
+    pub async fn send(
+        self,
+        timeout: Option<std::time::Duration>,
+        inflight: &std::sync::Arc<Inflight>,
+    ) -> Round {
+        let n = self.slots.len();
+        inflight
+            .cmds
+            .fetch_add(n, std::sync::atomic::Ordering::Relaxed);
+        let held = Held(inflight.clone(), n);
         let deadline = timeout.map(|t| self.read_at + t);
         let mut sent = SmallVec::new();
         for j in self.jobs {
@@ -371,6 +461,7 @@ impl RoundBuilder {
             tunnel: None,
             acked: Vec::new(),
             invalidate_after: self.invalidate_after,
+            inflight: Some(held),
         }
     }
 }

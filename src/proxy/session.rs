@@ -26,19 +26,10 @@ use super::route::{
 };
 use super::state::{blocking_worker, err_bytes, Decided, Flow, Pending, Session};
 use super::{local, reply, settle, tunnel};
-use crate::command::{self, Args, Classified, Route};
+use crate::command::{self, Classified, Route};
 use crate::metrics::Class;
 use crate::policy::{self, Action};
 use crate::resp::{Request, RequestParser};
-
-impl Args for Request {
-    fn argc(&self) -> usize {
-        Request::argc(self)
-    }
-    fn arg(&self, i: usize) -> &[u8] {
-        Request::arg(self, i)
-    }
-}
 
 /// Serves one client connection until it closes.
 pub async fn run(stream: Stream, ctx: Arc<Ctx>, id: u64) {
@@ -135,12 +126,17 @@ async fn read_loop(
 ) -> End {
     let limits = s.ctx.limits.clone();
     let mut parser = RequestParser::new(limits);
+    let limits_output = s.ctx.max_output;
     // Allocated when data arrives, and given back whenever everything read was handled:
     // an idle connection holds no buffer (`read_some`).
     let mut buf = BytesMut::new();
     let mut reqs: Vec<Request> = Vec::new();
     let mut shutdown = s.ctx.shutdown.clone();
     let mut draining = false;
+    // Whole commands left in `buf` by the in-flight bound, and whether the client closed
+    // after sending them: they are handled before anything more is read.
+    let mut held_back = false;
+    let mut ended = false;
     loop {
         if *owing.borrow() {
             // The client owes more than the output limit: read none of its commands (TCP
@@ -151,7 +147,19 @@ async fn read_loop(
                 r = owing.wait_for(|o| !*o) => if r.is_err() { return End::Closed },
             }
         }
-        let n: std::io::Result<usize> = if draining {
+        // The replies already asked for may pass the output limit: read nothing more
+        // until the writer takes some (`round::Inflight`).
+        while limits_output > 0 && s.inflight.over(limits_output) {
+            tokio::select! {
+                biased;
+                _ = tx.closed() => return End::Closed,
+                _ = killed.wait_for(|k| *k) => return End::Closed,
+                _ = s.inflight.freed() => {}
+            }
+        }
+        let n: std::io::Result<usize> = if held_back {
+            Ok(buf.len())
+        } else if draining {
             if buf.capacity() - buf.len() < 4096 {
                 buf.reserve(16 * 1024);
             }
@@ -192,13 +200,13 @@ async fn read_loop(
                 }
             }
         };
-        let eof = matches!(n, Ok(0) | Err(_));
+        ended |= matches!(n, Ok(0) | Err(_));
         if buf.len() > s.ctx.max_pending {
             let mut rb = RoundBuilder::new();
             rb.slots.push(Slot::Ready(err_bytes(
                 "ERR Protocol error: client query buffer limit exceeded",
             )));
-            let mut round = rb.send(s.ctx.backend.request_timeout).await;
+            let mut round = rb.send(s.ctx.backend.request_timeout, &s.inflight).await;
             round.close_after = true;
             s.ctx.metrics.protocol_errors.inc();
             let _ = tx.send(Box::new((round, s.proto))).await;
@@ -211,7 +219,12 @@ async fn read_loop(
             s.track = !s.ctx.salt.table.load().is_empty() || s.ctx.hot.load().may_combine();
         }
         let monitored = s.ctx.monitors.active();
-        let parsed = parser.parse(&mut buf, &mut reqs);
+        let room = match limits_output {
+            0 => usize::MAX,
+            limit => s.inflight.room(limit),
+        };
+        let parsed = parser.parse_at_most(&mut buf, &mut reqs, room);
+        held_back = reqs.len() >= room && !buf.is_empty();
         let mut rb = RoundBuilder::with_capacity(reqs.len().max(1));
         let mut close = false;
         let mut reqs_iter = reqs.drain(..);
@@ -316,7 +329,7 @@ async fn read_loop(
                     // Whatever the client sent after MONITOR is not run, as on Redis.
                     let lines = s.ctx.monitors.subscribe();
                     s.order.wait_barrier().await;
-                    let round = rb.send(s.ctx.backend.request_timeout).await;
+                    let round = rb.send(s.ctx.backend.request_timeout, &s.inflight).await;
                     let _ = tx.send(Box::new((round, s.proto))).await;
                     return End::Monitor(r, lines);
                 }
@@ -337,7 +350,7 @@ async fn read_loop(
                     // The tunnel's commands take a connection of their own: nothing of
                     // the session may still be on its way.
                     s.order.wait_barrier().await;
-                    let mut round = rb.send(s.ctx.backend.request_timeout).await;
+                    let mut round = rb.send(s.ctx.backend.request_timeout, &s.inflight).await;
                     round.tunnel = start.take_end();
                     let _ = tx.send(Box::new((round, s.proto))).await;
                     return End::Tunnel(r, start);
@@ -366,7 +379,7 @@ async fn read_loop(
             let had_jobs = !rb.jobs.is_empty();
             let written = std::mem::take(&mut rb.written);
             let keys = std::mem::take(&mut rb.keys);
-            let mut round = rb.send(s.ctx.backend.request_timeout).await;
+            let mut round = rb.send(s.ctx.backend.request_timeout, &s.inflight).await;
             s.order
                 .sent(&mut round, had_jobs, want_ack, s.track, written, keys);
             round.close_after = close;
@@ -374,7 +387,7 @@ async fn read_loop(
                 return End::Closed;
             }
         }
-        if close || eof {
+        if close || (ended && !held_back) {
             return End::Closed;
         }
     }

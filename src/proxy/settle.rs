@@ -85,7 +85,7 @@ async fn send_ahead(
     wait_barrier(s, rb).await;
     let mut rb = std::mem::take(rb);
     let keys = std::mem::take(&mut rb.keys);
-    let mut round = rb.send(s.ctx.backend.request_timeout).await;
+    let mut round = rb.send(s.ctx.backend.request_timeout, &s.inflight).await;
     s.order.flushed(&mut round, keys, s.track);
     round.acked.extend(done);
     tx.send(Box::new((round, proto))).await.is_ok()

@@ -27,6 +27,16 @@ pub struct Tx {
     pub writes: Vec<Bytes>,
 }
 
+/// A parsed request is what `command` classifies: its arguments by index.
+impl crate::command::Args for Request {
+    fn argc(&self) -> usize {
+        Request::argc(self)
+    }
+    fn arg(&self, i: usize) -> &[u8] {
+        Request::arg(self, i)
+    }
+}
+
 /// Per-connection state, owned by the reader.
 pub struct Session {
     pub ctx: Arc<Ctx>,
@@ -66,6 +76,8 @@ pub struct Session {
     /// The command just handled went on a connection of its own (WATCH, EXEC under
     /// WATCH): the next one waits until its reply is in.
     pub(super) settle_after: bool,
+    /// The commands sent whose replies the writer has not taken (`round::Inflight`).
+    pub(super) inflight: Arc<super::round::Inflight>,
     /// This connection as CLIENT LIST shows it, and what was last published there.
     pub(super) me: Arc<Client>,
     shown: ShownKey,
@@ -107,6 +119,7 @@ impl Session {
             admit: false,
             track: false,
             settle_after: false,
+            inflight: Arc::default(),
         }
     }
 

@@ -66,9 +66,24 @@ impl RequestParser {
     /// `buf` must only grow between calls). On `Err`, `out` still holds the requests that
     /// came before the violation, as Redis would have run them.
     pub fn parse(&mut self, buf: &mut BytesMut, out: &mut Vec<Request>) -> Result<(), ParseError> {
+        self.parse_at_most(buf, out, usize::MAX)
+    }
+
+    /// `parse`, stopping after `max` requests (at least one): the rest stays in `buf`, from
+    /// a request's first byte.
+    pub fn parse_at_most(
+        &mut self,
+        buf: &mut BytesMut,
+        out: &mut Vec<Request>,
+        max: usize,
+    ) -> Result<(), ParseError> {
         self.pending.clear();
+        let first = out.len();
         let mut start = 0;
         let result = loop {
+            if out.len() - first >= max.max(1) {
+                break Ok(());
+            }
             let s = &buf[start..];
             if s.is_empty() || s.len() < self.cur.need {
                 break Ok(());
