@@ -307,14 +307,18 @@ impl Held {
     pub fn resolved(self, bytes: usize) {
         if self.1 > 0 {
             let per = (bytes / self.1).max(1);
-            self.0.per_reply.store(per, std::sync::atomic::Ordering::Relaxed);
+            self.0
+                .per_reply
+                .store(per, std::sync::atomic::Ordering::Relaxed);
         }
     }
 }
 
 impl Drop for Held {
     fn drop(&mut self) {
-        self.0.cmds.fetch_sub(self.1, std::sync::atomic::Ordering::Relaxed);
+        self.0
+            .cmds
+            .fetch_sub(self.1, std::sync::atomic::Ordering::Relaxed);
         self.0.freed.notify_one();
     }
 }

@@ -437,7 +437,9 @@ impl Proxy {
                     exited = Some(st);
                     return true;
                 }
-                TcpStream::connect(&listen).is_ok()
+                // Both listeners: a test may ask /hotkeys at once (the admin port can open
+                // after the client port on a busy machine).
+                TcpStream::connect(&listen).is_ok() && TcpStream::connect(&admin).is_ok()
             });
             let mut p = Proxy {
                 port,
