@@ -126,7 +126,6 @@ async fn read_loop(
 ) -> End {
     let limits = s.ctx.limits.clone();
     let mut parser = RequestParser::new(limits);
-    let limits_output = s.ctx.max_output;
     // Allocated when data arrives, and given back whenever everything read was handled:
     // an idle connection holds no buffer (`read_some`).
     let mut buf = BytesMut::new();
@@ -138,24 +137,8 @@ async fn read_loop(
     let mut held_back = false;
     let mut ended = false;
     loop {
-        if *owing.borrow() {
-            // The client owes more than the output limit: read none of its commands (TCP
-            // pushes back) until it has read enough, or the writer gives it up.
-            tokio::select! {
-                biased;
-                _ = tx.closed() => return End::Closed,
-                r = owing.wait_for(|o| !*o) => if r.is_err() { return End::Closed },
-            }
-        }
-        // The replies already asked for may pass the output limit: read nothing more
-        // until the writer takes some (`round::Inflight`).
-        while limits_output > 0 && s.inflight.over(limits_output) {
-            tokio::select! {
-                biased;
-                _ = tx.closed() => return End::Closed,
-                _ = killed.wait_for(|k| *k) => return End::Closed,
-                _ = s.inflight.freed() => {}
-            }
+        if !Box::pin(settle::may_read(s, tx, &mut owing, &mut killed)).await {
+            return End::Closed;
         }
         let n: std::io::Result<usize> = if held_back {
             Ok(buf.len())
@@ -219,7 +202,7 @@ async fn read_loop(
             s.track = !s.ctx.salt.table.load().is_empty() || s.ctx.hot.load().may_combine();
         }
         let monitored = s.ctx.monitors.active();
-        let room = match limits_output {
+        let room = match s.ctx.max_output {
             0 => usize::MAX,
             limit => s.inflight.room(limit),
         };

@@ -1,7 +1,8 @@
 //! Sending the round built so far ahead of a command that must not join it: `flush` (a
 //! salted task, an admission delay), `settle`, which also waits until every earlier
 //! reply is in (a change of database, protocol or lane: two connections are not ordered
-//! at the node), and `paused`, the wait of a command that CLIENT PAUSE holds.
+//! at the node), `paused`, the wait of a command that CLIENT PAUSE holds, and `may_read`,
+//! the wait before a read while the client owes (or would owe) more than its output limit.
 
 use tokio::sync::{mpsc, watch};
 
@@ -9,6 +10,35 @@ use super::mitigation::wait_barrier;
 use super::round::{Queued, RoundBuilder};
 use super::state::Session;
 use crate::resp::Proto;
+
+/// Before a read of the client: the writer may say it owes more than the output limit
+/// (read none of its commands, TCP pushes back, until it has read enough or is given up),
+/// and the replies already asked for may pass that limit (`round::Inflight`: read
+/// nothing more until the writer takes some). False when the connection is to end.
+pub(super) async fn may_read(
+    s: &Session,
+    tx: &mpsc::Sender<Queued>,
+    owing: &mut watch::Receiver<bool>,
+    killed: &mut watch::Receiver<bool>,
+) -> bool {
+    if *owing.borrow() {
+        tokio::select! {
+            biased;
+            _ = tx.closed() => return false,
+            r = owing.wait_for(|o| !*o) => if r.is_err() { return false },
+        }
+    }
+    let limit = s.ctx.max_output;
+    while limit > 0 && s.inflight.over(limit) {
+        tokio::select! {
+            biased;
+            _ = tx.closed() => return false,
+            _ = killed.wait_for(|k| *k) => return false,
+            _ = s.inflight.freed() => {}
+        }
+    }
+    true
+}
 
 /// Whether CLIENT PAUSE WRITE holds `c`: it writes or may (EVAL, PUBLISH), or is EXEC,
 /// whatever it queued.
