@@ -43,6 +43,8 @@ pub struct Selector {
     all_keys: bool,
     channels: Vec<String>,
     all_channels: bool,
+    /// Every command's bit is set: kept by `apply`, as `unrestricted` is asked per command.
+    all_cmds: bool,
 }
 
 impl Selector {
@@ -56,6 +58,7 @@ impl Selector {
             all_keys: false,
             channels: Vec::new(),
             all_channels: false,
+            all_cmds: false,
         }
     }
 
@@ -68,13 +71,9 @@ impl Selector {
         s
     }
 
+    /// Every command, key and channel: the session skips the checks (asked per command).
     pub fn unrestricted(&self) -> bool {
-        self.all_commands() && self.all_keys && self.all_channels
-    }
-
-    fn all_commands(&self) -> bool {
-        let n = command::all().len();
-        (0..n).all(|i| self.bit(i))
+        self.all_cmds && self.all_keys && self.all_channels
     }
 
     fn bit(&self, i: usize) -> bool {
@@ -93,6 +92,7 @@ impl Selector {
         let n = command::all().len();
         (0..n).for_each(|i| self.set(i, on));
         self.future = on;
+        self.all_cmds = on;
         self.rules.clear();
     }
 
@@ -143,6 +143,7 @@ impl Selector {
                 for i in picked(what)? {
                     self.set(i, on);
                 }
+                self.all_cmds = (0..command::all().len()).all(|i| self.bit(i));
                 self.rules.retain(|r| r[1..] != *what);
                 self.rules.push(lower);
             }

@@ -351,6 +351,32 @@ mod tests {
     }
 
     #[test]
+    fn unrestricted_follows_every_rule() {
+        let us = users("{}");
+        us.set_user(
+            b"u",
+            &[
+                "on".into(),
+                "nopass".into(),
+                "+@all".into(),
+                "~*".into(),
+                "&*".into(),
+            ],
+        )
+        .unwrap();
+        assert!(us.get(b"u").unwrap().unrestricted());
+        us.set_user(b"u", &["-get".into()]).unwrap();
+        assert!(
+            !us.get(b"u").unwrap().unrestricted(),
+            "one command taken away"
+        );
+        us.set_user(b"u", &["+get".into()]).unwrap();
+        assert!(us.get(b"u").unwrap().unrestricted(), "and given back");
+        us.set_user(b"u", &["resetchannels".into()]).unwrap();
+        assert!(!us.get(b"u").unwrap().unrestricted(), "no channels");
+    }
+
+    #[test]
     fn default_user_and_open_mode() {
         let open = users("{}");
         assert!(open.initial().unwrap().unrestricted());
