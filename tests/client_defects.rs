@@ -268,9 +268,10 @@ fn a_dropped_connection_to_a_healthy_node_is_reopened_without_failing_requests()
     }
     assert!(
         errors.is_empty(),
-        "{} failed: {:?}",
+        "{} failed: {:?}\nproxy:\n{}",
         errors.len(),
-        &errors[..errors.len().min(5)]
+        &errors[..errors.len().min(5)],
+        proxy.stderr()
     );
 }
 

@@ -252,10 +252,11 @@ async fn serve(
         let mut again = again;
         let n: u64 = again.iter().map(|j| j.count as u64).sum();
         open.add(n as i64);
-        if let Err(e) = write_jobs(&mut w, &mut again, &inflight_tx).await {
-            reader.abort();
+        if let Err((e, unsent)) = write_jobs(&mut w, &mut again, &inflight_tx).await {
+            let mut left = reader_leftovers(&mut reader).await;
+            left.extend(unsent);
             open.take(i64::MAX);
-            return Some((e, Vec::new()));
+            return Some((e, left));
         }
     }
     let (reason, unanswered) = loop {
@@ -278,11 +279,22 @@ async fn serve(
                 }
                 m.requests.inc_by(cmds);
                 open.add(cmds as i64);
-                if let Err(e) = write_jobs(&mut w, &mut jobs, &inflight_tx).await {
-                    // Jobs still queued in `inflight` are dropped with the reader: their
-                    // callers get an error.
-                    reader.abort();
-                    break (e, Vec::new());
+                if let Err((e, unsent)) = write_jobs(&mut w, &mut jobs, &inflight_tx).await {
+                    // What the reader holds unanswered, then what never left, in order:
+                    // reads among them go on the next connection, anything else fails.
+                    let mut left = reader_leftovers(&mut reader).await;
+                    for job in unsent {
+                        // Never written: it may go again even if it writes, once.
+                        if job.retry_safe() || job.again {
+                            left.push(job);
+                        } else {
+                            job.fail(BackendError::Down {
+                                node: hs.addr.clone(),
+                                reason: "connection lost before the command was sent; it did not run".into(),
+                            });
+                        }
+                    }
+                    break (e, left);
                 }
             }
         }
@@ -318,13 +330,16 @@ impl Pending {
 
 /// Registers each job as in flight (before its bytes leave, so the reader always finds
 /// it) and writes all of them with as few syscalls as the kernel allows.
+/// On failure, the jobs not registered (the reader had stopped: the connection broke) come
+/// back with the error: none of their bytes left, so any of them may go on the next one.
 async fn write_jobs(
     w: &mut WriteHalf,
     jobs: &mut Vec<Job>,
     inflight: &mpsc::UnboundedSender<Job>,
-) -> Result<(), BackendError> {
+) -> Result<(), (BackendError, Vec<Job>)> {
     let mut bufs: Vec<Bytes> = Vec::with_capacity(jobs.len() * 2);
-    for job in jobs.drain(..) {
+    let mut queue = jobs.drain(..);
+    while let Some(job) = queue.next() {
         if job.count == 0 {
             bufs.extend(job.data);
             continue;
@@ -332,13 +347,32 @@ async fn write_jobs(
         // The job keeps its bytes until answered, to be sent again if the connection
         // breaks first (a reference count each, no copy).
         bufs.extend(job.data.iter().cloned());
-        if inflight.send(job).is_err() {
-            return Err(BackendError::Io("connection reader stopped".into()));
+        if let Err(mpsc::error::SendError(job)) = inflight.send(job) {
+            let mut unsent = vec![job];
+            unsent.extend(queue);
+            let e = BackendError::Io("connection reader stopped".into());
+            return Err((e, unsent));
         }
     }
+    drop(queue);
     write_all_vectored(w, &mut bufs)
         .await
-        .map_err(|e| BackendError::Io(e.to_string()))
+        .map_err(|e| (BackendError::Io(e.to_string()), Vec::new()))
+}
+
+/// After a failed write: the jobs the reader holds unanswered, once it has seen the broken
+/// connection too (a moment at most), so that reads among them are sent again rather than
+/// failed.
+async fn reader_leftovers(
+    reader: &mut tokio::task::JoinHandle<(BackendError, Vec<Job>)>,
+) -> Vec<Job> {
+    match tokio::time::timeout(Duration::from_secs(1), &mut *reader).await {
+        Ok(Ok((_, left))) => left,
+        _ => {
+            reader.abort();
+            Vec::new()
+        }
+    }
 }
 
 async fn write_all_vectored(w: &mut WriteHalf, bufs: &mut [Bytes]) -> std::io::Result<()> {
