@@ -1,8 +1,9 @@
 //! The shape of the code, checked: no file in `src/` over 600 lines, the leaves import
 //! nothing of the crate, no import cycle between the folders of `src/` nor between any
 //! two files (a folder's `mod.rs` may name its own children), imports inside `salt/` and
-//! `proxy/` go one way, a salt kind imports no other kind, and at most 10
-//! `Result<_, String>` are left in the code.
+//! `proxy/` go one way, a salt kind imports no other kind, no code outside
+//! `salt/kinds/` matches on a salt kind, and at most 10 `Result<_, String>` are left in
+//! the code.
 //!
 //! Imports are read from the source text: `crate::a::b`, `super::x` (also in `{...}`
 //! groups), and a parent module naming its own children (`child::f`). Test code
@@ -229,6 +230,24 @@ fn string_results(src: &str) -> usize {
     n
 }
 
+/// The salt kinds' names (`salt::record::Kind`).
+const SALT_KINDS: [&str; 6] = ["String", "Hash", "Set", "Hll", "ZSet", "Fields"];
+
+/// Where the source names a salt kind's variant (`Kind::Set`): to match on it, compare
+/// with it or build it. Only `salt/kinds/` may; everything else asks the kind's trait.
+fn salt_kind_uses(src: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    for (i, _) in src.match_indices("Kind::") {
+        let before_ok = i == 0 || !src[..i].chars().next_back().is_some_and(ident);
+        let rest = &src[i + "Kind::".len()..];
+        let name: String = rest.chars().take_while(|&c| ident(c)).collect();
+        if before_ok && SALT_KINDS.contains(&name.as_str()) {
+            out.push(format!("Kind::{name}"));
+        }
+    }
+    out
+}
+
 /// Everything wrong with the layout of the tree at `dir`.
 fn problems(dir: &Path) -> Vec<String> {
     let mods = modules(dir);
@@ -253,6 +272,18 @@ fn problems(dir: &Path) -> Vec<String> {
         ));
     }
     let show = |m: &Module| m.join("/");
+    // A salt kind is one place: nothing outside `salt/kinds/` matches on it.
+    for (m, p) in &mods {
+        if m.len() >= 2 && m[..2] == ["salt", "kinds"] || is_test_file(p) {
+            continue;
+        }
+        for u in salt_kind_uses(&code(p)) {
+            out.push(format!(
+                "{} names the salt kind {u} (ask `kinds::of`)",
+                show(m)
+            ));
+        }
+    }
     // Leaves.
     let leaves: &[(&str, &[&str])] = &[
         ("resp", &[]),
@@ -395,7 +426,14 @@ fn a_tree_that_breaks_the_rules_is_caught() {
     );
     write("salt/kinds/mod.rs", "pub mod set;\npub mod hll;\n");
     write("salt/kinds/set.rs", "use crate::salt::kinds::hll::X;\n");
-    write("salt/kinds/hll.rs", "pub struct X;\n");
+    write(
+        "salt/kinds/hll.rs",
+        "pub struct X;\nfn f(k: Kind) -> bool { k == Kind::Hll }\n",
+    );
+    write(
+        "salt/fold.rs",
+        "fn f(k: Kind) -> bool { k == Kind::Set }\nfn g(k: ErrorKind) -> bool { k == ErrorKind::String }\n",
+    );
     write(
         "proxy/mod.rs",
         "mod a;\nmod b;\npub struct Thing;\nuse crate::salt::Salt;\n",
@@ -418,7 +456,11 @@ fn a_tree_that_breaks_the_rules_is_caught() {
         "import cycle between files: rules/a -> rules/b -> rules/a",
         "11 `Result<_, String>` in the code (at most 10)",
         "the salt kind salt/kinds/set imports salt/kinds/hll",
+        "salt/fold names the salt kind Kind::Set",
     ] {
         assert!(p.contains(want), "not caught: {want}\nfound:\n{p}");
+    }
+    for not in ["salt/kinds/hll names", "ErrorKind"] {
+        assert!(!p.contains(not), "wrongly caught: {not}\nfound:\n{p}");
     }
 }

@@ -12,7 +12,6 @@ use std::time::Duration;
 use crate::command::{Args, Classified};
 use crate::rules::{ReadTier, Rules, Strategy};
 use crate::salt::kind::{is_write, needs_quiet, prepare, written, MOp, Op};
-use crate::salt::record::Kind;
 use crate::salt::{kinds, merge, ops, SaltTable, Salted};
 
 /// What the salted plan needs to know besides the command.
@@ -164,7 +163,7 @@ pub fn plan<A: Args + ?Sized>(v: &SaltView, args: &A, c: &Classified) -> Option<
         Op::Write { .. } if combine.is_some() => {
             SaltPlan::Combine(e, op, combine.unwrap_or_default())
         }
-        Op::Get | Op::HGet(_) if matches!(e.rec.kind, Kind::String | Kind::Hash) => match display {
+        Op::Get | Op::HGet(_) if !kinds::of(e.rec.kind).partitioned() => match display {
             Some(ms) => SaltPlan::Display(e, op, ms),
             None if v.careful(&e) => SaltPlan::Careful(e, op),
             None => SaltPlan::Inline(e, op),
@@ -214,6 +213,7 @@ mod tests {
     use crate::command;
     use crate::resp::Request;
     use crate::salt::names::Place;
+    use crate::salt::record::Kind;
     use crate::salt::record::{Fold, Record};
 
     struct Two;

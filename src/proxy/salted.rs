@@ -98,7 +98,7 @@ pub(super) async fn act(
     }
     let table = match plan {
         Plan::Base(e) => {
-            if e.rec.kind.partitioned() {
+            if crate::salt::kinds::of(e.rec.kind).partitioned() {
                 e.note_base_write();
             }
             // The base key takes it as a plain command: no reply here to count it by.

@@ -18,12 +18,12 @@ use bytes::Bytes;
 use tokio::sync::watch;
 
 use super::names::{shard_name, spread_salts, Place, CHANNEL};
-use super::record::{boundary_after, Kind, Record, Step};
+use super::record::{boundary_after, Record, Step};
 use super::registry::{
     announce, cas, change_if_same, demote, get, live_proxies, load_all, node, pinning_rule,
-    promote, wanted_shards,
+    wanted_shards,
 };
-use super::{as_i64, call, fold, now_ms, ops, relocate, Salt, SaltError, SaltTable, Salted};
+use super::{as_i64, call, fold, kinds, now_ms, ops, relocate, Salt, SaltError, SaltTable, Salted};
 use crate::backend::{wire, Backend, Dedicated};
 use crate::hotkey::{HotSnapshot, HotState};
 use crate::resp::Proto;
@@ -143,13 +143,13 @@ async fn tick(
         }
     }
     for (key, n, pinned, policy) in want {
-        if let Err(e) = promote(backend, salt, &key, n, pinned, policy).await {
+        if let Err(e) = kinds::promote(backend, salt, &key, n, pinned, policy).await {
             tracing::debug!(key = %String::from_utf8_lossy(&key), error = %e, "not salted");
         }
     }
 
     for (key, rec) in &records {
-        let moved = match rec.kind.partitioned() {
+        let moved = match kinds::of(rec.kind).partitioned() {
             true => relocate::advance(backend, salt, key, rec, now, epoch).await,
             false => respread(backend, key, rec, now, epoch).await,
         };
@@ -162,7 +162,7 @@ async fn tick(
             // A key partitioned by member keeps its shard count: more shards would move
             // every member.
             let grow = wanted_shards(&r.write, rate, proxies)
-                .filter(|&n| n > rec.target_n() && !rec.kind.partitioned());
+                .filter(|&n| n > rec.target_n() && !kinds::of(rec.kind).partitioned());
             if rec.demote_ms.is_none()
                 && (now.saturating_sub(rec.hot_ms) > epoch / 2 || grow.is_some())
             {
@@ -236,7 +236,7 @@ async fn check_bases(backend: &Backend, salt: &Salt, now: u64, spread: &Spawn) {
     let table = salt.table.load();
     for e in table.iter() {
         let in_force = e.rec.steps.first().map_or(u64::MAX, |s| s.from_ms);
-        if !e.rec.kind.partitioned()
+        if !kinds::of(e.rec.kind).partitioned()
             || !e.base_maybe()
             || e.rec.demote_ms.is_some()
             || e.rec.fold.is_some()
@@ -252,7 +252,7 @@ async fn check_bases(backend: &Backend, salt: &Salt, now: u64, spread: &Spawn) {
             .map(|r| as_i64(&r[0]))
         {
             Ok(Some(0)) => e.base_seen_empty(writes),
-            Ok(Some(_)) if e.rec.kind == Kind::Set => {
+            Ok(Some(_)) if kinds::of(e.rec.kind).spreads_base() => {
                 let mut busy = salt.spreading.lock().unwrap_or_else(|p| p.into_inner());
                 if busy.insert(e.key.clone()) {
                     spread(e.key.clone());
@@ -261,7 +261,7 @@ async fn check_bases(backend: &Backend, salt: &Salt, now: u64, spread: &Spawn) {
             _ => {}
         }
     }
-    for e in table.iter().filter(|e| e.rec.kind.partitioned()) {
+    for e in table.iter().filter(|e| kinds::of(e.rec.kind).partitioned()) {
         ops::align_expiry(backend, e).await;
     }
 }
@@ -281,7 +281,10 @@ async fn respread(
     let Some(last) = rec.steps.last() else {
         return Ok(());
     };
-    if rec.kind.partitioned() || rec.demote_ms.is_some() || rec.fold.is_some() || last.from_ms > now
+    if kinds::of(rec.kind).partitioned()
+        || rec.demote_ms.is_some()
+        || rec.fold.is_some()
+        || last.from_ms > now
     {
         return Ok(());
     }
@@ -370,7 +373,7 @@ fn install(backend: &Backend, salt: &Salt, records: &[(Bytes, Record)], now: u64
                 let new = Salted::new(k.clone(), rec.clone(), backend as &dyn Place).continuing(e);
                 // A fold may have moved members into the base key (its claim and release
                 // change the record): ask the base key again until a check finds it empty.
-                if rec.kind.partitioned() {
+                if kinds::of(rec.kind).partitioned() {
                     new.note_base_write();
                 }
                 Arc::new(new)

@@ -13,7 +13,7 @@ use super::journal::{self, journal, release, update, Claimed, LEASE_MS};
 use super::kind::SaltKind;
 use super::kinds::{self, set};
 use super::names::{shard_name, stash_name, Place};
-use super::record::{Fold, Kind, Move, Record};
+use super::record::{Fold, Move, Record};
 use super::{as_i64, call, failpoint, now_ms, registry, Salt, SaltError};
 use crate::backend::{wire, Backend};
 
@@ -207,7 +207,7 @@ async fn spread_set(backend: &Backend, salt: &Salt, key: &[u8]) -> Result<usize,
     let Some(mut c) = claim(backend, salt, key).await? else {
         return Ok(0);
     };
-    if c.rec.kind != Kind::Set || c.rec.demote_ms.is_some() {
+    if !kinds::of(c.rec.kind).spreads_base() || c.rec.demote_ms.is_some() {
         release(backend, key, c).await?;
         return Ok(0);
     }

@@ -20,8 +20,8 @@ use std::sync::Arc;
 use bytes::Bytes;
 
 use super::names::{ids_names, Place};
-use super::record::{Kind, Record};
-use super::{as_i64, call, failpoint, Salt, SaltError, Salted};
+use super::record::Record;
+use super::{as_i64, call, failpoint, kinds, Salt, SaltError, Salted};
 use crate::backend::{wire, Backend};
 use crate::resp::Value;
 
@@ -164,7 +164,7 @@ fn armed() -> bool {
 
 fn counter_only(entry: Option<&Salted>) -> Result<(), SaltError> {
     match entry {
-        Some(e) if e.rec.kind != Kind::String => Err(SaltError::Refused(format!(
+        Some(e) if !kinds::of(e.rec.kind).idempotent() => Err(SaltError::Refused(format!(
             "SALTSHAKER.INCRBY counts strings, and this key is a salted {:?}",
             e.rec.kind
         ))),
@@ -319,7 +319,7 @@ fn script_error(e: &Bytes) -> Bytes {
 /// retry meets its ID on the base key. Each page is merged (idempotent) before the shard's
 /// lists are deleted, so a fold that stops anywhere redoes this safely.
 pub async fn fold_ids(backend: &Backend, key: &[u8], rec: &Record) -> Result<(), SaltError> {
-    if rec.kind != Kind::String {
+    if !kinds::of(rec.kind).idempotent() {
         return Ok(());
     }
     let (base_ids, base_exp) = ids_names(backend, key, None);
@@ -394,6 +394,7 @@ pub async fn fold_ids(backend: &Backend, key: &[u8], rec: &Record) -> Result<(),
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::salt::record::Kind;
 
     fn rec(from_ms: u64, demote_ms: Option<u64>) -> Record {
         let mut r = Record::new(Kind::String, vec![3, 5, 9], from_ms, 0, "p");

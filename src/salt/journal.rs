@@ -35,7 +35,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use bytes::Bytes;
 
 use super::names::{applied_name, shard_name, stash_name, Place};
-use super::record::{hex, unhex, Kind, Move, Record};
+use super::record::{hex, unhex, Move, Record};
 use super::{as_i64, call, failpoint, now_ms, registry, Salt, SaltError};
 use crate::backend::{wire, Backend};
 use crate::resp::Value;
@@ -166,6 +166,13 @@ pub async fn journal(
     update(backend, key, c).await
 }
 
+/// What a counter shard is: one integer, or a hash of them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Shape {
+    String,
+    Hash,
+}
+
 /// Moves counter shard `i` (a string, or a hash's fields) into the base key (nothing to do
 /// if it is empty).
 pub async fn move_counters(
@@ -174,6 +181,7 @@ pub async fn move_counters(
     key: &[u8],
     c: &mut Claimed,
     i: usize,
+    shape: Shape,
 ) -> Result<(), SaltError> {
     let shard = shard_name(key, c.rec.salts[i], backend.tag());
     let node = backend.node_of(&shard);
@@ -184,8 +192,8 @@ pub async fn move_counters(
     for _ in 0..10_000 {
         let ttl = call(backend, &[(node, wire(&[&b"PTTL"[..], &shard]))]).await?;
         let ttl_ms = as_i64(&ttl[0]).filter(|&t| t > 0);
-        let delta = match c.rec.kind {
-            Kind::String => {
+        let delta = match shape {
+            Shape::String => {
                 let r = call(backend, &[(node, wire(&[&b"GET"[..], &shard]))]).await?;
                 match &r[0] {
                     Value::Nil => vec![],
@@ -200,7 +208,7 @@ pub async fn move_counters(
                     },
                 }
             }
-            _ => {
+            Shape::Hash => {
                 let r = call(
                     backend,
                     &[(node, wire(&[&b"HSCAN"[..], &shard, b"0", b"COUNT", b"256"]))],
@@ -248,7 +256,7 @@ pub async fn move_counters(
         };
         journal(backend, key, c, Some(mv.clone())).await?;
         failpoint("fold-after-journal").await;
-        apply_counters(backend, key, &c.rec, &mv).await?;
+        apply_counters(backend, key, &c.rec, &mv, shape).await?;
         journal(backend, key, c, None).await?;
         salt.metrics.fold_moves.inc();
     }
@@ -261,12 +269,16 @@ pub async fn apply_counters(
     key: &[u8],
     rec: &Record,
     mv: &Move,
+    shape: Shape,
 ) -> Result<(), SaltError> {
     let salt = *rec.salts.get(mv.shard as usize).ok_or(SaltError::Journal(
         "a journaled move names a shard the record does not have".into(),
     ))?;
     let shard = shard_name(key, salt, backend.tag());
-    let kind = Bytes::from_static(if rec.kind == Kind::String { b"s" } else { b"h" });
+    let kind = Bytes::from_static(match shape {
+        Shape::String => b"s",
+        Shape::Hash => b"h",
+    });
     let id = Bytes::from(mv.id.to_string());
     let mut take = vec![
         Bytes::from_static(b"EVAL"),

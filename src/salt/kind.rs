@@ -114,6 +114,15 @@ pub struct ZRange {
     pub scores: bool,
 }
 
+/// What a key is, as the kinds ask it: its Redis type (None: it does not exist yet),
+/// whether a string holds a HyperLogLog, and whether its rule places a hash by field.
+#[derive(Clone, Copy, Debug)]
+pub struct Facts<'a> {
+    pub redis_type: Option<&'a str>,
+    pub hll: bool,
+    pub by_field: bool,
+}
+
 /// One salt kind: how its commands are classified, planned and merged, how the reads
 /// that need more than one round are answered, and how a fold moves a shard into the base
 /// key (and finishes a journaled move a dead proxy left). The member methods have no
@@ -153,9 +162,7 @@ pub trait SaltKind: Sync {
         Box::pin(async { Err(err("internal: this kind has no member reads")) })
     }
 
-    /// Moves shard `i` into the base key, journaling each step in `c` (see `journal`). By
-    /// default the counters' move (a string, or a hash's fields), which hashes by field
-    /// share.
+    /// Moves shard `i` into the base key, journaling each step in `c` (see `journal`).
     fn move_shard<'a>(
         &'a self,
         backend: &'a Backend,
@@ -163,20 +170,38 @@ pub trait SaltKind: Sync {
         key: &'a [u8],
         c: &'a mut Claimed,
         i: usize,
-    ) -> Fut<'a, Result<(), SaltError>> {
-        Box::pin(super::journal::move_counters(backend, salt, key, c, i))
-    }
+    ) -> Fut<'a, Result<(), SaltError>>;
 
     /// Both steps of a journaled move `mv`, each at most once (a re-run changes nothing).
-    /// By default the counters' take-then-add.
     fn apply<'a>(
         &'a self,
         backend: &'a Backend,
         key: &'a [u8],
         rec: &'a Record,
         mv: &'a Move,
-    ) -> Fut<'a, Result<(), SaltError>> {
-        Box::pin(super::journal::apply_counters(backend, key, rec, mv))
+    ) -> Fut<'a, Result<(), SaltError>>;
+
+    /// The family a rule names to let the proxy salt this kind (`write.salt.families`).
+    fn family(&self) -> &'static str;
+
+    /// Whether a key with these facts is of this kind (`kinds::identify`).
+    fn takes(&self, facts: Facts) -> bool;
+
+    /// Members are placed by a hash of the member, so the shard count cannot change while
+    /// the key is salted (it would move every member).
+    fn partitioned(&self) -> bool {
+        false
+    }
+
+    /// Members the base key holds while the key is salted are spread into their shards in
+    /// the background (`fold::spread`), so that whole reads stay one round.
+    fn spreads_base(&self) -> bool {
+        false
+    }
+
+    /// `SALTSHAKER.INCRBY`'s increments with an ID apply to it (`idem`).
+    fn idempotent(&self) -> bool {
+        false
     }
 }
 

@@ -27,14 +27,6 @@ pub enum Kind {
     Fields,
 }
 
-impl Kind {
-    /// Members are placed by a hash of the member, so the shard count cannot change while
-    /// the key is salted (it would move every member).
-    pub fn partitioned(self) -> bool {
-        matches!(self, Kind::Set | Kind::Hll | Kind::ZSet | Kind::Fields)
-    }
-}
-
 /// From `from_ms` on, writers spread over `n` salts: the first `n`, or, when `shards` is
 /// not empty, those (indexes into `salts`: a step that moves shards off a master holding
 /// two of them, after a slot move or a failover). For a kind partitioned by member the

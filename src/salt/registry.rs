@@ -19,7 +19,7 @@ use super::record::{boundary_after, Kind, Record};
 use super::{as_i64, call, now_ms, Salt, SaltError};
 use crate::backend::{wire, Backend};
 use crate::resp::Value;
-use crate::rules::{Rules, SaltBy, SaltPolicy, Shards, Strategy, WritePolicy};
+use crate::rules::{Rules, Shards, Strategy, WritePolicy};
 
 /// Compare-and-set of one record: ARGV = field, expected ('' = absent), new ('' = delete).
 const CAS: &str = r#"
@@ -163,17 +163,17 @@ pub fn wanted_shards(p: &WritePolicy, rate: f64, proxies: usize) -> Option<u32> 
     })
 }
 
-/// Records a promotion of `key` to `n` shards from the next safe boundary. Returns the
-/// record (the existing one if the key was already salted).
+/// Records a promotion of `key`, of `kind` (`kinds::identify`), to `n` shards from the
+/// next safe boundary. Returns the record (the existing one if the key was already
+/// salted).
 pub async fn promote(
     backend: &Backend,
     salt: &Salt,
     key: &[u8],
+    kind: Kind,
     n: u32,
     pinned: bool,
-    policy: SaltPolicy,
 ) -> Result<Record, SaltError> {
-    let families = policy.families;
     if key.starts_with(PREFIX) {
         return Err(SaltError::Refused(
             "keys starting with saltshaker: belong to saltshaker".into(),
@@ -183,25 +183,6 @@ pub async fn promote(
         return Err(SaltError::Refused(
             "salting needs a pool that places keys by hash (not random)".into(),
         ));
-    }
-    let (kind, family) = match key_type(backend, key).await?.as_str() {
-        "none" => absent_kind(&policy)?,
-        "string" if is_hll(backend, key).await? => (Kind::Hll, "hyperloglogs"),
-        "string" => (Kind::String, "counters"),
-        "hash" if policy.by == SaltBy::Field => (Kind::Fields, "hashes"),
-        "hash" => (Kind::Hash, "hashes"),
-        "set" => (Kind::Set, "sets"),
-        "zset" => (Kind::ZSet, "sorted_sets"),
-        t => {
-            return Err(SaltError::Reply(format!("a {t} cannot be salted (counters, hashes of counters, sets, HyperLogLogs and sorted sets only)"
-            )))
-        }
-    };
-    if !families.contains(family) {
-        return Err(SaltError::Reply(format!(
-            "the key holds {family}, and its rule's write.salt.families is [{}]",
-            families.names().join(", ")
-        )));
     }
     let now = now_ms();
     let epoch = salt.epoch_ms.load(Ordering::Relaxed);
@@ -259,53 +240,6 @@ pub async fn demote(
     Err(SaltError::Busy(
         "the registry keeps changing; try again".into(),
     ))
-}
-
-/// The kind of a key that does not exist yet (pinned before an event). It has no type, so
-/// only a rule that allows one salted family says what it will be; otherwise the key is
-/// salted once its first write gives it a type (the coordinator retries pins every tick).
-/// Salting it as a counter anyway would make every PFADD, SADD or ZINCRBY on it a command
-/// that cannot be merged, each folding the key first.
-fn absent_kind(policy: &SaltPolicy) -> Result<(Kind, &'static str), SaltError> {
-    let salted = ["counters", "hashes", "sets", "hyperloglogs", "sorted_sets"];
-    let allowed: Vec<&str> = salted
-        .into_iter()
-        .filter(|f| policy.families.contains(f))
-        .collect();
-    Ok(match allowed[..] {
-        ["counters"] => (Kind::String, "counters"),
-        ["hashes"] if policy.by == SaltBy::Field => (Kind::Fields, "hashes"),
-        ["hashes"] => (Kind::Hash, "hashes"),
-        ["sets"] => (Kind::Set, "sets"),
-        ["hyperloglogs"] => (Kind::Hll, "hyperloglogs"),
-        ["sorted_sets"] => (Kind::ZSet, "sorted_sets"),
-        _ => {
-            return Err(SaltError::Reply(format!("the key does not exist yet and its rule's write.salt.families is [{}]: it is salted once its first write gives it a type",
-                allowed.join(", ")
-            )))
-        }
-    })
-}
-
-/// A HyperLogLog is a string that starts with Redis's `HYLL` magic.
-async fn is_hll(backend: &Backend, key: &[u8]) -> Result<bool, SaltError> {
-    let r = call(
-        backend,
-        &[(
-            backend.node_for(key),
-            wire(&[&b"GETRANGE"[..], key, b"0", b"3"]),
-        )],
-    )
-    .await?;
-    Ok(matches!(&r[0], Value::Bulk(b) if &b[..] == b"HYLL"))
-}
-
-async fn key_type(backend: &Backend, key: &[u8]) -> Result<String, SaltError> {
-    let r = call(backend, &[(backend.node_for(key), wire(&[b"TYPE", key]))]).await?;
-    match &r[0] {
-        Value::Simple(t) => Ok(String::from_utf8_lossy(t).into_owned()),
-        v => Err(SaltError::Reply(format!("TYPE failed: {v:?}"))),
-    }
 }
 
 /// The pattern of the rule that pins `key` for salting (a literal pattern naming it, with

@@ -27,7 +27,7 @@ use std::time::Duration;
 use super::journal::{release, update};
 use super::names::{doubled, salt_on, shard_name, Place};
 use super::record::{boundary_after, Record, Step};
-use super::{as_i64, call, fold, now_ms, registry, Salt, SaltError};
+use super::{as_i64, call, fold, kinds, now_ms, registry, Salt, SaltError};
 use crate::backend::{wire, Backend};
 
 /// Advances the move of `key`'s shards by whatever its record says is due now: nothing,
@@ -44,7 +44,11 @@ pub async fn advance(
         return Ok(());
     };
     let claimed = rec.fold.as_ref().is_some_and(|f| f.lease_until_ms > now);
-    if !rec.kind.partitioned() || rec.demote_ms.is_some() || claimed || last.from_ms > now {
+    if !kinds::of(rec.kind).partitioned()
+        || rec.demote_ms.is_some()
+        || claimed
+        || last.from_ms > now
+    {
         return Ok(());
     }
     match held_shard(rec) {

@@ -5,7 +5,11 @@
 
 use bytes::Bytes;
 
-use crate::salt::kind::{Op, SaltKind};
+use crate::backend::Backend;
+use crate::salt::journal::{apply_counters, move_counters, Claimed, Shape};
+use crate::salt::kind::{Facts, Op, SaltKind};
+use crate::salt::record::{Move, Record};
+use crate::salt::{Fut, Salt, SaltError};
 
 /// What `args` (command name first, the salted key second) does to a salted counter or
 /// hash of counters.
@@ -41,11 +45,58 @@ pub fn classify(name: &str, args: &[Bytes]) -> Op {
 /// Redis's reply to an increment that is not an integer.
 const NOT_AN_INTEGER: &str = "ERR value is not an integer or out of range";
 
-/// The kind of string counters and hashes of counters salted by key.
-pub struct Counters;
+/// The kind of string counters (`STRINGS`) and of hashes of counters salted by key
+/// (`HASHES`).
+pub struct Counters {
+    shape: Shape,
+}
+
+pub static STRINGS: Counters = Counters {
+    shape: Shape::String,
+};
+pub static HASHES: Counters = Counters { shape: Shape::Hash };
 
 impl SaltKind for Counters {
     fn classify(&self, name: &str, args: &[Bytes]) -> Op {
         classify(name, args)
+    }
+
+    fn move_shard<'a>(
+        &'a self,
+        backend: &'a Backend,
+        salt: &'a Salt,
+        key: &'a [u8],
+        c: &'a mut Claimed,
+        i: usize,
+    ) -> Fut<'a, Result<(), SaltError>> {
+        Box::pin(move_counters(backend, salt, key, c, i, self.shape))
+    }
+
+    fn apply<'a>(
+        &'a self,
+        backend: &'a Backend,
+        key: &'a [u8],
+        rec: &'a Record,
+        mv: &'a Move,
+    ) -> Fut<'a, Result<(), SaltError>> {
+        Box::pin(apply_counters(backend, key, rec, mv, self.shape))
+    }
+
+    fn family(&self) -> &'static str {
+        match self.shape {
+            Shape::String => "counters",
+            Shape::Hash => "hashes",
+        }
+    }
+
+    fn takes(&self, f: Facts) -> bool {
+        match self.shape {
+            Shape::String => matches!(f.redis_type, None | Some("string")) && !f.hll,
+            Shape::Hash => matches!(f.redis_type, None | Some("hash")) && !f.by_field,
+        }
+    }
+
+    fn idempotent(&self) -> bool {
+        self.shape == Shape::String
     }
 }

@@ -20,9 +20,11 @@ use bytes::Bytes;
 
 use crate::backend::{wire, Backend};
 use crate::resp::{parse_i64, Value};
-use crate::salt::kind::{bulks, every, pairs, MOp, Op, SaltKind};
+use crate::salt::journal::{apply_counters, move_counters, Claimed, Shape};
+use crate::salt::kind::{bulks, every, pairs, Facts, MOp, Op, SaltKind};
 use crate::salt::merge;
-use crate::salt::{as_i64, call, err, Fut, Salted};
+use crate::salt::record::{Move, Record};
+use crate::salt::{as_i64, call, err, Fut, Salt, SaltError, Salted};
 
 /// What `args` does to a hash placed by field; None: fold first, then run.
 pub fn classify(name: &str, args: &[Bytes]) -> Option<MOp> {
@@ -169,6 +171,39 @@ pub async fn read(backend: &Backend, e: &Salted, op: &MOp, careful: bool) -> Res
 pub struct Fields;
 
 impl SaltKind for Fields {
+    fn family(&self) -> &'static str {
+        "hashes"
+    }
+
+    fn takes(&self, f: Facts) -> bool {
+        matches!(f.redis_type, None | Some("hash")) && f.by_field
+    }
+
+    fn partitioned(&self) -> bool {
+        true
+    }
+
+    fn move_shard<'a>(
+        &'a self,
+        backend: &'a Backend,
+        salt: &'a Salt,
+        key: &'a [u8],
+        c: &'a mut Claimed,
+        i: usize,
+    ) -> Fut<'a, Result<(), SaltError>> {
+        Box::pin(move_counters(backend, salt, key, c, i, Shape::Hash))
+    }
+
+    fn apply<'a>(
+        &'a self,
+        backend: &'a Backend,
+        key: &'a [u8],
+        rec: &'a Record,
+        mv: &'a Move,
+    ) -> Fut<'a, Result<(), SaltError>> {
+        Box::pin(apply_counters(backend, key, rec, mv, Shape::Hash))
+    }
+
     fn classify(&self, name: &str, args: &[Bytes]) -> Op {
         if name == "HGETALL" && args.len() == 2 {
             return Op::HGetAll;

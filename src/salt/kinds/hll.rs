@@ -12,8 +12,9 @@ use bytes::Bytes;
 use crate::backend::Backend;
 use crate::resp::Value;
 use crate::salt::journal::Claimed;
-use crate::salt::kind::{cmd, every, MOp, Op, SaltKind};
+use crate::salt::kind::{cmd, every, Facts, MOp, Op, SaltKind};
 use crate::salt::names::{on_node, shard_name, Place};
+use crate::salt::record::{Move, Record};
 use crate::salt::{as_i64, call, err, failpoint, Fut, Salt, SaltError, Salted};
 
 /// What `args` does to a salted HyperLogLog; None: fold first, then run.
@@ -172,6 +173,34 @@ pub async fn move_hll(
 pub struct Hll;
 
 impl SaltKind for Hll {
+    fn family(&self) -> &'static str {
+        "hyperloglogs"
+    }
+
+    fn takes(&self, f: Facts) -> bool {
+        matches!(f.redis_type, None | Some("string")) && (f.hll || f.redis_type.is_none())
+    }
+
+    fn partitioned(&self) -> bool {
+        true
+    }
+
+    /// A HyperLogLog shard's move journals nothing: PFMERGE into the base key is the same
+    /// however often it runs (`move_hll`).
+    fn apply<'a>(
+        &'a self,
+        _backend: &'a Backend,
+        _key: &'a [u8],
+        _rec: &'a Record,
+        _mv: &'a Move,
+    ) -> Fut<'a, Result<(), SaltError>> {
+        Box::pin(async {
+            Err(SaltError::Journal(
+                "a HyperLogLog's shards are moved without a journal".into(),
+            ))
+        })
+    }
+
     fn classify(&self, name: &str, args: &[Bytes]) -> Op {
         classify(name, args).map_or(Op::Other, Op::Member)
     }

@@ -25,7 +25,7 @@ use bytes::Bytes;
 use crate::backend::Backend;
 use crate::resp::{parse_i64, Value};
 use crate::salt::journal::{self, Claimed};
-use crate::salt::kind::{bulks, cmd, every, MOp, Op, SaltKind, ZRange};
+use crate::salt::kind::{bulks, cmd, every, Facts, MOp, Op, SaltKind, ZRange};
 use crate::salt::names::{applied_name, shard_name, stash_name, Place};
 use crate::salt::record::{hex, unhex, Move, Record};
 use crate::salt::{as_i64, call, err, failpoint, Fut, Salt, SaltError, Salted};
@@ -308,6 +308,18 @@ pub async fn apply(
 pub struct ZSet;
 
 impl SaltKind for ZSet {
+    fn family(&self) -> &'static str {
+        "sorted_sets"
+    }
+
+    fn takes(&self, f: Facts) -> bool {
+        matches!(f.redis_type, None | Some("zset"))
+    }
+
+    fn partitioned(&self) -> bool {
+        true
+    }
+
     fn classify(&self, name: &str, args: &[Bytes]) -> Op {
         classify(name, args).map_or(Op::Other, Op::Member)
     }
