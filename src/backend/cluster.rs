@@ -60,8 +60,8 @@ pub struct Cluster {
     last_refresh: Mutex<Option<Instant>>,
     pub refresh_every: Duration,
     /// Told which keys moved (by a predicate) whenever slots change owner: the cache drops
-    /// their entries.
-    on_move: std::sync::OnceLock<MoveHook>,
+    /// their entries, client-side caching tells its clients.
+    on_move: Mutex<Vec<MoveHook>>,
     metrics: ClusterMetrics,
 }
 
@@ -98,7 +98,7 @@ impl Cluster {
             wake: Notify::new(),
             last_refresh: Mutex::new(None),
             refresh_every,
-            on_move: std::sync::OnceLock::new(),
+            on_move: Mutex::default(),
             metrics,
         });
         let _ = c.me.set(Arc::downgrade(&c));
@@ -237,13 +237,21 @@ impl Cluster {
     }
 
     /// Runs `f` whenever slots change owner, with a predicate that is true for the keys of
-    /// those slots. One hook (the cache's); a second is ignored.
+    /// those slots.
     pub fn on_move(&self, f: impl Fn(&dyn Fn(&[u8]) -> bool) + Send + Sync + 'static) {
-        let _ = self.on_move.set(Box::new(f));
+        self.on_move
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(Box::new(f));
     }
 
     fn moved_slots(&self, moved: &[bool]) {
-        if let Some(f) = self.on_move.get() {
+        for f in self
+            .on_move
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .iter()
+        {
             f(&|k: &[u8]| moved[slots::slot_of(k) as usize]);
         }
     }

@@ -217,8 +217,10 @@ pub struct Filler {
 const POLL: Duration = Duration::from_millis(5);
 
 impl Filler {
-    /// `hs` is the node's handshake (its database; RESP2 is forced, since a RESP3
-    /// connection with tracking would get pushes, which shared connections refuse).
+    /// `hs` is the node's handshake (its protocol and database). Invalidations go to the
+    /// tracker, not to this connection; a RESP3 one still gets a push if the tracker's
+    /// connection closes, which ends it (shared connections take no pushes): the tracker
+    /// reconnects with a new id then, and this connection is rebuilt for it anyway.
     /// `cluster`: the node's cluster, if any, so a fill that meets a redirection follows it.
     pub fn spawn(
         tracker: &Tracker,
@@ -235,7 +237,6 @@ impl Filler {
                 let id = *ids.borrow_and_update();
                 let conn = id.map(|id| {
                     let hs = Handshake {
-                        proto: Proto::Resp2,
                         tracking_redirect: Some(id),
                         ..hs.clone()
                     };

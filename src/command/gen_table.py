@@ -116,8 +116,8 @@ route("RESTORE-ASKING",
 # The proxy presents itself as a one-node cluster (`proxy::as_cluster`).
 route("ASKING, CLUSTER INFO, CLUSTER KEYSLOT, CLUSTER MYID, CLUSTER NODES, CLUSTER SHARDS, "
       "CLUSTER SLOTS", "Route::Local")
-route("CLIENT TRACKING, CLIENT CACHING, CLIENT GETREDIR, CLIENT TRACKINGINFO",
-      unsupported("client-side caching (CLIENT TRACKING) is not supported through the proxy"))
+# Client-side caching, answered by the proxy for its own clients (`proxy::client_cache`).
+route("CLIENT TRACKING, CLIENT CACHING, CLIENT GETREDIR, CLIENT TRACKINGINFO", "Route::Local")
 # Whole families, by container name.
 FAMILY_ROUTES = {
     "ACL": "Route::Local",

@@ -1,6 +1,6 @@
 //! The CLIENT commands about the proxy's own clients: SETNAME, GETNAME, ID, INFO, LIST,
 //! KILL, PAUSE, UNPAUSE, UNBLOCK, and the ones that only answer OK (NO-EVICT, NO-TOUCH,
-//! SETINFO, REPLY ON).
+//! SETINFO, REPLY ON); client-side caching's are `client_cache`'s.
 
 use bytes::{Bytes, BytesMut};
 
@@ -93,6 +93,9 @@ pub fn handle(s: &mut Session, req: &Request, c: &Classified, rb: &mut RoundBuil
             encode_simple("OK", &mut out);
         }
         "CLIENT UNBLOCK" => return unblock(s, req, rb),
+        "CLIENT TRACKING" | "CLIENT CACHING" | "CLIENT GETREDIR" | "CLIENT TRACKINGINFO" => {
+            return super::client_cache::command(s, req, c, rb)
+        }
         "CLIENT NO-EVICT" | "CLIENT NO-TOUCH" | "CLIENT SETINFO" => encode_simple("OK", &mut out),
         "CLIENT REPLY" => {
             if upper(req.arg(2)) == "ON" {

@@ -103,6 +103,8 @@ pub struct Shown {
     /// Bytes those commands hold.
     pub multi_mem: usize,
     pub pubsub: bool,
+    /// CLIENT TRACKING is on.
+    pub tracking: bool,
 }
 
 /// One client connection.
@@ -173,6 +175,11 @@ impl Clients {
 
     fn lock(&self) -> std::sync::MutexGuard<'_, BTreeMap<u64, Arc<Client>>> {
         self.map.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Whether a client with this id is connected.
+    pub fn exists(&self, id: i64) -> bool {
+        u64::try_from(id).is_ok_and(|id| self.lock().contains_key(&id))
     }
 
     /// The clients `f` selects, in id order.
@@ -289,6 +296,9 @@ impl Client {
         if self.blocked.load(Ordering::Relaxed) {
             flags.push('b');
         }
+        if s.tracking {
+            flags.push('t');
+        }
         if s.pubsub {
             flags.push('P');
         }
@@ -302,7 +312,7 @@ impl Client {
             "id={} addr={} laddr={} fd={} name={} age={age} idle={idle} flags={flags} db={} \
              sub=0 psub=0 ssub=0 multi={} qbuf=0 qbuf-free={rbs} argv-mem=0 multi-mem={} \
              rbs={rbs} rbp={rbs} obl=0 oll=0 omem={omem} tot-mem={tot} events={} cmd={cmd} \
-             user={} redir=-1 resp={}\n",
+             user={} redir={} resp={}\n",
             self.id,
             self.addr,
             self.laddr,
@@ -313,6 +323,7 @@ impl Client {
             s.multi_mem,
             if omem > 0 { "rw" } else { "r" },
             s.user,
+            if s.tracking { 0 } else { -1 },
             s.resp,
         )
     }

@@ -13,6 +13,10 @@ use crate::backend::Backend;
 use crate::hotkey::Detector;
 use crate::metrics::Metrics;
 use crate::mitigate::cache::{Cache, Cause};
+
+/// Most keys client-side caching remembers for the proxy's clients (Redis's
+/// `tracking-table-max-keys` default): past it a key is forgotten, and its clients told.
+const TRACKING_MAX_KEYS: usize = 1_000_000;
 use crate::mitigate::combine::Combiner;
 use crate::policy::HotSet;
 use crate::resp::Limits;
@@ -46,6 +50,8 @@ pub struct Ctx {
     /// Per-key admission limits (rules' `admit:` sections).
     pub admit: Arc<crate::admit::Admission>,
     pub(super) next_id: AtomicU64,
+    /// What the clients with CLIENT TRACKING on read (client-side caching).
+    pub(super) tracking: Arc<super::tracking::ClientTracking>,
     /// Clients waiting in a blocking command now (INFO's `blocked_clients`).
     pub(super) blocked: Arc<std::sync::atomic::AtomicI64>,
     /// Every client connection, for CLIENT LIST, CLIENT INFO and CLIENT KILL.
@@ -75,6 +81,16 @@ impl Ctx {
         let salt = Arc::new(crate::salt::Salt::new(&backend, metrics.salt.clone()));
         let admit = Arc::new(crate::admit::Admission::new(metrics.admission.clone()));
         let monitors = super::monitor::Monitors::new(metrics.monitor.clone());
+        let tracking = super::tracking::ClientTracking::new(TRACKING_MAX_KEYS);
+        if let Some(cl) = backend.cluster() {
+            // A slot that moves: its new owner tracks none of its keys.
+            let t = Arc::downgrade(&tracking);
+            cl.on_move(move |moved| {
+                if let Some(t) = t.upgrade() {
+                    t.invalidate_matching(moved)
+                }
+            });
+        }
         Ctx {
             admit,
             salt,
@@ -93,6 +109,7 @@ impl Ctx {
             shutdown,
             started: Instant::now(),
             next_id: AtomicU64::new(1),
+            tracking,
             blocked: Arc::default(),
             clients: Arc::default(),
             monitors,

@@ -109,6 +109,7 @@ pub fn handle(s: &mut Session, req: &Request, c: &Classified, rb: &mut RoundBuil
                 addrs,
                 clients: s.ctx.metrics.client_connections.get(),
                 blocked: s.ctx.blocked.load(std::sync::atomic::Ordering::Relaxed),
+                tracking: (s.ctx.tracking.clients(), s.ctx.tracking.keys()),
             })));
             return Flow::Continue;
         }

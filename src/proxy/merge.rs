@@ -323,6 +323,7 @@ pub(super) fn merge(
             addrs,
             clients,
             blocked,
+            tracking: (tracking_clients, tracking_keys),
         } => {
             let mut text = proxy;
             let bodies: Vec<String> = parts
@@ -352,10 +353,11 @@ pub(super) fn merge(
                         } else if line.starts_with("blocked_clients:") {
                             text.push_str(&format!("blocked_clients:{blocked}\r\n"));
                         } else if line.starts_with("tracking_clients:") {
-                            // Client-side caching is not offered through the proxy yet: none
-                            // of its clients tracks (the node's count is the proxies' own
-                            // cache connections).
-                            text.push_str("tracking_clients:0\r\n");
+                            // The proxy's clients that track (the node's count is the
+                            // proxies' own tracked connections).
+                            text.push_str(&format!("tracking_clients:{tracking_clients}\r\n"));
+                        } else if line.starts_with("tracking_total_keys:") {
+                            text.push_str(&format!("tracking_total_keys:{tracking_keys}\r\n"));
                         } else if line.starts_with("# Keyspace") {
                             text.push_str(line);
                             text.push_str(&keyspace);

@@ -11,7 +11,8 @@
 //!
 //! - bottom: `ctx` (what every session shares), `clients` (every connection as CLIENT LIST
 //!   shows it), `monitor` (MONITOR's lines and queues), `tunnel` (the pub/sub pipe),
-//!   `dedicated`,
+//!   `dedicated`, `tracking` (what the clients with CLIENT TRACKING read, and the nodes'
+//!   tracked connections),
 //!   `scan` (cursors), `round` (a round's jobs, reply slots and keys), `order` (the ordering
 //!   rules), `state` (one connection's state, and what a handler returns: `Flow`), `merge`
 //!   (a fanned-out command's replies made one);
@@ -20,7 +21,9 @@
 //!   change of database, protocol or lane), `route` (node jobs, splits, all nodes), `mitigation`
 //!   (combine, cache), `salted` (acting on a salt plan), `sort` and `store` (SORT, and a
 //!   STORE destination, across a pool's nodes), `acl` (the ACL commands, on the
-//!   proxy's users), `client_cmd` (the CLIENT commands), `local` (commands answered here,
+//!   proxy's users), `client_cmd` (the CLIENT commands), `client_cache` (CLIENT TRACKING
+//!   and its kin, and which keys a tracking client is told about), `end` (how a
+//!   connection's read phase hands over or closes), `local` (commands answered here,
 //!   transactions);
 //! - top: `session` (the read loop: classify, decide, observe, act), `reply` (the writer),
 //!   and this file (the listener and the background tasks).
@@ -28,10 +31,12 @@
 mod acl;
 mod admit;
 mod as_cluster;
+mod client_cache;
 mod client_cmd;
 mod clients;
 mod ctx;
 mod dedicated;
+mod end;
 mod local;
 mod merge;
 mod mitigation;
@@ -48,6 +53,7 @@ mod settle;
 mod sort;
 mod state;
 mod store;
+mod tracking;
 mod tunnel;
 
 use std::sync::atomic::Ordering;

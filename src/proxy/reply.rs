@@ -233,6 +233,15 @@ async fn resolve<W: AsyncWrite + Unpin>(
     // Every wait of the round runs against the same deadline, so a pipeline of many rounds
     // to a frozen node gets all its errors within request_timeout_ms, not one after another.
     let deadline = round.deadline;
+    if round.push {
+        for slot in round.slots {
+            if let Slot::Ready(b) = slot {
+                sink.buf.extend_from_slice(&b);
+            }
+        }
+        sink.relieve(ctx, client).await?;
+        return Ok(None);
+    }
     let mut replies: Vec<Result<Replies, BackendError>> = Vec::with_capacity(round.sent.len());
     for call in round.sent {
         replies.push(call.wait(deadline).await);

@@ -96,6 +96,8 @@ pub enum Merge {
         addrs: Vec<String>,
         clients: i64,
         blocked: i64,
+        /// Clients with CLIENT TRACKING on, and the keys remembered for them.
+        tracking: (usize, usize),
     },
     /// MULTI ... EXEC sent as one unit: the client wants EXEC's reply, the last one.
     Exec(Part),
@@ -239,6 +241,27 @@ pub struct Round {
     pub invalidate_after: Vec<Bytes>,
     /// Counts the round's commands in the session's `Inflight` until the writer has them.
     pub inflight: Option<Held>,
+    /// Push messages only (client-side caching's invalidations): no command's reply.
+    pub push: bool,
+}
+
+impl Round {
+    /// A round of push messages, written where the session's rounds have reached.
+    pub fn push(messages: Bytes) -> Round {
+        Round {
+            sent: SmallVec::new(),
+            slots: vec![Slot::Ready(messages)],
+            started: Instant::now(),
+            deadline: None,
+            counts: [0; 3],
+            close_after: false,
+            tunnel: None,
+            acked: Vec::new(),
+            invalidate_after: Vec::new(),
+            inflight: None,
+            push: true,
+        }
+    }
 }
 
 /// The commands a session has sent whose replies the writer has not yet taken, and the
@@ -466,6 +489,7 @@ impl RoundBuilder {
             acked: Vec::new(),
             invalidate_after: self.invalidate_after,
             inflight: Some(held),
+            push: false,
         }
     }
 }

@@ -11,16 +11,17 @@ use std::sync::Arc;
 use bytes::BytesMut;
 use tokio::io::AsyncReadExt;
 
-use crate::net::{ReadHalf, Stream, WriteHalf};
+use crate::net::{ReadHalf, Stream};
 use tokio::sync::{mpsc, watch};
 
 use super::ctx::Ctx;
+use super::end::{close, End};
 use super::local::queue_in_tx;
 use super::mitigation::{
     cached_mget, cached_read, combine, invalidate_cached, wait_barrier, wait_fills,
 };
 use super::plan::{decide, observe, own_connection};
-use super::round::{Blocked, Merge, Queued, RoundBuilder, Slot};
+use super::round::{Blocked, Merge, Queued, Round, RoundBuilder, Slot};
 use super::route::{
     all_nodes, forward_keyed, is_pubsub_command, keys_node, pubsub_node, push, scan_one, split,
 };
@@ -63,58 +64,6 @@ pub async fn run(stream: Stream, ctx: Arc<Ctx>, id: u64) {
     drop(registered);
 }
 
-/// After the read phase: hand over to the pub/sub tunnel, or close politely.
-async fn close(
-    end: End,
-    writer: tokio::task::JoinHandle<(WriteHalf, Option<tunnel::TunnelEnd>)>,
-    mut killed: watch::Receiver<bool>,
-) {
-    let (mut w, tunnel_end): (WriteHalf, _) = match writer.await {
-        Ok(x) => x,
-        Err(_) => return,
-    };
-    match (end, tunnel_end) {
-        // A tunnel or a monitor ends when either side closes, or when CLIENT KILL chooses
-        // the connection (dropping the pump closes its sockets).
-        (End::Tunnel(r, start), Some(t)) => tokio::select! {
-            _ = tunnel::pump(r, w, start, t) => {}
-            _ = killed.wait_for(|k| *k) => {}
-        },
-        (End::Monitor(r, lines), None) => tokio::select! {
-            _ = super::monitor::pump(r, w, lines) => {}
-            _ = killed.wait_for(|k| *k) => {}
-        },
-        (End::Drained(mut r), _) => {
-            // Every command read has its reply written. Send FIN, then discard what the
-            // client sent after we stopped reading (it was never executed, so the client can
-            // retry it elsewhere) instead of resetting the connection, which could destroy
-            // replies still in flight to the client.
-            use tokio::io::AsyncWriteExt;
-            let _ = w.shutdown().await;
-            let mut sink = vec![0u8; 4096];
-            let linger = tokio::time::sleep(std::time::Duration::from_secs(2));
-            tokio::pin!(linger);
-            loop {
-                tokio::select! {
-                    _ = &mut linger => break,
-                    n = r.read(&mut sink) => if matches!(n, Ok(0) | Err(_)) { break },
-                }
-            }
-        }
-        _ => {}
-    }
-}
-
-/// How the read phase ended.
-enum End {
-    Closed,
-    /// Shutdown: every complete command read was dispatched; close politely.
-    Drained(ReadHalf),
-    Tunnel(ReadHalf, tunnel::Start),
-    /// MONITOR: the lines to stream once the replies before it are written.
-    Monitor(ReadHalf, tokio::sync::mpsc::Receiver<bytes::Bytes>),
-}
-
 /// The read phase: until the client closes, the session becomes a pub/sub tunnel, or a
 /// shutdown finds the connection at a command boundary.
 async fn read_loop(
@@ -137,9 +86,20 @@ async fn read_loop(
     let mut held_back = false;
     let mut ended = false;
     loop {
+        // Invalidations for a tracking client, after every round sent before them.
+        if let Some(push) = s.tracking.as_ref().and_then(|t| t.inbox.take()) {
+            if tx
+                .send(Box::new((Round::push(push), s.proto)))
+                .await
+                .is_err()
+            {
+                return End::Closed;
+            }
+        }
         if !Box::pin(settle::may_read(s, tx, &mut owing, &mut killed)).await {
             return End::Closed;
         }
+        let inbox = s.tracking.as_ref().map(|t| t.inbox.clone());
         let n: std::io::Result<usize> = if held_back {
             Ok(buf.len())
         } else if draining {
@@ -176,6 +136,7 @@ async fn read_loop(
                 _ = tx.closed() => return End::Closed,
                 // CLIENT KILL chose this connection.
                 _ = killed.wait_for(|k| *k) => return End::Closed,
+                _ = super::client_cache::invalidated(inbox) => continue,
                 _ = shutdown.wait_for(|v| *v) => {
                     tracing::debug!(client = s.id, "draining on shutdown");
                     draining = true;
@@ -466,6 +427,9 @@ async fn act(
     // observe
     let class = observe(s, req, c);
     rb.count(class);
+    if s.tracking.is_some() {
+        super::client_cache::note(s, req, c, class, &mut action);
+    }
     if class == Class::Write {
         if !s.order.no_fills() {
             Box::pin(wait_fills(s, req, c)).await;

@@ -81,11 +81,20 @@ pub struct Session {
     /// This connection as CLIENT LIST shows it, and what was last published there.
     pub(super) me: Arc<Client>,
     shown: ShownKey,
+    /// CLIENT TRACKING, when on (`client_cache`).
+    pub(super) tracking: Option<Box<super::tracking::Tracking>>,
 }
 
 /// What CLIENT LIST shows of a session that changes rarely, compared cheaply once per
 /// round: database, protocol, the name's and the user's identity, MULTI's length.
-type ShownKey = (u32, Proto, Option<(usize, usize)>, usize, Option<usize>);
+type ShownKey = (
+    u32,
+    Proto,
+    Option<(usize, usize)>,
+    usize,
+    Option<usize>,
+    bool,
+);
 
 impl Session {
     pub fn new(
@@ -102,7 +111,8 @@ impl Session {
             ctx,
             id: me.id,
             me,
-            shown: (0, Proto::Resp2, None, 0, None),
+            shown: (0, Proto::Resp2, None, 0, None, false),
+            tracking: None,
             peer,
             local,
             proto: Proto::Resp2,
@@ -151,6 +161,12 @@ impl Session {
     pub fn conn(&mut self, node: usize) -> ConnHandle {
         let (proto, db, lane) = (self.proto, self.db, self.lane);
         let ctx = &self.ctx;
+        // A tracking client's commands go where the node tracks its reads for the proxy.
+        if self.tracking.is_some() && proto == Proto::Resp3 {
+            if let Some(c) = ctx.tracking.conn(&ctx.backend, node, proto, db) {
+                return c;
+            }
+        }
         if node >= self.conns.len() {
             // A cluster node added since this session started.
             self.conns.resize(node + 1, None);
@@ -186,6 +202,7 @@ impl Session {
             self.name.as_ref().map(|n| (n.as_ptr() as usize, n.len())),
             self.user.as_ref().map_or(0, |u| Arc::as_ptr(u) as usize),
             self.tx.as_ref().map(|t| t.wires.len()),
+            self.tracking.is_some(),
         );
         if key == self.shown {
             return;
@@ -209,6 +226,7 @@ impl Session {
                 .as_ref()
                 .map_or(0, |t| t.wires.iter().map(|w| w.len()).sum()),
             pubsub: false,
+            tracking: self.tracking.is_some(),
         });
     }
 
@@ -227,6 +245,14 @@ impl Session {
     pub fn reset_conns(&mut self) {
         for c in self.conns.iter_mut() {
             *c = None;
+        }
+    }
+}
+
+impl Drop for Session {
+    fn drop(&mut self) {
+        if self.tracking.is_some() {
+            self.ctx.tracking.leave(self.id);
         }
     }
 }

@@ -1,0 +1,227 @@
+//! The session's side of client-side caching (`tracking` holds the proxy's side):
+//! `CLIENT TRACKING`, `CACHING`, `GETREDIR` and `TRACKINGINFO` with Redis's replies and
+//! errors, and which keys of each command the client is told about.
+
+use std::sync::Arc;
+
+use bytes::{Bytes, BytesMut};
+
+use super::round::{RoundBuilder, Slot};
+use super::state::{err_bytes, Flow, Session};
+use super::tracking::{Inbox, Mode, Tracking};
+use crate::command::{flags, Classified, Route};
+use crate::metrics::Class;
+use crate::policy::Action;
+use crate::resp::{encode_int, encode_simple, Proto, Request, Value};
+
+const SWITCH_BCAST: &str = "ERR You can't switch BCAST mode on/off before disabling tracking for this client, and then re-enabling it with a different mode.";
+const SWITCH_OPT: &str = "ERR You can't switch OPTIN/OPTOUT mode before disabling tracking for this client, and then re-enabling it with a different mode.";
+
+/// CLIENT TRACKING, CACHING, GETREDIR, TRACKINGINFO.
+pub fn command(s: &mut Session, req: &Request, c: &Classified, rb: &mut RoundBuilder) -> Flow {
+    let mut out = BytesMut::new();
+    let reply = match c.spec.name {
+        "CLIENT TRACKING" => tracking(s, req),
+        "CLIENT CACHING" => caching(s, req),
+        "CLIENT GETREDIR" => {
+            encode_int(if s.tracking.is_some() { 0 } else { -1 }, &mut out);
+            Ok(())
+        }
+        _ => {
+            let (flags, redirect) = match &s.tracking {
+                Some(t) => (t.flags(), 0),
+                None => (vec!["off"], -1),
+            };
+            let bulk = |t: &str| Value::Bulk(Bytes::copy_from_slice(t.as_bytes()));
+            Value::Map(vec![
+                (
+                    bulk("flags"),
+                    Value::Set(flags.into_iter().map(bulk).collect()),
+                ),
+                (bulk("redirect"), Value::Integer(redirect)),
+                (bulk("prefixes"), Value::Array(Vec::new())),
+            ])
+            .encode(s.proto, &mut out);
+            Ok(())
+        }
+    };
+    let slot = match reply {
+        Ok(()) if out.is_empty() => {
+            encode_simple("OK", &mut out);
+            Slot::Ready(out.freeze())
+        }
+        Ok(()) => Slot::Ready(out.freeze()),
+        Err(e) => Slot::Ready(err_bytes(&e)),
+    };
+    rb.slots.push(slot);
+    Flow::Continue
+}
+
+/// `CLIENT TRACKING ON|OFF [REDIRECT id] [BCAST] [PREFIX p ...] [OPTIN] [OPTOUT] [NOLOOP]`,
+/// its options checked in Redis's order.
+fn tracking(s: &mut Session, req: &Request) -> Result<(), String> {
+    let (mut redirect, mut bcast, mut optin, mut optout, mut noloop) =
+        (None, false, false, false, false);
+    let mut prefixes = 0;
+    let mut j = 3;
+    while j < req.argc() {
+        let more = req.argc() - 1 - j > 0;
+        match req.arg(j).to_ascii_uppercase().as_slice() {
+            b"REDIRECT" if more => {
+                j += 1;
+                if redirect.is_some() {
+                    return Err("ERR A client can only redirect to a single other client".into());
+                }
+                let id = crate::resp::parse_i64(req.arg(j))
+                    .ok_or("ERR value is not an integer or out of range")?;
+                if !s.ctx.clients.exists(id) {
+                    return Err("ERR The client ID you want redirect to does not exist".into());
+                }
+                redirect = Some(id);
+            }
+            b"BCAST" => bcast = true,
+            b"OPTIN" => optin = true,
+            b"OPTOUT" => optout = true,
+            b"NOLOOP" => noloop = true,
+            b"PREFIX" if more => {
+                j += 1;
+                prefixes += 1;
+            }
+            _ => return Err("ERR syntax error".into()),
+        }
+        j += 1;
+    }
+    match req.arg(2).to_ascii_uppercase().as_slice() {
+        b"ON" => {}
+        b"OFF" => {
+            if s.tracking.take().is_some() {
+                s.ctx.tracking.leave(s.id);
+            }
+            s.settle_after = true;
+            return Ok(());
+        }
+        _ => return Err("ERR syntax error".into()),
+    }
+    if !bcast && prefixes > 0 {
+        return Err("ERR PREFIX option requires BCAST mode to be enabled".into());
+    }
+    if s.tracking.is_some() && bcast {
+        return Err(SWITCH_BCAST.into());
+    }
+    if bcast && (optin || optout) {
+        return Err("ERR OPTIN and OPTOUT are not compatible with BCAST".into());
+    }
+    if optin && optout {
+        return Err("ERR You can't specify both OPTIN mode and OPTOUT mode".into());
+    }
+    let was = s.tracking.as_ref().map(|t| t.mode);
+    if (optin && was == Some(Mode::OptOut)) || (optout && was == Some(Mode::OptIn)) {
+        return Err(SWITCH_OPT.into());
+    }
+    if bcast {
+        return Err("ERR saltshaker: CLIENT TRACKING BCAST is not supported through the proxy; default tracking (with OPTIN, OPTOUT, NOLOOP) is".into());
+    }
+    if redirect.is_some() {
+        return Err("ERR saltshaker: CLIENT TRACKING REDIRECT is not supported through the proxy; tracking in RESP3 (HELLO 3) is".into());
+    }
+    let mode = match (optin, optout) {
+        (true, _) => Mode::OptIn,
+        (_, true) => Mode::OptOut,
+        _ => Mode::All,
+    };
+    let inbox = s.ctx.tracking.join(s.id);
+    if s.proto == Proto::Resp3 {
+        s.ctx.tracking.prepare(&s.ctx.backend, s.proto, s.db);
+    }
+    s.tracking = Some(Box::new(Tracking {
+        inbox,
+        mode,
+        noloop,
+        caching: false,
+    }));
+    // Its commands go on the node's tracked connection from now on: the next one leaves
+    // once everything sent before has arrived.
+    s.settle_after = true;
+    Ok(())
+}
+
+/// `CLIENT CACHING YES|NO`: for the next command (or the rest of a MULTI).
+fn caching(s: &mut Session, req: &Request) -> Result<(), String> {
+    let Some(t) = s.tracking.as_mut() else {
+        return Err("ERR CLIENT CACHING can be called only when the client is in tracking mode with OPTIN or OPTOUT mode enabled".into());
+    };
+    match (req.arg(2).to_ascii_uppercase().as_slice(), t.mode) {
+        (b"YES", Mode::OptIn) | (b"NO", Mode::OptOut) => t.caching = true,
+        (b"YES", _) => {
+            return Err(
+                "ERR CLIENT CACHING YES is only valid when tracking is enabled in OPTIN mode."
+                    .into(),
+            )
+        }
+        (b"NO", _) => {
+            return Err(
+                "ERR CLIENT CACHING NO is only valid when tracking is enabled in OPTOUT mode."
+                    .into(),
+            )
+        }
+        _ => return Err("ERR syntax error".into()),
+    }
+    Ok(())
+}
+
+/// Before a command of a tracking client runs: the keys it reads are remembered for it
+/// (read on the node's tracked connection, so the node says when they change), or, where
+/// the node cannot track them, the client is told at once after the reply; a NOLOOP
+/// client is not told of its own writes. A read-hot key is read from the node, not from
+/// the proxy's cache: the client caches it itself.
+pub fn note(s: &mut Session, req: &Request, c: &Classified, class: Class, action: &mut Action) {
+    let Some(t) = s.tracking.as_mut() else {
+        return;
+    };
+    if c.spec.name == "CLIENT CACHING" {
+        return;
+    }
+    let remembers = t.remembers();
+    // The flag lasts for one command, or to the end of a MULTI.
+    if s.tx.is_none() || c.spec.name == "EXEC" {
+        t.caching = false;
+    }
+    let (noloop, id, proto) = (t.noloop, s.id, s.proto);
+    if proto != Proto::Resp3 {
+        return;
+    }
+    let ct = s.ctx.tracking.clone();
+    if class == Class::Write && noloop {
+        for &k in c.keys.iter() {
+            ct.forget(req.arg(k as usize), id);
+        }
+    }
+    if !c.spec.has(flags::READ) || c.keys.is_empty() || !remembers {
+        return;
+    }
+    let untracked = match action {
+        Action::Cache(_) | Action::CachePerKey(_) => {
+            *action = Action::Forward;
+            false
+        }
+        Action::Salted(_) | Action::Idempotent { .. } => true,
+        _ => matches!(c.route, Route::Blocking),
+    };
+    for &k in c.keys.iter() {
+        let key = req.arg(k as usize);
+        let node = s.ctx.backend.node_for(key);
+        if !untracked && ct.conn(&s.ctx.backend, node, proto, s.db).is_some() {
+            ct.remember(key, id);
+        } else {
+            ct.now(key, id);
+        }
+    }
+}
+
+/// Resolves when the session has invalidations to push (never without tracking).
+pub async fn invalidated(inbox: Option<Arc<Inbox>>) {
+    match inbox {
+        Some(i) => i.notify.notified().await,
+        None => std::future::pending().await,
+    }
+}

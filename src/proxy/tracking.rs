@@ -1,0 +1,349 @@
+//! Client-side caching through the proxy: `CLIENT TRACKING` as Redis does it, for the
+//! proxy's clients.
+//!
+//! A client in RESP3 that turns tracking on sends every command to a node over a
+//! connection of that node whose reads Redis tracks, with invalidations redirected to the
+//! node's tracker (`backend::tracking`): the node then tells the proxy when any key read
+//! through it changes, whoever changes it (this proxy, another one, a script, expiry,
+//! eviction, FLUSHALL). The proxy keeps which of its clients read which key (`Table`, as
+//! Redis's tracking table: key -> client ids, a key forgotten once invalidated) and pushes
+//! `invalidate` to each of them.
+//!
+//! Where the node cannot track a read for the proxy (a salted key's merged read, a node
+//! whose tracker is down), the client is told at once, right after the reply, so it never
+//! keeps a value nobody will invalidate. When a tracker or a tracked connection is lost,
+//! every tracking client is told to flush (`invalidate` with a null), as Redis does on
+//! FLUSHALL. Pushes go through the session's reader, after every round it has sent, so an
+//! invalidation never overtakes the reply it invalidates.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, OnceLock, Weak};
+
+use bytes::{Bytes, BytesMut};
+use smallvec::SmallVec;
+use tokio::sync::Notify;
+
+use crate::backend::tracking::{Filler, Invalidation, Tracker};
+use crate::backend::{Backend, ConnHandle};
+use crate::resp::Proto;
+
+/// An inbox holding more keys than this is turned into one flush.
+const INBOX_MAX_KEYS: usize = 4096;
+
+/// What the proxy's tracking clients read, and how to reach them.
+pub struct ClientTracking {
+    /// Most keys remembered (Redis's `tracking-table-max-keys`); past it, a key is
+    /// forgotten and its clients told to drop it.
+    max_keys: usize,
+    table: Mutex<HashMap<Bytes, SmallVec<[u64; 2]>>>,
+    clients: Mutex<HashMap<u64, Arc<Inbox>>>,
+    /// By node index: the node's tracker and its tracked connections, started when a
+    /// tracking client first reaches the node.
+    nodes: Box<[OnceLock<NodeTrack>]>,
+    me: Weak<ClientTracking>,
+}
+
+struct NodeTrack {
+    tracker: Tracker,
+    /// By (RESP3?, database).
+    fillers: Mutex<HashMap<(bool, u32), Arc<Filler>>>,
+}
+
+/// The invalidations waiting for one client.
+#[derive(Default)]
+pub struct Inbox {
+    pending: Mutex<Pending>,
+    pub notify: Notify,
+}
+
+#[derive(Default)]
+struct Pending {
+    keys: Vec<Bytes>,
+    flush: bool,
+}
+
+impl Inbox {
+    fn add(&self, key: Bytes) {
+        let mut p = self.pending.lock().unwrap_or_else(|e| e.into_inner());
+        if !p.flush {
+            if p.keys.len() >= INBOX_MAX_KEYS {
+                p.keys = Vec::new();
+                p.flush = true;
+            } else {
+                p.keys.push(key);
+            }
+        }
+        drop(p);
+        self.notify.notify_one();
+    }
+
+    fn flush(&self) {
+        let mut p = self.pending.lock().unwrap_or_else(|e| e.into_inner());
+        p.keys = Vec::new();
+        p.flush = true;
+        drop(p);
+        self.notify.notify_one();
+    }
+
+    /// The push messages waiting, as Redis writes them: one `invalidate` per key, or one
+    /// with a null for everything.
+    pub fn take(&self) -> Option<Bytes> {
+        let p = std::mem::take(&mut *self.pending.lock().unwrap_or_else(|e| e.into_inner()));
+        if !p.flush && p.keys.is_empty() {
+            return None;
+        }
+        let mut out = BytesMut::new();
+        if p.flush {
+            out.extend_from_slice(b">2\r\n$10\r\ninvalidate\r\n_\r\n");
+        } else {
+            for k in p.keys {
+                out.extend_from_slice(b">2\r\n$10\r\ninvalidate\r\n*1\r\n");
+                crate::resp::encode_bulk(&k, &mut out);
+            }
+        }
+        Some(out.freeze())
+    }
+}
+
+impl ClientTracking {
+    pub fn new(max_keys: usize) -> Arc<ClientTracking> {
+        Arc::new_cyclic(|me| ClientTracking {
+            max_keys: max_keys.max(1),
+            table: Mutex::default(),
+            clients: Mutex::default(),
+            nodes: (0..crate::backend::MAX_NODES)
+                .map(|_| OnceLock::new())
+                .collect(),
+            me: me.clone(),
+        })
+    }
+
+    /// A client turns tracking on: its inbox.
+    pub fn join(&self, id: u64) -> Arc<Inbox> {
+        let mut c = self.clients.lock().unwrap_or_else(|e| e.into_inner());
+        c.entry(id).or_default().clone()
+    }
+
+    /// A client turns tracking off or leaves: nothing more is sent to it (what it read
+    /// stays in the table until invalidated, as on Redis, and is skipped then).
+    pub fn leave(&self, id: u64) {
+        self.clients
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&id);
+    }
+
+    /// Clients with tracking on (INFO's `tracking_clients`).
+    pub fn clients(&self) -> usize {
+        self.clients.lock().unwrap_or_else(|e| e.into_inner()).len()
+    }
+
+    /// Keys remembered (INFO's `tracking_total_keys`).
+    pub fn keys(&self) -> usize {
+        self.table.lock().unwrap_or_else(|e| e.into_inner()).len()
+    }
+
+    /// Client `id` read `key`: it is told when the key changes.
+    pub fn remember(&self, key: &[u8], id: u64) {
+        let mut evicted = None;
+        {
+            let mut t = self.table.lock().unwrap_or_else(|e| e.into_inner());
+            if let Some(ids) = t.get_mut(key) {
+                if !ids.contains(&id) {
+                    ids.push(id);
+                }
+                return;
+            }
+            if t.len() >= self.max_keys {
+                if let Some(k) = t.keys().next().cloned() {
+                    evicted = t.remove(&k).map(|ids| (k, ids));
+                }
+            }
+            t.insert(Bytes::copy_from_slice(key), SmallVec::from_elem(id, 1));
+        }
+        if let Some((k, ids)) = evicted {
+            self.tell(k, &ids);
+        }
+    }
+
+    /// NOLOOP: client `id` wrote `key` itself and is not told of it.
+    pub fn forget(&self, key: &[u8], id: u64) {
+        let mut t = self.table.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(ids) = t.get_mut(key) {
+            ids.retain(|i| *i != id);
+            if ids.is_empty() {
+                t.remove(key);
+            }
+        }
+    }
+
+    /// Tells client `id` at once that `key` may change unseen (it was read where the
+    /// proxy cannot track it).
+    pub fn now(&self, key: &[u8], id: u64) {
+        if let Some(inbox) = self.inbox(id) {
+            inbox.add(Bytes::copy_from_slice(key));
+        }
+    }
+
+    fn inbox(&self, id: u64) -> Option<Arc<Inbox>> {
+        self.clients
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&id)
+            .cloned()
+    }
+
+    fn tell(&self, key: Bytes, ids: &[u64]) {
+        let clients = self.clients.lock().unwrap_or_else(|e| e.into_inner());
+        for id in ids {
+            if let Some(inbox) = clients.get(id) {
+                inbox.add(key.clone());
+            }
+        }
+    }
+
+    /// A node says these keys changed.
+    pub fn invalidate(&self, keys: Vec<Bytes>) {
+        for k in keys {
+            let ids = self
+                .table
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .remove(&k);
+            if let Some(ids) = ids {
+                self.tell(k, &ids);
+            }
+        }
+    }
+
+    /// Keys matching `moved` changed owner (a slot moved): the new owner tracks nothing
+    /// of them.
+    pub fn invalidate_matching(&self, moved: &dyn Fn(&[u8]) -> bool) {
+        let gone: Vec<(Bytes, SmallVec<[u64; 2]>)> = {
+            let mut t = self.table.lock().unwrap_or_else(|e| e.into_inner());
+            let keys: Vec<Bytes> = t.keys().filter(|k| moved(k)).cloned().collect();
+            keys.into_iter()
+                .filter_map(|k| t.remove(&k).map(|ids| (k, ids)))
+                .collect()
+        };
+        for (k, ids) in gone {
+            self.tell(k, &ids);
+        }
+    }
+
+    /// Changes may have been missed (a tracker or a tracked connection was lost): every
+    /// tracking client flushes, and the table starts again.
+    pub fn invalidate_all(&self) {
+        self.table.lock().unwrap_or_else(|e| e.into_inner()).clear();
+        for inbox in self
+            .clients
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .values()
+        {
+            inbox.flush();
+        }
+    }
+
+    /// Starts every node's tracker and tracked connection for this protocol and database,
+    /// so that a client turning tracking on finds them up by its first reads (a read before
+    /// is told at once instead).
+    pub fn prepare(&self, backend: &Backend, proto: Proto, db: u32) {
+        for node in 0..backend.len() {
+            let _ = self.conn(backend, node, proto, db);
+        }
+    }
+
+    /// The tracked connection to `node` in this protocol and database; None while the
+    /// node's tracker is not connected (its reads cannot be tracked now).
+    pub fn conn(
+        &self,
+        backend: &Backend,
+        node: usize,
+        proto: Proto,
+        db: u32,
+    ) -> Option<ConnHandle> {
+        let slot = self.nodes.get(node)?;
+        if node >= backend.len() {
+            return None;
+        }
+        let n = backend.node(node);
+        let track = slot.get_or_init(|| {
+            let me = self.me.clone();
+            let tracker = Tracker::spawn(&n.handshake(Proto::Resp2, 0), move |inv| {
+                if let Some(me) = me.upgrade() {
+                    match inv {
+                        Invalidation::Keys(keys) => me.invalidate(keys),
+                        Invalidation::All => me.invalidate_all(),
+                    }
+                }
+            });
+            NodeTrack {
+                tracker,
+                fillers: Mutex::default(),
+            }
+        });
+        let filler = {
+            let mut f = track.fillers.lock().unwrap_or_else(|e| e.into_inner());
+            f.entry((proto == Proto::Resp3, db))
+                .or_insert_with(|| {
+                    Arc::new(Filler::spawn(
+                        &track.tracker,
+                        &n.handshake(proto, db),
+                        n.metrics.clone(),
+                        n.cluster_link(),
+                    ))
+                })
+                .clone()
+        };
+        filler.conn()
+    }
+}
+
+/// How a client asked to be tracked (`CLIENT TRACKING ON ...`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Mode {
+    /// Every key it reads.
+    #[default]
+    All,
+    /// Only the reads right after `CLIENT CACHING YES`.
+    OptIn,
+    /// Every read but those right after `CLIENT CACHING NO`.
+    OptOut,
+}
+
+/// One session's tracking.
+pub struct Tracking {
+    pub inbox: Arc<Inbox>,
+    pub mode: Mode,
+    pub noloop: bool,
+    /// `CLIENT CACHING` was given for the next command (or the rest of the MULTI).
+    pub caching: bool,
+}
+
+impl Tracking {
+    /// Whether the command being run has its keys remembered.
+    pub fn remembers(&self) -> bool {
+        match self.mode {
+            Mode::All => true,
+            Mode::OptIn => self.caching,
+            Mode::OptOut => !self.caching,
+        }
+    }
+
+    /// CLIENT TRACKINGINFO's flags.
+    pub fn flags(&self) -> Vec<&'static str> {
+        let mut f = vec!["on"];
+        match (self.mode, self.caching) {
+            (Mode::OptIn, true) => f.extend(["optin", "caching-yes"]),
+            (Mode::OptIn, false) => f.push("optin"),
+            (Mode::OptOut, true) => f.extend(["optout", "caching-no"]),
+            (Mode::OptOut, false) => f.push("optout"),
+            (Mode::All, _) => {}
+        }
+        if self.noloop {
+            f.push("noloop");
+        }
+        f
+    }
+}
