@@ -51,7 +51,7 @@ pub fn command(s: &mut Session, req: &Request, c: &Classified, rb: &mut RoundBui
             Slot::Ready(out.freeze())
         }
         Ok(()) => Slot::Ready(out.freeze()),
-        Err(e) => Slot::Ready(err_bytes(&e)),
+        Err(e) => Slot::Ready(err_bytes(e)),
     };
     rb.slots.push(slot);
     Flow::Continue
@@ -59,7 +59,7 @@ pub fn command(s: &mut Session, req: &Request, c: &Classified, rb: &mut RoundBui
 
 /// `CLIENT TRACKING ON|OFF [REDIRECT id] [BCAST] [PREFIX p ...] [OPTIN] [OPTOUT] [NOLOOP]`,
 /// its options checked in Redis's order.
-fn tracking(s: &mut Session, req: &Request) -> Result<(), String> {
+fn tracking(s: &mut Session, req: &Request) -> Result<(), &'static str> {
     let (mut redirect, mut bcast, mut optin, mut optout, mut noloop) =
         (None, false, false, false, false);
     let mut prefixes = 0;
@@ -70,12 +70,12 @@ fn tracking(s: &mut Session, req: &Request) -> Result<(), String> {
             b"REDIRECT" if more => {
                 j += 1;
                 if redirect.is_some() {
-                    return Err("ERR A client can only redirect to a single other client".into());
+                    return Err("ERR A client can only redirect to a single other client");
                 }
                 let id = crate::resp::parse_i64(req.arg(j))
                     .ok_or("ERR value is not an integer or out of range")?;
                 if !s.ctx.clients.exists(id) {
-                    return Err("ERR The client ID you want redirect to does not exist".into());
+                    return Err("ERR The client ID you want redirect to does not exist");
                 }
                 redirect = Some(id);
             }
@@ -87,7 +87,7 @@ fn tracking(s: &mut Session, req: &Request) -> Result<(), String> {
                 j += 1;
                 prefixes += 1;
             }
-            _ => return Err("ERR syntax error".into()),
+            _ => return Err("ERR syntax error"),
         }
         j += 1;
     }
@@ -100,29 +100,29 @@ fn tracking(s: &mut Session, req: &Request) -> Result<(), String> {
             s.settle_after = true;
             return Ok(());
         }
-        _ => return Err("ERR syntax error".into()),
+        _ => return Err("ERR syntax error"),
     }
     if !bcast && prefixes > 0 {
-        return Err("ERR PREFIX option requires BCAST mode to be enabled".into());
+        return Err("ERR PREFIX option requires BCAST mode to be enabled");
     }
     if s.tracking.is_some() && bcast {
-        return Err(SWITCH_BCAST.into());
+        return Err(SWITCH_BCAST);
     }
     if bcast && (optin || optout) {
-        return Err("ERR OPTIN and OPTOUT are not compatible with BCAST".into());
+        return Err("ERR OPTIN and OPTOUT are not compatible with BCAST");
     }
     if optin && optout {
-        return Err("ERR You can't specify both OPTIN mode and OPTOUT mode".into());
+        return Err("ERR You can't specify both OPTIN mode and OPTOUT mode");
     }
     let was = s.tracking.as_ref().map(|t| t.mode);
     if (optin && was == Some(Mode::OptOut)) || (optout && was == Some(Mode::OptIn)) {
-        return Err(SWITCH_OPT.into());
+        return Err(SWITCH_OPT);
     }
     if bcast {
-        return Err("ERR saltshaker: CLIENT TRACKING BCAST is not supported through the proxy; default tracking (with OPTIN, OPTOUT, NOLOOP) is".into());
+        return Err("ERR saltshaker: CLIENT TRACKING BCAST is not supported through the proxy; default tracking (with OPTIN, OPTOUT, NOLOOP) is");
     }
     if redirect.is_some() {
-        return Err("ERR saltshaker: CLIENT TRACKING REDIRECT is not supported through the proxy; tracking in RESP3 (HELLO 3) is".into());
+        return Err("ERR saltshaker: CLIENT TRACKING REDIRECT is not supported through the proxy; tracking in RESP3 (HELLO 3) is");
     }
     let mode = match (optin, optout) {
         (true, _) => Mode::OptIn,
@@ -146,9 +146,9 @@ fn tracking(s: &mut Session, req: &Request) -> Result<(), String> {
 }
 
 /// `CLIENT CACHING YES|NO`: for the next command (or the rest of a MULTI).
-fn caching(s: &mut Session, req: &Request) -> Result<(), String> {
+fn caching(s: &mut Session, req: &Request) -> Result<(), &'static str> {
     let Some(t) = s.tracking.as_mut() else {
-        return Err("ERR CLIENT CACHING can be called only when the client is in tracking mode with OPTIN or OPTOUT mode enabled".into());
+        return Err("ERR CLIENT CACHING can be called only when the client is in tracking mode with OPTIN or OPTOUT mode enabled");
     };
     match (req.arg(2).to_ascii_uppercase().as_slice(), t.mode) {
         (b"YES", Mode::OptIn) | (b"NO", Mode::OptOut) => t.caching = true,
@@ -164,7 +164,7 @@ fn caching(s: &mut Session, req: &Request) -> Result<(), String> {
                     .into(),
             )
         }
-        _ => return Err("ERR syntax error".into()),
+        _ => return Err("ERR syntax error"),
     }
     Ok(())
 }
