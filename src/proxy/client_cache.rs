@@ -2,13 +2,12 @@
 //! `CLIENT TRACKING`, `CACHING`, `GETREDIR` and `TRACKINGINFO` with Redis's replies and
 //! errors, and which keys of each command the client is told about.
 
-use std::sync::Arc;
-
 use bytes::{Bytes, BytesMut};
 
+use super::clients::Client;
 use super::round::{RoundBuilder, Slot};
 use super::state::{err_bytes, Flow, Session};
-use super::tracking::{Inbox, Mode, Tracking};
+use super::tracking::{Mode, Tracking};
 use crate::command::{flags, Classified, Route};
 use crate::metrics::Class;
 use crate::policy::Action;
@@ -24,12 +23,15 @@ pub fn command(s: &mut Session, req: &Request, c: &Classified, rb: &mut RoundBui
         "CLIENT TRACKING" => tracking(s, req),
         "CLIENT CACHING" => caching(s, req),
         "CLIENT GETREDIR" => {
-            encode_int(if s.tracking.is_some() { 0 } else { -1 }, &mut out);
+            encode_int(
+                s.tracking.as_ref().map_or(-1, |t| t.redirect as i64),
+                &mut out,
+            );
             Ok(())
         }
         _ => {
             let (flags, redirect) = match &s.tracking {
-                Some(t) => (t.flags(), 0),
+                Some(t) => (t.flags(), t.redirect as i64),
                 None => (vec!["off"], -1),
             };
             let bulk = |t: &str| Value::Bulk(Bytes::copy_from_slice(t.as_bytes()));
@@ -121,23 +123,24 @@ fn tracking(s: &mut Session, req: &Request) -> Result<(), &'static str> {
     if bcast {
         return Err("ERR saltshaker: CLIENT TRACKING BCAST is not supported through the proxy; default tracking (with OPTIN, OPTOUT, NOLOOP) is");
     }
-    if redirect.is_some() {
-        return Err("ERR saltshaker: CLIENT TRACKING REDIRECT is not supported through the proxy; tracking in RESP3 (HELLO 3) is");
-    }
     let mode = match (optin, optout) {
         (true, _) => Mode::OptIn,
         (_, true) => Mode::OptOut,
         _ => Mode::All,
     };
-    let inbox = s.ctx.tracking.join(s.id);
-    if s.proto == Proto::Resp3 {
+    let redirect = redirect.map_or(0, |id| id as u64);
+    s.ctx
+        .tracking
+        .join(s.id, if redirect == 0 { s.id } else { redirect });
+    if s.proto == Proto::Resp3 || redirect != 0 {
         s.ctx.tracking.prepare(&s.ctx.backend, s.proto, s.db);
     }
     s.tracking = Some(Box::new(Tracking {
-        inbox,
+        redirect,
         mode,
         noloop,
         caching: false,
+        spent: false,
     }));
     // Its commands go on the node's tracked connection from now on: the next one leaves
     // once everything sent before has arrived.
@@ -178,16 +181,22 @@ pub fn note(s: &mut Session, req: &Request, c: &Classified, class: Class, action
     let Some(t) = s.tracking.as_mut() else {
         return;
     };
+    // CLIENT CACHING's flag lasts for the next command (or to the end of a MULTI): it is
+    // cleared before the one after, once that command has seen it.
+    if std::mem::take(&mut t.spent) {
+        t.caching = false;
+    }
     if c.spec.name == "CLIENT CACHING" {
         return;
     }
     let remembers = t.remembers();
-    // The flag lasts for one command, or to the end of a MULTI.
-    if s.tx.is_none() || c.spec.name == "EXEC" {
-        t.caching = false;
-    }
+    // As Redis: no CLIENT subcommand spends it, nor MULTI or a command queued after it.
+    let name = c.spec.name;
+    t.spent = !name.starts_with("CLIENT ")
+        && ((s.tx.is_none() && name != "MULTI") || name == "EXEC");
     let (noloop, id, proto) = (t.noloop, s.id, s.proto);
-    if proto != Proto::Resp3 {
+    // Without REDIRECT, a RESP2 client is sent nothing (as on Redis).
+    if proto != Proto::Resp3 && t.redirect == 0 {
         return;
     }
     let ct = s.ctx.tracking.clone();
@@ -218,10 +227,12 @@ pub fn note(s: &mut Session, req: &Request, c: &Classified, class: Class, action
     }
 }
 
-/// Resolves when the session has invalidations to push (never without tracking).
-pub async fn invalidated(inbox: Option<Arc<Inbox>>) {
-    match inbox {
-        Some(i) => i.notify.notified().await,
-        None => std::future::pending().await,
+/// Resolves when the session has invalidations to push: its own, or another client's
+/// that redirects to it. Only a RESP3 session takes pushes (a RESP2 one subscribed to
+/// `__redis__:invalidate` is a tunnel to a node, which the proxy does not write into).
+pub async fn invalidated(me: &Client, proto: Proto) {
+    match proto {
+        Proto::Resp3 => me.inbox.notify.notified().await,
+        Proto::Resp2 => std::future::pending().await,
     }
 }

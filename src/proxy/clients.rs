@@ -12,6 +12,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
+use bytes::Bytes;
 use tokio::sync::watch;
 
 use crate::command::Spec;
@@ -103,8 +104,8 @@ pub struct Shown {
     /// Bytes those commands hold.
     pub multi_mem: usize,
     pub pubsub: bool,
-    /// CLIENT TRACKING is on.
-    pub tracking: bool,
+    /// CLIENT TRACKING is on: the client its invalidations go to (0: itself).
+    pub tracking: Option<u64>,
 }
 
 /// One client connection.
@@ -127,6 +128,74 @@ pub struct Client {
     /// on (0 until known), for CLIENT UNBLOCK.
     blocked_on: Mutex<Option<(usize, Arc<AtomicU64>)>>,
     kill: watch::Sender<bool>,
+    /// Invalidations for it (client-side caching), pushed by its session.
+    pub inbox: Inbox,
+}
+
+/// An inbox holding more keys than this is turned into one flush.
+const INBOX_MAX_KEYS: usize = 4096;
+
+/// The invalidations waiting for one client.
+#[derive(Default)]
+pub struct Inbox {
+    /// Something is waiting: the session's one check per read while nothing is.
+    ready: AtomicBool,
+    pending: Mutex<Pending>,
+    pub notify: tokio::sync::Notify,
+}
+
+#[derive(Default)]
+struct Pending {
+    keys: Vec<Bytes>,
+    flush: bool,
+}
+
+impl Inbox {
+    pub fn add(&self, key: Bytes) {
+        let mut p = self.pending.lock().unwrap_or_else(|e| e.into_inner());
+        if !p.flush {
+            if p.keys.len() >= INBOX_MAX_KEYS {
+                p.keys = Vec::new();
+                p.flush = true;
+            } else {
+                p.keys.push(key);
+            }
+        }
+        drop(p);
+        self.ready.store(true, Ordering::Release);
+        self.notify.notify_one();
+    }
+
+    pub fn flush(&self) {
+        let mut p = self.pending.lock().unwrap_or_else(|e| e.into_inner());
+        p.keys = Vec::new();
+        p.flush = true;
+        drop(p);
+        self.ready.store(true, Ordering::Release);
+        self.notify.notify_one();
+    }
+
+    /// The push messages waiting, as Redis writes them: one `invalidate` per key, or one
+    /// with a null for everything.
+    pub fn take(&self) -> Option<Bytes> {
+        if !self.ready.swap(false, Ordering::Acquire) {
+            return None;
+        }
+        let p = std::mem::take(&mut *self.pending.lock().unwrap_or_else(|e| e.into_inner()));
+        if !p.flush && p.keys.is_empty() {
+            return None;
+        }
+        let mut out = bytes::BytesMut::new();
+        if p.flush {
+            out.extend_from_slice(b">2\r\n$10\r\ninvalidate\r\n_\r\n");
+        } else {
+            for k in p.keys {
+                out.extend_from_slice(b">2\r\n$10\r\ninvalidate\r\n*1\r\n");
+                crate::resp::encode_bulk(&k, &mut out);
+            }
+        }
+        Some(out.freeze())
+    }
 }
 
 /// Which clients a `CLIENT KILL` or `CLIENT LIST` selects (Redis's filters).
@@ -164,6 +233,7 @@ impl Clients {
             blocked: AtomicBool::new(false),
             blocked_on: Mutex::new(None),
             kill,
+            inbox: Inbox::default(),
         });
         self.lock().insert(id, c.clone());
         Registered {
@@ -175,6 +245,11 @@ impl Clients {
 
     fn lock(&self) -> std::sync::MutexGuard<'_, BTreeMap<u64, Arc<Client>>> {
         self.map.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The client with this id, if connected.
+    pub fn get(&self, id: u64) -> Option<Arc<Client>> {
+        self.lock().get(&id).cloned()
     }
 
     /// Whether a client with this id is connected.
@@ -296,7 +371,7 @@ impl Client {
         if self.blocked.load(Ordering::Relaxed) {
             flags.push('b');
         }
-        if s.tracking {
+        if s.tracking.is_some() {
             flags.push('t');
         }
         if s.pubsub {
@@ -323,7 +398,7 @@ impl Client {
             s.multi_mem,
             if omem > 0 { "rw" } else { "r" },
             s.user,
-            if s.tracking { 0 } else { -1 },
+            s.tracking.map_or(-1, |r| r as i64),
             s.resp,
         )
     }

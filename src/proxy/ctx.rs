@@ -81,7 +81,8 @@ impl Ctx {
         let salt = Arc::new(crate::salt::Salt::new(&backend, metrics.salt.clone()));
         let admit = Arc::new(crate::admit::Admission::new(metrics.admission.clone()));
         let monitors = super::monitor::Monitors::new(metrics.monitor.clone());
-        let tracking = super::tracking::ClientTracking::new(TRACKING_MAX_KEYS);
+        let clients: Arc<super::clients::Clients> = Arc::default();
+        let tracking = super::tracking::ClientTracking::new(TRACKING_MAX_KEYS, clients.clone());
         if let Some(cl) = backend.cluster() {
             // A slot that moves: its new owner tracks none of its keys.
             let t = Arc::downgrade(&tracking);
@@ -111,7 +112,7 @@ impl Ctx {
             next_id: AtomicU64::new(1),
             tracking,
             blocked: Arc::default(),
-            clients: Arc::default(),
+            clients,
             monitors,
             acl_log: crate::auth::Log::default(),
             pause: super::clients::Pause::default(),

@@ -85,9 +85,15 @@ async fn read_loop(
     // after sending them: they are handled before anything more is read.
     let mut held_back = false;
     let mut ended = false;
+    // This connection in the registry: its inbox of invalidations (client-side caching).
+    let me = s.me.clone();
     loop {
         // Invalidations for a tracking client, after every round sent before them.
-        if let Some(push) = s.tracking.as_ref().and_then(|t| t.inbox.take()) {
+        if let Some(push) =
+            s.me.inbox
+                .take()
+                .filter(|_| s.proto == crate::resp::Proto::Resp3)
+        {
             if tx
                 .send(Box::new((Round::push(push), s.proto)))
                 .await
@@ -99,7 +105,7 @@ async fn read_loop(
         if !Box::pin(settle::may_read(s, tx, &mut owing, &mut killed)).await {
             return End::Closed;
         }
-        let inbox = s.tracking.as_ref().map(|t| t.inbox.clone());
+        let proto = s.proto;
         let n: std::io::Result<usize> = if held_back {
             Ok(buf.len())
         } else if draining {
@@ -136,7 +142,7 @@ async fn read_loop(
                 _ = tx.closed() => return End::Closed,
                 // CLIENT KILL chose this connection.
                 _ = killed.wait_for(|k| *k) => return End::Closed,
-                _ = super::client_cache::invalidated(inbox) => continue,
+                _ = super::client_cache::invalidated(&me, proto) => continue,
                 _ = shutdown.wait_for(|v| *v) => {
                     tracing::debug!(client = s.id, "draining on shutdown");
                     draining = true;

@@ -93,7 +93,7 @@ type ShownKey = (
     Option<(usize, usize)>,
     usize,
     Option<usize>,
-    bool,
+    Option<u64>,
 );
 
 impl Session {
@@ -111,7 +111,7 @@ impl Session {
             ctx,
             id: me.id,
             me,
-            shown: (0, Proto::Resp2, None, 0, None, false),
+            shown: (0, Proto::Resp2, None, 0, None, None),
             tracking: None,
             peer,
             local,
@@ -162,7 +162,8 @@ impl Session {
         let (proto, db, lane) = (self.proto, self.db, self.lane);
         let ctx = &self.ctx;
         // A tracking client's commands go where the node tracks its reads for the proxy.
-        if self.tracking.is_some() && proto == Proto::Resp3 {
+        let pushes = |t: &super::tracking::Tracking| proto == Proto::Resp3 || t.redirect != 0;
+        if self.tracking.as_deref().is_some_and(pushes) {
             if let Some(c) = ctx.tracking.conn(&ctx.backend, node, proto, db) {
                 return c;
             }
@@ -202,7 +203,7 @@ impl Session {
             self.name.as_ref().map(|n| (n.as_ptr() as usize, n.len())),
             self.user.as_ref().map_or(0, |u| Arc::as_ptr(u) as usize),
             self.tx.as_ref().map(|t| t.wires.len()),
-            self.tracking.is_some(),
+            self.tracking.as_ref().map(|t| t.redirect),
         );
         if key == self.shown {
             return;
@@ -226,7 +227,7 @@ impl Session {
                 .as_ref()
                 .map_or(0, |t| t.wires.iter().map(|w| w.len()).sum()),
             pubsub: false,
-            tracking: self.tracking.is_some(),
+            tracking: self.tracking.as_ref().map(|t| t.redirect),
         });
     }
 

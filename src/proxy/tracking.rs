@@ -19,16 +19,13 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock, Weak};
 
-use bytes::{Bytes, BytesMut};
+use bytes::Bytes;
 use smallvec::SmallVec;
-use tokio::sync::Notify;
 
+use super::clients::{Client, Clients};
 use crate::backend::tracking::{Filler, Invalidation, Tracker};
 use crate::backend::{Backend, ConnHandle};
 use crate::resp::Proto;
-
-/// An inbox holding more keys than this is turned into one flush.
-const INBOX_MAX_KEYS: usize = 4096;
 
 /// What the proxy's tracking clients read, and how to reach them.
 pub struct ClientTracking {
@@ -36,7 +33,10 @@ pub struct ClientTracking {
     /// forgotten and its clients told to drop it.
     max_keys: usize,
     table: Mutex<HashMap<Bytes, SmallVec<[u64; 2]>>>,
-    clients: Mutex<HashMap<u64, Arc<Inbox>>>,
+    /// Each tracking client, and the client its invalidations go to (itself, or the one
+    /// it named with REDIRECT).
+    clients: Mutex<HashMap<u64, u64>>,
+    registry: Arc<Clients>,
     /// By node index: the node's tracker and its tracked connections, started when a
     /// tracking client first reaches the node.
     nodes: Box<[OnceLock<NodeTrack>]>,
@@ -49,68 +49,13 @@ struct NodeTrack {
     fillers: Mutex<HashMap<(bool, u32), Arc<Filler>>>,
 }
 
-/// The invalidations waiting for one client.
-#[derive(Default)]
-pub struct Inbox {
-    pending: Mutex<Pending>,
-    pub notify: Notify,
-}
-
-#[derive(Default)]
-struct Pending {
-    keys: Vec<Bytes>,
-    flush: bool,
-}
-
-impl Inbox {
-    fn add(&self, key: Bytes) {
-        let mut p = self.pending.lock().unwrap_or_else(|e| e.into_inner());
-        if !p.flush {
-            if p.keys.len() >= INBOX_MAX_KEYS {
-                p.keys = Vec::new();
-                p.flush = true;
-            } else {
-                p.keys.push(key);
-            }
-        }
-        drop(p);
-        self.notify.notify_one();
-    }
-
-    fn flush(&self) {
-        let mut p = self.pending.lock().unwrap_or_else(|e| e.into_inner());
-        p.keys = Vec::new();
-        p.flush = true;
-        drop(p);
-        self.notify.notify_one();
-    }
-
-    /// The push messages waiting, as Redis writes them: one `invalidate` per key, or one
-    /// with a null for everything.
-    pub fn take(&self) -> Option<Bytes> {
-        let p = std::mem::take(&mut *self.pending.lock().unwrap_or_else(|e| e.into_inner()));
-        if !p.flush && p.keys.is_empty() {
-            return None;
-        }
-        let mut out = BytesMut::new();
-        if p.flush {
-            out.extend_from_slice(b">2\r\n$10\r\ninvalidate\r\n_\r\n");
-        } else {
-            for k in p.keys {
-                out.extend_from_slice(b">2\r\n$10\r\ninvalidate\r\n*1\r\n");
-                crate::resp::encode_bulk(&k, &mut out);
-            }
-        }
-        Some(out.freeze())
-    }
-}
-
 impl ClientTracking {
-    pub fn new(max_keys: usize) -> Arc<ClientTracking> {
+    pub fn new(max_keys: usize, registry: Arc<Clients>) -> Arc<ClientTracking> {
         Arc::new_cyclic(|me| ClientTracking {
             max_keys: max_keys.max(1),
             table: Mutex::default(),
             clients: Mutex::default(),
+            registry,
             nodes: (0..crate::backend::MAX_NODES)
                 .map(|_| OnceLock::new())
                 .collect(),
@@ -118,10 +63,12 @@ impl ClientTracking {
         })
     }
 
-    /// A client turns tracking on: its inbox.
-    pub fn join(&self, id: u64) -> Arc<Inbox> {
-        let mut c = self.clients.lock().unwrap_or_else(|e| e.into_inner());
-        c.entry(id).or_default().clone()
+    /// Client `id` turns tracking on; its invalidations go to client `to`.
+    pub fn join(&self, id: u64, to: u64) {
+        self.clients
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(id, to);
     }
 
     /// A client turns tracking off or leaves: nothing more is sent to it (what it read
@@ -180,24 +127,25 @@ impl ClientTracking {
     /// Tells client `id` at once that `key` may change unseen (it was read where the
     /// proxy cannot track it).
     pub fn now(&self, key: &[u8], id: u64) {
-        if let Some(inbox) = self.inbox(id) {
-            inbox.add(Bytes::copy_from_slice(key));
+        if let Some(c) = self.inbox(id) {
+            c.inbox.add(Bytes::copy_from_slice(key));
         }
     }
 
-    fn inbox(&self, id: u64) -> Option<Arc<Inbox>> {
-        self.clients
+    /// The client that takes client `id`'s invalidations, if both are still here.
+    fn inbox(&self, id: u64) -> Option<Arc<Client>> {
+        let to = *self
+            .clients
             .lock()
             .unwrap_or_else(|e| e.into_inner())
-            .get(&id)
-            .cloned()
+            .get(&id)?;
+        self.registry.get(to)
     }
 
     fn tell(&self, key: Bytes, ids: &[u64]) {
-        let clients = self.clients.lock().unwrap_or_else(|e| e.into_inner());
-        for id in ids {
-            if let Some(inbox) = clients.get(id) {
-                inbox.add(key.clone());
+        for &id in ids {
+            if let Some(c) = self.inbox(id) {
+                c.inbox.add(key.clone());
             }
         }
     }
@@ -235,13 +183,15 @@ impl ClientTracking {
     /// tracking client flushes, and the table starts again.
     pub fn invalidate_all(&self) {
         self.table.lock().unwrap_or_else(|e| e.into_inner()).clear();
-        for inbox in self
+        let to: Vec<u64> = self
             .clients
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .values()
-        {
-            inbox.flush();
+            .copied()
+            .collect();
+        for c in to.into_iter().filter_map(|id| self.registry.get(id)) {
+            c.inbox.flush();
         }
     }
 
@@ -314,11 +264,14 @@ pub enum Mode {
 
 /// One session's tracking.
 pub struct Tracking {
-    pub inbox: Arc<Inbox>,
+    /// The client its invalidations go to (REDIRECT), 0 for itself.
+    pub redirect: u64,
     pub mode: Mode,
     pub noloop: bool,
     /// `CLIENT CACHING` was given for the next command (or the rest of the MULTI).
     pub caching: bool,
+    /// The command `caching` was for has run: it is cleared before the next one.
+    pub spent: bool,
 }
 
 impl Tracking {

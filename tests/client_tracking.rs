@@ -1,0 +1,288 @@
+//! Client-side caching through the proxy (CLIENT TRACKING), against real redis-servers:
+//! the tracking commands answer as Redis answers them, and a client that read a key is
+//! told when it changes, by whatever route, with Redis's push messages.
+
+mod support;
+
+use std::time::{Duration, Instant};
+use support::*;
+
+/// The next push message within `wait`, skipping nothing else: a reply where a push was
+/// expected fails the test.
+fn next_push(c: &mut Client, wait: Duration) -> Option<Reply> {
+    c.set_read_timeout(wait);
+    let r = c.try_read_reply();
+    c.set_read_timeout(Duration::from_secs(5));
+    match r {
+        Ok(p @ Reply::Push(_)) => Some(p),
+        Ok(other) => panic!("expected a push message, got {other:?}"),
+        Err(_) => None,
+    }
+}
+
+/// `invalidate` for these keys, as Redis sends it (one key per message).
+fn invalidate(key: &str) -> Reply {
+    Reply::Push(vec![
+        Reply::bulk("invalidate"),
+        Reply::Array(Some(vec![Reply::bulk(key)])),
+    ])
+}
+
+/// `invalidate` with a null: everything.
+fn flush() -> Reply {
+    Reply::Push(vec![Reply::bulk("invalidate"), Reply::Null])
+}
+
+/// A RESP3 client through the proxy with tracking on (and `opts`), once the nodes'
+/// trackers are up: reads before that are invalidated at once, which is right but not what
+/// these tests look at.
+fn tracking_client(proxy: &Proxy, opts: &[&str]) -> Client {
+    let mut c = Client::connect(&proxy.addr());
+    c.cmd(&["HELLO", "3"]);
+    let mut on = vec!["CLIENT", "TRACKING", "ON"];
+    on.extend_from_slice(opts);
+    assert_eq!(c.cmd(&on), Reply::ok());
+    // A read made while the tracker connects is told at once; wait until one is not.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        c.cmd(&["GET", "saltshaker-test:warmup"]);
+        match next_push(&mut c, Duration::from_millis(150)) {
+            None => break,
+            Some(_) => assert!(
+                Instant::now() < deadline,
+                "the node's tracker never came up"
+            ),
+        }
+    }
+    c
+}
+
+/// Every tracking command, and every error Redis gives for them, in RESP2 and RESP3:
+/// the proxy's replies equal a redis-server's, byte for byte as parsed.
+#[test]
+fn tracking_commands_answer_as_redis_does() {
+    need_redis();
+    let node = Redis::start();
+    let other = Redis::start();
+    let proxy = Proxy::start(&[&node], &[]);
+    let script: &[&[&str]] = &[
+        &["CLIENT", "TRACKINGINFO"],
+        &["CLIENT", "GETREDIR"],
+        &["CLIENT", "CACHING", "YES"],
+        &["CLIENT", "CACHING", "MAYBE"],
+        &["CLIENT", "TRACKING", "MAYBE"],
+        &["CLIENT", "TRACKING", "ON", "FOO"],
+        &["CLIENT", "TRACKING", "ON", "PREFIX", "a"],
+        &["CLIENT", "TRACKING", "ON", "REDIRECT", "x"],
+        &["CLIENT", "TRACKING", "ON", "REDIRECT", "999999"],
+        &["CLIENT", "TRACKING", "ON", "OPTIN", "OPTOUT"],
+        &["CLIENT", "TRACKING", "ON", "BCAST", "OPTIN"],
+        &["CLIENT", "TRACKING", "ON"],
+        &["CLIENT", "GETREDIR"],
+        &["CLIENT", "TRACKINGINFO"],
+        &["CLIENT", "TRACKING", "ON", "BCAST"],
+        &["CLIENT", "CACHING", "YES"],
+        &["CLIENT", "TRACKING", "ON", "OPTIN", "NOLOOP"],
+        &["CLIENT", "TRACKINGINFO"],
+        &["CLIENT", "CACHING", "YES"],
+        &["CLIENT", "TRACKINGINFO"],
+        &["CLIENT", "TRACKINGINFO"],
+        &["CLIENT", "CACHING", "NO"],
+        &["CLIENT", "TRACKING", "ON", "OPTOUT"],
+        &["CLIENT", "TRACKING", "OFF"],
+        &["CLIENT", "TRACKINGINFO"],
+        &["CLIENT", "TRACKING", "OFF"],
+        &["CLIENT", "TRACKING", "ON", "OPTOUT"],
+        &["CLIENT", "CACHING", "YES"],
+        &["CLIENT", "CACHING", "NO"],
+        &["CLIENT", "TRACKINGINFO"],
+        &["GET", "k"],
+        &["CLIENT", "TRACKINGINFO"],
+        &["CLIENT", "TRACKING", "OFF"],
+        &["CLIENT", "GETREDIR"],
+    ];
+    for resp3 in [false, true] {
+        let mut direct = Client::connect(&other.addr());
+        let mut through = Client::connect(&proxy.addr());
+        if resp3 {
+            direct.cmd(&["HELLO", "3"]);
+            through.cmd(&["HELLO", "3"]);
+        }
+        for cmd in script {
+            let want = direct.cmd(cmd);
+            let got = through.cmd(cmd);
+            assert_eq!(got, want, "{cmd:?} (RESP{})", if resp3 { 3 } else { 2 });
+        }
+        // A client's REDIRECT names one of the proxy's own clients.
+        let id = through.cmd(&["CLIENT", "ID"]).as_int().to_string();
+        assert_eq!(
+            through.cmd(&["CLIENT", "TRACKING", "ON", "REDIRECT", id.as_str()]),
+            Reply::ok()
+        );
+        assert_eq!(
+            through.cmd(&["CLIENT", "GETREDIR"]).as_int().to_string(),
+            id
+        );
+        let list = through.cmd(&["CLIENT", "INFO"]).as_str();
+        assert!(
+            list.contains(" flags=t ") && list.contains(&format!(" redir={id} ")),
+            "{list}"
+        );
+        through.cmd(&["CLIENT", "TRACKING", "ON"]);
+        let list = through.cmd(&["CLIENT", "INFO"]).as_str();
+        assert!(list.contains(" redir=0 "), "{list}");
+    }
+    // Broadcasting is not offered through the proxy yet, and says so.
+    let mut c = Client::connect(&proxy.addr());
+    let e = c.cmd(&["CLIENT", "TRACKING", "ON", "BCAST"]);
+    assert!(
+        e.err().contains("BCAST is not supported through the proxy"),
+        "{e:?}"
+    );
+}
+
+/// A client that read a key is told when it changes: written on the node directly, by
+/// another client of the proxy, by expiry, and everything at once by FLUSHALL. A key it
+/// did not read is not sent, and INFO and CLIENT LIST show it tracking.
+#[test]
+fn a_tracking_client_is_told_when_a_key_it_read_changes_whoever_changes_it() {
+    need_redis();
+    let node = Redis::start();
+    let proxy = Proxy::start(&[&node], &[]);
+    let mut direct = node.client();
+    let mut other = proxy.client();
+    let mut c = tracking_client(&proxy, &[]);
+    let wait = Duration::from_secs(2);
+
+    direct.cmd(&["SET", "k", "1"]);
+    assert_eq!(c.cmd(&["GET", "k"]), Reply::bulk("1"));
+    assert_eq!(
+        next_push(&mut c, Duration::from_millis(200)),
+        None,
+        "told before any change"
+    );
+    direct.cmd(&["SET", "k", "2"]);
+    assert_eq!(
+        next_push(&mut c, wait),
+        Some(invalidate("k")),
+        "a write on the node"
+    );
+    direct.cmd(&["SET", "k", "3"]);
+    assert_eq!(
+        next_push(&mut c, Duration::from_millis(300)),
+        None,
+        "told twice without a read between"
+    );
+
+    assert_eq!(c.cmd(&["GET", "k"]), Reply::bulk("3"));
+    other.cmd(&["INCR", "k"]);
+    assert_eq!(
+        next_push(&mut c, wait),
+        Some(invalidate("k")),
+        "another client of the proxy"
+    );
+
+    direct.cmd(&["SET", "short", "v", "PX", "100"]);
+    assert_eq!(c.cmd(&["GET", "short"]), Reply::bulk("v"));
+    assert_eq!(next_push(&mut c, wait), Some(invalidate("short")), "expiry");
+
+    c.cmd(&["GET", "k"]);
+    other.cmd(&["SET", "unread", "x"]);
+    assert_eq!(
+        next_push(&mut c, Duration::from_millis(300)),
+        None,
+        "a key it never read"
+    );
+    direct.cmd(&["FLUSHALL"]);
+    assert_eq!(next_push(&mut c, wait), Some(flush()), "FLUSHALL");
+
+    let info = other.cmd(&["INFO", "clients"]).as_str();
+    assert!(info.contains("tracking_clients:1\r\n"), "{info}");
+    let list = other.cmd(&["CLIENT", "LIST"]).as_str();
+    assert_eq!(
+        list.lines().filter(|l| l.contains(" flags=t ")).count(),
+        1,
+        "{list}"
+    );
+    drop(c);
+    assert!(wait_until(Duration::from_secs(2), || other
+        .cmd(&["INFO", "clients"])
+        .as_str()
+        .contains("tracking_clients:0\r\n")));
+}
+
+/// OPTIN remembers only reads after CLIENT CACHING YES; NOLOOP is not told of its own
+/// writes but is of others'; a RESP2 client redirecting to a RESP3 one has its
+/// invalidations pushed there.
+#[test]
+fn optin_noloop_and_redirect_follow_redis() {
+    need_redis();
+    let node = Redis::start();
+    let proxy = Proxy::start(&[&node], &[]);
+    let mut direct = node.client();
+    let wait = Duration::from_secs(2);
+
+    let mut optin = tracking_client(&proxy, &["OPTIN"]);
+    direct.cmd(&["SET", "a", "1"]);
+    direct.cmd(&["SET", "b", "1"]);
+    optin.cmd(&["GET", "a"]);
+    assert_eq!(optin.cmd(&["CLIENT", "CACHING", "YES"]), Reply::ok());
+    optin.cmd(&["GET", "b"]);
+    direct.cmd(&["SET", "a", "2"]);
+    direct.cmd(&["SET", "b", "2"]);
+    assert_eq!(next_push(&mut optin, wait), Some(invalidate("b")));
+    assert_eq!(
+        next_push(&mut optin, Duration::from_millis(300)),
+        None,
+        "a was read without CACHING YES"
+    );
+
+    let mut noloop = tracking_client(&proxy, &["NOLOOP"]);
+    noloop.cmd(&["GET", "n"]);
+    noloop.cmd(&["SET", "n", "mine"]);
+    assert_eq!(
+        next_push(&mut noloop, Duration::from_millis(300)),
+        None,
+        "its own write"
+    );
+    noloop.cmd(&["GET", "n"]);
+    direct.cmd(&["SET", "n", "theirs"]);
+    assert_eq!(
+        next_push(&mut noloop, wait),
+        Some(invalidate("n")),
+        "another's write"
+    );
+
+    let mut target = Client::connect(&proxy.addr());
+    target.cmd(&["HELLO", "3"]);
+    let id = target.cmd(&["CLIENT", "ID"]).as_int().to_string();
+    let mut resp2 = Client::connect(&proxy.addr());
+    assert_eq!(
+        resp2.cmd(&["CLIENT", "TRACKING", "ON", "REDIRECT", id.as_str()]),
+        Reply::ok()
+    );
+    std::thread::sleep(Duration::from_millis(300));
+    resp2.cmd(&["GET", "r"]);
+    direct.cmd(&["SET", "r", "1"]);
+    assert_eq!(
+        next_push(&mut target, wait),
+        Some(invalidate("r")),
+        "redirected"
+    );
+}
+
+/// When the proxy may have missed a change (the node closed the connection that hears its
+/// invalidations), every tracking client is told to flush everything.
+#[test]
+fn a_lost_tracker_flushes_every_tracking_client() {
+    need_redis();
+    let node = Redis::start();
+    let proxy = Proxy::start(&[&node], &[]);
+    let mut c = tracking_client(&proxy, &[]);
+    c.cmd(&["GET", "k"]);
+    let mut direct = node.client();
+    // The tracker is the node's one client subscribed to __redis__:invalidate.
+    let killed = direct.cmd(&["CLIENT", "KILL", "TYPE", "pubsub"]).as_int();
+    assert!(killed >= 1, "no tracker connection on the node");
+    assert_eq!(next_push(&mut c, Duration::from_secs(3)), Some(flush()));
+}
