@@ -5,13 +5,13 @@
 set -euo pipefail
 
 # Debian package -> a binary (or check) that proves it is installed.
-PACKAGES=(redis-server redis-tools nutcracker cmake python3 python3-venv prometheus pkg-config tmux openssl)
+PACKAGES=(redis-server redis-tools nutcracker cmake python3 python3-venv prometheus pkg-config tmux openssl nodejs npm)
 
 # Names every missing tool; fails if any is missing.
 have_all() {
     local bin ok=0
     for bin in redis-server redis-cli redis-benchmark nutcracker cmake prometheus promtool \
-        pkg-config tmux python3 openssl; do
+        pkg-config tmux python3 openssl node npm; do
         command -v "$bin" >/dev/null 2>&1 || { echo "install-deps: missing $bin"; ok=1; }
     done
     # python3-venv: Debian's python3 cannot make a venv (no ensurepip) without it.

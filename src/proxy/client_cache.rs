@@ -192,8 +192,8 @@ pub fn note(s: &mut Session, req: &Request, c: &Classified, class: Class, action
     let remembers = t.remembers();
     // As Redis: no CLIENT subcommand spends it, nor MULTI or a command queued after it.
     let name = c.spec.name;
-    t.spent = !name.starts_with("CLIENT ")
-        && ((s.tx.is_none() && name != "MULTI") || name == "EXEC");
+    t.spent =
+        !name.starts_with("CLIENT ") && ((s.tx.is_none() && name != "MULTI") || name == "EXEC");
     let (noloop, id, proto) = (t.noloop, s.id, s.proto);
     // Without REDIRECT, a RESP2 client is sent nothing (as on Redis).
     if proto != Proto::Resp3 && t.redirect == 0 {
