@@ -5,6 +5,7 @@
 mod support;
 
 use std::time::{Duration, Instant};
+use support::salting::{pool_with_rules, proxy, wait_in_force};
 use support::*;
 
 /// The next push message within `wait`, skipping nothing else: a reply where a push was
@@ -285,4 +286,52 @@ fn a_lost_tracker_flushes_every_tracking_client() {
     let killed = direct.cmd(&["CLIENT", "KILL", "TYPE", "pubsub"]).as_int();
     assert!(killed >= 1, "no tracker connection on the node");
     assert_eq!(next_push(&mut c, Duration::from_secs(3)), Some(flush()));
+}
+
+/// Over a pool, each key is tracked on its own node: a write on either node reaches the
+/// client. A salted key's merged read cannot be tracked by any one node (its shards are
+/// written elsewhere), so the client is told right after the reply and never keeps it;
+/// the proxy's metrics count both.
+#[test]
+fn a_pool_tracks_each_key_on_its_node_and_a_salted_read_is_never_kept() {
+    need_redis();
+    let rules = "version: 1\ndetection: { window_ms: 200 }\nepoch_ms: 500\nrules:\n  - match: \"votes\"\n    pin: true\n    write: { strategy: salt, salt: { shards: 3 } }\n";
+    let (nodes, _dir, rules) = pool_with_rules("tracking-pool", rules);
+    let p = proxy(&nodes, &rules, &[]);
+    wait_in_force(&[&p], "votes");
+    let mut c = tracking_client(&p, &[]);
+    let wait = Duration::from_secs(2);
+    let keys = spread_keys("tk", 40);
+    let mut plain = p.client();
+    for k in &keys {
+        plain.cmd(&["SET", k.as_str(), "0"]);
+    }
+    let on = |i: usize| {
+        keys.iter()
+            .find(|k| owner(&nodes, k) == i)
+            .expect("a key on every node")
+            .clone()
+    };
+    let (k0, k1) = (on(0), on(1));
+    let mget = c.cmd(&["MGET", k0.as_str(), k1.as_str()]);
+    assert_eq!(mget.as_array().len(), 2);
+    assert_eq!(next_push(&mut c, Duration::from_millis(200)), None);
+    nodes[1].client().cmd(&["SET", k1.as_str(), "x"]);
+    assert_eq!(next_push(&mut c, wait), Some(invalidate(&k1)), "node 1");
+    nodes[0].client().cmd(&["SET", k0.as_str(), "y"]);
+    assert_eq!(next_push(&mut c, wait), Some(invalidate(&k0)), "node 0");
+
+    for _ in 0..5 {
+        c.cmd(&["INCR", "votes"]);
+    }
+    assert_eq!(c.cmd(&["GET", "votes"]), Reply::bulk("5"));
+    assert_eq!(
+        next_push(&mut c, wait),
+        Some(invalidate("votes")),
+        "a salted read"
+    );
+    let m = |name: &str| p.metric(name);
+    assert!(m("saltshaker_tracking_untracked_reads_total") >= 1.0);
+    assert!(m("saltshaker_tracking_invalidations_total") >= 3.0);
+    assert_eq!(m("saltshaker_tracking_clients"), 1.0);
 }

@@ -11,12 +11,14 @@
 
 mod admission;
 mod cluster;
+mod handles;
 mod monitor;
 mod node;
 mod security;
 
 pub use admission::{AdmissionMetrics, AdmitLabel, ADMIT_RESULTS};
 pub use cluster::{ClusterMetrics, RedirectLabel};
+pub use handles::{CacheMetrics, CombineMetrics, SaltMetrics, TrackingMetrics};
 pub use monitor::MonitorMetrics;
 pub use node::NodeMetrics;
 pub use security::{DeniedLabel, SecurityMetrics};
@@ -113,6 +115,7 @@ pub struct Metrics {
     pub cluster: ClusterMetrics,
     pub admission: AdmissionMetrics,
     pub monitor: MonitorMetrics,
+    pub tracking: TrackingMetrics,
 }
 
 impl Metrics {
@@ -172,6 +175,7 @@ impl Metrics {
             cluster: ClusterMetrics::default(),
             admission: AdmissionMetrics::default(),
             monitor: MonitorMetrics::default(),
+            tracking: TrackingMetrics::default(),
         };
 
         // Labelled series with a fixed label set exist from the start, at 0.
@@ -300,6 +304,7 @@ impl Metrics {
         m.cluster.register(r);
         m.admission.register(r);
         m.monitor.register(r);
+        m.tracking.register(r);
         let s = &m.salt;
         r.register(
             "salted_keys",
@@ -508,70 +513,6 @@ impl EncodeMetric for ArcMetric {
     fn metric_type(&self) -> MetricType {
         MetricType::Histogram
     }
-}
-
-// Metric handles held by the data path, one struct per module that records them.
-
-/// Metric handles of combining.
-#[derive(Clone, Default)]
-pub struct CombineMetrics {
-    /// Client increments that went through a batch.
-    pub ops: Counter,
-    /// Backend writes issued for batches (one per batch, or n on fallback).
-    pub backend_writes: Counter,
-    /// Batches that fell back to one-by-one.
-    pub fallbacks: Counter,
-    /// Increments of a combined key sent as plain commands, to stay behind the client's
-    /// own earlier command on the key.
-    pub held_back: Counter,
-}
-
-/// Metric handles of the cache.
-#[derive(Clone, Default)]
-pub struct CacheMetrics {
-    pub hits: Counter,
-    pub misses: Counter,
-    /// Callers that waited for a fill already in flight instead of fetching.
-    pub coalesced: Counter,
-    pub stale_served: Counter,
-    pub invalidations_write: Counter,
-    pub invalidations_tracking: Counter,
-    pub invalidations_flush: Counter,
-    /// Waiters that gave up on a slow fill and fetched for themselves.
-    pub wait_timeouts: Counter,
-    pub bytes: Gauge,
-    pub entries: Gauge,
-}
-
-/// Metric handles of salting.
-#[derive(Clone, Default)]
-pub struct SaltMetrics {
-    pub salted_keys: Gauge,
-    pub promotions: Counter,
-    pub demotions: Counter,
-    pub folds: Counter,
-    pub fold_moves: Counter,
-    /// Shards of keys salted by member moved off a master they shared with another shard.
-    pub shard_moves: Counter,
-    pub shard_writes: Counter,
-    /// Writes to a salted key sent to its base key: promotion not yet in force, demoted,
-    /// or the registry not read for too long.
-    pub base_writes: Counter,
-    pub merged_reads: Counter,
-    /// Of `merged_reads`, those answered by the identical read just before them.
-    pub shared_reads: Counter,
-    pub registry_up: Gauge,
-    pub registry_errors: Counter,
-    /// `SALTSHAKER.INCRBY`: applied, answered as a retry of an applied ID, and IDs
-    /// forgotten early because a key held `max_ids` of them.
-    pub idem_applied: Counter,
-    pub idem_duplicates: Counter,
-    pub idem_evicted: Counter,
-    /// Display tier: merged reads served from a rollup, and rollup refreshes.
-    pub display_reads: Counter,
-    pub display_refreshes: Counter,
-    /// Salted keys by exactness (four label sets at most).
-    pub by_exactness: Family<ExactnessLabel, Gauge>,
 }
 
 #[cfg(test)]

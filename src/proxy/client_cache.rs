@@ -214,7 +214,8 @@ pub fn note(s: &mut Session, req: &Request, c: &Classified, class: Class, action
             false
         }
         Action::Salted(_) | Action::Idempotent { .. } => true,
-        _ => matches!(c.route, Route::Blocking),
+        // A blocking read, or a transaction under WATCH, runs on a connection of its own.
+        _ => matches!(c.route, Route::Blocking) || (s.tx.is_some() && s.watch.is_some()),
     };
     for &k in c.keys.iter() {
         let key = req.arg(k as usize);

@@ -82,7 +82,11 @@ impl Ctx {
         let admit = Arc::new(crate::admit::Admission::new(metrics.admission.clone()));
         let monitors = super::monitor::Monitors::new(metrics.monitor.clone());
         let clients: Arc<super::clients::Clients> = Arc::default();
-        let tracking = super::tracking::ClientTracking::new(TRACKING_MAX_KEYS, clients.clone());
+        let tracking = super::tracking::ClientTracking::new(
+            TRACKING_MAX_KEYS,
+            clients.clone(),
+            metrics.tracking.clone(),
+        );
         if let Some(cl) = backend.cluster() {
             // A slot that moves: its new owner tracks none of its keys.
             let t = Arc::downgrade(&tracking);

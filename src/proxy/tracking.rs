@@ -25,6 +25,7 @@ use smallvec::SmallVec;
 use super::clients::{Client, Clients};
 use crate::backend::tracking::{Filler, Invalidation, Tracker};
 use crate::backend::{Backend, ConnHandle};
+use crate::metrics::TrackingMetrics;
 use crate::resp::Proto;
 
 /// What the proxy's tracking clients read, and how to reach them.
@@ -37,6 +38,7 @@ pub struct ClientTracking {
     /// it named with REDIRECT).
     clients: Mutex<HashMap<u64, u64>>,
     registry: Arc<Clients>,
+    metrics: TrackingMetrics,
     /// By node index: the node's tracker and its tracked connections, started when a
     /// tracking client first reaches the node.
     nodes: Box<[OnceLock<NodeTrack>]>,
@@ -50,12 +52,17 @@ struct NodeTrack {
 }
 
 impl ClientTracking {
-    pub fn new(max_keys: usize, registry: Arc<Clients>) -> Arc<ClientTracking> {
+    pub fn new(
+        max_keys: usize,
+        registry: Arc<Clients>,
+        metrics: TrackingMetrics,
+    ) -> Arc<ClientTracking> {
         Arc::new_cyclic(|me| ClientTracking {
             max_keys: max_keys.max(1),
             table: Mutex::default(),
             clients: Mutex::default(),
             registry,
+            metrics,
             nodes: (0..crate::backend::MAX_NODES)
                 .map(|_| OnceLock::new())
                 .collect(),
@@ -65,19 +72,17 @@ impl ClientTracking {
 
     /// Client `id` turns tracking on; its invalidations go to client `to`.
     pub fn join(&self, id: u64, to: u64) {
-        self.clients
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .insert(id, to);
+        let mut c = self.clients.lock().unwrap_or_else(|e| e.into_inner());
+        c.insert(id, to);
+        self.metrics.clients.set(c.len() as i64);
     }
 
     /// A client turns tracking off or leaves: nothing more is sent to it (what it read
     /// stays in the table until invalidated, as on Redis, and is skipped then).
     pub fn leave(&self, id: u64) {
-        self.clients
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .remove(&id);
+        let mut c = self.clients.lock().unwrap_or_else(|e| e.into_inner());
+        c.remove(&id);
+        self.metrics.clients.set(c.len() as i64);
     }
 
     /// Clients with tracking on (INFO's `tracking_clients`).
@@ -107,6 +112,7 @@ impl ClientTracking {
                 }
             }
             t.insert(Bytes::copy_from_slice(key), SmallVec::from_elem(id, 1));
+            self.metrics.keys.set(t.len() as i64);
         }
         if let Some((k, ids)) = evicted {
             self.tell(k, &ids);
@@ -120,6 +126,7 @@ impl ClientTracking {
             ids.retain(|i| *i != id);
             if ids.is_empty() {
                 t.remove(key);
+                self.metrics.keys.set(t.len() as i64);
             }
         }
     }
@@ -127,7 +134,9 @@ impl ClientTracking {
     /// Tells client `id` at once that `key` may change unseen (it was read where the
     /// proxy cannot track it).
     pub fn now(&self, key: &[u8], id: u64) {
+        self.metrics.untracked_reads.inc();
         if let Some(c) = self.inbox(id) {
+            self.metrics.invalidations.inc();
             c.inbox.add(Bytes::copy_from_slice(key));
         }
     }
@@ -145,6 +154,7 @@ impl ClientTracking {
     fn tell(&self, key: Bytes, ids: &[u64]) {
         for &id in ids {
             if let Some(c) = self.inbox(id) {
+                self.metrics.invalidations.inc();
                 c.inbox.add(key.clone());
             }
         }
@@ -152,15 +162,17 @@ impl ClientTracking {
 
     /// A node says these keys changed.
     pub fn invalidate(&self, keys: Vec<Bytes>) {
-        for k in keys {
-            let ids = self
-                .table
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .remove(&k);
-            if let Some(ids) = ids {
-                self.tell(k, &ids);
-            }
+        let told: Vec<(Bytes, SmallVec<[u64; 2]>)> = {
+            let mut t = self.table.lock().unwrap_or_else(|e| e.into_inner());
+            let told = keys
+                .into_iter()
+                .filter_map(|k| t.remove(&k).map(|ids| (k, ids)))
+                .collect();
+            self.metrics.keys.set(t.len() as i64);
+            told
+        };
+        for (k, ids) in told {
+            self.tell(k, &ids);
         }
     }
 
@@ -170,9 +182,12 @@ impl ClientTracking {
         let gone: Vec<(Bytes, SmallVec<[u64; 2]>)> = {
             let mut t = self.table.lock().unwrap_or_else(|e| e.into_inner());
             let keys: Vec<Bytes> = t.keys().filter(|k| moved(k)).cloned().collect();
-            keys.into_iter()
+            let gone = keys
+                .into_iter()
                 .filter_map(|k| t.remove(&k).map(|ids| (k, ids)))
-                .collect()
+                .collect();
+            self.metrics.keys.set(t.len() as i64);
+            gone
         };
         for (k, ids) in gone {
             self.tell(k, &ids);
@@ -190,7 +205,9 @@ impl ClientTracking {
             .values()
             .copied()
             .collect();
+        self.metrics.keys.set(0);
         for c in to.into_iter().filter_map(|id| self.registry.get(id)) {
+            self.metrics.flushes.inc();
             c.inbox.flush();
         }
     }

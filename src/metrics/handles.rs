@@ -1,0 +1,120 @@
+//! Metric handles held by the data path, one struct per module that records them (the
+//! registry's names and help texts are in `mod.rs`, except for client-side caching's,
+//! registered here).
+
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::registry::Registry;
+
+use super::ExactnessLabel;
+
+/// Metric handles of combining.
+#[derive(Clone, Default)]
+pub struct CombineMetrics {
+    /// Client increments that went through a batch.
+    pub ops: Counter,
+    /// Backend writes issued for batches (one per batch, or n on fallback).
+    pub backend_writes: Counter,
+    /// Batches that fell back to one-by-one.
+    pub fallbacks: Counter,
+    /// Increments of a combined key sent as plain commands, to stay behind the client's
+    /// own earlier command on the key.
+    pub held_back: Counter,
+}
+
+/// Metric handles of the cache.
+#[derive(Clone, Default)]
+pub struct CacheMetrics {
+    pub hits: Counter,
+    pub misses: Counter,
+    /// Callers that waited for a fill already in flight instead of fetching.
+    pub coalesced: Counter,
+    pub stale_served: Counter,
+    pub invalidations_write: Counter,
+    pub invalidations_tracking: Counter,
+    pub invalidations_flush: Counter,
+    /// Waiters that gave up on a slow fill and fetched for themselves.
+    pub wait_timeouts: Counter,
+    pub bytes: Gauge,
+    pub entries: Gauge,
+}
+
+/// Metric handles of salting.
+#[derive(Clone, Default)]
+pub struct SaltMetrics {
+    pub salted_keys: Gauge,
+    pub promotions: Counter,
+    pub demotions: Counter,
+    pub folds: Counter,
+    pub fold_moves: Counter,
+    /// Shards of keys salted by member moved off a master they shared with another shard.
+    pub shard_moves: Counter,
+    pub shard_writes: Counter,
+    /// Writes to a salted key sent to its base key: promotion not yet in force, demoted,
+    /// or the registry not read for too long.
+    pub base_writes: Counter,
+    pub merged_reads: Counter,
+    /// Of `merged_reads`, those answered by the identical read just before them.
+    pub shared_reads: Counter,
+    pub registry_up: Gauge,
+    pub registry_errors: Counter,
+    /// `SALTSHAKER.INCRBY`: applied, answered as a retry of an applied ID, and IDs
+    /// forgotten early because a key held `max_ids` of them.
+    pub idem_applied: Counter,
+    pub idem_duplicates: Counter,
+    pub idem_evicted: Counter,
+    /// Display tier: merged reads served from a rollup, and rollup refreshes.
+    pub display_reads: Counter,
+    pub display_refreshes: Counter,
+    /// Salted keys by exactness (four label sets at most).
+    pub by_exactness: Family<ExactnessLabel, Gauge>,
+}
+
+/// Client-side caching through the proxy (CLIENT TRACKING).
+#[derive(Clone, Default)]
+pub struct TrackingMetrics {
+    /// Clients with tracking on now.
+    pub clients: Gauge,
+    /// Keys remembered for them now.
+    pub keys: Gauge,
+    /// `invalidate` messages queued for clients: a key changed on its node, was read
+    /// where the node could not track it, or was forgotten for room.
+    pub invalidations: Counter,
+    /// Clients told to drop everything: a node was flushed, or a tracker or a tracked
+    /// connection was lost, so changes may have been missed.
+    pub flushes: Counter,
+    /// Reads told at once (a salted key, a blocking read, a WATCHed transaction, a node
+    /// whose tracker was down): the client does not keep them.
+    pub untracked_reads: Counter,
+}
+
+impl TrackingMetrics {
+    pub fn register(&self, r: &mut Registry) {
+        r.register(
+            "tracking_clients",
+            "Clients with CLIENT TRACKING on (client-side caching through the proxy)",
+            self.clients.clone(),
+        );
+        r.register(
+            "tracking_keys",
+            "Keys the proxy remembers its tracking clients read",
+            self.keys.clone(),
+        );
+        r.register(
+            "tracking_invalidations",
+            "invalidate messages queued for tracking clients, one per key",
+            self.invalidations.clone(),
+        );
+        r.register(
+            "tracking_flushes",
+            "Tracking clients told to drop their whole cache (a node flushed, or tracking lost with changes maybe missed)",
+            self.flushes.clone(),
+        );
+        r.register(
+            "tracking_untracked_reads",
+            "Reads of tracking clients the node could not track for the proxy, invalidated right after their reply",
+            self.untracked_reads.clone(),
+        );
+    }
+}
