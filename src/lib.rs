@@ -26,7 +26,8 @@
 //! |            | Redis Cluster (slot map kept current, MOVED/ASK followed in the call)  |
 //! | `net`      | streams plain or TLS behind one type; client and node TLS (rustls)     |
 //! | `proxy`    | listener, session (read, classify once, admit, decide, observe, act,   |
-//! |            | reply), the clients as CLIENT LIST shows them, the ACL commands        |
+//! |            | reply), the clients as CLIENT LIST shows them, the ACL commands,       |
+//! |            | client-side caching (CLIENT TRACKING, invalidate pushes)               |
 //! | `admin`    | HTTP: /metrics /healthz /readyz /hotkeys /rules                        |
 //! | `config`   | startup settings, units in names, located errors                       |
 //! | `metrics`  | every Prometheus series the proxy exports                              |
@@ -44,8 +45,8 @@
 //! import nothing of the crate; `command` imports only `resp::parse_i64`
 //! (Redis's integer rule is part of the wire format, and one parser serves the whole
 //! crate). Nothing imports `proxy` or `admin`. Inside `salt/` and `proxy/` the files form
-//! layers (see their module docs). `tests/layout.rs` checks all of this, and that no file
-//! of `src/` is over 600 lines. Every wait on a node goes through
+//! layers (see their module docs). `tests/layout.rs` checks all of this, that no file
+//! of `src/` is over 600 lines, and that no code outside `salt/kinds/` names a salt kind. Every wait on a node goes through
 //! `backend::ConnHandle::start`/`call` and `Call::wait`, with a deadline.
 
 pub mod admin;

@@ -8,30 +8,14 @@ use std::time::{Duration, Instant};
 use support::salting::{pool_with_rules, proxy, wait_in_force};
 use support::*;
 
-/// The next push message within `wait`, skipping nothing else: a reply where a push was
-/// expected fails the test.
-fn next_push(c: &mut Client, wait: Duration) -> Option<Reply> {
-    c.set_read_timeout(wait);
-    let r = c.try_read_reply();
-    c.set_read_timeout(Duration::from_secs(5));
-    match r {
-        Ok(p @ Reply::Push(_)) => Some(p),
-        Ok(other) => panic!("expected a push message, got {other:?}"),
-        Err(_) => None,
-    }
-}
-
-/// `invalidate` for these keys, as Redis sends it (one key per message).
+/// `invalidate` for one key, as Redis sends it (one key per message).
 fn invalidate(key: &str) -> Reply {
-    Reply::Push(vec![
-        Reply::bulk("invalidate"),
-        Reply::Array(Some(vec![Reply::bulk(key)])),
-    ])
+    Reply::invalidate(Some(key))
 }
 
 /// `invalidate` with a null: everything.
 fn flush() -> Reply {
-    Reply::Push(vec![Reply::bulk("invalidate"), Reply::Null])
+    Reply::invalidate(None)
 }
 
 /// A RESP3 client through the proxy with tracking on (and `opts`), once the nodes'
@@ -47,7 +31,7 @@ fn tracking_client(proxy: &Proxy, opts: &[&str]) -> Client {
     let deadline = Instant::now() + Duration::from_secs(5);
     loop {
         c.cmd(&["GET", "saltshaker-test:warmup"]);
-        match next_push(&mut c, Duration::from_millis(150)) {
+        match c.next_push(Duration::from_millis(150)) {
             None => break,
             Some(_) => assert!(
                 Instant::now() < deadline,
@@ -158,19 +142,19 @@ fn a_tracking_client_is_told_when_a_key_it_read_changes_whoever_changes_it() {
     direct.cmd(&["SET", "k", "1"]);
     assert_eq!(c.cmd(&["GET", "k"]), Reply::bulk("1"));
     assert_eq!(
-        next_push(&mut c, Duration::from_millis(200)),
+        c.next_push(Duration::from_millis(200)),
         None,
         "told before any change"
     );
     direct.cmd(&["SET", "k", "2"]);
     assert_eq!(
-        next_push(&mut c, wait),
+        c.next_push(wait),
         Some(invalidate("k")),
         "a write on the node"
     );
     direct.cmd(&["SET", "k", "3"]);
     assert_eq!(
-        next_push(&mut c, Duration::from_millis(300)),
+        c.next_push(Duration::from_millis(300)),
         None,
         "told twice without a read between"
     );
@@ -178,24 +162,24 @@ fn a_tracking_client_is_told_when_a_key_it_read_changes_whoever_changes_it() {
     assert_eq!(c.cmd(&["GET", "k"]), Reply::bulk("3"));
     other.cmd(&["INCR", "k"]);
     assert_eq!(
-        next_push(&mut c, wait),
+        c.next_push(wait),
         Some(invalidate("k")),
         "another client of the proxy"
     );
 
     direct.cmd(&["SET", "short", "v", "PX", "100"]);
     assert_eq!(c.cmd(&["GET", "short"]), Reply::bulk("v"));
-    assert_eq!(next_push(&mut c, wait), Some(invalidate("short")), "expiry");
+    assert_eq!(c.next_push(wait), Some(invalidate("short")), "expiry");
 
     c.cmd(&["GET", "k"]);
     other.cmd(&["SET", "unread", "x"]);
     assert_eq!(
-        next_push(&mut c, Duration::from_millis(300)),
+        c.next_push(Duration::from_millis(300)),
         None,
         "a key it never read"
     );
     direct.cmd(&["FLUSHALL"]);
-    assert_eq!(next_push(&mut c, wait), Some(flush()), "FLUSHALL");
+    assert_eq!(c.next_push(wait), Some(flush()), "FLUSHALL");
 
     let info = other.cmd(&["INFO", "clients"]).as_str();
     assert!(info.contains("tracking_clients:1\r\n"), "{info}");
@@ -231,9 +215,9 @@ fn optin_noloop_and_redirect_follow_redis() {
     optin.cmd(&["GET", "b"]);
     direct.cmd(&["SET", "a", "2"]);
     direct.cmd(&["SET", "b", "2"]);
-    assert_eq!(next_push(&mut optin, wait), Some(invalidate("b")));
+    assert_eq!(optin.next_push(wait), Some(invalidate("b")));
     assert_eq!(
-        next_push(&mut optin, Duration::from_millis(300)),
+        optin.next_push(Duration::from_millis(300)),
         None,
         "a was read without CACHING YES"
     );
@@ -242,14 +226,14 @@ fn optin_noloop_and_redirect_follow_redis() {
     noloop.cmd(&["GET", "n"]);
     noloop.cmd(&["SET", "n", "mine"]);
     assert_eq!(
-        next_push(&mut noloop, Duration::from_millis(300)),
+        noloop.next_push(Duration::from_millis(300)),
         None,
         "its own write"
     );
     noloop.cmd(&["GET", "n"]);
     direct.cmd(&["SET", "n", "theirs"]);
     assert_eq!(
-        next_push(&mut noloop, wait),
+        noloop.next_push(wait),
         Some(invalidate("n")),
         "another's write"
     );
@@ -265,11 +249,7 @@ fn optin_noloop_and_redirect_follow_redis() {
     std::thread::sleep(Duration::from_millis(300));
     resp2.cmd(&["GET", "r"]);
     direct.cmd(&["SET", "r", "1"]);
-    assert_eq!(
-        next_push(&mut target, wait),
-        Some(invalidate("r")),
-        "redirected"
-    );
+    assert_eq!(target.next_push(wait), Some(invalidate("r")), "redirected");
 }
 
 /// When the proxy may have missed a change (the node closed the connection that hears its
@@ -285,7 +265,7 @@ fn a_lost_tracker_flushes_every_tracking_client() {
     // The tracker is the node's one client subscribed to __redis__:invalidate.
     let killed = direct.cmd(&["CLIENT", "KILL", "TYPE", "pubsub"]).as_int();
     assert!(killed >= 1, "no tracker connection on the node");
-    assert_eq!(next_push(&mut c, Duration::from_secs(3)), Some(flush()));
+    assert_eq!(c.next_push(Duration::from_secs(3)), Some(flush()));
 }
 
 /// Over a pool, each key is tracked on its own node: a write on either node reaches the
@@ -315,18 +295,18 @@ fn a_pool_tracks_each_key_on_its_node_and_a_salted_read_is_never_kept() {
     let (k0, k1) = (on(0), on(1));
     let mget = c.cmd(&["MGET", k0.as_str(), k1.as_str()]);
     assert_eq!(mget.as_array().len(), 2);
-    assert_eq!(next_push(&mut c, Duration::from_millis(200)), None);
+    assert_eq!(c.next_push(Duration::from_millis(200)), None);
     nodes[1].client().cmd(&["SET", k1.as_str(), "x"]);
-    assert_eq!(next_push(&mut c, wait), Some(invalidate(&k1)), "node 1");
+    assert_eq!(c.next_push(wait), Some(invalidate(&k1)), "node 1");
     nodes[0].client().cmd(&["SET", k0.as_str(), "y"]);
-    assert_eq!(next_push(&mut c, wait), Some(invalidate(&k0)), "node 0");
+    assert_eq!(c.next_push(wait), Some(invalidate(&k0)), "node 0");
 
     for _ in 0..5 {
         c.cmd(&["INCR", "votes"]);
     }
     assert_eq!(c.cmd(&["GET", "votes"]), Reply::bulk("5"));
     assert_eq!(
-        next_push(&mut c, wait),
+        c.next_push(wait),
         Some(invalidate("votes")),
         "a salted read"
     );

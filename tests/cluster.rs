@@ -387,7 +387,7 @@ fn a_manual_failover_under_load_loses_no_acknowledged_write() {
 }
 
 #[test]
-fn a_cached_key_whose_slot_moves_is_never_served_stale() {
+fn a_cached_key_whose_slot_moves_is_never_served_stale_by_the_proxy_or_a_tracking_client() {
     let cluster = RedisCluster::start(3, 1);
     let dir = TempDir::new("cluster-cache");
     let rules = dir.0.join("rules.yaml");
@@ -400,6 +400,17 @@ fn a_cached_key_whose_slot_moves_is_never_served_stale() {
     let mut c = proxy.client();
     let key = "celeb:1";
     assert_eq!(c.cmd(&["SET", key, "v1"]), Reply::ok());
+    // And a client that caches in its own process (CLIENT TRACKING) read it too.
+    let mut t = proxy.client();
+    t.cmd(&["HELLO", "3"]);
+    assert_eq!(t.cmd(&["CLIENT", "TRACKING", "ON"]), Reply::ok());
+    thread::sleep(Duration::from_millis(500));
+    assert_eq!(t.cmd(&["GET", key]), Reply::bulk("v1"));
+    assert_eq!(
+        t.next_push(Duration::from_millis(200)),
+        None,
+        "told before any change"
+    );
     let from = cluster.master_of(key);
     // Served from the cache: the node sees no more GETs.
     let mut hits = false;
@@ -422,6 +433,13 @@ fn a_cached_key_whose_slot_moves_is_never_served_stale() {
         Reply::bulk("v1"),
         "the value moved with its slot"
     );
+    // The new owner tracks nothing of it for the proxy: the tracking client is told.
+    assert_eq!(
+        t.next_push(Duration::from_secs(3)),
+        Some(Reply::invalidate(Some(key))),
+        "a slot move"
+    );
+    assert_eq!(t.cmd(&["GET", key]), Reply::bulk("v1"));
     // Written on its new node behind the proxy's back: the proxy must not keep v1.
     assert_eq!(
         cluster.nodes[to].client().cmd(&["SET", key, "v2"]),
@@ -434,6 +452,11 @@ fn a_cached_key_whose_slot_moves_is_never_served_stale() {
         fresh,
         "the proxy served the moved key's old value: {}",
         c.cmd(&["GET", key])
+    );
+    assert_eq!(
+        t.next_push(Duration::from_secs(2)),
+        Some(Reply::invalidate(Some(key))),
+        "a write on the new owner"
     );
     // And it is cached again, now on the new node, and dropped when written there.
     thread::sleep(Duration::from_millis(200));

@@ -643,6 +643,16 @@ impl fmt::Display for Reply {
 }
 
 impl Reply {
+    /// Redis's `invalidate` push for one key (client-side caching), or for everything
+    /// (`None`).
+    pub fn invalidate(key: Option<&str>) -> Reply {
+        let keys = match key {
+            Some(k) => Reply::Array(Some(vec![Reply::bulk(k)])),
+            None => Reply::Null,
+        };
+        Reply::Push(vec![Reply::bulk("invalidate"), keys])
+    }
+
     pub fn bulk(s: &str) -> Reply {
         Reply::Bulk(Some(s.as_bytes().to_vec()))
     }
@@ -883,6 +893,19 @@ impl Client {
 
     pub fn is_closed(&mut self) -> bool {
         self.closed_within(Duration::from_secs(2))
+    }
+
+    /// The next push message within `wait` (None if nothing comes); anything else where a
+    /// push was expected fails the test.
+    pub fn next_push(&mut self, wait: Duration) -> Option<Reply> {
+        self.set_read_timeout(wait);
+        let r = self.try_read_reply();
+        self.set_read_timeout(Duration::from_secs(5));
+        match r {
+            Ok(p @ Reply::Push(_)) => Some(p),
+            Ok(other) => panic!("expected a push message, got {other:?}"),
+            Err(_) => None,
+        }
     }
 
     /// Everything the peer sends until it closes or stays quiet for `quiet`.
