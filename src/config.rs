@@ -124,6 +124,9 @@ pub struct LimitsConfig {
     /// Replies one client may leave unread before it is closed (Redis's
     /// `client-output-buffer-limit` hard limit); 0 = no limit.
     pub max_output_bytes: usize,
+    /// Most keys client-side caching remembers for the proxy's tracking clients (Redis's
+    /// `tracking-table-max-keys`); past it a key is forgotten and its clients told.
+    pub tracking_max_keys: usize,
 }
 
 impl Default for LimitsConfig {
@@ -135,6 +138,7 @@ impl Default for LimitsConfig {
             max_pending_bytes: 1024 * 1024 * 1024,
             max_clients: 10_000,
             max_output_bytes: 256 * 1024 * 1024,
+            tracking_max_keys: 1_000_000,
         }
     }
 }

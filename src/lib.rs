@@ -159,6 +159,7 @@ pub async fn run(
         rules.clone(),
     );
     ctx.max_output = cfg.limits.max_output_bytes;
+    ctx.set_tracking_max_keys(cfg.limits.tracking_max_keys);
     if cfg.cache.enabled {
         ctx.cache = Some(proxy::CacheLayer::start(&ctx.backend, &cfg.cache, &metrics));
     }

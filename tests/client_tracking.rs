@@ -315,3 +315,48 @@ fn a_pool_tracks_each_key_on_its_node_and_a_salted_read_is_never_kept() {
     assert!(m("saltshaker_tracking_invalidations_total") >= 3.0);
     assert_eq!(m("saltshaker_tracking_clients"), 1.0);
 }
+
+/// The table is bounded: reading far more keys than `limits.tracking_max_keys` keeps it at
+/// the bound, and every key forgotten for room is invalidated for its client.
+#[test]
+fn the_tracking_table_stays_within_its_bound_and_tells_clients_what_it_forgets() {
+    need_redis();
+    let node = Redis::start();
+    let proxy = Proxy::start_with_config(&[&node], "limits:\n  tracking_max_keys: 100\n", &[]);
+    let mut c = tracking_client(&proxy, &[]);
+    let n = 2000;
+    let gets: Vec<Vec<String>> = (0..n)
+        .map(|i| vec!["GET".to_string(), format!("bound:{i}")])
+        .collect();
+    let mut replies = 0;
+    let mut pushes = Vec::new();
+    for chunk in gets.chunks(200) {
+        let mut wire = Vec::new();
+        for g in chunk {
+            wire.extend(encode(g));
+        }
+        c.send_raw(&wire);
+        let mut got = 0;
+        while got < chunk.len() {
+            match c.read_reply() {
+                Reply::Push(p) => pushes.push(Reply::Push(p)),
+                _ => got += 1,
+            }
+        }
+        replies += got;
+    }
+    while let Some(p) = c.next_push(Duration::from_millis(300)) {
+        pushes.push(p);
+    }
+    assert_eq!(replies, n);
+    // The warm-up key and the first 99 reads fit; every later read forgets one key.
+    let evicted = proxy.metric("saltshaker_tracking_evictions_total") as usize;
+    assert!(evicted >= n - 100, "{evicted} evictions");
+    assert_eq!(pushes.len(), evicted, "one invalidate per key forgotten");
+    assert!(pushes
+        .iter()
+        .all(|p| matches!(p, Reply::Push(v) if v[0] == Reply::bulk("invalidate"))));
+    assert_eq!(proxy.metric("saltshaker_tracking_keys"), 100.0);
+    let info = proxy.client().cmd(&["INFO", "stats"]).as_str();
+    assert!(info.contains("tracking_total_keys:100\r\n"), "{info}");
+}

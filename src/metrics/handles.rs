@@ -84,6 +84,8 @@ pub struct TrackingMetrics {
     /// Clients told to drop everything: a node was flushed, or a tracker or a tracked
     /// connection was lost, so changes may have been missed.
     pub flushes: Counter,
+    /// Keys forgotten for room (`limits.tracking_max_keys`), their clients told.
+    pub evictions: Counter,
     /// Reads told at once (a salted key, a blocking read, a WATCHed transaction, a node
     /// whose tracker was down): the client does not keep them.
     pub untracked_reads: Counter,
@@ -110,6 +112,11 @@ impl TrackingMetrics {
             "tracking_flushes",
             "Tracking clients told to drop their whole cache (a node flushed, or tracking lost with changes maybe missed)",
             self.flushes.clone(),
+        );
+        r.register(
+            "tracking_evictions",
+            "Keys forgotten to keep within limits.tracking_max_keys (their clients are told to drop them)",
+            self.evictions.clone(),
         );
         r.register(
             "tracking_untracked_reads",

@@ -14,8 +14,8 @@ use crate::hotkey::Detector;
 use crate::metrics::Metrics;
 use crate::mitigate::cache::{Cache, Cause};
 
-/// Most keys client-side caching remembers for the proxy's clients (Redis's
-/// `tracking-table-max-keys` default): past it a key is forgotten, and its clients told.
+/// Most keys client-side caching remembers for the proxy's clients until the config says
+/// (`limits.tracking_max_keys`).
 const TRACKING_MAX_KEYS: usize = 1_000_000;
 use crate::mitigate::combine::Combiner;
 use crate::policy::HotSet;
@@ -65,6 +65,11 @@ pub struct Ctx {
 }
 
 impl Ctx {
+    /// `limits.tracking_max_keys`.
+    pub fn set_tracking_max_keys(&self, n: usize) {
+        self.tracking.set_max_keys(n);
+    }
+
     #[allow(clippy::too_many_arguments)]
     pub fn new(
         backend: Backend,

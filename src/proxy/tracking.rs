@@ -17,6 +17,7 @@
 //! invalidation never overtakes the reply it invalidates.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, Weak};
 
 use bytes::Bytes;
@@ -32,7 +33,7 @@ use crate::resp::Proto;
 pub struct ClientTracking {
     /// Most keys remembered (Redis's `tracking-table-max-keys`); past it, a key is
     /// forgotten and its clients told to drop it.
-    max_keys: usize,
+    max_keys: AtomicUsize,
     table: Mutex<HashMap<Bytes, SmallVec<[u64; 2]>>>,
     /// Each tracking client, and the client its invalidations go to (itself, or the one
     /// it named with REDIRECT).
@@ -58,7 +59,7 @@ impl ClientTracking {
         metrics: TrackingMetrics,
     ) -> Arc<ClientTracking> {
         Arc::new_cyclic(|me| ClientTracking {
-            max_keys: max_keys.max(1),
+            max_keys: AtomicUsize::new(max_keys.max(1)),
             table: Mutex::default(),
             clients: Mutex::default(),
             registry,
@@ -68,6 +69,10 @@ impl ClientTracking {
                 .collect(),
             me: me.clone(),
         })
+    }
+
+    pub fn set_max_keys(&self, n: usize) {
+        self.max_keys.store(n.max(1), Ordering::Relaxed);
     }
 
     /// Client `id` turns tracking on; its invalidations go to client `to`.
@@ -106,9 +111,10 @@ impl ClientTracking {
                 }
                 return;
             }
-            if t.len() >= self.max_keys {
+            if t.len() >= self.max_keys.load(Ordering::Relaxed) {
                 if let Some(k) = t.keys().next().cloned() {
                     evicted = t.remove(&k).map(|ids| (k, ids));
+                    self.metrics.evictions.inc();
                 }
             }
             t.insert(Bytes::copy_from_slice(key), SmallVec::from_elem(id, 1));
