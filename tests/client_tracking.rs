@@ -310,10 +310,17 @@ fn a_pool_tracks_each_key_on_its_node_and_a_salted_read_is_never_kept() {
         Some(invalidate("votes")),
         "a salted read"
     );
-    let m = |name: &str| p.metric(name);
-    assert!(m("saltshaker_tracking_untracked_reads_total") >= 1.0);
-    assert!(m("saltshaker_tracking_invalidations_total") >= 3.0);
-    assert_eq!(m("saltshaker_tracking_clients"), 1.0);
+    let (_, metrics) = p.admin_get("/metrics");
+    let by_cause = |cause: &str| -> f64 {
+        let series = format!("saltshaker_tracking_invalidations_total{{cause=\"{cause}\"}} ");
+        metrics
+            .lines()
+            .find_map(|l| l.strip_prefix(series.as_str())?.parse().ok())
+            .unwrap_or_else(|| panic!("no {series} in:\n{metrics}"))
+    };
+    assert!(by_cause("untracked") >= 1.0, "the salted read");
+    assert!(by_cause("changed") >= 2.0, "the writes on the nodes");
+    assert_eq!(p.metric("saltshaker_tracking_clients"), 1.0);
 }
 
 /// The table is bounded: reading far more keys than `limits.tracking_max_keys` keeps it at
@@ -359,4 +366,46 @@ fn the_tracking_table_stays_within_its_bound_and_tells_clients_what_it_forgets()
     assert_eq!(proxy.metric("saltshaker_tracking_keys"), 100.0);
     let info = proxy.client().cmd(&["INFO", "stats"]).as_str();
     assert!(info.contains("tracking_total_keys:100\r\n"), "{info}");
+}
+
+/// `read.client_cache: { keys: hot_only }`: a tracking client keeps only keys that are
+/// read-hot (here pinned); a read of any other key is invalidated right after its reply.
+#[test]
+fn a_hot_only_rule_lets_clients_keep_only_hot_keys() {
+    need_redis();
+    let node = Redis::start();
+    let dir = TempDir::new("tracking-hot-only");
+    let rules = dir.0.join("rules.yaml");
+    std::fs::write(
+        &rules,
+        "version: 1\ndefaults:\n  read: { client_cache: { keys: hot_only } }\nrules:\n  - match: \"celeb:1\"\n    pin: true\n",
+    )
+    .unwrap();
+    let proxy = Proxy::start(&[&node], &["--rules", &path_str(&rules)]);
+    // Every cold read is told at once here, so the usual warm-up cannot tell when the
+    // trackers are up: give them a moment.
+    let mut c = Client::connect(&proxy.addr());
+    c.cmd(&["HELLO", "3"]);
+    assert_eq!(c.cmd(&["CLIENT", "TRACKING", "ON"]), Reply::ok());
+    std::thread::sleep(Duration::from_millis(500));
+    let mut direct = node.client();
+    direct.cmd(&["SET", "celeb:1", "hot"]);
+    direct.cmd(&["SET", "plain", "cold"]);
+    assert_eq!(c.cmd(&["GET", "plain"]), Reply::bulk("cold"));
+    assert_eq!(
+        c.next_push(Duration::from_secs(1)),
+        Some(invalidate("plain")),
+        "a cold key"
+    );
+    assert_eq!(c.cmd(&["GET", "celeb:1"]), Reply::bulk("hot"));
+    assert_eq!(
+        c.next_push(Duration::from_millis(300)),
+        None,
+        "a hot key is kept"
+    );
+    direct.cmd(&["SET", "celeb:1", "hotter"]);
+    assert_eq!(
+        c.next_push(Duration::from_secs(2)),
+        Some(invalidate("celeb:1"))
+    );
 }

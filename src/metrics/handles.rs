@@ -2,6 +2,7 @@
 //! registry's names and help texts are in `mod.rs`, except for client-side caching's,
 //! registered here).
 
+use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
@@ -78,18 +79,26 @@ pub struct TrackingMetrics {
     pub clients: Gauge,
     /// Keys remembered for them now.
     pub keys: Gauge,
-    /// `invalidate` messages queued for clients: a key changed on its node, was read
-    /// where the node could not track it, or was forgotten for room.
-    pub invalidations: Counter,
+    /// `invalidate` messages queued for clients, by cause (`INVALIDATION_CAUSES`).
+    pub invalidations: Family<CauseLabel, Counter>,
     /// Clients told to drop everything: a node was flushed, or a tracker or a tracked
     /// connection was lost, so changes may have been missed.
     pub flushes: Counter,
     /// Keys forgotten for room (`limits.tracking_max_keys`), their clients told.
     pub evictions: Counter,
-    /// Reads told at once (a salted key, a blocking read, a WATCHed transaction, a node
-    /// whose tracker was down): the client does not keep them.
-    pub untracked_reads: Counter,
 }
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct CauseLabel {
+    pub cause: &'static str,
+}
+
+/// Why a tracking client is told to drop a key: it `changed` (its node said so), it was
+/// read where the node cannot track it for the proxy (`untracked`: a salted key, a
+/// blocking read, a WATCHed transaction, a node whose tracker was down), its rule keeps
+/// only hot keys and it is not hot (`not_hot`), it was forgotten for room (`evicted`), or
+/// its slot moved (`moved`).
+pub const INVALIDATION_CAUSES: [&str; 5] = ["changed", "untracked", "not_hot", "evicted", "moved"];
 
 impl TrackingMetrics {
     pub fn register(&self, r: &mut Registry) {
@@ -103,9 +112,12 @@ impl TrackingMetrics {
             "Keys the proxy remembers its tracking clients read",
             self.keys.clone(),
         );
+        for cause in INVALIDATION_CAUSES {
+            let _ = self.invalidations.get_or_create(&CauseLabel { cause });
+        }
         r.register(
             "tracking_invalidations",
-            "invalidate messages queued for tracking clients, one per key",
+            "invalidate messages queued for tracking clients, one per key, by cause",
             self.invalidations.clone(),
         );
         r.register(
@@ -117,11 +129,6 @@ impl TrackingMetrics {
             "tracking_evictions",
             "Keys forgotten to keep within limits.tracking_max_keys (their clients are told to drop them)",
             self.evictions.clone(),
-        );
-        r.register(
-            "tracking_untracked_reads",
-            "Reads of tracking clients the node could not track for the proxy, invalidated right after their reply",
-            self.untracked_reads.clone(),
         );
     }
 }

@@ -18,7 +18,7 @@ mod security;
 
 pub use admission::{AdmissionMetrics, AdmitLabel, ADMIT_RESULTS};
 pub use cluster::{ClusterMetrics, RedirectLabel};
-pub use handles::{CacheMetrics, CombineMetrics, SaltMetrics, TrackingMetrics};
+pub use handles::{CacheMetrics, CauseLabel, CombineMetrics, SaltMetrics, TrackingMetrics};
 pub use monitor::MonitorMetrics;
 pub use node::NodeMetrics;
 pub use security::{DeniedLabel, SecurityMetrics};

@@ -16,7 +16,7 @@ pub use salted::{SaltPlan, SaltView};
 
 mod salted;
 use crate::hotkey::{HotSnapshot, HotState};
-use crate::rules::{CachePolicy, Rules, Strategy, WritePolicy};
+use crate::rules::{CachePolicy, ClientCacheKeys, Rules, Strategy, WritePolicy};
 
 /// What to do with one command.
 #[derive(Clone, Debug, PartialEq)]
@@ -92,6 +92,8 @@ pub struct WriteHot {
 pub struct HotSet {
     write: HashMap<Bytes, WriteHot>,
     read: HashMap<Bytes, CachePolicy>,
+    /// Every read-hot key, cached or not (client-side caching's `hot_only`).
+    read_hot: std::collections::HashSet<Bytes>,
     rules: Option<Arc<Rules>>,
     has_pins: bool,
 }
@@ -102,8 +104,10 @@ impl HotSet {
     pub fn build(snap: &HotSnapshot, rules: Arc<Rules>) -> HotSet {
         let mut write = HashMap::new();
         let mut read = HashMap::new();
+        let mut read_hot = std::collections::HashSet::new();
         for k in &snap.keys {
             if matches!(k.read_state, Some(HotState::Hot) | Some(HotState::Cooling)) {
+                read_hot.insert(Bytes::copy_from_slice(&k.key));
                 let p = rules.resolve(&k.key).read.cache;
                 if p.enabled {
                     read.insert(Bytes::copy_from_slice(&k.key), p);
@@ -121,6 +125,7 @@ impl HotSet {
         HotSet {
             write,
             read,
+            read_hot,
             rules: Some(rules),
             has_pins,
         }
@@ -142,6 +147,16 @@ impl HotSet {
             }
         }
         None
+    }
+
+    /// Whether a tracking client may keep `key` in its own process under its rule's
+    /// `read.client_cache` (`all`, or `hot_only` and the key read-hot or pinned now).
+    pub fn client_may_keep(&self, key: &[u8], rules: &Rules) -> bool {
+        let r = rules.resolve(key);
+        match r.read.client_cache.keys {
+            ClientCacheKeys::All => true,
+            ClientCacheKeys::HotOnly => r.pin || self.read_hot.contains(key),
+        }
     }
 
     pub fn read_keys(&self) -> usize {

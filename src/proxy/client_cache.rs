@@ -217,13 +217,17 @@ pub fn note(s: &mut Session, req: &Request, c: &Classified, class: Class, action
         // A blocking read, or a transaction under WATCH, runs on a connection of its own.
         _ => matches!(c.route, Route::Blocking) || (s.tx.is_some() && s.watch.is_some()),
     };
+    let (hot, rules) = (s.ctx.hot.load(), s.ctx.rules.snapshot());
     for &k in c.keys.iter() {
         let key = req.arg(k as usize);
         let node = s.ctx.backend.node_for(key);
-        if !untracked && ct.conn(&s.ctx.backend, node, proto, s.db).is_some() {
+        if !hot.client_may_keep(key, &rules) {
+            // `read.client_cache: { keys: hot_only }` and the key is not read-hot.
+            ct.now(key, id, "not_hot");
+        } else if !untracked && ct.conn(&s.ctx.backend, node, proto, s.db).is_some() {
             ct.remember(key, id);
         } else {
-            ct.now(key, id);
+            ct.now(key, id, "untracked");
         }
     }
 }

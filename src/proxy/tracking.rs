@@ -26,7 +26,7 @@ use smallvec::SmallVec;
 use super::clients::{Client, Clients};
 use crate::backend::tracking::{Filler, Invalidation, Tracker};
 use crate::backend::{Backend, ConnHandle};
-use crate::metrics::TrackingMetrics;
+use crate::metrics::{CauseLabel, TrackingMetrics};
 use crate::resp::Proto;
 
 /// What the proxy's tracking clients read, and how to reach them.
@@ -121,7 +121,7 @@ impl ClientTracking {
             self.metrics.keys.set(t.len() as i64);
         }
         if let Some((k, ids)) = evicted {
-            self.tell(k, &ids);
+            self.tell(k, &ids, "evicted");
         }
     }
 
@@ -139,10 +139,9 @@ impl ClientTracking {
 
     /// Tells client `id` at once that `key` may change unseen (it was read where the
     /// proxy cannot track it).
-    pub fn now(&self, key: &[u8], id: u64) {
-        self.metrics.untracked_reads.inc();
+    pub fn now(&self, key: &[u8], id: u64, cause: &'static str) {
         if let Some(c) = self.inbox(id) {
-            self.metrics.invalidations.inc();
+            self.count(cause);
             c.inbox.add(Bytes::copy_from_slice(key));
         }
     }
@@ -157,10 +156,17 @@ impl ClientTracking {
         self.registry.get(to)
     }
 
-    fn tell(&self, key: Bytes, ids: &[u64]) {
+    fn count(&self, cause: &'static str) {
+        self.metrics
+            .invalidations
+            .get_or_create(&CauseLabel { cause })
+            .inc();
+    }
+
+    fn tell(&self, key: Bytes, ids: &[u64], cause: &'static str) {
         for &id in ids {
             if let Some(c) = self.inbox(id) {
-                self.metrics.invalidations.inc();
+                self.count(cause);
                 c.inbox.add(key.clone());
             }
         }
@@ -178,7 +184,7 @@ impl ClientTracking {
             told
         };
         for (k, ids) in told {
-            self.tell(k, &ids);
+            self.tell(k, &ids, "changed");
         }
     }
 
@@ -196,7 +202,7 @@ impl ClientTracking {
             gone
         };
         for (k, ids) in gone {
-            self.tell(k, &ids);
+            self.tell(k, &ids, "moved");
         }
     }
 
@@ -212,6 +218,12 @@ impl ClientTracking {
             .copied()
             .collect();
         self.metrics.keys.set(0);
+        if !to.is_empty() {
+            tracing::info!(
+                clients = to.len(),
+                "telling tracking clients to drop everything: a node was flushed, or its tracking connection was lost"
+            );
+        }
         for c in to.into_iter().filter_map(|id| self.registry.get(id)) {
             self.metrics.flushes.inc();
             c.inbox.flush();

@@ -25,9 +25,9 @@ use crate::config::{parse_yaml, ConfigError};
 pub use crate::glob::{stringmatch, Glob, MAX_PATTERN_BYTES};
 pub use admit::{Admission, Admit, OverLimit, Priority, Scope};
 pub use model::{
-    Balance, CachePolicy, CombinePolicy, Detection, Families, Idempotency, Policies, ReadPolicy,
-    ReadTier, SaltBy, SaltPolicy, SaltedReads, Shards, Strategy, WritePolicy, FAMILY_NAMES,
-    SALTABLE,
+    Balance, CachePolicy, ClientCache, ClientCacheKeys, CombinePolicy, Detection, Families,
+    Idempotency, Policies, ReadPolicy, ReadTier, SaltBy, SaltPolicy, SaltedReads, Shards, Strategy,
+    WritePolicy, FAMILY_NAMES, SALTABLE,
 };
 pub use reload::{spawn_reloader, RulesHandle, POLL_INTERVAL};
 pub use validate::MAX_RULES;

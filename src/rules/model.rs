@@ -217,6 +217,26 @@ pub struct ReadPolicy {
     pub cache: CachePolicy,
     /// How merged reads of a salted key are served.
     pub salted: SaltedReads,
+    /// Which keys clients with CLIENT TRACKING may keep in their own process.
+    pub client_cache: ClientCache,
+}
+
+/// `read.client_cache`: the keys a tracking client may keep.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ClientCache {
+    pub keys: ClientCacheKeys,
+}
+
+/// `all` (every key it reads, as on Redis), or `hot_only`: a read of a key that is not
+/// read-hot now is invalidated right after its reply, so the application's cache holds
+/// only the few keys that hurt.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ClientCacheKeys {
+    #[default]
+    All,
+    HotOnly,
 }
 
 impl Default for ReadPolicy {
@@ -226,6 +246,7 @@ impl Default for ReadPolicy {
             cool_below_per_sec: 500.0,
             cache: CachePolicy::default(),
             salted: SaltedReads::default(),
+            client_cache: ClientCache::default(),
         }
     }
 }
@@ -385,6 +406,7 @@ pub(crate) struct ReadPatch {
     cool_below_per_sec: Option<f64>,
     cache: Option<CachePatch>,
     salted: Option<SaltedReadsPatch>,
+    client_cache: Option<ClientCache>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -451,6 +473,7 @@ impl ReadPatch {
             set(&mut r.salted.tier, t.tier);
             set(&mut r.salted.refresh_ms, t.refresh_ms);
         }
+        set(&mut r.client_cache, self.client_cache);
         r
     }
 }
