@@ -1,43 +1,66 @@
 // node-redis 5 with its client-side cache, through saltshaker: repeated GETs are served
-// from the application's own cache (none reaches the node), and a write made on the node
-// directly reaches the cache as an invalidation. Prints one JSON line for
+// from the application's own cache (none reaches a node), and a write made on the key's
+// node directly reaches the cache as an invalidation. Prints one JSON line for
 // tests/node_clients.rs.
 //
-// usage: node client_side_cache.mjs <proxy host:port> <node host:port>
+// usage: node client_side_cache.mjs <app host:port> <node host:port>...
+// The app address is the proxy, or a node itself for the same run directly. The key is
+// written through the app, then found on whichever node holds it.
 import { createClient, BasicClientSideCache } from 'redis';
 
-const [proxy, node] = process.argv.slice(2);
+const [app_addr, ...node_addrs] = process.argv.slice(2);
 const url = (a) => `redis://${a}`;
-const gets = async (c) => {
-  const s = await c.info('commandstats');
-  const m = s.match(/cmdstat_get:calls=(\d+)/);
-  return m ? Number(m[1]) : 0;
+const gets = async (nodes) => {
+  let n = 0;
+  for (const c of nodes) {
+    const m = (await c.info('commandstats')).match(/cmdstat_get:calls=(\d+)/);
+    n += m ? Number(m[1]) : 0;
+  }
+  return n;
 };
 
 const cache = new BasicClientSideCache({ ttl: 0, maxEntries: 0 });
-const app = createClient({ url: url(proxy), RESP: 3, clientSideCache: cache });
+const app = createClient({ url: url(app_addr), RESP: 3, clientSideCache: cache });
 app.on('error', (e) => { console.error('app client error', e); });
-const direct = createClient({ url: url(node) });
+const plain = createClient({ url: url(app_addr) });
+const nodes = node_addrs.map((a) => createClient({ url: url(a) }));
 const out = {};
 try {
   await app.connect();
-  await direct.connect();
-  await direct.set('csc:k', 'v1');
-  out.first = await app.get('csc:k');
-  const before = await gets(direct);
-  for (let i = 0; i < 100; i++) await app.get('csc:k');
-  out.node_gets_for_100 = (await gets(direct)) - before;
+  await plain.connect();
+  for (const n of nodes) await n.connect();
+  const key = 'csc:{k}';
+  await plain.set(key, 'v1');
+  let owner = null;
+  for (const n of nodes) {
+    try { if (await n.exists(key)) owner = n; } catch (_) { /* a cluster node that does not serve the slot */ }
+  }
+  if (!owner) throw new Error('no node holds the key');
+  out.first = await app.get(key);
+  const before = await gets(nodes);
+  for (let i = 0; i < 100; i++) await app.get(key);
+  out.node_gets_for_100 = (await gets(nodes)) - before;
   out.hits = cache.stats().hitCount;
-  await direct.set('csc:k', 'v2');
+  await owner.set(key, 'v2');
   const t0 = Date.now();
-  out.after_write = await app.get('csc:k');
+  out.after_write = await app.get(key);
   while (out.after_write !== 'v2' && Date.now() - t0 < 2000) {
-    await new Promise((r) => setTimeout(r, 10));
-    out.after_write = await app.get('csc:k');
+    await new Promise((r) => setTimeout(r, 5));
+    out.after_write = await app.get(key);
   }
   out.saw_write_ms = Date.now() - t0;
+  // Through a second client of the app address (another proxy's client would be the same).
+  await app.get(key);
+  await plain.set(key, 'v3');
+  const t1 = Date.now();
+  out.after_other = await app.get(key);
+  while (out.after_other !== 'v3' && Date.now() - t1 < 2000) {
+    await new Promise((r) => setTimeout(r, 5));
+    out.after_other = await app.get(key);
+  }
+  out.saw_other_ms = Date.now() - t1;
 } catch (e) {
-  out.error = String(e && e.message || e);
+  out.error = String((e && e.message) || e);
 }
 console.log(JSON.stringify(out));
-await Promise.allSettled([app.quit(), direct.quit()]);
+await Promise.allSettled([app.quit(), plain.quit(), ...nodes.map((n) => n.quit())]);
