@@ -409,3 +409,45 @@ fn a_hot_only_rule_lets_clients_keep_only_hot_keys() {
         Some(invalidate("celeb:1"))
     );
 }
+
+/// RESP2 redirect mode, as older clients use it: one connection subscribes to
+/// `__redis__:invalidate`, another turns tracking on with REDIRECT to it. The subscriber
+/// gets the same messages, in the same order, through the proxy as from a redis-server.
+#[test]
+fn resp2_redirect_to_a_subscriber_gets_redis_messages() {
+    need_redis();
+    let node = Redis::start();
+    let other = Redis::start();
+    let proxy = Proxy::start(&[&node], &[]);
+    let mut seen = Vec::new();
+    for (addr, writer) in [(other.addr(), &other), (proxy.addr(), &node)] {
+        let mut sub = Client::connect(&addr);
+        let id = sub.cmd(&["CLIENT", "ID"]).as_int().to_string();
+        let subscribed = sub.cmd(&["SUBSCRIBE", "__redis__:invalidate"]);
+        let mut reader = Client::connect(&addr);
+        let on = reader.cmd(&["CLIENT", "TRACKING", "on", "REDIRECT", id.as_str()]);
+        std::thread::sleep(Duration::from_millis(300));
+        let mut direct = writer.client();
+        direct.cmd(&["SET", "k", "1"]);
+        direct.cmd(&["SET", "j", "1"]);
+        reader.cmd(&["GET", "k"]);
+        reader.cmd(&["GET", "j"]);
+        direct.cmd(&["MSET", "j", "2", "k", "2"]);
+        let mut got = vec![subscribed, on];
+        got.push(sub.read_reply());
+        got.push(sub.read_reply());
+        reader.cmd(&["GET", "k"]);
+        direct.cmd(&["FLUSHALL"]);
+        got.push(sub.read_reply());
+        seen.push(got);
+    }
+    assert_eq!(seen[1], seen[0], "through the proxy, then directly");
+    assert_eq!(
+        seen[0][2],
+        Reply::Array(Some(vec![
+            Reply::bulk("message"),
+            Reply::bulk("__redis__:invalidate"),
+            Reply::Array(Some(vec![Reply::bulk("j")])),
+        ]))
+    );
+}

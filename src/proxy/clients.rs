@@ -175,9 +175,10 @@ impl Inbox {
         self.notify.notify_one();
     }
 
-    /// The push messages waiting, as Redis writes them: one `invalidate` per key, or one
-    /// with a null for everything.
-    pub fn take(&self) -> Option<Bytes> {
+    /// The messages waiting, as Redis writes them: one `invalidate` per key, or one with a
+    /// null for everything; RESP3 push messages, or in RESP2 (a client subscribed through
+    /// a tunnel, which REDIRECT names) messages of the `__redis__:invalidate` channel.
+    pub fn take(&self, resp3: bool) -> Option<Bytes> {
         if !self.ready.swap(false, Ordering::Acquire) {
             return None;
         }
@@ -186,11 +187,17 @@ impl Inbox {
             return None;
         }
         let mut out = bytes::BytesMut::new();
+        let head: &[u8] = match resp3 {
+            true => b">2\r\n$10\r\ninvalidate\r\n",
+            false => b"*3\r\n$7\r\nmessage\r\n$20\r\n__redis__:invalidate\r\n",
+        };
         if p.flush {
-            out.extend_from_slice(b">2\r\n$10\r\ninvalidate\r\n_\r\n");
+            out.extend_from_slice(head);
+            out.extend_from_slice(if resp3 { b"_\r\n" } else { b"$-1\r\n" });
         } else {
             for k in p.keys {
-                out.extend_from_slice(b">2\r\n$10\r\ninvalidate\r\n*1\r\n");
+                out.extend_from_slice(head);
+                out.extend_from_slice(b"*1\r\n");
                 crate::resp::encode_bulk(&k, &mut out);
             }
         }

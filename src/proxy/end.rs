@@ -12,6 +12,7 @@ pub async fn close(
     end: End,
     writer: tokio::task::JoinHandle<(WriteHalf, Option<tunnel::TunnelEnd>)>,
     mut killed: watch::Receiver<bool>,
+    me: std::sync::Arc<super::clients::Client>,
 ) {
     let (mut w, tunnel_end): (WriteHalf, _) = match writer.await {
         Ok(x) => x,
@@ -21,7 +22,7 @@ pub async fn close(
         // A tunnel or a monitor ends when either side closes, or when CLIENT KILL chooses
         // the connection (dropping the pump closes its sockets).
         (End::Tunnel(r, start), Some(t)) => tokio::select! {
-            _ = tunnel::pump(r, w, start, t) => {}
+            _ = tunnel::pump(r, w, start, t, &me) => {}
             _ = killed.wait_for(|k| *k) => {}
         },
         (End::Monitor(r, lines), None) => tokio::select! {

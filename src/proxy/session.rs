@@ -60,7 +60,8 @@ pub async fn run(stream: Stream, ctx: Arc<Ctx>, id: u64) {
     drop(tx);
     // Once per connection, and boxed so that its futures do not sit in every
     // connection's task beside the read loop's.
-    Box::pin(close(end, writer, registered.killed.clone())).await;
+    let me = registered.client.clone();
+    Box::pin(close(end, writer, registered.killed.clone(), me)).await;
     drop(registered);
 }
 
@@ -89,11 +90,8 @@ async fn read_loop(
     let me = s.me.clone();
     loop {
         // Invalidations for a tracking client, after every round sent before them.
-        if let Some(push) =
-            s.me.inbox
-                .take()
-                .filter(|_| s.proto == crate::resp::Proto::Resp3)
-        {
+        let resp3 = s.proto == crate::resp::Proto::Resp3;
+        if let Some(push) = resp3.then(|| s.me.inbox.take(true)).flatten() {
             if tx
                 .send(Box::new((Round::push(push), s.proto)))
                 .await
