@@ -451,3 +451,36 @@ fn resp2_redirect_to_a_subscriber_gets_redis_messages() {
         ]))
     );
 }
+
+/// With users, a tracking client is told only of keys it may read: a read it is refused
+/// is not remembered, so a write to that key sends it nothing.
+#[test]
+fn a_user_is_told_only_of_keys_it_may_read() {
+    need_redis();
+    let node = Redis::start();
+    let yaml = format!(
+        "auth:\n  users:\n    - name: app\n      passwords_sha256: [\"{}\"]\n      keys: [\"~app:*\"]\n      commands: [\"+@all\"]\n",
+        passwd_hash("pw")
+    );
+    let proxy = Proxy::start_with_config(&[&node], &yaml, &[]);
+    let mut c = Client::connect(&proxy.addr());
+    assert!(!c.cmd(&["HELLO", "3", "AUTH", "app", "pw"]).is_error());
+    assert_eq!(c.cmd(&["CLIENT", "TRACKING", "ON"]), Reply::ok());
+    std::thread::sleep(Duration::from_millis(500));
+    let mut direct = node.client();
+    direct.cmd(&["SET", "app:1", "a"]);
+    direct.cmd(&["SET", "secret", "s"]);
+    assert_eq!(c.cmd(&["GET", "app:1"]), Reply::bulk("a"));
+    assert!(c.cmd(&["GET", "secret"]).err().starts_with("NOPERM"));
+    direct.cmd(&["SET", "secret", "t"]);
+    direct.cmd(&["SET", "app:1", "b"]);
+    assert_eq!(
+        c.next_push(Duration::from_secs(2)),
+        Some(invalidate("app:1"))
+    );
+    assert_eq!(
+        c.next_push(Duration::from_millis(300)),
+        None,
+        "a key it may not read"
+    );
+}

@@ -329,7 +329,7 @@ impl Drop for Reaped {
 }
 
 #[test]
-fn the_read_cache_tracks_a_tls_node() {
+fn the_read_cache_and_a_tracking_client_track_a_tls_node() {
     let c = Certs::new("tls-track");
     let node = TlsRedis::start(&c, "server", &[]);
     let dir = TempDir::new("tls-track-rules");
@@ -355,6 +355,13 @@ fn the_read_cache_tracks_a_tls_node() {
         "OK"
     );
     let mut k = p.client();
+    // And an application caching in its own process (CLIENT TRACKING) reads it too.
+    let mut t = p.client();
+    t.cmd(&["HELLO", "3"]);
+    assert_eq!(t.cmd(&["CLIENT", "TRACKING", "ON"]), Reply::ok());
+    std::thread::sleep(Duration::from_millis(500));
+    assert_eq!(t.cmd(&["GET", "celeb:1"]), Reply::bulk("a"));
+    assert_eq!(t.next_push(Duration::from_millis(200)), None);
     // Cached once the tracked fill connection is up.
     assert!(wait_until(Duration::from_secs(5), || {
         k.cmd(&["GET", "celeb:1"]);
@@ -377,6 +384,11 @@ fn the_read_cache_tracks_a_tls_node() {
             .as_str()
             == "b"),
         "the cache kept a value the node changed"
+    );
+    assert_eq!(
+        t.next_push(Duration::from_secs(2)),
+        Some(Reply::invalidate(Some("celeb:1"))),
+        "the tracking client over a TLS node"
     );
 }
 
