@@ -157,14 +157,12 @@ fn caching(s: &mut Session, req: &Request) -> Result<(), &'static str> {
         (b"YES", Mode::OptIn) | (b"NO", Mode::OptOut) => t.caching = true,
         (b"YES", _) => {
             return Err(
-                "ERR CLIENT CACHING YES is only valid when tracking is enabled in OPTIN mode."
-                    .into(),
+                "ERR CLIENT CACHING YES is only valid when tracking is enabled in OPTIN mode.",
             )
         }
         (b"NO", _) => {
             return Err(
-                "ERR CLIENT CACHING NO is only valid when tracking is enabled in OPTOUT mode."
-                    .into(),
+                "ERR CLIENT CACHING NO is only valid when tracking is enabled in OPTOUT mode.",
             )
         }
         _ => return Err("ERR syntax error"),

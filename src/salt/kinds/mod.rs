@@ -137,17 +137,20 @@ mod tests {
     use crate::rules::{Families, FAMILY_NAMES, SALTABLE};
 
     fn policy(families: &[&str], by_field: bool) -> SaltPolicy {
-        let mut p = SaltPolicy::default();
-        p.families = Families(
-            FAMILY_NAMES
-                .iter()
-                .filter(|(n, _)| families.contains(n))
-                .fold(0, |a, (_, b)| a | b),
-        );
-        if by_field {
-            p.by = SaltBy::Field;
+        SaltPolicy {
+            families: Families(
+                FAMILY_NAMES
+                    .iter()
+                    .filter(|(n, _)| families.contains(n))
+                    .fold(0, |a, (_, b)| a | b),
+            ),
+            by: if by_field {
+                SaltBy::Field
+            } else {
+                SaltPolicy::default().by
+            },
+            ..SaltPolicy::default()
         }
-        p
     }
 
     fn facts(t: Option<&str>, hll: bool, by_field: bool) -> Facts<'_> {
