@@ -117,12 +117,68 @@ fn tracking_commands_answer_as_redis_does() {
         let list = through.cmd(&["CLIENT", "INFO"]).as_str();
         assert!(list.contains(" redir=0 "), "{list}");
     }
-    // Broadcasting is not offered through the proxy yet, and says so.
-    let mut c = Client::connect(&proxy.addr());
-    let e = c.cmd(&["CLIENT", "TRACKING", "ON", "BCAST"]);
-    assert!(
-        e.err().contains("BCAST is not supported through the proxy"),
-        "{e:?}"
+}
+
+/// Broadcasting (BCAST): the client is told of every key written under its prefixes,
+/// read or not, one message per prefix with the keys Redis batched together; its
+/// commands and errors (prefixes that overlap) and its messages equal a redis-server's.
+#[test]
+fn bcast_with_prefixes_gets_redis_messages() {
+    need_redis();
+    let node = Redis::start();
+    let other = Redis::start();
+    let proxy = Proxy::start(&[&node], &[]);
+    let mut seen = Vec::new();
+    for (addr, writer) in [(other.addr(), &other), (proxy.addr(), &node)] {
+        let mut c = Client::connect(&addr);
+        c.cmd(&["HELLO", "3"]);
+        let mut got = Vec::new();
+        for cmd in [
+            &[
+                "CLIENT", "TRACKING", "ON", "BCAST", "PREFIX", "b", "PREFIX", "a",
+            ][..],
+            &["CLIENT", "TRACKINGINFO"],
+            &["CLIENT", "TRACKING", "ON", "BCAST", "PREFIX", "ab"],
+            &[
+                "CLIENT", "TRACKING", "ON", "BCAST", "PREFIX", "x", "PREFIX", "xy",
+            ],
+            &["CLIENT", "TRACKING", "ON", "BCAST", "PREFIX", "c"],
+            &["CLIENT", "TRACKING", "ON", "OPTIN"],
+            &["CLIENT", "TRACKINGINFO"],
+        ] {
+            got.push(c.cmd(cmd));
+        }
+        let info = c.cmd(&["CLIENT", "INFO"]).as_str();
+        assert!(info.contains(" flags=tB "), "{info}");
+        std::thread::sleep(Duration::from_millis(300));
+        let mut direct = writer.client();
+        // One write, so that the node runs both commands in one go, as Redis batches.
+        let replies = direct.pipeline(&[
+            &["MSET", "a1", "1", "b1", "1", "d1", "1", "a2", "2"][..],
+            &["SET", "b2", "2"],
+        ]);
+        assert_eq!(replies, vec![Reply::ok(), Reply::ok()]);
+        for _ in 0..2 {
+            got.push(c.next_push(Duration::from_secs(2)).expect("a message"));
+        }
+        assert_eq!(c.next_push(Duration::from_millis(300)), None);
+        // Every key, with no prefix.
+        let mut all = Client::connect(&addr);
+        all.cmd(&["HELLO", "3"]);
+        got.push(all.cmd(&["CLIENT", "TRACKING", "ON", "BCAST"]));
+        got.push(all.cmd(&["CLIENT", "TRACKINGINFO"]));
+        std::thread::sleep(Duration::from_millis(300));
+        direct.cmd(&["MSET", "z", "1", "y", "2"]);
+        got.push(all.next_push(Duration::from_secs(2)).expect("a message"));
+        seen.push(got);
+    }
+    assert_eq!(seen[1], seen[0], "through the proxy, then directly");
+    assert_eq!(
+        seen[0][7],
+        Reply::Push(vec![
+            Reply::bulk("invalidate"),
+            Reply::Array(Some(vec![Reply::bulk("a1"), Reply::bulk("a2")])),
+        ])
     );
 }
 

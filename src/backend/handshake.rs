@@ -28,6 +28,9 @@ pub struct Handshake {
     /// Turn on Redis client-side caching for this connection, with invalidations sent to
     /// this client id (a `tracking::Tracker`): the connection that fills the read cache.
     pub tracking_redirect: Option<u64>,
+    /// With `tracking_redirect`: broadcasting mode (BCAST), every key written on the node,
+    /// read through this connection or not (client-side caching's BCAST clients).
+    pub tracking_bcast: bool,
     /// Send READONLY: a cluster replica then serves reads of its master's slots (on a
     /// master it changes nothing, so a node that changes role keeps working).
     pub readonly: bool,
@@ -92,6 +95,7 @@ impl Handshake {
             reconnect_max_ms: cfg.reconnect_max_ms,
             max_reply_bulk,
             tracking_redirect: None,
+            tracking_bcast: false,
             readonly: false,
             name: None,
         }
@@ -157,16 +161,13 @@ impl Handshake {
             n += 1;
         }
         if let Some(id) = self.tracking_redirect {
-            encode_command(
-                &[
-                    b"CLIENT".as_slice(),
-                    b"TRACKING",
-                    b"on",
-                    b"REDIRECT",
-                    id.to_string().as_bytes(),
-                ],
-                &mut out,
-            );
+            let id = id.to_string();
+            let mut cmd: Vec<&[u8]> =
+                vec![b"CLIENT", b"TRACKING", b"on", b"REDIRECT", id.as_bytes()];
+            if self.tracking_bcast {
+                cmd.push(b"BCAST");
+            }
+            encode_command(&cmd, &mut out);
             n += 1;
         }
         if n == 0 {

@@ -61,6 +61,7 @@ impl Tracker {
             proto: Proto::Resp2,
             db: 0,
             tracking_redirect: None,
+            tracking_bcast: false,
             ..hs.clone()
         };
         let (tx, ids) = watch::channel(None);

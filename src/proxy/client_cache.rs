@@ -13,6 +13,9 @@ use crate::metrics::Class;
 use crate::policy::Action;
 use crate::resp::{encode_int, encode_simple, Proto, Request, Value};
 
+/// A refusal's error text (most are fixed; a prefix overlap names the prefixes).
+type Refused = std::borrow::Cow<'static, str>;
+
 const SWITCH_BCAST: &str = "ERR You can't switch BCAST mode on/off before disabling tracking for this client, and then re-enabling it with a different mode.";
 const SWITCH_OPT: &str = "ERR You can't switch OPTIN/OPTOUT mode before disabling tracking for this client, and then re-enabling it with a different mode.";
 
@@ -30,9 +33,13 @@ pub fn command(s: &mut Session, req: &Request, c: &Classified, rb: &mut RoundBui
             Ok(())
         }
         _ => {
-            let (flags, redirect) = match &s.tracking {
-                Some(t) => (t.flags(), t.redirect as i64),
-                None => (vec!["off"], -1),
+            let (flags, redirect, prefixes) = match &s.tracking {
+                Some(t) => (
+                    t.flags(),
+                    t.redirect as i64,
+                    t.prefixes.clone().unwrap_or_default(),
+                ),
+                None => (vec!["off"], -1, Vec::new()),
             };
             let bulk = |t: &str| Value::Bulk(Bytes::copy_from_slice(t.as_bytes()));
             Value::Map(vec![
@@ -41,7 +48,10 @@ pub fn command(s: &mut Session, req: &Request, c: &Classified, rb: &mut RoundBui
                     Value::Set(flags.into_iter().map(bulk).collect()),
                 ),
                 (bulk("redirect"), Value::Integer(redirect)),
-                (bulk("prefixes"), Value::Array(Vec::new())),
+                (
+                    bulk("prefixes"),
+                    Value::Array(prefixes.into_iter().map(Value::Bulk).collect()),
+                ),
             ])
             .encode(s.proto, &mut out);
             Ok(())
@@ -53,7 +63,7 @@ pub fn command(s: &mut Session, req: &Request, c: &Classified, rb: &mut RoundBui
             Slot::Ready(out.freeze())
         }
         Ok(()) => Slot::Ready(out.freeze()),
-        Err(e) => Slot::Ready(err_bytes(e)),
+        Err(e) => Slot::Ready(err_bytes(&e)),
     };
     rb.slots.push(slot);
     Flow::Continue
@@ -61,10 +71,10 @@ pub fn command(s: &mut Session, req: &Request, c: &Classified, rb: &mut RoundBui
 
 /// `CLIENT TRACKING ON|OFF [REDIRECT id] [BCAST] [PREFIX p ...] [OPTIN] [OPTOUT] [NOLOOP]`,
 /// its options checked in Redis's order.
-fn tracking(s: &mut Session, req: &Request) -> Result<(), &'static str> {
+fn tracking(s: &mut Session, req: &Request) -> Result<(), Refused> {
     let (mut redirect, mut bcast, mut optin, mut optout, mut noloop) =
         (None, false, false, false, false);
-    let mut prefixes = 0;
+    let mut prefixes: Vec<Bytes> = Vec::new();
     let mut j = 3;
     while j < req.argc() {
         let more = req.argc() - 1 - j > 0;
@@ -72,12 +82,12 @@ fn tracking(s: &mut Session, req: &Request) -> Result<(), &'static str> {
             b"REDIRECT" if more => {
                 j += 1;
                 if redirect.is_some() {
-                    return Err("ERR A client can only redirect to a single other client");
+                    return Err("ERR A client can only redirect to a single other client".into());
                 }
                 let id = crate::resp::parse_i64(req.arg(j))
                     .ok_or("ERR value is not an integer or out of range")?;
                 if !s.ctx.clients.exists(id) {
-                    return Err("ERR The client ID you want redirect to does not exist");
+                    return Err("ERR The client ID you want redirect to does not exist".into());
                 }
                 redirect = Some(id);
             }
@@ -87,9 +97,9 @@ fn tracking(s: &mut Session, req: &Request) -> Result<(), &'static str> {
             b"NOLOOP" => noloop = true,
             b"PREFIX" if more => {
                 j += 1;
-                prefixes += 1;
+                prefixes.push(req.arg_bytes(j));
             }
-            _ => return Err("ERR syntax error"),
+            _ => return Err("ERR syntax error".into()),
         }
         j += 1;
     }
@@ -102,26 +112,42 @@ fn tracking(s: &mut Session, req: &Request) -> Result<(), &'static str> {
             s.settle_after = true;
             return Ok(());
         }
-        _ => return Err("ERR syntax error"),
+        _ => return Err("ERR syntax error".into()),
     }
-    if !bcast && prefixes > 0 {
-        return Err("ERR PREFIX option requires BCAST mode to be enabled");
+    if !bcast && !prefixes.is_empty() {
+        return Err("ERR PREFIX option requires BCAST mode to be enabled".into());
     }
-    if s.tracking.is_some() && bcast {
-        return Err(SWITCH_BCAST);
+    let was_bcast = s.tracking.as_ref().map(|t| t.prefixes.is_some());
+    if was_bcast.is_some_and(|b| b != bcast) {
+        return Err(SWITCH_BCAST.into());
     }
     if bcast && (optin || optout) {
-        return Err("ERR OPTIN and OPTOUT are not compatible with BCAST");
+        return Err("ERR OPTIN and OPTOUT are not compatible with BCAST".into());
     }
     if optin && optout {
-        return Err("ERR You can't specify both OPTIN mode and OPTOUT mode");
+        return Err("ERR You can't specify both OPTIN mode and OPTOUT mode".into());
     }
     let was = s.tracking.as_ref().map(|t| t.mode);
     if (optin && was == Some(Mode::OptOut)) || (optout && was == Some(Mode::OptIn)) {
-        return Err(SWITCH_OPT);
+        return Err(SWITCH_OPT.into());
     }
+    // Broadcasting: the prefixes are added to the client's own, none overlapping.
+    let mut all_prefixes = None;
     if bcast {
-        return Err("ERR saltshaker: CLIENT TRACKING BCAST is not supported through the proxy; default tracking (with OPTIN, OPTOUT, NOLOOP) is");
+        let had = s
+            .tracking
+            .as_ref()
+            .and_then(|t| t.prefixes.clone())
+            .unwrap_or_default();
+        check_prefixes(&had, &prefixes)?;
+        let mut all = had;
+        if prefixes.is_empty() {
+            prefixes.push(Bytes::new());
+        }
+        all.extend(prefixes);
+        all.sort();
+        all.dedup();
+        all_prefixes = Some(all);
     }
     let mode = match (optin, optout) {
         (true, _) => Mode::OptIn,
@@ -132,7 +158,19 @@ fn tracking(s: &mut Session, req: &Request) -> Result<(), &'static str> {
     s.ctx
         .tracking
         .join(s.id, if redirect == 0 { s.id } else { redirect });
-    if s.proto == Proto::Resp3 || redirect != 0 {
+    if let Some(p) = &all_prefixes {
+        // An empty prefix is every key.
+        let p = p
+            .iter()
+            .filter(|p| !p.is_empty())
+            .cloned()
+            .collect::<Vec<_>>();
+        let every = all_prefixes
+            .as_ref()
+            .is_some_and(|a| a.iter().any(|p| p.is_empty()));
+        let p = if every { Vec::new() } else { p };
+        s.ctx.tracking.broadcast_to(&s.ctx.backend, s.id, p);
+    } else if s.proto == Proto::Resp3 || redirect != 0 {
         s.ctx.tracking.prepare(&s.ctx.backend, s.proto, s.db);
     }
     s.tracking = Some(Box::new(Tracking {
@@ -141,6 +179,7 @@ fn tracking(s: &mut Session, req: &Request) -> Result<(), &'static str> {
         noloop,
         caching: false,
         spent: false,
+        prefixes: all_prefixes,
     }));
     // Its commands go on the node's tracked connection from now on: the next one leaves
     // once everything sent before has arrived.
@@ -148,24 +187,42 @@ fn tracking(s: &mut Session, req: &Request) -> Result<(), &'static str> {
     Ok(())
 }
 
+/// Redis's check that no two prefixes of a client overlap (one is a prefix of the other):
+/// the new ones against those it has, then against each other.
+fn check_prefixes(had: &[Bytes], new: &[Bytes]) -> Result<(), Refused> {
+    let overlap = |a: &[u8], b: &[u8]| a.starts_with(b) || b.starts_with(a);
+    let show = |b: &[u8]| String::from_utf8_lossy(b).into_owned();
+    for (i, p) in new.iter().enumerate() {
+        if let Some(h) = had.iter().find(|h| overlap(h, p)) {
+            return Err(format!("ERR Prefix '{}' overlaps with an existing prefix '{}'. Prefixes for a single client must not overlap.", show(p), show(h)).into());
+        }
+        if let Some(q) = new[i + 1..].iter().find(|q| overlap(p, q)) {
+            return Err(format!("ERR Prefix '{}' overlaps with another provided prefix '{}'. Prefixes for a single client must not overlap.", show(p), show(q)).into());
+        }
+    }
+    Ok(())
+}
+
 /// `CLIENT CACHING YES|NO`: for the next command (or the rest of a MULTI).
-fn caching(s: &mut Session, req: &Request) -> Result<(), &'static str> {
+fn caching(s: &mut Session, req: &Request) -> Result<(), Refused> {
     let Some(t) = s.tracking.as_mut() else {
-        return Err("ERR CLIENT CACHING can be called only when the client is in tracking mode with OPTIN or OPTOUT mode enabled");
+        return Err("ERR CLIENT CACHING can be called only when the client is in tracking mode with OPTIN or OPTOUT mode enabled".into());
     };
     match (req.arg(2).to_ascii_uppercase().as_slice(), t.mode) {
         (b"YES", Mode::OptIn) | (b"NO", Mode::OptOut) => t.caching = true,
         (b"YES", _) => {
             return Err(
-                "ERR CLIENT CACHING YES is only valid when tracking is enabled in OPTIN mode.",
+                "ERR CLIENT CACHING YES is only valid when tracking is enabled in OPTIN mode."
+                    .into(),
             )
         }
         (b"NO", _) => {
             return Err(
-                "ERR CLIENT CACHING NO is only valid when tracking is enabled in OPTOUT mode.",
+                "ERR CLIENT CACHING NO is only valid when tracking is enabled in OPTOUT mode."
+                    .into(),
             )
         }
-        _ => return Err("ERR syntax error"),
+        _ => return Err("ERR syntax error".into()),
     }
     Ok(())
 }
@@ -176,7 +233,7 @@ fn caching(s: &mut Session, req: &Request) -> Result<(), &'static str> {
 /// client is not told of its own writes. A read-hot key is read from the node, not from
 /// the proxy's cache: the client caches it itself.
 pub fn note(s: &mut Session, req: &Request, c: &Classified, class: Class, action: &mut Action) {
-    let Some(t) = s.tracking.as_mut() else {
+    let Some(t) = s.tracking.as_mut().filter(|t| t.prefixes.is_none()) else {
         return;
     };
     // CLIENT CACHING's flag lasts for the next command (or to the end of a MULTI): it is

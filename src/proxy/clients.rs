@@ -104,8 +104,9 @@ pub struct Shown {
     /// Bytes those commands hold.
     pub multi_mem: usize,
     pub pubsub: bool,
-    /// CLIENT TRACKING is on: the client its invalidations go to (0: itself).
-    pub tracking: Option<u64>,
+    /// CLIENT TRACKING is on: the client its invalidations go to (0: itself), and
+    /// whether it broadcasts (BCAST).
+    pub tracking: Option<(u64, bool)>,
 }
 
 /// One client connection.
@@ -146,19 +147,27 @@ pub struct Inbox {
 
 #[derive(Default)]
 struct Pending {
-    keys: Vec<Bytes>,
+    /// One `invalidate` message each: one key (default mode), or the keys of one
+    /// broadcast prefix (BCAST).
+    messages: Vec<Vec<Bytes>>,
+    keys: usize,
     flush: bool,
 }
 
 impl Inbox {
     pub fn add(&self, key: Bytes) {
+        self.add_message(vec![key]);
+    }
+
+    pub fn add_message(&self, keys: Vec<Bytes>) {
         let mut p = self.pending.lock().unwrap_or_else(|e| e.into_inner());
         if !p.flush {
-            if p.keys.len() >= INBOX_MAX_KEYS {
-                p.keys = Vec::new();
+            if p.keys + keys.len() > INBOX_MAX_KEYS {
+                p.messages = Vec::new();
                 p.flush = true;
             } else {
-                p.keys.push(key);
+                p.keys += keys.len();
+                p.messages.push(keys);
             }
         }
         drop(p);
@@ -168,7 +177,7 @@ impl Inbox {
 
     pub fn flush(&self) {
         let mut p = self.pending.lock().unwrap_or_else(|e| e.into_inner());
-        p.keys = Vec::new();
+        p.messages = Vec::new();
         p.flush = true;
         drop(p);
         self.ready.store(true, Ordering::Release);
@@ -183,7 +192,7 @@ impl Inbox {
             return None;
         }
         let p = std::mem::take(&mut *self.pending.lock().unwrap_or_else(|e| e.into_inner()));
-        if !p.flush && p.keys.is_empty() {
+        if !p.flush && p.messages.is_empty() {
             return None;
         }
         let mut out = bytes::BytesMut::new();
@@ -195,10 +204,12 @@ impl Inbox {
             out.extend_from_slice(head);
             out.extend_from_slice(if resp3 { b"_\r\n" } else { b"$-1\r\n" });
         } else {
-            for k in p.keys {
+            for keys in p.messages {
                 out.extend_from_slice(head);
-                out.extend_from_slice(b"*1\r\n");
-                crate::resp::encode_bulk(&k, &mut out);
+                crate::resp::encode_array_header(keys.len(), &mut out);
+                for k in keys {
+                    crate::resp::encode_bulk(&k, &mut out);
+                }
             }
         }
         Some(out.freeze())
@@ -378,8 +389,11 @@ impl Client {
         if self.blocked.load(Ordering::Relaxed) {
             flags.push('b');
         }
-        if s.tracking.is_some() {
+        if let Some((_, bcast)) = s.tracking {
             flags.push('t');
+            if bcast {
+                flags.push('B');
+            }
         }
         if s.pubsub {
             flags.push('P');
@@ -405,7 +419,7 @@ impl Client {
             s.multi_mem,
             if omem > 0 { "rw" } else { "r" },
             s.user,
-            s.tracking.map_or(-1, |r| r as i64),
+            s.tracking.map_or(-1, |(r, _)| r as i64),
             s.resp,
         )
     }

@@ -93,7 +93,7 @@ type ShownKey = (
     Option<(usize, usize)>,
     usize,
     Option<usize>,
-    Option<u64>,
+    Option<(u64, bool)>,
 );
 
 impl Session {
@@ -162,7 +162,10 @@ impl Session {
         let (proto, db, lane) = (self.proto, self.db, self.lane);
         let ctx = &self.ctx;
         // A tracking client's commands go where the node tracks its reads for the proxy.
-        let pushes = |t: &super::tracking::Tracking| proto == Proto::Resp3 || t.redirect != 0;
+        // (Broadcasting clients are told of writes, not reads: theirs go as anyone's.)
+        let pushes = |t: &super::tracking::Tracking| {
+            t.prefixes.is_none() && (proto == Proto::Resp3 || t.redirect != 0)
+        };
         if self.tracking.as_deref().is_some_and(pushes) {
             if let Some(c) = ctx.tracking.conn(&ctx.backend, node, proto, db) {
                 return c;
@@ -203,7 +206,9 @@ impl Session {
             self.name.as_ref().map(|n| (n.as_ptr() as usize, n.len())),
             self.user.as_ref().map_or(0, |u| Arc::as_ptr(u) as usize),
             self.tx.as_ref().map(|t| t.wires.len()),
-            self.tracking.as_ref().map(|t| t.redirect),
+            self.tracking
+                .as_ref()
+                .map(|t| (t.redirect, t.prefixes.is_some())),
         );
         if key == self.shown {
             return;
@@ -227,7 +232,10 @@ impl Session {
                 .as_ref()
                 .map_or(0, |t| t.wires.iter().map(|w| w.len()).sum()),
             pubsub: false,
-            tracking: self.tracking.as_ref().map(|t| t.redirect),
+            tracking: self
+                .tracking
+                .as_ref()
+                .map(|t| (t.redirect, t.prefixes.is_some())),
         });
     }
 

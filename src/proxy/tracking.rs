@@ -38,6 +38,8 @@ pub struct ClientTracking {
     /// Each tracking client, and the client its invalidations go to (itself, or the one
     /// it named with REDIRECT).
     clients: Mutex<HashMap<u64, u64>>,
+    /// The BCAST clients and their prefixes (none: every key), in order.
+    bcast: Mutex<HashMap<u64, Vec<Bytes>>>,
     registry: Arc<Clients>,
     metrics: TrackingMetrics,
     /// By node index: the node's tracker and its tracked connections, started when a
@@ -50,6 +52,9 @@ struct NodeTrack {
     tracker: Tracker,
     /// By (RESP3?, database).
     fillers: Mutex<HashMap<(bool, u32), Arc<Filler>>>,
+    /// Broadcasting (BCAST clients): a tracker of its own, told of every key written on
+    /// the node by a connection in BCAST mode, started with the first such client.
+    bcast: OnceLock<(Tracker, Filler)>,
 }
 
 impl ClientTracking {
@@ -62,6 +67,7 @@ impl ClientTracking {
             max_keys: AtomicUsize::new(max_keys.max(1)),
             table: Mutex::default(),
             clients: Mutex::default(),
+            bcast: Mutex::default(),
             registry,
             metrics,
             nodes: (0..crate::backend::MAX_NODES)
@@ -88,6 +94,73 @@ impl ClientTracking {
         let mut c = self.clients.lock().unwrap_or_else(|e| e.into_inner());
         c.remove(&id);
         self.metrics.clients.set(c.len() as i64);
+        drop(c);
+        self.bcast
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&id);
+    }
+
+    /// Client `id` (joined) broadcasts: it is told of every key written that starts with
+    /// one of `prefixes` (any key if none), whoever reads it. Starts every node's
+    /// broadcasting tracker.
+    pub fn broadcast_to(&self, backend: &Backend, id: u64, mut prefixes: Vec<Bytes>) {
+        prefixes.sort();
+        self.bcast
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(id, prefixes);
+        for node in 0..backend.len() {
+            if let Some(track) = self.node(backend, node) {
+                track.bcast.get_or_init(|| {
+                    let n = backend.node(node);
+                    let me = self.me.clone();
+                    let tracker = Tracker::spawn(&n.handshake(Proto::Resp2, 0), move |inv| {
+                        if let Some(me) = me.upgrade() {
+                            match inv {
+                                Invalidation::Keys(keys) => me.broadcast(&keys),
+                                Invalidation::All => me.invalidate_all(),
+                            }
+                        }
+                    });
+                    let hs = crate::backend::Handshake {
+                        tracking_bcast: true,
+                        ..n.handshake(Proto::Resp2, 0)
+                    };
+                    let filler = Filler::spawn(&tracker, &hs, n.metrics.clone(), n.cluster_link());
+                    (tracker, filler)
+                });
+            }
+        }
+    }
+
+    /// Keys a node says were written: one `invalidate` per BCAST client and prefix that
+    /// they match, as Redis batches them.
+    fn broadcast(&self, keys: &[Bytes]) {
+        let sends: Vec<(u64, Vec<Vec<Bytes>>)> = self
+            .bcast
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+            .map(|(&id, prefixes)| {
+                let messages = match prefixes.is_empty() {
+                    true => vec![keys.to_vec()],
+                    false => prefixes
+                        .iter()
+                        .map(|p| keys.iter().filter(|k| k.starts_with(p)).cloned().collect())
+                        .collect(),
+                };
+                (id, messages)
+            })
+            .collect();
+        for (id, messages) in sends {
+            if let Some(c) = self.inbox(id) {
+                for m in messages.into_iter().filter(|m: &Vec<Bytes>| !m.is_empty()) {
+                    self.count("changed");
+                    c.inbox.add_message(m);
+                }
+            }
+        }
     }
 
     /// Clients with tracking on (INFO's `tracking_clients`).
@@ -248,26 +321,8 @@ impl ClientTracking {
         proto: Proto,
         db: u32,
     ) -> Option<ConnHandle> {
-        let slot = self.nodes.get(node)?;
-        if node >= backend.len() {
-            return None;
-        }
+        let track = self.node(backend, node)?;
         let n = backend.node(node);
-        let track = slot.get_or_init(|| {
-            let me = self.me.clone();
-            let tracker = Tracker::spawn(&n.handshake(Proto::Resp2, 0), move |inv| {
-                if let Some(me) = me.upgrade() {
-                    match inv {
-                        Invalidation::Keys(keys) => me.invalidate(keys),
-                        Invalidation::All => me.invalidate_all(),
-                    }
-                }
-            });
-            NodeTrack {
-                tracker,
-                fillers: Mutex::default(),
-            }
-        });
         let filler = {
             let mut f = track.fillers.lock().unwrap_or_else(|e| e.into_inner());
             f.entry((proto == Proto::Resp3, db))
@@ -282,6 +337,31 @@ impl ClientTracking {
                 .clone()
         };
         filler.conn()
+    }
+
+    /// Node `node`'s tracker, started on first use.
+    fn node(&self, backend: &Backend, node: usize) -> Option<&NodeTrack> {
+        let slot = self.nodes.get(node)?;
+        if node >= backend.len() {
+            return None;
+        }
+        let n = backend.node(node);
+        Some(slot.get_or_init(|| {
+            let me = self.me.clone();
+            let tracker = Tracker::spawn(&n.handshake(Proto::Resp2, 0), move |inv| {
+                if let Some(me) = me.upgrade() {
+                    match inv {
+                        Invalidation::Keys(keys) => me.invalidate(keys),
+                        Invalidation::All => me.invalidate_all(),
+                    }
+                }
+            });
+            NodeTrack {
+                tracker,
+                fillers: Mutex::default(),
+                bcast: OnceLock::new(),
+            }
+        }))
     }
 }
 
@@ -307,6 +387,8 @@ pub struct Tracking {
     pub caching: bool,
     /// The command `caching` was for has run: it is cleared before the next one.
     pub spent: bool,
+    /// BCAST: the prefixes it is told of (an empty one: every key), sorted.
+    pub prefixes: Option<Vec<Bytes>>,
 }
 
 impl Tracking {
@@ -322,6 +404,9 @@ impl Tracking {
     /// CLIENT TRACKINGINFO's flags.
     pub fn flags(&self) -> Vec<&'static str> {
         let mut f = vec!["on"];
+        if self.prefixes.is_some() {
+            f.push("bcast");
+        }
         match (self.mode, self.caching) {
             (Mode::OptIn, true) => f.extend(["optin", "caching-yes"]),
             (Mode::OptIn, false) => f.push("optin"),
