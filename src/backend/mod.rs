@@ -142,7 +142,8 @@ impl Default for ClusterConfig {
     }
 }
 
-/// The set of nodes and the rule that places keys on them.
+/// The set of nodes and the rule that places keys on them. Cheap to clone: a handle.
+#[derive(Clone)]
 pub struct Backend {
     nodes: Arc<NodeTable>,
     /// Set for a Redis Cluster: the slot map (then `placement` is None).

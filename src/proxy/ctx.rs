@@ -91,13 +91,15 @@ impl Ctx {
             TRACKING_MAX_KEYS,
             clients.clone(),
             metrics.tracking.clone(),
+            backend.clone(),
         );
         if let Some(cl) = backend.cluster() {
             // A slot that moves: its new owner tracks none of its keys.
             let t = Arc::downgrade(&tracking);
             cl.on_move(move |moved| {
                 if let Some(t) = t.upgrade() {
-                    t.invalidate_matching(moved)
+                    t.invalidate_matching(moved);
+                    t.slots_moved();
                 }
             });
         }

@@ -42,6 +42,8 @@ pub struct ClientTracking {
     bcast: Mutex<HashMap<u64, Vec<Bytes>>>,
     registry: Arc<Clients>,
     metrics: TrackingMetrics,
+    /// The nodes, for what a cluster's hook starts (the hook holds this weakly).
+    backend: Backend,
     /// By node index: the node's tracker and its tracked connections, started when a
     /// tracking client first reaches the node.
     nodes: Box<[OnceLock<NodeTrack>]>,
@@ -62,6 +64,7 @@ impl ClientTracking {
         max_keys: usize,
         registry: Arc<Clients>,
         metrics: TrackingMetrics,
+        backend: Backend,
     ) -> Arc<ClientTracking> {
         Arc::new_cyclic(|me| ClientTracking {
             max_keys: AtomicUsize::new(max_keys.max(1)),
@@ -70,6 +73,7 @@ impl ClientTracking {
             bcast: Mutex::default(),
             registry,
             metrics,
+            backend,
             nodes: (0..crate::backend::MAX_NODES)
                 .map(|_| OnceLock::new())
                 .collect(),
@@ -110,6 +114,30 @@ impl ClientTracking {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .insert(id, prefixes);
+        self.start_broadcasting(backend);
+    }
+
+    /// Slots moved on a cluster: a master new since the BCAST clients joined gets its
+    /// broadcasting connection, and since writes there before it was up may be missed,
+    /// the BCAST clients are told to drop everything.
+    pub fn slots_moved(&self) {
+        let to: Vec<u64> = {
+            let b = self.bcast.lock().unwrap_or_else(|e| e.into_inner());
+            let c = self.clients.lock().unwrap_or_else(|e| e.into_inner());
+            b.keys().filter_map(|id| c.get(id).copied()).collect()
+        };
+        if to.is_empty() {
+            return;
+        }
+        self.start_broadcasting(&self.backend);
+        for c in to.into_iter().filter_map(|id| self.registry.get(id)) {
+            self.metrics.flushes.inc();
+            c.inbox.flush();
+        }
+    }
+
+    /// Every node's broadcasting tracker and BCAST connection, started once.
+    fn start_broadcasting(&self, backend: &Backend) {
         for node in 0..backend.len() {
             if let Some(track) = self.node(backend, node) {
                 track.bcast.get_or_init(|| {
