@@ -42,6 +42,18 @@ fn tracking_client(proxy: &Proxy, opts: &[&str]) -> Client {
     c
 }
 
+/// Runs `f` against a redis-server directly, then through a proxy over another one
+/// (`f` gets the address to use and the node to write to behind it): both see the same.
+fn same_as_redis(f: impl Fn(&str, &Redis) -> Vec<Reply>) -> Vec<Vec<Reply>> {
+    need_redis();
+    let node = Redis::start();
+    let other = Redis::start();
+    let proxy = Proxy::start(&[&node], &[]);
+    let seen = vec![f(&other.addr(), &other), f(&proxy.addr(), &node)];
+    assert_eq!(seen[1], seen[0], "through the proxy, then directly");
+    seen
+}
+
 /// Every tracking command, and every error Redis gives for them, in RESP2 and RESP3:
 /// the proxy's replies equal a redis-server's, byte for byte as parsed.
 #[test]
@@ -124,12 +136,7 @@ fn tracking_commands_answer_as_redis_does() {
 /// commands and errors (prefixes that overlap) and its messages equal a redis-server's.
 #[test]
 fn bcast_with_prefixes_gets_redis_messages() {
-    need_redis();
-    let node = Redis::start();
-    let other = Redis::start();
-    let proxy = Proxy::start(&[&node], &[]);
-    let mut seen = Vec::new();
-    for (addr, writer) in [(other.addr(), &other), (proxy.addr(), &node)] {
+    let seen = same_as_redis(|addr, writer| {
         let mut c = Client::connect(&addr);
         c.cmd(&["HELLO", "3"]);
         let mut got = Vec::new();
@@ -170,9 +177,8 @@ fn bcast_with_prefixes_gets_redis_messages() {
         std::thread::sleep(Duration::from_millis(300));
         direct.cmd(&["MSET", "z", "1", "y", "2"]);
         got.push(all.next_push(Duration::from_secs(2)).expect("a message"));
-        seen.push(got);
-    }
-    assert_eq!(seen[1], seen[0], "through the proxy, then directly");
+        got
+    });
     assert_eq!(
         seen[0][7],
         Reply::Push(vec![
@@ -471,12 +477,7 @@ fn a_hot_only_rule_lets_clients_keep_only_hot_keys() {
 /// gets the same messages, in the same order, through the proxy as from a redis-server.
 #[test]
 fn resp2_redirect_to_a_subscriber_gets_redis_messages() {
-    need_redis();
-    let node = Redis::start();
-    let other = Redis::start();
-    let proxy = Proxy::start(&[&node], &[]);
-    let mut seen = Vec::new();
-    for (addr, writer) in [(other.addr(), &other), (proxy.addr(), &node)] {
+    let seen = same_as_redis(|addr, writer| {
         let mut sub = Client::connect(&addr);
         let id = sub.cmd(&["CLIENT", "ID"]).as_int().to_string();
         let subscribed = sub.cmd(&["SUBSCRIBE", "__redis__:invalidate"]);
@@ -495,9 +496,8 @@ fn resp2_redirect_to_a_subscriber_gets_redis_messages() {
         reader.cmd(&["GET", "k"]);
         direct.cmd(&["FLUSHALL"]);
         got.push(sub.read_reply());
-        seen.push(got);
-    }
-    assert_eq!(seen[1], seen[0], "through the proxy, then directly");
+        got
+    });
     assert_eq!(
         seen[0][2],
         Reply::Array(Some(vec![
