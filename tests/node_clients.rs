@@ -75,6 +75,23 @@ fn check(through: &serde_json::Value, direct: Option<&serde_json::Value>) {
     assert!(through["saw_write_ms"].as_u64().unwrap() < 100, "{through}");
     assert_eq!(through["after_other"], "v3", "{through}");
     assert!(through["saw_other_ms"].as_u64().unwrap() < 100, "{through}");
+    // An expiry (within Redis's own active-expire cycle, 100 ms, after the TTL ends), a
+    // FLUSHALL, and a change while the proxy's tracking connection was killed: each seen
+    // by the next reads, the key cached before each.
+    for (cached, seen, within) in [
+        ("cached_before_expiry", "seen_expiry_ms", 200),
+        ("cached_before_flushall", "seen_flushall_ms", 100),
+    ] {
+        assert_eq!(through[cached], true, "{cached}: {through}");
+        let ms = through[seen].as_i64().unwrap();
+        assert!((0..within).contains(&ms), "{seen}: {through}");
+    }
+    assert!(
+        through["killed_trackers"].as_i64().unwrap() >= 1,
+        "{through}"
+    );
+    let ms = through["seen_after_kill_ms"].as_i64().unwrap();
+    assert!((0..100).contains(&ms), "seen_after_kill_ms: {through}");
 }
 
 #[test]

@@ -59,6 +59,43 @@ try {
     out.after_other = await app.get(key);
   }
   out.saw_other_ms = Date.now() - t1;
+  // Each of these changes the key behind the application's back; `seen` is how long
+  // until the next read sees it (-1: not within 2 s).
+  const until = async (want) => {
+    const t = Date.now();
+    while (Date.now() - t < 2000) {
+      if ((await app.get(key)) === want) return Date.now() - t;
+      await new Promise((r) => setTimeout(r, 5));
+    }
+    return -1;
+  };
+  const cached = async () => {
+    await app.get(key);
+    const before = await gets(nodes);
+    await app.get(key);
+    return (await gets(nodes)) === before;
+  };
+  // An expiry that fires on the node: counted from the end of its TTL (Redis expires a
+  // key nobody reads in its active cycle, ten times a second by default).
+  const ttl_end = Date.now() + 150;
+  await owner.set(key, 'short', { PX: 150 });
+  await until('short');
+  out.cached_before_expiry = await cached();
+  out.seen_expiry_ms = (await until(null)) < 0 ? -1 : Math.max(0, Date.now() - ttl_end);
+  // FLUSHALL on the node.
+  await owner.set(key, 'v4');
+  await until('v4');
+  out.cached_before_flushall = await cached();
+  await owner.flushAll();
+  out.seen_flushall_ms = await until(null);
+  // The node drops the proxy's connection that hears its invalidations; then the key
+  // changes while it reconnects.
+  await owner.set(key, 'v5');
+  await until('v5');
+  const killed = await owner.sendCommand(['CLIENT', 'KILL', 'TYPE', 'pubsub']);
+  await owner.set(key, 'v6');
+  out.killed_trackers = killed;
+  out.seen_after_kill_ms = await until('v6');
 } catch (e) {
   out.error = String((e && e.message) || e);
 }
