@@ -142,15 +142,7 @@ impl ClientTracking {
             if let Some(track) = self.node(backend, node) {
                 track.bcast.get_or_init(|| {
                     let n = backend.node(node);
-                    let me = self.me.clone();
-                    let tracker = Tracker::spawn(&n.handshake(Proto::Resp2, 0), move |inv| {
-                        if let Some(me) = me.upgrade() {
-                            match inv {
-                                Invalidation::Keys(keys) => me.broadcast(&keys),
-                                Invalidation::All => me.invalidate_all(),
-                            }
-                        }
-                    });
+                    let tracker = self.tracker(&n, ClientTracking::broadcast);
                     let hs = crate::backend::Handshake {
                         tracking_bcast: true,
                         ..n.handshake(Proto::Resp2, 0)
@@ -164,7 +156,7 @@ impl ClientTracking {
 
     /// Keys a node says were written: one `invalidate` per BCAST client and prefix that
     /// they match, as Redis batches them.
-    fn broadcast(&self, keys: &[Bytes]) {
+    fn broadcast(&self, keys: Vec<Bytes>) {
         let sends: Vec<(u64, Vec<Vec<Bytes>>)> = self
             .bcast
             .lock()
@@ -374,22 +366,24 @@ impl ClientTracking {
             return None;
         }
         let n = backend.node(node);
-        Some(slot.get_or_init(|| {
-            let me = self.me.clone();
-            let tracker = Tracker::spawn(&n.handshake(Proto::Resp2, 0), move |inv| {
-                if let Some(me) = me.upgrade() {
-                    match inv {
-                        Invalidation::Keys(keys) => me.invalidate(keys),
-                        Invalidation::All => me.invalidate_all(),
-                    }
-                }
-            });
-            NodeTrack {
-                tracker,
-                fillers: Mutex::default(),
-                bcast: OnceLock::new(),
-            }
+        Some(slot.get_or_init(|| NodeTrack {
+            tracker: self.tracker(&n, ClientTracking::invalidate),
+            fillers: Mutex::default(),
+            bcast: OnceLock::new(),
         }))
+    }
+
+    /// A tracker on node `n` whose keys go to `keys`; losing it flushes every client.
+    fn tracker(&self, n: &crate::backend::Node, keys: fn(&ClientTracking, Vec<Bytes>)) -> Tracker {
+        let me = self.me.clone();
+        Tracker::spawn(&n.handshake(Proto::Resp2, 0), move |inv| {
+            if let Some(me) = me.upgrade() {
+                match inv {
+                    Invalidation::Keys(k) => keys(&me, k),
+                    Invalidation::All => me.invalidate_all(),
+                }
+            }
+        })
     }
 }
 
