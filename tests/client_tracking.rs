@@ -540,3 +540,45 @@ fn a_user_is_told_only_of_keys_it_may_read() {
         "a key it may not read"
     );
 }
+
+/// While the proxy's tracking connections to a node keep dropping and coming back, a
+/// tracking client's commands move between that node's tracked connection and the shared
+/// ones: its reads still see its own writes before them, in every pipeline.
+#[test]
+fn a_tracking_client_reads_its_own_writes_while_tracking_connections_flap() {
+    need_redis();
+    let node = Redis::start();
+    let proxy = Proxy::start(&[&node], &[]);
+    let mut c = tracking_client(&proxy, &[]);
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let killer = {
+        let (stop, mut direct) = (stop.clone(), node.client());
+        std::thread::spawn(move || {
+            let mut kills = 0;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                kills += direct.cmd(&["CLIENT", "KILL", "TYPE", "pubsub"]).as_int();
+                std::thread::sleep(Duration::from_millis(30));
+            }
+            kills
+        })
+    };
+    let end = Instant::now() + Duration::from_secs(3);
+    let mut i = 0u64;
+    while Instant::now() < end {
+        i += 1;
+        let v = i.to_string();
+        let mut wire = encode(&["SET", "own", v.as_str()]);
+        wire.extend(encode(&["GET", "own"]));
+        c.send_raw(&wire);
+        let mut replies = Vec::new();
+        while replies.len() < 2 {
+            match c.read_reply() {
+                Reply::Push(_) => {}
+                r => replies.push(r),
+            }
+        }
+        assert_eq!(replies, vec![Reply::ok(), Reply::bulk(&v)], "round {i}");
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    assert!(killer.join().unwrap() > 10, "the trackers were not dropped");
+}

@@ -269,6 +269,16 @@ async fn serve(
             }
             n = rx.recv_many(&mut jobs, 256) => {
                 if n == 0 {
+                    // Every handle dropped (shutdown, or a tracked connection replaced for
+                    // a new tracker): the commands already written get their replies
+                    // first, for a few seconds at most.
+                    let until = Instant::now() + DRAIN_ON_DROP;
+                    while open.n.load(Ordering::Relaxed) > 0 && Instant::now() < until {
+                        tokio::select! {
+                            _ = &mut reader => break,
+                            _ = tokio::time::sleep(Duration::from_millis(1)) => {}
+                        }
+                    }
                     reader.abort();
                     open.take(i64::MAX);
                     return None;
@@ -302,6 +312,10 @@ async fn serve(
     open.take(i64::MAX);
     Some((reason, unanswered))
 }
+
+/// How long a connection whose handles are all gone keeps reading the replies of the
+/// commands it already wrote.
+const DRAIN_ON_DROP: Duration = Duration::from_secs(5);
 
 /// Commands in flight on one connection, mirrored in the node's gauge.
 #[derive(Clone)]
@@ -402,6 +416,15 @@ async fn write_all_vectored(w: &mut WriteHalf, bufs: &mut [Bytes]) -> std::io::R
     w.flush().await
 }
 
+/// Whether a push frame is Redis's `tracking-redir-broken`.
+fn redirect_broken(frame: &[u8]) -> bool {
+    matches!(
+        crate::resp::parse_value(frame),
+        Ok(Some((crate::resp::Value::Push(v), _)))
+            if matches!(v.first(), Some(crate::resp::Value::Bulk(b)) if &b[..] == b"tracking-redir-broken")
+    )
+}
+
 /// Frames replies and completes jobs in order. Returns why it stopped, and the jobs it
 /// leaves unanswered, in order.
 async fn read_loop(
@@ -442,11 +465,20 @@ async fn frame_replies(
                 Err(e) => return BackendError::Protocol(e.to_string()),
             };
             if buf[pos] == b'>' {
-                // Shared connections never subscribe or track, so a push means the
-                // stream is not what we think it is: reconnect rather than misattribute.
-                return BackendError::Protocol(
-                    "unexpected push message on a shared connection".into(),
-                );
+                // A tracked connection (client-side caching) is told when the tracker it
+                // redirects to is gone; the tracker's own reconnect handles that, and the
+                // replies around the push are the jobs'. Shared connections never
+                // subscribe, so any other push means the stream is not what we think it
+                // is: reconnect rather than misattribute.
+                if !redirect_broken(&buf[pos..pos + len]) {
+                    return BackendError::Protocol(
+                        "unexpected push message on a shared connection".into(),
+                    );
+                }
+                let mut rest = buf.split_off(pos);
+                bytes::Buf::advance(&mut rest, len);
+                buf.unsplit(rest);
+                continue;
             }
             if cur.is_none() {
                 match inflight.try_recv() {

@@ -180,6 +180,7 @@ fn tracking(s: &mut Session, req: &Request) -> Result<(), Refused> {
         caching: false,
         spent: false,
         prefixes: all_prefixes,
+        on_tracked: Vec::new(),
     }));
     // Its commands go on the node's tracked connection from now on: the next one leaves
     // once everything sent before has arrived.
@@ -285,6 +286,33 @@ pub fn note(s: &mut Session, req: &Request, c: &Classified, class: Class, action
             ct.now(key, id, "untracked");
         }
     }
+}
+
+/// Whether a tracking client's command goes to its node on another connection than its
+/// last one there (the node's tracked connection came up or went down meanwhile): it then
+/// waits for everything sent before, as at a lane change, so that a read never overtakes
+/// the client's own write on the other connection.
+pub fn switches(s: &mut Session, req: &Request, c: &Classified) -> bool {
+    let (proto, db) = (s.proto, s.db);
+    let Some(t) = s.tracking.as_deref_mut() else {
+        return false;
+    };
+    if t.prefixes.is_some() || !(proto == Proto::Resp3 || t.redirect != 0) {
+        return false;
+    }
+    let Some(&k) = c.keys.first() else {
+        return false;
+    };
+    let node = s.ctx.backend.node_for(req.arg(k as usize));
+    let up = s
+        .ctx
+        .tracking
+        .conn(&s.ctx.backend, node, proto, db)
+        .is_some();
+    if t.on_tracked.len() <= node {
+        t.on_tracked.resize(node + 1, None);
+    }
+    t.on_tracked[node].replace(up).is_some_and(|was| was != up)
 }
 
 /// Resolves when the session has invalidations to push: its own, or another client's

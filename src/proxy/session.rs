@@ -402,7 +402,8 @@ async fn proceed(
                 | Route::Kill
         )
         && s.switch_lane(c.spec.name);
-    if !settled && (lane_change || own_connection(s, &req, &c)) {
+    let switch = s.tracking.is_some() && super::client_cache::switches(s, &req, &c);
+    if !settled && (lane_change || switch || own_connection(s, &req, &c)) {
         return Flow::Settle(Box::new(Pending { req, c }));
     }
     // decide

@@ -411,6 +411,8 @@ pub struct Tracking {
     pub spent: bool,
     /// BCAST: the prefixes it is told of (an empty one: every key), sorted.
     pub prefixes: Option<Vec<Bytes>>,
+    /// By node: whether its last command there went on the node's tracked connection.
+    pub on_tracked: Vec<Option<bool>>,
 }
 
 impl Tracking {
