@@ -52,7 +52,7 @@ pub fn handle(s: &mut Session, req: &Request, spec: &'static Spec, rb: &mut Roun
     };
     let mut out = BytesMut::new();
     match reply {
-        Ok(v) => v.encode(s.proto, &mut out),
+        Ok(v) => v.encode(s.proto(), &mut out),
         Err(e) => return push(rb, err_bytes(&e)),
     }
     push(rb, out.freeze())
@@ -200,7 +200,7 @@ fn log(s: &mut Session, req: &Request) -> Result<Value, String> {
                     (bulk("username"), bulk(&e.username)),
                     (
                         bulk("age-seconds"),
-                        match s.proto {
+                        match s.proto() {
                             Proto::Resp3 => Value::Double(age),
                             Proto::Resp2 => Value::Bulk(age),
                         },

@@ -62,14 +62,14 @@ pub fn answer(s: &Session, req: &Request, name: &str) -> Bytes {
         }
         "CLUSTER SHARDS" => {
             array_header(1, &mut out);
-            map_header(s.proto, 2, &mut out);
+            map_header(s.proto(), 2, &mut out);
             encode_bulk(b"slots", &mut out);
             array_header(2, &mut out);
             encode_int(0, &mut out);
             encode_int(SLOTS as i64 - 1, &mut out);
             encode_bulk(b"nodes", &mut out);
             array_header(1, &mut out);
-            map_header(s.proto, 7, &mut out);
+            map_header(s.proto(), 7, &mut out);
             for (k, v) in [
                 ("id", id.as_str()),
                 ("ip", host.as_str()),

@@ -53,7 +53,7 @@ pub fn command(s: &mut Session, req: &Request, c: &Classified, rb: &mut RoundBui
                     Value::Array(prefixes.into_iter().map(Value::Bulk).collect()),
                 ),
             ])
-            .encode(s.proto, &mut out);
+            .encode(s.proto(), &mut out);
             Ok(())
         }
     };
@@ -170,8 +170,8 @@ fn tracking(s: &mut Session, req: &Request) -> Result<(), Refused> {
             .is_some_and(|a| a.iter().any(|p| p.is_empty()));
         let p = if every { Vec::new() } else { p };
         s.ctx.tracking.broadcast_to(&s.ctx.backend, s.id, p);
-    } else if s.proto == Proto::Resp3 || redirect != 0 {
-        s.ctx.tracking.prepare(&s.ctx.backend, s.proto, s.db);
+    } else if s.proto() == Proto::Resp3 || redirect != 0 {
+        s.ctx.tracking.prepare(&s.ctx.backend, s.proto(), s.db());
     }
     s.tracking = Some(Box::new(Tracking {
         redirect,
@@ -234,6 +234,7 @@ fn caching(s: &mut Session, req: &Request) -> Result<(), Refused> {
 /// client is not told of its own writes. A read-hot key is read from the node, not from
 /// the proxy's cache: the client caches it itself.
 pub fn note(s: &mut Session, req: &Request, c: &Classified, class: Class, action: &mut Action) {
+    let proto = s.proto();
     let Some(t) = s.tracking.as_mut().filter(|t| t.prefixes.is_none()) else {
         return;
     };
@@ -250,7 +251,7 @@ pub fn note(s: &mut Session, req: &Request, c: &Classified, class: Class, action
     let name = c.spec.name;
     t.spent =
         !name.starts_with("CLIENT ") && ((s.tx.is_none() && name != "MULTI") || name == "EXEC");
-    let (noloop, id, proto) = (t.noloop, s.id, s.proto);
+    let (noloop, id) = (t.noloop, s.id);
     // Without REDIRECT, a RESP2 client is sent nothing (as on Redis).
     if proto != Proto::Resp3 && t.redirect == 0 {
         return;
@@ -280,7 +281,7 @@ pub fn note(s: &mut Session, req: &Request, c: &Classified, class: Class, action
         if !hot.client_may_keep(key, &rules) {
             // `read.client_cache: { keys: hot_only }` and the key is not read-hot.
             ct.now(key, id, "not_hot");
-        } else if !untracked && ct.conn(&s.ctx.backend, node, proto, s.db).is_some() {
+        } else if !untracked && ct.conn(&s.ctx.backend, node, proto, s.db()).is_some() {
             ct.remember(key, id);
         } else {
             ct.now(key, id, "untracked");
@@ -293,7 +294,7 @@ pub fn note(s: &mut Session, req: &Request, c: &Classified, class: Class, action
 /// waits for everything sent before, as at a lane change, so that a read never overtakes
 /// the client's own write on the other connection.
 pub fn switches(s: &mut Session, req: &Request, c: &Classified) -> bool {
-    let (proto, db) = (s.proto, s.db);
+    let (proto, db) = (s.proto(), s.db());
     let Some(t) = s.tracking.as_deref_mut() else {
         return false;
     };

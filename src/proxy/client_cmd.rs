@@ -37,12 +37,12 @@ pub fn handle(s: &mut Session, req: &Request, c: &Classified, rb: &mut RoundBuil
         }
         "CLIENT GETNAME" => match &s.name {
             Some(n) => encode_bulk(n, &mut out),
-            None => Value::Nil.encode(s.proto, &mut out),
+            None => Value::Nil.encode(s.proto(), &mut out),
         },
         "CLIENT ID" => encode_int(s.id as i64, &mut out),
         "CLIENT INFO" => {
             s.publish();
-            text_reply(s.proto, s.me.line(Some(spec)), &mut out);
+            text_reply(s.proto(), s.me.line(Some(spec)), &mut out);
         }
         "CLIENT LIST" => {
             s.publish();
@@ -62,7 +62,7 @@ pub fn handle(s: &mut Session, req: &Request, c: &Classified, rb: &mut RoundBuil
                 .iter()
                 .map(|c| c.line((c.id == me).then_some(spec)))
                 .collect();
-            text_reply(s.proto, text, &mut out);
+            text_reply(s.proto(), text, &mut out);
         }
         "CLIENT KILL" => return client_kill(s, req, rb),
         "CLIENT PAUSE" => {

@@ -83,11 +83,7 @@ pub fn handle(s: &mut Session, req: &Request, c: &Classified, rb: &mut RoundBuil
             s.tx = None;
             s.name = None;
             s.user = s.ctx.users.initial();
-            if s.proto != Proto::Resp2 || s.db != 0 {
-                s.proto = Proto::Resp2;
-                s.db = 0;
-                s.reset_conns();
-            }
+            s.switch_to(Proto::Resp2, 0);
             reset_dedicated(s);
             ready(rb, b"+RESET\r\n");
             return Flow::Continue;
@@ -157,16 +153,14 @@ fn check_auth(s: &mut Session, user: Option<&[u8]>, pass: &[u8]) -> Result<(), &
 }
 
 fn set_db(s: &mut Session, db: u32) {
-    if s.db != db {
-        s.db = db;
-        s.reset_conns();
+    if s.switch_to(s.proto(), db) {
         reset_dedicated(s);
     }
 }
 
 /// HELLO [protover [AUTH username password] [SETNAME clientname]]
 fn hello(s: &mut Session, req: &Request, rb: &mut RoundBuilder) -> Flow {
-    let mut proto = s.proto;
+    let mut proto = s.proto();
     let mut i = 1;
     if req.argc() > 1 {
         proto = match req.arg(1) {
@@ -216,9 +210,7 @@ fn hello(s: &mut Session, req: &Request, rb: &mut RoundBuilder) -> Flow {
         error(rb, "NOAUTH HELLO must be called with the client already authenticated, otherwise the HELLO <proto> AUTH <user> <pass> option can be used to authenticate the client and select the RESP protocol version at the same time");
         return Flow::Continue;
     }
-    if proto != s.proto {
-        s.proto = proto;
-        s.reset_conns();
+    if s.switch_to(proto, s.db()) {
         reset_dedicated(s);
     }
     let fields: Vec<(Value, Value)> = vec![
@@ -306,7 +298,7 @@ pub fn transaction(s: &mut Session, req: &Request, c: &Classified, rb: &mut Roun
                     return Flow::Continue;
                 }
             } else {
-                let hs = s.ctx.backend.node(node).handshake(s.proto, s.db);
+                let hs = s.ctx.backend.node(node).handshake(s.proto(), s.db());
                 s.watch = Some((node, DedicatedWorker::spawn(hs, s.gone.clone(), false)));
             }
             let w = &s.watch.as_ref().expect("set above").1;

@@ -32,10 +32,10 @@ pub(super) fn combine(
 ) {
     let key = req.arg_bytes(c.keys[0] as usize);
     let node = s.ctx.backend.node_for(&key);
-    let conn = combine_conn(s, node, s.db, &key);
+    let conn = combine_conn(s, node, s.db(), &key);
     let bk = BatchKey {
         node,
-        db: s.db,
+        db: s.db(),
         key,
         field: field.map(|f| req.arg_bytes(f)),
     };
@@ -212,7 +212,7 @@ pub(super) fn written_pending(s: &mut Session, rb: &RoundBuilder, key: &[u8]) ->
 /// task (it may write any key). A combined write holds back reads of its own key only
 /// (`written_pending`).
 fn may_serve_cached(s: &mut Session, rb: &RoundBuilder) -> bool {
-    s.proto == Proto::Resp2 && s.db == 0 && !rb.wrote_cached && s.order.nothing_for_all()
+    s.proto() == Proto::Resp2 && s.db() == 0 && !rb.wrote_cached && s.order.nothing_for_all()
 }
 
 /// `request` on `key` from the cache: the reply at once on a hit, else a receiver for the

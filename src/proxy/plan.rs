@@ -44,7 +44,7 @@ pub(super) fn decide(s: &Session, req: &Request, c: &Classified) -> Action {
     let rules = s.ctx.rules.load();
     let view = policy::SaltView {
         table: &table,
-        db: s.db,
+        db: s.db(),
         in_tx: s.tx.is_some(),
         now_ms: now,
         fresh: now > 0 && s.ctx.salt.fresh(now),

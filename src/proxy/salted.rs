@@ -132,7 +132,7 @@ pub(super) async fn act(
         }
         Plan::Careful(e, op) => {
             let ctx = s.ctx.clone();
-            let proto = s.proto;
+            let proto = s.proto();
             later(s, rb, async move {
                 merge::careful(&ctx.backend, &e, op, &args)
                     .await
@@ -146,7 +146,7 @@ pub(super) async fn act(
         }
         Plan::Checked(e, op) => {
             let ctx = s.ctx.clone();
-            let proto = s.proto;
+            let proto = s.proto();
             later(s, rb, async move {
                 ops::checked_write(&ctx.backend, &ctx.salt, &e, op, &args)
                     .await
@@ -156,7 +156,7 @@ pub(super) async fn act(
         }
         Plan::Members(e, m, careful) => {
             let ctx = s.ctx.clone();
-            let proto = s.proto;
+            let proto = s.proto();
             later(s, rb, async move {
                 kinds::of(e.rec.kind)
                     .read(&ctx.backend, &e, &m, careful, proto == Proto::Resp3)
@@ -168,7 +168,7 @@ pub(super) async fn act(
         }
         Plan::Quiet(e, m) => {
             let ctx = s.ctx.clone();
-            let proto = s.proto;
+            let proto = s.proto();
             later(s, rb, async move {
                 ops::quiet(&ctx.backend, &ctx.salt, &e.key, &m, &args)
                     .await
@@ -178,7 +178,7 @@ pub(super) async fn act(
         }
         Plan::Task(table) => {
             let ctx = s.ctx.clone();
-            let proto = s.proto;
+            let proto = s.proto();
             later(s, rb, async move {
                 ops::multi(&ctx.backend, &ctx.salt, &table, &args, name, proto).await
             });
@@ -275,7 +275,7 @@ fn combine(
     let pending = s.ctx.combiner.add(bk, conn, *delta, cmd, window);
     s.order.combined(Keys::hash(&e.key), pending.done);
     rb.combined();
-    let (ctx, proto) = (s.ctx.clone(), s.proto);
+    let (ctx, proto) = (s.ctx.clone(), s.proto());
     let then = move |raw: Bytes| -> Bytes {
         let v = match crate::resp::parse_value(&raw) {
             Ok(Some((v, _))) => v,
@@ -295,7 +295,7 @@ fn combine(
 /// the ID must be looked up elsewhere first, a task like any salted command that leaves
 /// the round (once the session's earlier commands have landed, before its later ones).
 pub(super) fn idempotent(s: &mut Session, req: &Request, delta: i64, rb: &mut RoundBuilder) {
-    let refuse = if s.db != 0 {
+    let refuse = if s.db() != 0 {
         Some("ERR saltshaker: SALTSHAKER.INCRBY works in database 0 only")
     } else if !s.ctx.salt.enabled {
         Some("ERR saltshaker: SALTSHAKER.INCRBY needs a pool that places keys by hash")
@@ -334,7 +334,7 @@ pub(super) fn idempotent(s: &mut Session, req: &Request, delta: i64, rb: &mut Ro
             })));
         }
         Ok(idem::Plan::Task) => {
-            let (ctx, proto) = (s.ctx.clone(), s.proto);
+            let (ctx, proto) = (s.ctx.clone(), s.proto());
             later(s, rb, async move {
                 idem::incr(&ctx.backend, &ctx.salt, entry, once, now, fresh)
                     .await
@@ -375,7 +375,7 @@ fn display(
         _ => None,
     };
     let refresh = std::time::Duration::from_millis(ms);
-    let proto = s.proto;
+    let proto = s.proto();
     match e
         .rollup
         .lookup(field.as_ref(), refresh, std::time::Instant::now())

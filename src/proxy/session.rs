@@ -90,10 +90,10 @@ async fn read_loop(
     let me = s.me.clone();
     loop {
         // Invalidations for a tracking client, after every round sent before them.
-        let resp3 = s.proto == crate::resp::Proto::Resp3;
+        let resp3 = s.proto() == crate::resp::Proto::Resp3;
         if let Some(push) = resp3.then(|| s.me.inbox.take(true)).flatten() {
             if tx
-                .send(Box::new((Round::push(push), s.proto)))
+                .send(Box::new((Round::push(push), s.proto())))
                 .await
                 .is_err()
             {
@@ -103,7 +103,7 @@ async fn read_loop(
         if !Box::pin(settle::may_read(s, tx, &mut owing, &mut killed)).await {
             return End::Closed;
         }
-        let proto = s.proto;
+        let proto = s.proto();
         let n: std::io::Result<usize> = if held_back {
             Ok(buf.len())
         } else if draining {
@@ -157,7 +157,7 @@ async fn read_loop(
             let mut round = rb.send(s.ctx.backend.request_timeout, &s.inflight).await;
             round.close_after = true;
             s.ctx.metrics.protocol_errors.inc();
-            let _ = tx.send(Box::new((round, s.proto))).await;
+            let _ = tx.send(Box::new((round, s.proto()))).await;
             return End::Closed;
         }
         {
@@ -227,10 +227,10 @@ async fn read_loop(
                     .has(command::flags::SKIP_MONITOR | command::flags::ADMIN))
             .then(|| super::monitor::args(&req));
             let mut mark = rb.slots.len();
-            let conn_state = (s.proto, s.db);
+            let conn_state = (s.proto(), s.db());
             let mut flow = handle(s, req, c, &mut rb).await;
             if let Flow::Settle(p) = flow {
-                if !Box::pin(settle::settle(s, &mut rb, tx, s.proto)).await {
+                if !Box::pin(settle::settle(s, &mut rb, tx, s.proto())).await {
                     return End::Closed;
                 }
                 mark = 0;
@@ -247,7 +247,7 @@ async fn read_loop(
             }
             rb.commit_keys();
             if let Some(args) = monitor {
-                s.ctx.monitors.feed(s.db, &s.peer, &args);
+                s.ctx.monitors.feed(s.db(), &s.peer, &args);
             }
             if let (Some(hook), Flow::Continue) = (hook, &flow) {
                 if rb.slots.len() == mark + 1 {
@@ -256,7 +256,7 @@ async fn read_loop(
                 }
             }
             let settle_after = std::mem::take(&mut s.settle_after);
-            if ((s.proto, s.db) != conn_state || settle_after)
+            if ((s.proto(), s.db()) != conn_state || settle_after)
                 && matches!(flow, Flow::Continue)
                 && !Box::pin(settle::settle(s, &mut rb, tx, conn_state.0)).await
             {
@@ -278,7 +278,7 @@ async fn read_loop(
                     let lines = s.ctx.monitors.subscribe();
                     s.order.wait_barrier().await;
                     let round = rb.send(s.ctx.backend.request_timeout, &s.inflight).await;
-                    let _ = tx.send(Box::new((round, s.proto))).await;
+                    let _ = tx.send(Box::new((round, s.proto()))).await;
                     return End::Monitor(r, lines);
                 }
                 Flow::Tunnel(mut start) => {
@@ -300,7 +300,7 @@ async fn read_loop(
                     s.order.wait_barrier().await;
                     let mut round = rb.send(s.ctx.backend.request_timeout, &s.inflight).await;
                     round.tunnel = start.take_end();
-                    let _ = tx.send(Box::new((round, s.proto))).await;
+                    let _ = tx.send(Box::new((round, s.proto()))).await;
                     return End::Tunnel(r, start);
                 }
             }
@@ -331,7 +331,7 @@ async fn read_loop(
             s.order
                 .sent(&mut round, had_jobs, want_ack, s.track, written, keys);
             round.close_after = close;
-            if tx.send(Box::new((round, s.proto))).await.is_err() {
+            if tx.send(Box::new((round, s.proto()))).await.is_err() {
                 return End::Closed;
             }
         }
@@ -547,7 +547,7 @@ async fn act(
         Route::Transaction => return local::transaction(s, req, c, rb),
         Route::Subscribe => match pubsub_node(s, req) {
             Ok(node) => {
-                let mut hs = s.ctx.backend.node(node).handshake(s.proto, s.db);
+                let mut hs = s.ctx.backend.node(node).handshake(s.proto(), s.db());
                 // The client talks to the node from now on: it keeps its name there.
                 hs.name = s.name.clone();
                 match Box::pin(tunnel::open(&hs, req.wire())).await {

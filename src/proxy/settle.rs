@@ -74,7 +74,7 @@ pub(super) async fn flush(
     rb: &mut RoundBuilder,
     tx: &mpsc::Sender<Queued>,
 ) -> bool {
-    let proto = s.proto;
+    let proto = s.proto();
     send_ahead(s, rb, tx, proto, None).await
 }
 

@@ -107,7 +107,7 @@ pub(super) fn across(s: &mut Session, req: &Request, c: &Classified, rb: &mut Ro
     };
     let conns: Vec<ConnHandle> = (0..s.ctx.backend.len()).map(|n| s.conn(n)).collect();
     let ctx = s.ctx.clone();
-    let proto = s.proto;
+    let proto = s.proto();
     let deadline = ctx.backend.request_timeout.map(|t| Instant::now() + t);
     let (tx, rx) = tokio::sync::oneshot::channel();
     tokio::spawn(async move {

@@ -43,8 +43,9 @@ pub struct Session {
     pub id: u64,
     pub peer: String,
     pub local: String,
-    pub proto: Proto,
-    pub db: u32,
+    /// The protocol and database of the session's commands (`switch_to` changes them).
+    proto: Proto,
+    db: u32,
     pub name: Option<Bytes>,
     /// The user logged in as; None until the connection logs in (when it must).
     pub user: Option<Arc<crate::auth::User>>,
@@ -131,6 +132,27 @@ impl Session {
             settle_after: false,
             inflight: Arc::default(),
         }
+    }
+
+    pub fn proto(&self) -> Proto {
+        self.proto
+    }
+
+    pub fn db(&self) -> u32 {
+        self.db
+    }
+
+    /// The session's commands go in `proto` and database `db` from now on. True if that
+    /// is a change: the node connections looked up for the old ones are forgotten here
+    /// (the caller drops its dedicated ones).
+    pub fn switch_to(&mut self, proto: Proto, db: u32) -> bool {
+        if (proto, db) == (self.proto, self.db) {
+            return false;
+        }
+        self.proto = proto;
+        self.db = db;
+        self.reset_conns();
+        true
     }
 
     /// The logged-in user as the proxy's users say now (ACL SETUSER may have changed it;
