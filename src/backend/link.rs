@@ -245,6 +245,7 @@ async fn serve(
     let open = Pending {
         n: Arc::new(AtomicI64::new(0)),
         gauge: m.pending.clone(),
+        none: Arc::default(),
     };
     let mut reader = tokio::spawn(read_loop(r, inflight_rx, hs.max_reply_bulk, open.clone()));
     let mut jobs: Vec<Job> = Vec::with_capacity(64);
@@ -272,11 +273,13 @@ async fn serve(
                     // Every handle dropped (shutdown, or a tracked connection replaced for
                     // a new tracker): the commands already written get their replies
                     // first, for a few seconds at most.
-                    let until = Instant::now() + DRAIN_ON_DROP;
-                    while open.n.load(Ordering::Relaxed) > 0 && Instant::now() < until {
+                    let until = tokio::time::sleep(DRAIN_ON_DROP);
+                    tokio::pin!(until);
+                    while open.n.load(Ordering::Relaxed) > 0 {
                         tokio::select! {
                             _ = &mut reader => break,
-                            _ = tokio::time::sleep(Duration::from_millis(1)) => {}
+                            _ = open.none.notified() => {}
+                            _ = &mut until => break,
                         }
                     }
                     reader.abort();
@@ -322,6 +325,8 @@ const DRAIN_ON_DROP: Duration = Duration::from_secs(5);
 struct Pending {
     n: Arc<AtomicI64>,
     gauge: prometheus_client::metrics::gauge::Gauge,
+    /// Told when no command is left in flight (a connection draining before it closes).
+    none: Arc<tokio::sync::Notify>,
 }
 
 impl Pending {
@@ -338,6 +343,9 @@ impl Pending {
             .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |v| Some(v - v.min(k)))
         {
             self.gauge.dec_by(was.min(k));
+            if was <= k {
+                self.none.notify_one();
+            }
         }
     }
 }

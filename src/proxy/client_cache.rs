@@ -159,19 +159,9 @@ fn tracking(s: &mut Session, req: &Request) -> Result<(), Refused> {
         .tracking
         .join(s.id, if redirect == 0 { s.id } else { redirect });
     if let Some(p) = &all_prefixes {
-        // An empty prefix is every key.
-        let p = p
-            .iter()
-            .filter(|p| !p.is_empty())
-            .cloned()
-            .collect::<Vec<_>>();
-        let every = all_prefixes
-            .as_ref()
-            .is_some_and(|a| a.iter().any(|p| p.is_empty()));
-        let p = if every { Vec::new() } else { p };
-        s.ctx.tracking.broadcast_to(&s.ctx.backend, s.id, p);
+        s.ctx.tracking.broadcast_to(s.id, p.clone());
     } else if s.proto() == Proto::Resp3 || redirect != 0 {
-        s.ctx.tracking.prepare(&s.ctx.backend, s.proto(), s.db());
+        s.ctx.tracking.prepare(s.proto(), s.db());
     }
     s.tracking = Some(Box::new(Tracking {
         redirect,
@@ -275,13 +265,24 @@ pub fn note(s: &mut Session, req: &Request, c: &Classified, class: Class, action
         _ => matches!(c.route, Route::Blocking) || (s.tx.is_some() && s.watch.is_some()),
     };
     let (hot, rules) = (s.ctx.hot.load(), s.ctx.rules.snapshot());
+    let first = s.ctx.backend.node_for(req.arg(c.keys[0] as usize));
     for &k in c.keys.iter() {
         let key = req.arg(k as usize);
         let node = s.ctx.backend.node_for(key);
+        // Whether the node tracks for the proxy now: as `switches` found it for this
+        // command's first key, or asked here for the others.
+        let tracked = || {
+            let known = s
+                .tracking
+                .as_deref()
+                .filter(|_| node == first)
+                .and_then(|t| t.on_tracked.get(node).copied().flatten());
+            known.unwrap_or_else(|| ct.conn(node, proto, s.db()).is_some())
+        };
         if !hot.client_may_keep(key, &rules) {
             // `read.client_cache: { keys: hot_only }` and the key is not read-hot.
             ct.now(key, id, "not_hot");
-        } else if !untracked && ct.conn(&s.ctx.backend, node, proto, s.db()).is_some() {
+        } else if !untracked && tracked() {
             ct.remember(key, id);
         } else {
             ct.now(key, id, "untracked");
@@ -305,11 +306,7 @@ pub fn switches(s: &mut Session, req: &Request, c: &Classified) -> bool {
         return false;
     };
     let node = s.ctx.backend.node_for(req.arg(k as usize));
-    let up = s
-        .ctx
-        .tracking
-        .conn(&s.ctx.backend, node, proto, db)
-        .is_some();
+    let up = s.ctx.tracking.conn(node, proto, db).is_some();
     if t.on_tracked.len() <= node {
         t.on_tracked.resize(node + 1, None);
     }

@@ -189,7 +189,7 @@ impl Session {
             t.prefixes.is_none() && (proto == Proto::Resp3 || t.redirect != 0)
         };
         if self.tracking.as_deref().is_some_and(pushes) {
-            if let Some(c) = ctx.tracking.conn(&ctx.backend, node, proto, db) {
+            if let Some(c) = ctx.tracking.conn(node, proto, db) {
                 return c;
             }
         }

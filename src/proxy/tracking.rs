@@ -108,13 +108,13 @@ impl ClientTracking {
     /// Client `id` (joined) broadcasts: it is told of every key written that starts with
     /// one of `prefixes` (any key if none), whoever reads it. Starts every node's
     /// broadcasting tracker.
-    pub fn broadcast_to(&self, backend: &Backend, id: u64, mut prefixes: Vec<Bytes>) {
+    pub fn broadcast_to(&self, id: u64, mut prefixes: Vec<Bytes>) {
         prefixes.sort();
         self.bcast
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .insert(id, prefixes);
-        self.start_broadcasting(backend);
+        self.start_broadcasting();
     }
 
     /// Slots moved on a cluster: a master new since the BCAST clients joined gets its
@@ -129,7 +129,7 @@ impl ClientTracking {
         if to.is_empty() {
             return;
         }
-        self.start_broadcasting(&self.backend);
+        self.start_broadcasting();
         for c in to.into_iter().filter_map(|id| self.registry.get(id)) {
             self.metrics.flushes.inc();
             c.inbox.flush();
@@ -137,12 +137,13 @@ impl ClientTracking {
     }
 
     /// Every node's broadcasting tracker and BCAST connection, started once.
-    fn start_broadcasting(&self, backend: &Backend) {
+    fn start_broadcasting(&self) {
+        let backend = &self.backend;
         for node in 0..backend.len() {
-            if let Some(track) = self.node(backend, node) {
+            if let Some(track) = self.node(node) {
                 track.bcast.get_or_init(|| {
                     let n = backend.node(node);
-                    let tracker = self.tracker(&n, ClientTracking::broadcast);
+                    let tracker = self.tracker(n, ClientTracking::broadcast);
                     let hs = crate::backend::Handshake {
                         tracking_bcast: true,
                         ..n.handshake(Proto::Resp2, 0)
@@ -163,13 +164,11 @@ impl ClientTracking {
             .unwrap_or_else(|e| e.into_inner())
             .iter()
             .map(|(&id, prefixes)| {
-                let messages = match prefixes.is_empty() {
-                    true => vec![keys.to_vec()],
-                    false => prefixes
-                        .iter()
-                        .map(|p| keys.iter().filter(|k| k.starts_with(p)).cloned().collect())
-                        .collect(),
-                };
+                // (The empty prefix, BCAST without PREFIX, matches every key.)
+                let messages = prefixes
+                    .iter()
+                    .map(|p| keys.iter().filter(|k| k.starts_with(p)).cloned().collect())
+                    .collect();
                 (id, messages)
             })
             .collect();
@@ -326,23 +325,17 @@ impl ClientTracking {
     /// Starts every node's tracker and tracked connection for this protocol and database,
     /// so that a client turning tracking on finds them up by its first reads (a read before
     /// is told at once instead).
-    pub fn prepare(&self, backend: &Backend, proto: Proto, db: u32) {
-        for node in 0..backend.len() {
-            let _ = self.conn(backend, node, proto, db);
+    pub fn prepare(&self, proto: Proto, db: u32) {
+        for node in 0..self.backend.len() {
+            let _ = self.conn(node, proto, db);
         }
     }
 
     /// The tracked connection to `node` in this protocol and database; None while the
     /// node's tracker is not connected (its reads cannot be tracked now).
-    pub fn conn(
-        &self,
-        backend: &Backend,
-        node: usize,
-        proto: Proto,
-        db: u32,
-    ) -> Option<ConnHandle> {
-        let track = self.node(backend, node)?;
-        let n = backend.node(node);
+    pub fn conn(&self, node: usize, proto: Proto, db: u32) -> Option<ConnHandle> {
+        let track = self.node(node)?;
+        let n = self.backend.node(node);
         let filler = {
             let mut f = track.fillers.lock().unwrap_or_else(|e| e.into_inner());
             f.entry((proto == Proto::Resp3, db))
@@ -360,14 +353,15 @@ impl ClientTracking {
     }
 
     /// Node `node`'s tracker, started on first use.
-    fn node(&self, backend: &Backend, node: usize) -> Option<&NodeTrack> {
+    fn node(&self, node: usize) -> Option<&NodeTrack> {
+        let backend = &self.backend;
         let slot = self.nodes.get(node)?;
         if node >= backend.len() {
             return None;
         }
         let n = backend.node(node);
         Some(slot.get_or_init(|| NodeTrack {
-            tracker: self.tracker(&n, ClientTracking::invalidate),
+            tracker: self.tracker(n, ClientTracking::invalidate),
             fillers: Mutex::default(),
             bcast: OnceLock::new(),
         }))

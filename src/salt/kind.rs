@@ -188,9 +188,9 @@ pub trait SaltKind: Sync {
     fn takes(&self, facts: Facts) -> bool;
 
     /// Members are placed by a hash of the member, so the shard count cannot change while
-    /// the key is salted (it would move every member).
+    /// the key is salted (it would move every member). Every kind but the counters is.
     fn partitioned(&self) -> bool {
-        false
+        true
     }
 
     /// Members the base key holds while the key is salted are spread into their shards in

@@ -96,6 +96,10 @@ impl SaltKind for Counters {
         }
     }
 
+    fn partitioned(&self) -> bool {
+        false
+    }
+
     fn idempotent(&self) -> bool {
         self.shape == Shape::String
     }

@@ -179,10 +179,6 @@ impl SaltKind for Fields {
         matches!(f.redis_type, None | Some("hash")) && f.by_field
     }
 
-    fn partitioned(&self) -> bool {
-        true
-    }
-
     fn move_shard<'a>(
         &'a self,
         backend: &'a Backend,

@@ -181,10 +181,6 @@ impl SaltKind for Hll {
         matches!(f.redis_type, None | Some("string")) && (f.hll || f.redis_type.is_none())
     }
 
-    fn partitioned(&self) -> bool {
-        true
-    }
-
     /// A HyperLogLog shard's move journals nothing: PFMERGE into the base key is the same
     /// however often it runs (`move_hll`).
     fn apply<'a>(

@@ -298,10 +298,6 @@ impl SaltKind for Set {
         matches!(f.redis_type, None | Some("set"))
     }
 
-    fn partitioned(&self) -> bool {
-        true
-    }
-
     fn spreads_base(&self) -> bool {
         true
     }

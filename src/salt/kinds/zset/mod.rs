@@ -316,10 +316,6 @@ impl SaltKind for ZSet {
         matches!(f.redis_type, None | Some("zset"))
     }
 
-    fn partitioned(&self) -> bool {
-        true
-    }
-
     fn classify(&self, name: &str, args: &[Bytes]) -> Op {
         classify(name, args).map_or(Op::Other, Op::Member)
     }
