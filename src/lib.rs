@@ -270,7 +270,11 @@ pub async fn run(
         nodes = cfg.backend.nodes.len(),
         "saltshaker serving"
     );
-    proxy::serve(serving, ctx, DRAIN_TIMEOUT).await;
+    let threads = match cfg.threads {
+        0 => std::thread::available_parallelism().map_or(1, |n| n.get()),
+        n => n,
+    };
+    proxy::serve(serving, ctx, threads, DRAIN_TIMEOUT).await;
     tracing::info!("saltshaker stopped");
     Ok(())
 }

@@ -192,25 +192,13 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    let threads = if cfg.threads == 0 {
-        std::thread::available_parallelism()
-            .map(|n| n.get())
-            .unwrap_or(1)
-    } else {
-        cfg.threads
-    };
-    // One worker: tokio's current-thread scheduler runs every task on this thread, with
-    // no work-stealing queues or cross-thread wakeups to pay for on each request
-    // (bench/README.md, "CPU per request").
-    let built = match threads {
-        1 => tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build(),
-        n => tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(n)
-            .enable_all()
-            .build(),
-    };
+    // The main thread's runtime: the control tasks (admin, rules, the salt coordinator,
+    // detection's aggregation) and worker 0's clients. `proxy::serve` starts the other
+    // workers, each a thread with a runtime of its own (docs/architecture.md, "Worker
+    // threads").
+    let built = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build();
     let rt = match built {
         Ok(rt) => rt,
         Err(e) => {

@@ -65,7 +65,26 @@ impl NodeTable {
 }
 
 /// Shared connections per (RESP3?, database, lane), started on first use.
-type ConnSets = Mutex<HashMap<(bool, u32, Lane), Arc<[ConnHandle]>>>;
+/// A node's shared connections by (RESP3, database, lane, worker thread).
+type ConnSets = Mutex<HashMap<(bool, u32, Lane, usize), Arc<[ConnHandle]>>>;
+
+thread_local! {
+    static WORKER: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+}
+
+/// Marks this thread as worker `i` (0: the main thread). Each worker thread runs its own
+/// runtime and keeps its own shared connections to every node, so that a command, the
+/// node's reply and the client's reply are all handled by the thread that read the
+/// command: no wakeup crosses threads on the request path (docs/architecture.md,
+/// "Worker threads").
+pub fn set_worker(i: usize) {
+    WORKER.with(|w| w.set(i));
+}
+
+/// This thread's worker index.
+pub fn worker() -> usize {
+    WORKER.with(|w| w.get())
+}
 
 /// Which of a node's shared lanes a command travels on. A node runs one connection's
 /// commands one after another, so a long script on the lane every command takes would make
@@ -98,10 +117,11 @@ impl Node {
         self.conns_in(proto, db, Lane::Main)
     }
 
-    /// The shared connections of a lane, for a protocol and database.
+    /// The shared connections of a lane, for a protocol and database: this worker
+    /// thread's own (`set_worker`).
     pub fn conns_in(&self, proto: Proto, db: u32, lane: Lane) -> Arc<[ConnHandle]> {
         let mut map = self.conns.lock().unwrap_or_else(|p| p.into_inner());
-        map.entry((proto == Proto::Resp3, db, lane))
+        map.entry((proto == Proto::Resp3, db, lane, worker()))
             .or_insert_with(|| {
                 let hs = Arc::new(self.handshake(proto, db));
                 (0..self.per_node)

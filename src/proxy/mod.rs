@@ -74,14 +74,103 @@ pub struct Listener {
     pub tls: Option<Arc<ServerTls>>,
 }
 
-/// Accepts clients on every listener until shutdown, then waits (up to `drain`) for open
-/// sessions to finish their commands.
-pub async fn serve(listeners: Vec<Listener>, ctx: Arc<Ctx>, drain: Duration) {
+/// Accepts clients on every listener until shutdown, on `threads` worker threads, then
+/// waits (up to `drain`) for open sessions to finish their commands.
+///
+/// Worker 0 is the calling thread. Each other worker is a thread with a current-thread
+/// runtime of its own, accepting on its own copy of every listening socket: a client's
+/// session, its tasks and the node connections they use (`backend::set_worker`) all
+/// stay on the thread that accepted it, so the request path never wakes another
+/// thread. Measured against tokio's work-stealing scheduler on the same workers
+/// (bench/README.md, "Worker threads").
+pub async fn serve(listeners: Vec<Listener>, ctx: Arc<Ctx>, threads: usize, drain: Duration) {
+    let mut workers = Vec::new();
+    for i in 1..threads.max(1) {
+        let copies = match listeners.iter().map(Listener::copy).collect() {
+            Ok(c) => c,
+            Err(e) => {
+                tracing::warn!(error = %e, worker = i, "cannot copy a listening socket: fewer worker threads");
+                break;
+            }
+        };
+        let (ctx, (done_tx, done)) = (ctx.clone(), tokio::sync::oneshot::channel::<()>());
+        let spawned = std::thread::Builder::new()
+            .name(format!("saltshaker-w{i}"))
+            .spawn(move || {
+                crate::backend::set_worker(i);
+                match tokio::runtime::Builder::new_current_thread().enable_all().build() {
+                    Ok(rt) => {
+                        rt.block_on(serve_worker(copies, ctx, drain));
+                        // Tasks still running past the drain (a node connection, a
+                        // client past the deadline) end with the runtime.
+                        rt.shutdown_timeout(Duration::from_millis(100));
+                    }
+                    Err(e) => tracing::warn!(error = %e, worker = i, "cannot start a worker"),
+                }
+                let _ = done_tx.send(());
+            });
+        match spawned {
+            Ok(_) => workers.push(done),
+            Err(e) => tracing::warn!(error = %e, worker = i, "cannot start a worker thread"),
+        }
+    }
+    serve_worker(listeners, ctx, drain).await;
+    for w in workers {
+        let _ = tokio::time::timeout(drain + Duration::from_secs(1), w).await;
+    }
+}
+
+impl Listener {
+    /// Another handle on the same listening socket, for another worker thread: the kernel
+    /// hands each new connection to one of the threads waiting on it.
+    fn copy(&self) -> std::io::Result<StdListener> {
+        use std::os::fd::AsFd;
+        let fd = self.tcp.as_fd().try_clone_to_owned()?;
+        Ok(StdListener {
+            tcp: std::net::TcpListener::from(fd),
+            tls: self.tls.clone(),
+        })
+    }
+}
+
+/// A listener on its way to a worker thread, registered with that thread's runtime there.
+struct StdListener {
+    tcp: std::net::TcpListener,
+    tls: Option<Arc<ServerTls>>,
+}
+
+/// What a worker serves: the listeners it was given, or copies to register on its runtime.
+trait Listen: Send + 'static {
+    fn listener(self) -> std::io::Result<Listener>;
+}
+
+impl Listen for Listener {
+    fn listener(self) -> std::io::Result<Listener> {
+        Ok(self)
+    }
+}
+
+impl Listen for StdListener {
+    fn listener(self) -> std::io::Result<Listener> {
+        self.tcp.set_nonblocking(true)?;
+        Ok(Listener {
+            tcp: TcpListener::from_std(self.tcp)?,
+            tls: self.tls,
+        })
+    }
+}
+
+/// One worker: accepts until shutdown, then waits for every client (on any worker) to
+/// finish, up to `drain`.
+async fn serve_worker<L: Listen>(listeners: Vec<L>, ctx: Arc<Ctx>, drain: Duration) {
     let mut shutdown = ctx.shutdown.clone();
-    let accepts: Vec<_> = listeners
-        .into_iter()
-        .map(|l| tokio::spawn(accept_loop(l, ctx.clone())))
-        .collect();
+    let mut accepts = Vec::new();
+    for l in listeners {
+        match l.listener() {
+            Ok(l) => accepts.push(tokio::spawn(accept_loop(l, ctx.clone()))),
+            Err(e) => tracing::warn!(error = %e, "cannot listen on a worker thread"),
+        }
+    }
     let _ = shutdown.wait_for(|v| *v).await;
     for a in accepts {
         // Each loop ends at shutdown and drops its listener: no new client gets in.
@@ -92,7 +181,7 @@ pub async fn serve(listeners: Vec<Listener>, ctx: Arc<Ctx>, drain: Duration) {
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     let left = ctx.metrics.client_connections.get();
-    if left > 0 {
+    if left > 0 && crate::backend::worker() == 0 {
         tracing::warn!(
             clients = left,
             "drain timeout: closing remaining client connections"
