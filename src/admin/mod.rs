@@ -269,12 +269,46 @@ fn admission_mark(state: &AdminState, key: &[u8]) -> Option<&'static str> {
     }
 }
 
+/// Where a write-hot key is on its way to mitigation: `detected` (its rule neither
+/// combines nor salts it), `combining` (on this proxy, not salted), `salting` (a promotion
+/// is announced and in force from `salting_from`; combined meanwhile), `salted`, or
+/// `demoted` (writers back on the base key, the fold to follow). None for a key that is
+/// not write-hot.
+fn phase(
+    state: &AdminState,
+    table: Option<&crate::salt::SaltTable>,
+    k: &crate::hotkey::HotKey,
+    now_ms: u64,
+) -> (Option<&'static str>, Option<u64>) {
+    if let Some(e) = table.and_then(|t| t.get(&k.key)) {
+        let from = e.rec.steps.first().map(|st| st.from_ms);
+        return match (e.rec.demote_ms, e.rec.step_at(now_ms)) {
+            (Some(_), _) => (Some("demoted"), None),
+            (None, Some(_)) => (Some("salted"), from),
+            (None, None) => (Some("salting"), from),
+        };
+    }
+    if k.write_state.is_none() {
+        return (None, None);
+    }
+    let strategy = state.rules.load().resolve(&k.key).write.strategy;
+    match strategy {
+        crate::rules::Strategy::Off => (Some("detected"), None),
+        _ => (Some("combining"), None),
+    }
+}
+
 fn hotkeys_json(state: &AdminState, snap: &HotSnapshot) -> String {
+    let table = state.salt.as_ref().map(|c| c.table());
+    let now = crate::salt::now_ms();
     let keys: Vec<serde_json::Value> = snap
         .keys
         .iter()
         .map(|k| {
+            let (phase, salting_from) = phase(state, table.as_deref(), k, now);
             serde_json::json!({
+                "phase": phase,
+                "salting_from": salting_from,
                 "key": state.show(&k.key),
                 "reads_per_sec": k.reads_per_sec,
                 "writes_per_sec": k.writes_per_sec,

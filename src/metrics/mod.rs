@@ -107,6 +107,9 @@ pub struct Metrics {
     pub rules_generation: Gauge,
     pub rules_last_reload_failed: Gauge,
     pub mitigated_keys: Family<HotKindLabel, Gauge>,
+    /// From the moment the detector saw a key cross its write threshold to the moment
+    /// this proxy combined it.
+    pub time_to_mitigate: prometheus_client::metrics::histogram::Histogram,
     pub balance_keys: Family<NodeLabel, Gauge>,
     pub combine: CombineMetrics,
     pub cache: CacheMetrics,
@@ -167,6 +170,12 @@ impl Metrics {
             rules_generation: Gauge::default(),
             rules_last_reload_failed: Gauge::default(),
             mitigated_keys: Family::default(),
+            time_to_mitigate: prometheus_client::metrics::histogram::Histogram::new(
+                [
+                    0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 10.0,
+                ]
+                .into_iter(),
+            ),
             balance_keys: Family::default(),
             combine: Default::default(),
             cache: Default::default(),
@@ -274,6 +283,11 @@ impl Metrics {
             "mitigated_keys",
             "Keys under mitigation now, by kind (write = combined)",
             m.mitigated_keys.clone(),
+        );
+        r.register(
+            "time_to_mitigate_seconds",
+            "Seconds from a key turning write-hot (the detector's threshold crossed) to its mitigation in force on this proxy (combined until salted)",
+            m.time_to_mitigate.clone(),
         );
         r.register(
             "balance_keys",

@@ -98,7 +98,10 @@ pub async fn serve(listeners: Vec<Listener>, ctx: Arc<Ctx>, threads: usize, drai
             .name(format!("saltshaker-w{i}"))
             .spawn(move || {
                 crate::backend::set_worker(i);
-                match tokio::runtime::Builder::new_current_thread().enable_all().build() {
+                match tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                {
                     Ok(rt) => {
                         rt.block_on(serve_worker(copies, ctx, drain));
                         // Tasks still running past the drain (a node connection, a
@@ -282,8 +285,12 @@ pub fn spawn_hot_updater(ctx: Arc<Ctx>) {
     let mut gens = ctx.rules.subscribe();
     let mut shutdown = ctx.shutdown.clone();
     tokio::spawn(async move {
+        // Write-hot keys mitigated in the last set: a key new to it is timed once.
+        let mut mitigated: std::collections::HashSet<Vec<u8>> = Default::default();
         loop {
-            let hot = HotSet::build(&snaps.borrow_and_update().clone(), ctx.rules.load());
+            let snap = snaps.borrow_and_update().clone();
+            let hot = HotSet::build(&snap, ctx.rules.load());
+            time_to_mitigate(&ctx, &snap, &hot, &mut mitigated);
             let m = &ctx.metrics.mitigated_keys;
             m.get_or_create(&crate::metrics::HotKindLabel { kind: "write" })
                 .set(hot.write_keys() as i64);
@@ -297,6 +304,34 @@ pub fn spawn_hot_updater(ctx: Arc<Ctx>) {
             }
         }
     });
+}
+
+/// Observes `saltshaker_time_to_mitigate_seconds` for each key that is combined from now
+/// on (write-hot in this snapshot, with a strategy that combines or salts it), measured
+/// from when the detector listed it hot. Keys this proxy did not see hot itself, and
+/// combines only because a promotion of them is announced (`policy::bridge`), are not
+/// timed: the registry's announcement reaches every proxy within milliseconds of the
+/// promotion.
+fn time_to_mitigate(
+    ctx: &Ctx,
+    snap: &crate::hotkey::HotSnapshot,
+    hot: &HotSet,
+    mitigated: &mut std::collections::HashSet<Vec<u8>>,
+) {
+    let now = crate::salt::now_ms();
+    let table = ctx.salt.table.load();
+    let mut now_set = std::collections::HashSet::new();
+    for k in &snap.keys {
+        if k.write_state.is_none() || hot.write_hot(&k.key).is_none() {
+            continue;
+        }
+        if !mitigated.contains(&k.key) && table.get(&k.key).is_none() {
+            let secs = now.saturating_sub(k.since_unix_ms) as f64 / 1000.0;
+            ctx.metrics.time_to_mitigate.observe(secs);
+        }
+        now_set.insert(k.key.clone());
+    }
+    *mitigated = now_set;
 }
 
 /// Runs the node-balance controller (see `mitigate::balance`) on a pool of nodes.

@@ -449,17 +449,19 @@ async fn act(
         return Flow::Continue;
     }
     if let Action::Salted(plan) = action {
+        let bridge = policy::bridge(c, req, &plan, crate::salt::now_ms(), &s.ctx.rules.load());
         // Rare paths are boxed: the session's future, held by every idle connection, stays
         // small (bench/conn_memory.py).
         if let super::salted::Next::Done = Box::pin(super::salted::act(s, req, c, plan, rb)).await {
             return Flow::Continue;
         }
         // Folded, or a write the base key takes: on as usual (it may be combined or
-        // cached like any command on its key).
-        action = if s.tx.is_none() {
-            policy::decide_plain(c, req, &s.ctx.hot.load())
-        } else {
-            Action::Forward
+        // cached like any command on its key); an increment of a key whose promotion is
+        // not in force yet is combined (`policy::bridge`).
+        action = match (s.tx.is_none(), bridge) {
+            (true, Some(bridge)) => bridge,
+            (true, None) => policy::decide_plain(c, req, &s.ctx.hot.load()),
+            (false, _) => Action::Forward,
         };
     }
     {

@@ -4,7 +4,7 @@
 //! the registry and swaps the table the data path reads; promotes this proxy's write-hot
 //! keys whose rule salts them; notes in each salted key's record that it is still hot here
 //! (at most twice per epoch) and grows N at the next boundary if `shards: auto` asks for
-//! more; demotes keys no proxy has seen hot for a whole epoch; and folds demoted keys whose
+//! more; demotes keys no proxy has seen hot for two epochs (`COOL_EPOCHS`); and folds demoted keys whose
 //! grace period has passed. It also moves salted keys apart when a slot move, a failover
 //! or a new master left two of a key's shards on one master: a counter's writers
 //! (`respread`), a key salted by member one shard's members at a time (`relocate`).
@@ -47,6 +47,8 @@ pub async fn run(
         Arc::clone(&salt.kick),
     ));
     let mut warned = false;
+    // Write-hot keys a snapshot already woke the coordinator for.
+    let mut seen: std::collections::HashSet<Vec<u8>> = Default::default();
     loop {
         let epoch = rules.snapshot().epoch_ms();
         salt.epoch_ms.store(epoch, Ordering::Relaxed);
@@ -72,10 +74,44 @@ pub async fn run(
         tokio::select! {
             _ = tokio::time::sleep(period) => {}
             _ = salt.kick.notified() => {}
+            // A key turned write-hot: promote it now, not at the next tick.
+            _ = newly_hot(&mut snaps, salt, &mut seen) => {}
             _ = shutdown.wait_for(|v| *v) => break,
         }
     }
     listener.abort();
+}
+
+/// Returns when a snapshot lists a write-hot key that is not salted and did not wake the
+/// coordinator before (`seen`, forgotten once the key is no longer hot).
+async fn newly_hot(
+    snaps: &mut watch::Receiver<Arc<HotSnapshot>>,
+    salt: &Salt,
+    seen: &mut std::collections::HashSet<Vec<u8>>,
+) {
+    loop {
+        if snaps.changed().await.is_err() {
+            return std::future::pending().await;
+        }
+        let snap = snaps.borrow_and_update().clone();
+        let table = salt.table.load();
+        let hot: Vec<&[u8]> = snap
+            .keys
+            .iter()
+            .filter(|k| k.write_state == Some(HotState::Hot))
+            .map(|k| &k.key[..])
+            .collect();
+        seen.retain(|k| hot.contains(&&k[..]));
+        let mut fresh = false;
+        for k in hot {
+            if table.get(k).is_none() && seen.insert(k.to_vec()) {
+                fresh = true;
+            }
+        }
+        if fresh {
+            return;
+        }
+    }
 }
 
 /// Subscribes to the announcement channel and wakes the coordinator on every message.
@@ -172,8 +208,11 @@ async fn tick(
         }
         if rec.demote_ms.is_none()
             && !rec.pinned
-            && now.saturating_sub(rec.hot_ms) > epoch
-            && rec.steps.first().is_some_and(|s| now > s.from_ms)
+            && now.saturating_sub(rec.hot_ms) > COOL_EPOCHS * epoch
+            && rec
+                .steps
+                .first()
+                .is_some_and(|s| now > s.from_ms + DWELL_EPOCHS * epoch)
         {
             demote(backend, salt, key).await?;
             continue;
@@ -193,6 +232,16 @@ async fn tick(
     }
     Ok(())
 }
+
+/// The flapping rule. A salted key is demoted only once no proxy has seen it hot for
+/// `COOL_EPOCHS` whole epochs, and never before it has been salted for `DWELL_EPOCHS`. A
+/// node that stalls for a second, or a proxy that restarts, makes a key look cool to the
+/// detector (clients that wait send nothing), and with a one-epoch rule such a key was
+/// demoted, folded and salted again seconds later. With these, a lull shorter than two
+/// epochs never demotes, and a key goes round promote, demote and fold at most once per
+/// four epochs plus its fold.
+const COOL_EPOCHS: u64 = 2;
+const DWELL_EPOCHS: u64 = 2;
 
 /// `saltshaker_salted_keys_by_exactness`: every label set, so a tier with no key reads 0.
 fn exactness(salt: &Salt, records: &[(Bytes, Record)], rules: &crate::rules::Rules) {

@@ -15,6 +15,9 @@ pub struct HotKey {
     /// "hot" or "cooling".
     pub state: String,
     pub since_unix_ms: u64,
+    /// A write-hot key's way to mitigation: "detected", "combining", "salting", "salted"
+    /// or "demoted" (None from an older proxy, or for a key hot by reads only).
+    pub phase: Option<String>,
 }
 
 impl HotKey {
@@ -63,6 +66,7 @@ pub fn parse_hotkeys(json: &str) -> Result<Snapshot, TopError> {
                 .unwrap_or("hot")
                 .to_string(),
             since_unix_ms: r.get("since").and_then(|s| s.as_u64()).unwrap_or(0),
+            phase: r.get("phase").and_then(|s| s.as_str()).map(str::to_string),
         });
     }
     let window_ms = obj.get("window_ms").and_then(|w| w.as_u64()).unwrap_or(0);

@@ -144,7 +144,7 @@ impl Columns {
             state: true,
             trend: 0,
         };
-        let fixed = |c: &Columns| 18 + if c.share { 7 } else { 0 } + if c.state { 8 } else { 0 };
+        let fixed = |c: &Columns| 18 + if c.share { 7 } else { 0 } + if c.state { 10 } else { 0 };
         let need = longest_key.max("KEY".len());
         let avail = width.saturating_sub(fixed(&c));
         let first = need.min(KEY_WANT);
@@ -174,7 +174,11 @@ impl Columns {
             &r,
             &w,
             &share,
-            &printable(&k.state),
+            // A write-hot key's phase says more than "hot": combining, salting, salted.
+            &printable(match k.phase.as_deref() {
+                Some(p) if p != "detected" => p,
+                _ => &k.state,
+            }),
             &trend,
         )
     }
@@ -185,7 +189,7 @@ impl Columns {
             s.push_str(&format!(" {share:>6}"));
         }
         if self.state {
-            s.push_str(&format!(" {state:<7}"));
+            s.push_str(&format!(" {state:<9}"));
         }
         if self.trend > 0 {
             s.push_str(&format!(" {trend:<tw$}", tw = self.trend));

@@ -43,6 +43,7 @@ fn view_with(keys: usize, samples: usize) -> View {
                 share: 0.3 / (i + 1) as f64,
                 state: if i % 2 == 0 { "hot" } else { "cooling" }.into(),
                 since_unix_ms: 0,
+                phase: None,
             })
             .collect(),
     };
@@ -222,10 +223,24 @@ fn short_keys_leave_no_gap_before_the_numbers() {
     assert_eq!(
         header,
         format!(
-            "{:<13} {:>8} {:>8} {:>6} {:<7} TREND",
+            "{:<13} {:>8} {:>8} {:>6} {:<9} TREND",
             "KEY", "READS/S", "WRITES/S", "SHARE", "STATE"
         )
     );
+}
+
+#[test]
+fn a_write_hot_key_shows_its_phase_in_state() {
+    let mut view = view_with(2, 3);
+    if let Some(snap) = view.snapshot.as_mut() {
+        snap.keys[0].phase = Some("salting".into());
+        snap.keys[1].phase = Some("detected".into());
+    }
+    let frame = render(&view, 120, 24);
+    let rows: Vec<&str> = frame.lines().filter(|l| l.starts_with("key:")).collect();
+    assert!(rows[0].contains(" salting "), "{frame}");
+    // "detected": nothing is done about it yet, so the detector's state shows.
+    assert!(rows[1].contains(" cooling "), "{frame}");
 }
 
 #[test]
