@@ -1,0 +1,185 @@
+#!/usr/bin/env python3
+"""A spike on one counter through a fleet of proxies: how soon, and how evenly, the nodes
+are relieved.
+
+Four redis-server nodes and N saltshaker proxies over them (`--threads 1` each). A
+`saltshaker bench` client per proxy sends INCRs for `--duration-ms`, a third of them on one
+key (`viral:counter:hot:0.3`) from the first instant. Every 100 ms the script reads each
+node's `total_commands_processed`; it reports the busiest node's load over the mean, per
+100 ms (median and max) and over the whole run, the first 100 ms interval from which the
+busiest node stays within 1.25x the mean, and each proxy's
+`saltshaker_time_to_mitigate_seconds` (median and p99 of the buckets over the fleet).
+With `--bin-b` a second build runs the same rounds (rotating), for a before/after.
+
+usage: bench/spike.py --saltshaker BIN [--bin-b BIN] [--proxies 2,8] [--rules default|salt]
+                      [--duration-ms 10000] [--rounds 1]
+"""
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import tempfile
+import threading
+import time
+import urllib.request
+
+from benchlib import free_port, stop_all, wait_port
+
+SALT_RULES = """version: 1
+epoch_ms: 2000
+rules:
+  - match: "counter:*"
+    write: { strategy: salt, salt: { shards: 4 } }
+"""
+
+
+def info_total(port):
+    out = subprocess.run(["redis-cli", "-p", str(port), "INFO", "stats"],
+                         capture_output=True, text=True).stdout
+    for line in out.splitlines():
+        if line.startswith("total_commands_processed:"):
+            return int(line.split(":")[1])
+    return 0
+
+
+def histogram(admin):
+    """(le, cumulative count) pairs of saltshaker_time_to_mitigate_seconds."""
+    text = urllib.request.urlopen(f"http://127.0.0.1:{admin}/metrics", timeout=5).read().decode()
+    out = []
+    for line in text.splitlines():
+        if line.startswith("saltshaker_time_to_mitigate_seconds_bucket"):
+            le = line.split('le="')[1].split('"')[0]
+            out.append((float("inf") if le == "+Inf" else float(le), float(line.rsplit(" ", 1)[1])))
+    return out
+
+
+def quantile(buckets, q):
+    """The upper bound of the bucket holding quantile q of the summed buckets."""
+    total = buckets[-1][1] if buckets else 0
+    if total == 0:
+        return None
+    for le, n in buckets:
+        if n >= q * total:
+            return le
+    return None
+
+
+def one_run(binary, nodes, proxies, rules, duration_ms, tmp):
+    procs, admins, ports = [], [], []
+    node_list = ",".join(f"127.0.0.1:{p}" for p in nodes)
+    for p in nodes:
+        subprocess.run(["redis-cli", "-p", str(p), "FLUSHALL"], capture_output=True)
+    try:
+        for _ in range(proxies):
+            port, admin = free_port(), free_port()
+            args = [binary, "--listen", f"127.0.0.1:{port}", "--admin", f"127.0.0.1:{admin}",
+                    "--nodes", node_list, "--threads", "1", "--log-level", "warn"]
+            if rules:
+                args += ["--rules", rules]
+            procs.append(subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+            wait_port(port)
+            ports.append(port)
+            admins.append(admin)
+        time.sleep(1.0)  # every proxy connected and subscribed to the registry's channel
+        samples, stop = [], threading.Event()
+
+        def sample():
+            while not stop.is_set():
+                samples.append((time.time(), [info_total(p) for p in nodes]))
+                time.sleep(0.1)
+
+        t = threading.Thread(target=sample)
+        t.start()
+        loads = [subprocess.Popen(
+            [binary, "bench", "--target", f"127.0.0.1:{port}", "-c", "8", "-P", "16",
+             "--duration-ms", str(duration_ms), "--keyspace", "100000",
+             "--workload", "viral:counter:hot:0.3", "--mix", "incr=100", "--json"],
+            stdout=subprocess.PIPE, text=True) for port in ports]
+        reports = [json.loads(l.communicate()[0]) for l in loads]
+        stop.set()
+        t.join()
+        errors = sum(r["errors"] for r in reports)
+        if errors:
+            raise SystemExit(f"{errors} errors from the load")
+        buckets = {}
+        for a in admins:
+            for le, n in histogram(a):
+                buckets[le] = buckets.get(le, 0) + n
+        merged = sorted(buckets.items())
+    finally:
+        stop_all(procs)
+    per, first = [], None
+    for (t0, a), (t1, b) in zip(samples, samples[1:]):
+        d = [y - x for x, y in zip(a, b)]
+        if sum(d) > 0:
+            per.append(max(d) / (sum(d) / len(d)))
+    start = samples[0][1]
+    end = samples[-1][1]
+    whole = [y - x for x, y in zip(start, end)]
+    # The first interval from which the busiest node stays within 1.25x the mean.
+    for i in range(len(per)):
+        if all(r <= 1.25 for r in per[i:]):
+            first = i * 100
+            break
+    return {
+        "whole": max(whole) / (sum(whole) / len(whole)),
+        "p50_100ms": statistics.median(per),
+        "max_100ms": max(per),
+        "even_from_ms": first,
+        "ops_per_sec": sum(r["ops_per_sec"] for r in reports),
+        "ttm_p50": quantile(merged, 0.5),
+        "ttm_p99": quantile(merged, 0.99),
+        "timed": merged[-1][1] if merged else 0,
+    }
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--saltshaker", required=True)
+    ap.add_argument("--bin-b")
+    ap.add_argument("--proxies", default="2,8")
+    ap.add_argument("--rules", default="default", choices=["default", "salt"])
+    ap.add_argument("--duration-ms", type=int, default=10000)
+    ap.add_argument("--rounds", type=int, default=1)
+    args = ap.parse_args()
+    tmp = tempfile.mkdtemp(prefix="spike.")
+    rules = None
+    if args.rules == "salt":
+        rules = os.path.join(tmp, "rules.yaml")
+        with open(rules, "w") as f:
+            f.write(SALT_RULES)
+    nodes, procs = [], []
+    try:
+        for _ in range(4):
+            p = free_port()
+            procs.append(subprocess.Popen(
+                ["redis-server", "--port", str(p), "--bind", "127.0.0.1", "--save", "",
+                 "--appendonly", "no", "--dir", tmp], stdout=subprocess.DEVNULL))
+            wait_port(p)
+            nodes.append(p)
+        builds = [("a", args.saltshaker)] + ([("b", args.bin_b)] if args.bin_b else [])
+        rows = []
+        for n in [int(x) for x in args.proxies.split(",")]:
+            for r in range(args.rounds):
+                order = builds if r % 2 == 0 else builds[::-1]
+                for name, binary in order:
+                    res = one_run(binary, nodes, n, rules, args.duration_ms, tmp)
+                    rows.append((n, name, res))
+                    print(n, name, json.dumps(res), flush=True)
+    finally:
+        stop_all(procs)
+    print(f"\nrules: {args.rules}; {args.duration_ms} ms of INCR, 30% on one key, 8 clients x P16 per proxy")
+    print("| proxies | build | busiest/mean, whole run | per 100 ms, median | per 100 ms, max "
+          "| within 1.25x from | time to mitigate p50 / p99 (keys timed) | client ops/s |")
+    print("|---|---|---|---|---|---|---|---|")
+    for n, name, r in rows:
+        ttm = "-" if r["ttm_p50"] is None else f"≤{r['ttm_p50']} s / ≤{r['ttm_p99']} s ({r['timed']:.0f})"
+        even = "never" if r["even_from_ms"] is None else f"{r['even_from_ms']} ms"
+        print(f"| {n} | {name} | {r['whole']:.2f} | {r['p50_100ms']:.2f} | {r['max_100ms']:.2f} "
+              f"| {even} | {ttm} | {r['ops_per_sec']:.0f} |")
+
+
+if __name__ == "__main__":
+    main()
