@@ -12,6 +12,7 @@ use std::sync::Arc;
 use std::thread;
 use std::time::{Duration, Instant};
 
+use support::cluster::RedisCluster;
 use support::salting::*;
 use support::*;
 
@@ -113,18 +114,47 @@ fn reader(
 fn a_spike_is_combined_on_every_proxy_within_a_second_and_reads_stay_exact_through_salting() {
     need_redis();
     let (nodes, _dir, rules) = pool_with_rules("promotion", RULES);
-    let (a, b) = (proxy(&nodes, &rules, &[]), proxy(&nodes, &rules, &[]));
+    spike(&nodes, &|| proxy(&nodes, &rules, &[]), 2);
+}
+
+#[test]
+fn four_proxies_over_a_pool_all_mitigate_a_spike_within_a_second() {
+    need_redis();
+    let (nodes, _dir, rules) = pool_with_rules("promotion4", RULES);
+    spike(&nodes, &|| proxy(&nodes, &rules, &[]), 4);
+}
+
+#[test]
+fn over_a_redis_cluster_a_spike_is_mitigated_within_a_second_and_reads_stay_exact() {
+    let cluster = RedisCluster::start(3, 0);
+    let dir = TempDir::new("promotion-cluster");
+    let rules = dir.0.join("rules.yaml");
+    std::fs::write(&rules, RULES).unwrap();
+    let rules = path_str(&rules);
+    let seeds = cluster.seeds();
+    spike(
+        &cluster.nodes,
+        &|| Proxy::start_cluster(&seeds, &["--rules", &rules]),
+        2,
+    );
+}
+
+/// `proxies` proxies from `start` (a third writer's worth of load each, the first two
+/// writers on the first proxy), one more started in the middle of the promotion.
+fn spike(nodes: &[Redis], start: &dyn Fn() -> Proxy, proxies: usize) {
+    let fleet: Vec<Proxy> = (0..proxies).map(|_| start()).collect();
     let acked = Arc::new(AtomicI64::new(0));
     let stop = Arc::new(AtomicBool::new(false));
-    // Two writers on `a`, one on `b`: `b` sees the key hot too, or hears of it.
-    let mut writers: Vec<_> = [a.addr(), a.addr(), b.addr()]
+    let mut addrs = vec![fleet[0].addr()];
+    addrs.extend(fleet.iter().map(Proxy::addr));
+    let mut writers: Vec<_> = addrs
         .into_iter()
         .map(|addr| writer(addr, acked.clone(), stop.clone()))
         .collect();
-    let in_flight = 4 * DEPTH as i64;
-    let mut readers: Vec<_> = [a.addr(), b.addr()]
-        .into_iter()
-        .map(|addr| reader(addr, acked.clone(), in_flight, stop.clone()))
+    let in_flight = (proxies as i64 + 3) * DEPTH as i64;
+    let mut readers: Vec<_> = fleet
+        .iter()
+        .map(|p| reader(p.addr(), acked.clone(), in_flight, stop.clone()))
         .collect();
     let started = Instant::now();
 
@@ -132,16 +162,16 @@ fn a_spike_is_combined_on_every_proxy_within_a_second_and_reads_stay_exact_throu
     // threshold: the detector needs one or two of its 200 ms windows to see it, so 1.5 s
     // from the first write covers both, also on a busy test machine.
     wait_for(
-        "both proxies mitigating the key",
+        "every proxy mitigating the key",
         Duration::from_secs(5),
-        || mitigating(&a) && mitigating(&b),
+        || fleet.iter().all(mitigating),
     );
     let to_mitigate = started.elapsed();
     assert!(
         to_mitigate < Duration::from_millis(1500),
-        "mitigated on both proxies {to_mitigate:?} after the load began"
+        "mitigated on every proxy {to_mitigate:?} after the load began"
     );
-    for p in [&a, &b] {
+    for p in &fleet {
         let n = p.metric("saltshaker_time_to_mitigate_seconds_count");
         let within = p
             .admin_get("/metrics")
@@ -150,23 +180,24 @@ fn a_spike_is_combined_on_every_proxy_within_a_second_and_reads_stay_exact_throu
             .find(|l| l.starts_with("saltshaker_time_to_mitigate_seconds_bucket{le=\"1.0\"}"))
             .and_then(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
             .unwrap_or(0.0);
-        // `b` may only have heard of the promotion (then it times nothing).
+        // A proxy may only have heard of the promotion (then it times nothing).
         assert!(within == n, "{n} keys timed, {within} of them within 1 s");
     }
-    assert!(a.metric("saltshaker_time_to_mitigate_seconds_count") >= 1.0);
+    assert!(fleet[0].metric("saltshaker_time_to_mitigate_seconds_count") >= 1.0);
 
     // Until salting is in force (an epoch away), the nodes take combined increments: far
     // fewer node commands than increments acknowledged.
+    let a = &fleet[0];
     assert_eq!(
-        phase(&a).as_deref(),
+        phase(a).as_deref(),
         Some("salting"),
         "promoted, not yet in force"
     );
-    let (n0, c0) = (node_increments(&nodes), acked.load(Ordering::SeqCst));
+    let (n0, c0) = (node_increments(nodes), acked.load(Ordering::SeqCst));
     thread::sleep(Duration::from_millis(1000));
-    let (n1, c1) = (node_increments(&nodes), acked.load(Ordering::SeqCst));
+    let (n1, c1) = (node_increments(nodes), acked.load(Ordering::SeqCst));
     assert_eq!(
-        phase(&a).as_deref(),
+        phase(a).as_deref(),
         Some("salting"),
         "still before the epoch"
     );
@@ -181,17 +212,19 @@ fn a_spike_is_combined_on_every_proxy_within_a_second_and_reads_stay_exact_throu
     );
 
     // A proxy started in the middle of the promotion reads exactly and writes too.
-    let c = proxy(&nodes, &rules, &[]);
-    writers.push(writer(c.addr(), acked.clone(), stop.clone()));
+    let late = start();
+    writers.push(writer(late.addr(), acked.clone(), stop.clone()));
     readers.push(reader(
-        c.addr(),
+        late.addr(),
         acked.clone(),
-        5 * DEPTH as i64,
+        in_flight + DEPTH as i64,
         stop.clone(),
     ));
 
     // Through the switch to salting, and a second of it in force.
-    wait_in_force(&[&a, &b, &c], KEY);
+    let mut all: Vec<&Proxy> = fleet.iter().collect();
+    all.push(&late);
+    wait_in_force(&all, KEY);
     thread::sleep(Duration::from_secs(1));
     stop.store(true, Ordering::Relaxed);
     for w in writers {
@@ -201,11 +234,58 @@ fn a_spike_is_combined_on_every_proxy_within_a_second_and_reads_stay_exact_throu
         assert!(r.join().unwrap() > 20, "too few reads checked");
     }
     let total = acked.load(Ordering::SeqCst);
-    for p in [&a, &b, &c] {
+    for p in &all {
         assert_eq!(p.client().cmd(&["GET", KEY]).as_str(), total.to_string());
     }
     assert!(
-        shard_keys(&nodes).iter().any(|(_, k)| k.contains(KEY)),
+        shard_keys(nodes).iter().any(|(_, k)| k.contains(KEY)),
         "salting took effect: shard keys exist"
     );
+}
+
+/// The flapping rule: a salted key whose writes pause for less than two epochs (a node
+/// stall, a proxy restart) is not demoted; once they stop for good it is, and it folds
+/// back exactly.
+#[test]
+fn a_short_lull_does_not_demote_a_salted_key_and_a_real_cooling_does() {
+    need_redis();
+    const FLAP: &str = r#"version: 1
+detection: { window_ms: 200 }
+epoch_ms: 1000
+rules:
+  - match: "flap:*"
+    write: { hot_at_per_sec: 300, cool_below_per_sec: 100, strategy: salt, salt: { shards: 3 } }
+"#;
+    let (nodes, _dir, rules) = pool_with_rules("promotion-flap", FLAP);
+    let a = proxy(&nodes, &rules, &[]);
+    let key = "flap:votes";
+    let mut c = a.client();
+    let mut sent = 0i64;
+    let mut burst = |c: &mut Client, ms: u64, sent: &mut i64| {
+        let end = Instant::now() + Duration::from_millis(ms);
+        let cmds: Vec<[&str; 2]> = (0..DEPTH).map(|_| ["INCR", key]).collect();
+        while Instant::now() < end {
+            for r in c.pipeline(&cmds) {
+                assert!(!r.is_error(), "{r:?}");
+                *sent += 1;
+            }
+        }
+    };
+    // Hot, salted, in force.
+    let until = Instant::now() + Duration::from_secs(15);
+    while salted(&a, key).is_none_or(|e| e["from_ms"].as_u64().is_none_or(|f| now_ms() < f + 50)) {
+        assert!(Instant::now() < until, "never salted");
+        burst(&mut c, 100, &mut sent);
+    }
+    // A lull of 1.6 s: the detector lists the key cool within it.
+    thread::sleep(Duration::from_millis(1600));
+    burst(&mut c, 1000, &mut sent);
+    let e = salted(&a, key).expect("still salted after a lull");
+    assert!(
+        e["demote_ms"].is_null(),
+        "demoted after a lull shorter than two epochs: {e}"
+    );
+    // Stopped for good: demoted and folded, and exact.
+    wait_folded(&a, key);
+    assert_eq!(c.cmd(&["GET", key]).as_str(), sent.to_string());
 }
