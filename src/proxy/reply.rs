@@ -180,7 +180,9 @@ pub async fn write_loop<W: AsyncWrite + Unpin>(
             let close = round.close_after;
             let acked = std::mem::take(&mut round.acked);
             let again = std::mem::take(&mut round.invalidate_after);
-            let tunnel = match resolve(round, proto, &ctx, &mut out, client).await {
+            // Boxed: allocated per round, so an idle connection's writer holds only the
+            // small future of its wait (bench/conn_memory.py).
+            let tunnel = match Box::pin(resolve(round, proto, &ctx, &mut out, client)).await {
                 Ok(t) => {
                     // What the client was written meanwhile is not known here; the growth
                     // of what it owes is a fair lower bound of the round's bytes.

@@ -149,196 +149,239 @@ async fn read_loop(
             }
         };
         ended |= matches!(n, Ok(0) | Err(_));
-        if buf.len() > s.ctx.max_pending {
-            let mut rb = RoundBuilder::new();
-            rb.slots.push(Slot::Ready(err_bytes(
-                "ERR Protocol error: client query buffer limit exceeded",
-            )));
-            let mut round = rb.send(s.ctx.backend.request_timeout, &s.inflight).await;
-            round.close_after = true;
-            s.ctx.metrics.protocol_errors.inc();
-            let _ = tx.send(Box::new((round, s.proto()))).await;
-            return End::Closed;
+        // Everything after the read, boxed: allocated while a read is handled, so an idle
+        // connection holds only the small future of the wait above (bench/conn_memory.py).
+        let step = Box::pin(burst(
+            s,
+            &mut parser,
+            &mut buf,
+            &mut reqs,
+            tx,
+            &mut killed,
+            &mut held_back,
+            ended,
+        ))
+        .await;
+        match step {
+            Step::Read => {}
+            Step::Closed => return End::Closed,
+            Step::Monitor(lines) => return End::Monitor(r, lines),
+            Step::Tunnel(start) => return End::Tunnel(r, start),
         }
-        {
-            let rules = s.ctx.rules.snapshot();
-            s.detect = rules.detection().enabled;
-            s.admit = rules.any_admit();
-            s.track = !s.ctx.salt.table.load().is_empty() || s.ctx.hot.load().may_combine();
-        }
-        let monitored = s.ctx.monitors.active();
-        let room = match s.ctx.max_output {
-            0 => usize::MAX,
-            limit => s.inflight.room(limit),
+    }
+}
+
+/// What the read loop does after a burst.
+enum Step {
+    Read,
+    Closed,
+    Monitor(tokio::sync::mpsc::Receiver<bytes::Bytes>),
+    Tunnel(tunnel::Start),
+}
+
+/// One read's commands: parse, then for each check -> decide -> observe -> act, and the
+/// round sent to the reply writer.
+#[allow(clippy::too_many_arguments)]
+async fn burst(
+    s: &mut Session,
+    parser: &mut RequestParser,
+    buf: &mut BytesMut,
+    reqs: &mut Vec<Request>,
+    tx: &mpsc::Sender<Queued>,
+    killed: &mut watch::Receiver<bool>,
+    held_back: &mut bool,
+    ended: bool,
+) -> Step {
+    if buf.len() > s.ctx.max_pending {
+        let mut rb = RoundBuilder::new();
+        rb.slots.push(Slot::Ready(err_bytes(
+            "ERR Protocol error: client query buffer limit exceeded",
+        )));
+        let mut round = rb.send(s.ctx.backend.request_timeout, &s.inflight).await;
+        round.close_after = true;
+        s.ctx.metrics.protocol_errors.inc();
+        let _ = tx.send(Box::new((round, s.proto()))).await;
+        return Step::Closed;
+    }
+    {
+        let rules = s.ctx.rules.snapshot();
+        s.detect = rules.detection().enabled;
+        s.admit = rules.any_admit();
+        s.track = !s.ctx.salt.table.load().is_empty() || s.ctx.hot.load().may_combine();
+    }
+    let monitored = s.ctx.monitors.active();
+    let room = match s.ctx.max_output {
+        0 => usize::MAX,
+        limit => s.inflight.room(limit),
+    };
+    let parsed = parser.parse_at_most(buf, reqs, room);
+    *held_back = reqs.len() >= room && !buf.is_empty();
+    let mut rb = RoundBuilder::with_capacity(reqs.len().max(1));
+    let mut close = false;
+    let mut reqs_iter = reqs.drain(..);
+    let mut last = None;
+    while let Some(req) = reqs_iter.next() {
+        // command: the request resolved once, for every phase after it.
+        let c = match command::classify(&req) {
+            Ok(c) => {
+                last = Some(c.spec);
+                c
+            }
+            Err(e) => {
+                let slot = s.refuse(err_bytes(&e.to_string()));
+                rb.slots.push(slot);
+                continue;
+            }
         };
-        let parsed = parser.parse_at_most(&mut buf, &mut reqs, room);
-        held_back = reqs.len() >= room && !buf.is_empty();
-        let mut rb = RoundBuilder::with_capacity(reqs.len().max(1));
-        let mut close = false;
-        let mut reqs_iter = reqs.drain(..);
-        let mut last = None;
-        while let Some(req) = reqs_iter.next() {
-            // command: the request resolved once, for every phase after it.
-            let c = match command::classify(&req) {
-                Ok(c) => {
-                    last = Some(c.spec);
-                    c
-                }
-                Err(e) => {
-                    let slot = s.refuse(err_bytes(&e.to_string()));
+        // admit
+        let (req, c, hook) = if s.admit {
+            match super::admit::gate(s, req, c) {
+                super::admit::Gate::Done(slot, class) => {
+                    rb.count(class);
                     rb.slots.push(slot);
                     continue;
                 }
-            };
-            // admit
-            let (req, c, hook) = if s.admit {
-                match super::admit::gate(s, req, c) {
-                    super::admit::Gate::Done(slot, class) => {
-                        rb.count(class);
-                        rb.slots.push(slot);
-                        continue;
-                    }
-                    super::admit::Gate::Pass { req, c, hook, wait } => {
-                        if !wait.is_zero() {
-                            // What was read before it need not wait with it.
-                            if !rb.is_empty() && !Box::pin(settle::flush(s, &mut rb, tx)).await {
-                                return End::Closed;
-                            }
-                            // The wait counts against the command's request_timeout_ms
-                            // (its round was read before it), so it is never longer.
-                            let timeout = s.ctx.backend.request_timeout.unwrap_or(wait);
-                            tokio::time::sleep(wait.min(timeout)).await;
+                super::admit::Gate::Pass { req, c, hook, wait } => {
+                    if !wait.is_zero() {
+                        // What was read before it need not wait with it.
+                        if !rb.is_empty() && !Box::pin(settle::flush(s, &mut rb, tx)).await {
+                            return Step::Closed;
                         }
-                        (req, c, hook)
+                        // The wait counts against the command's request_timeout_ms
+                        // (its round was read before it), so it is never longer.
+                        let timeout = s.ctx.backend.request_timeout.unwrap_or(wait);
+                        tokio::time::sleep(wait.min(timeout)).await;
                     }
-                }
-            } else {
-                (req, c, None)
-            };
-            // Redis shows neither CMD_SKIP_MONITOR nor CMD_ADMIN commands to monitors.
-            if s.ctx.pause.holds(settle::writes(&c)).is_some()
-                && !Box::pin(settle::paused(s, &c, &mut rb, tx, &mut killed)).await
-            {
-                return End::Closed;
-            }
-            let monitor = (monitored
-                && !c
-                    .spec
-                    .has(command::flags::SKIP_MONITOR | command::flags::ADMIN))
-            .then(|| super::monitor::args(&req));
-            let mut mark = rb.slots.len();
-            let conn_state = (s.proto(), s.db());
-            let mut flow = handle(s, req, c, &mut rb).await;
-            if let Flow::Settle(p) = flow {
-                if !Box::pin(settle::settle(s, &mut rb, tx, s.proto())).await {
-                    return End::Closed;
-                }
-                mark = 0;
-                let Pending { req, c } = *p;
-                flow = proceed(s, req, c, true, &mut rb).await;
-            }
-            if let Flow::Flush(p) = flow {
-                if !Box::pin(settle::flush(s, &mut rb, tx)).await {
-                    return End::Closed;
-                }
-                mark = 0;
-                let Decided { req, c, action } = *p;
-                flow = act(s, req, c, action, &mut rb).await;
-            }
-            rb.commit_keys();
-            if let Some(args) = monitor {
-                s.ctx.monitors.feed(s.db(), &s.peer, &args);
-            }
-            if let (Some(hook), Flow::Continue) = (hook, &flow) {
-                if rb.slots.len() == mark + 1 {
-                    let slot = rb.slots.pop().expect("one slot pushed");
-                    rb.slots.push(Slot::Seen(Box::new(slot), hook));
+                    (req, c, hook)
                 }
             }
-            let settle_after = std::mem::take(&mut s.settle_after);
-            if ((s.proto(), s.db()) != conn_state || settle_after)
-                && matches!(flow, Flow::Continue)
-                && !Box::pin(settle::settle(s, &mut rb, tx, conn_state.0)).await
-            {
-                return End::Closed;
+        } else {
+            (req, c, None)
+        };
+        // Redis shows neither CMD_SKIP_MONITOR nor CMD_ADMIN commands to monitors.
+        if s.ctx.pause.holds(settle::writes(&c)).is_some()
+            && !Box::pin(settle::paused(s, &c, &mut rb, tx, killed)).await
+        {
+            return Step::Closed;
+        }
+        let monitor = (monitored
+            && !c
+                .spec
+                .has(command::flags::SKIP_MONITOR | command::flags::ADMIN))
+        .then(|| super::monitor::args(&req));
+        let mut mark = rb.slots.len();
+        let conn_state = (s.proto(), s.db());
+        let mut flow = handle(s, req, c, &mut rb).await;
+        if let Flow::Settle(p) = flow {
+            if !Box::pin(settle::settle(s, &mut rb, tx, s.proto())).await {
+                return Step::Closed;
             }
-            match flow {
-                // A fresh round has no jobs, and the lane is switched, so this cannot
-                // happen; answer rather than panic.
-                Flow::Flush(_) | Flow::Settle(_) => rb.slots.push(Slot::Ready(err_bytes(
-                    "ERR saltshaker: internal: command could not be ordered",
-                ))),
-                Flow::Continue => {}
-                Flow::Close => {
-                    close = true;
-                    break;
-                }
-                Flow::Monitor => {
-                    // Whatever the client sent after MONITOR is not run, as on Redis.
-                    let lines = s.ctx.monitors.subscribe();
-                    s.order.wait_barrier().await;
-                    let round = rb.send(s.ctx.backend.request_timeout, &s.inflight).await;
-                    let _ = tx.send(Box::new((round, s.proto()))).await;
-                    return End::Monitor(r, lines);
-                }
-                Flow::Tunnel(mut start) => {
-                    // CLIENT LIST shows cmd=subscribe, as tools look for it there.
-                    if let Some(spec) = last {
-                        s.me.touched(rb.started, buf.capacity(), spec);
-                    }
-                    s.me.publish(super::clients::Shown {
-                        pubsub: true,
-                        ..s.me.shown()
-                    });
-                    // Everything the client sent after SUBSCRIBE goes straight to the node.
-                    for rest in reqs_iter.by_ref() {
-                        start.pending.push(rest.wire());
-                    }
-                    start.pending.push(buf.split().freeze());
-                    // The tunnel's commands take a connection of their own: nothing of
-                    // the session may still be on its way.
-                    s.order.wait_barrier().await;
-                    let mut round = rb.send(s.ctx.backend.request_timeout, &s.inflight).await;
-                    round.tunnel = start.take_end();
-                    let _ = tx.send(Box::new((round, s.proto()))).await;
-                    return End::Tunnel(r, start);
-                }
+            mark = 0;
+            let Pending { req, c } = *p;
+            flow = proceed(s, req, c, true, &mut rb).await;
+        }
+        if let Flow::Flush(p) = flow {
+            if !Box::pin(settle::flush(s, &mut rb, tx)).await {
+                return Step::Closed;
+            }
+            mark = 0;
+            let Decided { req, c, action } = *p;
+            flow = act(s, req, c, action, &mut rb).await;
+        }
+        rb.commit_keys();
+        if let Some(args) = monitor {
+            s.ctx.monitors.feed(s.db(), &s.peer, &args);
+        }
+        if let (Some(hook), Flow::Continue) = (hook, &flow) {
+            if rb.slots.len() == mark + 1 {
+                let slot = rb.slots.pop().expect("one slot pushed");
+                rb.slots.push(Slot::Seen(Box::new(slot), hook));
             }
         }
-        drop(reqs_iter);
-        // What CLIENT LIST shows of this connection.
-        if let Some(spec) = last {
-            s.me.touched(rb.started, buf.capacity(), spec);
+        let settle_after = std::mem::take(&mut s.settle_after);
+        if ((s.proto(), s.db()) != conn_state || settle_after)
+            && matches!(flow, Flow::Continue)
+            && !Box::pin(settle::settle(s, &mut rb, tx, conn_state.0)).await
+        {
+            return Step::Closed;
         }
-        s.publish();
-        if let Err(e) = parsed {
-            if !close {
-                rb.slots.push(Slot::Ready(err_bytes(&format!("ERR {e}"))));
-                s.ctx.metrics.protocol_errors.inc();
-                tracing::debug!(client = s.id, peer = %s.peer, error = %e, "closing client after a protocol error");
+        match flow {
+            // A fresh round has no jobs, and the lane is switched, so this cannot
+            // happen; answer rather than panic.
+            Flow::Flush(_) | Flow::Settle(_) => rb.slots.push(Slot::Ready(err_bytes(
+                "ERR saltshaker: internal: command could not be ordered",
+            ))),
+            Flow::Continue => {}
+            Flow::Close => {
+                close = true;
+                break;
             }
-            close = true;
-        }
-        if !rb.is_empty() || close {
-            wait_barrier(s, &rb).await;
-            let want_ack = rb.wrote_cached;
-            // Only a round with jobs has commands a later task or combined write could
-            // overtake.
-            let had_jobs = !rb.jobs.is_empty();
-            let written = std::mem::take(&mut rb.written);
-            let keys = std::mem::take(&mut rb.keys);
-            let mut round = rb.send(s.ctx.backend.request_timeout, &s.inflight).await;
-            s.order
-                .sent(&mut round, had_jobs, want_ack, s.track, written, keys);
-            round.close_after = close;
-            if tx.send(Box::new((round, s.proto()))).await.is_err() {
-                return End::Closed;
+            Flow::Monitor => {
+                // Whatever the client sent after MONITOR is not run, as on Redis.
+                let lines = s.ctx.monitors.subscribe();
+                s.order.wait_barrier().await;
+                let round = rb.send(s.ctx.backend.request_timeout, &s.inflight).await;
+                let _ = tx.send(Box::new((round, s.proto()))).await;
+                return Step::Monitor(lines);
             }
-        }
-        if close || (ended && !held_back) {
-            return End::Closed;
+            Flow::Tunnel(mut start) => {
+                // CLIENT LIST shows cmd=subscribe, as tools look for it there.
+                if let Some(spec) = last {
+                    s.me.touched(rb.started, buf.capacity(), spec);
+                }
+                s.me.publish(super::clients::Shown {
+                    pubsub: true,
+                    ..s.me.shown()
+                });
+                // Everything the client sent after SUBSCRIBE goes straight to the node.
+                for rest in reqs_iter.by_ref() {
+                    start.pending.push(rest.wire());
+                }
+                start.pending.push(buf.split().freeze());
+                // The tunnel's commands take a connection of their own: nothing of
+                // the session may still be on its way.
+                s.order.wait_barrier().await;
+                let mut round = rb.send(s.ctx.backend.request_timeout, &s.inflight).await;
+                round.tunnel = start.take_end();
+                let _ = tx.send(Box::new((round, s.proto()))).await;
+                return Step::Tunnel(start);
+            }
         }
     }
+    drop(reqs_iter);
+    // What CLIENT LIST shows of this connection.
+    if let Some(spec) = last {
+        s.me.touched(rb.started, buf.capacity(), spec);
+    }
+    s.publish();
+    if let Err(e) = parsed {
+        if !close {
+            rb.slots.push(Slot::Ready(err_bytes(&format!("ERR {e}"))));
+            s.ctx.metrics.protocol_errors.inc();
+            tracing::debug!(client = s.id, peer = %s.peer, error = %e, "closing client after a protocol error");
+        }
+        close = true;
+    }
+    if !rb.is_empty() || close {
+        wait_barrier(s, &rb).await;
+        let want_ack = rb.wrote_cached;
+        // Only a round with jobs has commands a later task or combined write could
+        // overtake.
+        let had_jobs = !rb.jobs.is_empty();
+        let written = std::mem::take(&mut rb.written);
+        let keys = std::mem::take(&mut rb.keys);
+        let mut round = rb.send(s.ctx.backend.request_timeout, &s.inflight).await;
+        s.order
+            .sent(&mut round, had_jobs, want_ack, s.track, written, keys);
+        round.close_after = close;
+        if tx.send(Box::new((round, s.proto()))).await.is_err() {
+            return Step::Closed;
+        }
+    }
+    if close || (ended && !*held_back) {
+        return Step::Closed;
+    }
+    Step::Read
 }
 
 /// check -> decide -> observe -> act, for one classified command.
