@@ -25,8 +25,9 @@
 //! | `backend`  | nodes, shared pipelined connections, placement, tracking invalidation, |
 //! |            | Redis Cluster (slot map kept current, MOVED/ASK followed in the call)  |
 //! | `net`      | streams plain or TLS behind one type; client and node TLS (rustls)     |
-//! | `proxy`    | listener, session (read, classify once, admit, decide, observe, act,   |
-//! |            | reply), the clients as CLIENT LIST shows them, the ACL commands,       |
+//! | `proxy`    | listener and worker threads, session (read, classify once, admit),     |
+//! |            | handle (decide, observe, act), reply; the clients as CLIENT LIST shows |
+//! |            | them, the ACL commands,                                                |
 //! |            | client-side caching (CLIENT TRACKING, invalidate pushes)               |
 //! | `admin`    | HTTP: /metrics /healthz /readyz /hotkeys /rules                        |
 //! | `config`   | startup settings, units in names, located errors                       |

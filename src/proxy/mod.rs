@@ -25,8 +25,10 @@
 //!   and its kin, and which keys a tracking client is told about), `end` (how a
 //!   connection's read phase hands over or closes), `local` (commands answered here,
 //!   transactions);
-//! - top: `session` (the read loop: classify, decide, observe, act), `reply` (the writer),
-//!   and this file (the listener and the background tasks).
+//! - top: `handle` (one command: check, order, decide once, observe, act), `session` (the
+//!   read loop: read, parse, classify once, admit, a round per read; each read's handling
+//!   a boxed future, so an idle connection holds little), `reply` (the writer), and this
+//!   file (the listener, the worker threads and the background tasks).
 
 mod acl;
 mod admit;
@@ -37,6 +39,7 @@ mod clients;
 mod ctx;
 mod dedicated;
 mod end;
+mod handle;
 mod local;
 mod merge;
 mod mitigation;

@@ -1,0 +1,249 @@
+//! One command of a session: check (auth, ACL) -> order (another connection, a task) ->
+//! decide (`plan::decide`, once) -> observe (`plan::observe`) -> act: the plan carried out
+//! into the read's round. `session` calls it for each command it reads.
+
+use super::local::queue_in_tx;
+use super::mitigation::{cached_mget, cached_read, combine, invalidate_cached, wait_fills};
+use super::plan::{decide, observe, own_connection};
+use super::round::{Blocked, Merge, RoundBuilder, Slot};
+use super::route::{
+    all_nodes, forward_keyed, is_pubsub_command, keys_node, pubsub_node, push, scan_one, split,
+};
+use super::state::{blocking_worker, err_bytes, Decided, Flow, Pending, Session};
+use super::{local, tunnel};
+use crate::command::{Classified, Route};
+use crate::metrics::Class;
+use crate::policy::{self, Action};
+use crate::resp::Request;
+
+/// check -> decide -> observe -> act, for one classified command.
+pub(super) async fn handle(
+    s: &mut Session,
+    req: Request,
+    c: Classified,
+    rb: &mut RoundBuilder,
+) -> Flow {
+    // The keys a combined write of this session must not overtake (see `Order`); a
+    // command without keys that reaches a node may touch any.
+    if s.track {
+        let known = !c.keys.is_empty() || matches!(c.route, Route::Local);
+        rb.note_keys(&req, &c.keys, known);
+    }
+    s.refresh_user();
+    match &s.user {
+        None if !matches!(c.spec.name, "AUTH" | "HELLO" | "QUIT" | "RESET") => {
+            rb.slots
+                .push(Slot::Ready(err_bytes("NOAUTH Authentication required.")));
+            return Flow::Continue;
+        }
+        Some(u) if !u.unrestricted() => {
+            if let Err(d) = u.check(&c, &req) {
+                let label = crate::metrics::DeniedLabel {
+                    user: u.name.clone(),
+                    reason: d.reason(),
+                };
+                s.ctx
+                    .metrics
+                    .security
+                    .acl_denied
+                    .get_or_create(&label)
+                    .inc();
+                s.log_refusal(d.reason(), d.object(&c), &u.name.clone());
+                let slot = s.refuse(err_bytes(&d.message()));
+                rb.slots.push(slot);
+                return Flow::Continue;
+            }
+        }
+        _ => {}
+    }
+    proceed(s, req, c, false, rb).await
+}
+
+/// An allowed command: ordered against the session's earlier ones, decided once, carried
+/// out. `settled`: every earlier reply is in.
+pub(super) async fn proceed(
+    s: &mut Session,
+    req: Request,
+    c: Classified,
+    settled: bool,
+    rb: &mut RoundBuilder,
+) -> Flow {
+    // A command that takes another connection to its node than the session's last one
+    // (a script's lane, WATCH's connection, a blocking command's) leaves once everything
+    // the session sent before has arrived: two connections are not ordered at the node.
+    let lane_change = s.tx.is_none()
+        && !matches!(
+            c.route,
+            Route::Local
+                | Route::Transaction
+                | Route::Subscribe
+                | Route::Unsupported(_)
+                | Route::Blocking
+                | Route::Kill
+        )
+        && s.switch_lane(c.spec.name);
+    let switch = s.tracking.is_some() && super::client_cache::switches(s, &req, &c);
+    if !settled && (lane_change || switch || own_connection(s, &req, &c)) {
+        return Flow::Settle(Box::new(Pending { req, c }));
+    }
+    // decide
+    let action = decide(s, &req, &c);
+    let task = match &action {
+        Action::Salted(p) => p.needs_flush(),
+        Action::Idempotent { .. } => super::salted::idempotent_is_task(s, &req),
+        _ => false,
+    };
+    if task && !rb.jobs.is_empty() {
+        return Flow::Flush(Box::new(Decided { req, c, action }));
+    }
+    act(s, req, c, action, rb).await
+}
+
+/// observe -> act: carries out the decided plan.
+pub(super) async fn act(
+    s: &mut Session,
+    req: Request,
+    c: Classified,
+    mut action: Action,
+    rb: &mut RoundBuilder,
+) -> Flow {
+    let c = &c;
+    let req = &req;
+    // observe
+    let class = observe(s, req, c);
+    rb.count(class);
+    if s.tracking.is_some() {
+        super::client_cache::note(s, req, c, class, &mut action);
+    }
+    if class == Class::Write {
+        if !s.order.no_fills() {
+            Box::pin(wait_fills(s, req, c)).await;
+        }
+        if s.tx.is_none() {
+            invalidate_cached(s, req, c, &s.ctx.hot.load(), rb);
+        }
+    }
+    // act
+    if let Action::Idempotent { delta } = action {
+        super::salted::idempotent(s, req, delta, rb);
+        return Flow::Continue;
+    }
+    if let Action::Salted(plan) = action {
+        let bridge = policy::bridge(c, req, &plan, crate::salt::now_ms(), &s.ctx.rules.load());
+        // Rare paths are boxed: the session's future, held by every idle connection, stays
+        // small (bench/conn_memory.py).
+        if let super::salted::Next::Done = Box::pin(super::salted::act(s, req, c, plan, rb)).await {
+            return Flow::Continue;
+        }
+        // Folded, or a write the base key takes: on as usual (it may be combined or
+        // cached like any command on its key); an increment of a key whose promotion is
+        // not in force yet is combined (`policy::bridge`).
+        action = match (s.tx.is_none(), bridge) {
+            (true, Some(bridge)) => bridge,
+            (true, None) => policy::decide_plain(c, req, &s.ctx.hot.load()),
+            (false, _) => Action::Forward,
+        };
+    }
+    {
+        match action {
+            Action::Combine {
+                delta,
+                field,
+                window,
+            } => {
+                // A batch leaves on its own schedule: only when nothing of this session is
+                // still on its way, or it could overtake it (then: a plain command).
+                if super::mitigation::may_combine_now(s, rb, req.arg(c.keys[0] as usize)) {
+                    combine(s, req, c, delta, field, window, rb);
+                    return Flow::Continue;
+                }
+                s.ctx.metrics.combine.held_back.inc();
+            }
+            Action::Cache(p) => {
+                if cached_read(s, req, c, p, rb) {
+                    return Flow::Continue;
+                }
+            }
+            Action::CachePerKey(per_key) => {
+                if cached_mget(s, req, c, &per_key, rb) {
+                    return Flow::Continue;
+                }
+            }
+            Action::Forward | Action::Salted(_) | Action::Idempotent { .. } => {}
+        }
+    }
+    if s.tx.is_some()
+        && !matches!(
+            c.spec.name,
+            "EXEC" | "DISCARD" | "MULTI" | "WATCH" | "QUIT" | "RESET"
+        )
+    {
+        let slot = queue_in_tx(s, req, c);
+        rb.slots.push(slot);
+        return Flow::Continue;
+    }
+    match c.route {
+        Route::Keyed => forward_keyed(s, req, c, rb),
+        Route::Blocking => {
+            let slot = match keys_node(s, req, c) {
+                Ok(node) => {
+                    let w = blocking_worker(s, node);
+                    let rx = w.call(vec![req.wire()], 1);
+                    let on = Some((node, w.node_id()));
+                    Slot::Blocking(rx, Blocked::new(&s.ctx.blocked, &s.me, on))
+                }
+                Err(e) => Slot::Ready(e),
+            };
+            rb.slots.push(slot);
+        }
+        Route::Split(kind) => split(s, req, c, kind, rb),
+        Route::AllNodes(agg) => all_nodes(s, req, c, agg, rb),
+        Route::AnyNode => {
+            let node = if is_pubsub_command(c.spec.name) {
+                pubsub_node(s, req)
+            } else {
+                Ok(s.ctx.backend.any_node())
+            };
+            match node {
+                Ok(node) => {
+                    let part = push(s, rb, node, req.wire());
+                    rb.slots.push(Slot::Reply(part));
+                }
+                Err(e) => rb.slots.push(Slot::Ready(e)),
+            }
+        }
+        Route::Scan => scan_one(s, req, rb),
+        Route::Kill => super::route::kill(s, req, rb),
+        Route::RandomKey => {
+            let parts = s
+                .ctx
+                .backend
+                .masters()
+                .into_iter()
+                .map(|n| push(s, rb, n, req.wire()))
+                .collect();
+            rb.slots
+                .push(Slot::Merge(Box::new(Merge::FirstNonNil(parts))));
+        }
+        Route::Local => return local::handle(s, req, c, rb),
+        Route::Transaction => return local::transaction(s, req, c, rb),
+        Route::Subscribe => match pubsub_node(s, req) {
+            Ok(node) => {
+                let mut hs = s.ctx.backend.node(node).handshake(s.proto(), s.db());
+                // The client talks to the node from now on: it keeps its name there.
+                hs.name = s.name.clone();
+                match Box::pin(tunnel::open(&hs, req.wire())).await {
+                    Ok(start) => return Flow::Tunnel(start),
+                    Err(e) => rb
+                        .slots
+                        .push(Slot::Ready(err_bytes(&format!("ERR saltshaker: {e}")))),
+                }
+            }
+            Err(e) => rb.slots.push(Slot::Ready(e)),
+        },
+        Route::Unsupported(why) => rb
+            .slots
+            .push(Slot::Ready(err_bytes(&format!("ERR saltshaker: {why}")))),
+    }
+    Flow::Continue
+}
