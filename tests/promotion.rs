@@ -289,3 +289,46 @@ rules:
     wait_folded(&a, key);
     assert_eq!(c.cmd(&["GET", key]).as_str(), sent.to_string());
 }
+
+/// The registry's node frozen in the middle of a promotion: every proxy loses its view of
+/// the registry for a while. No read misses an acknowledged increment, and the counter is
+/// exact once the node thaws and salting takes effect.
+#[test]
+fn a_frozen_registry_node_during_a_promotion_loses_and_misreads_nothing() {
+    need_redis();
+    let (nodes, _dir, rules) = pool_with_rules("promotion-frozen", RULES);
+    let fleet = [proxy(&nodes, &rules, &[]), proxy(&nodes, &rules, &[])];
+    let acked = Arc::new(AtomicI64::new(0));
+    let stop = Arc::new(AtomicBool::new(false));
+    let writers: Vec<_> = [fleet[0].addr(), fleet[0].addr(), fleet[1].addr()]
+        .into_iter()
+        .map(|addr| writer(addr, acked.clone(), stop.clone()))
+        .collect();
+    let readers: Vec<_> = fleet
+        .iter()
+        .map(|p| reader(p.addr(), acked.clone(), 3 * DEPTH as i64, stop.clone()))
+        .collect();
+    wait_for("the promotion announced", Duration::from_secs(5), || {
+        fleet.iter().all(|p| phase(p).as_deref() == Some("salting"))
+    });
+    let registry = nodes
+        .iter()
+        .position(|n| n.client().cmd(&["EXISTS", "saltshaker:registry"]).as_int() == 1)
+        .expect("the registry is on one node");
+    nodes[registry].signal("STOP");
+    thread::sleep(Duration::from_millis(1500));
+    nodes[registry].signal("CONT");
+    wait_in_force(&[&fleet[0], &fleet[1]], KEY);
+    thread::sleep(Duration::from_secs(1));
+    stop.store(true, Ordering::Relaxed);
+    for w in writers {
+        w.join().unwrap();
+    }
+    for r in readers {
+        assert!(r.join().unwrap() > 20, "too few reads checked");
+    }
+    let total = acked.load(Ordering::SeqCst);
+    for p in &fleet {
+        assert_eq!(p.client().cmd(&["GET", KEY]).as_str(), total.to_string());
+    }
+}
