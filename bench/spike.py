@@ -11,8 +11,10 @@ busiest node stays within 1.25x the mean, and each proxy's
 `saltshaker_time_to_mitigate_seconds` (median and p99 of the buckets over the fleet).
 With `--bin-b` a second build runs the same rounds (rotating), for a before/after.
 
+With `--cluster` the nodes are a 3-master Redis Cluster (no replicas) instead of a pool.
+
 usage: bench/spike.py --saltshaker BIN [--bin-b BIN] [--proxies 2,8] [--rules default|salt]
-                      [--duration-ms 10000] [--rounds 1]
+                      [--duration-ms 10000] [--rounds 1] [--cluster] [--shards 4]
 """
 
 import argparse
@@ -31,7 +33,7 @@ SALT_RULES = """version: 1
 epoch_ms: 2000
 rules:
   - match: "counter:*"
-    write: { strategy: salt, salt: { shards: 4 } }
+    write: { strategy: salt, salt: { shards: SHARDS } }
 """
 
 
@@ -66,16 +68,18 @@ def quantile(buckets, q):
     return None
 
 
-def one_run(binary, nodes, proxies, rules, duration_ms, tmp):
+def one_run(binary, nodes, proxies, rules, duration_ms, cluster):
     procs, admins, ports = [], [], []
     node_list = ",".join(f"127.0.0.1:{p}" for p in nodes)
+    backend = ["--cluster", f"127.0.0.1:{nodes[0]}"] if cluster else ["--nodes", node_list]
     for p in nodes:
         subprocess.run(["redis-cli", "-p", str(p), "FLUSHALL"], capture_output=True)
+    time.sleep(0.5)
     try:
         for _ in range(proxies):
             port, admin = free_port(), free_port()
             args = [binary, "--listen", f"127.0.0.1:{port}", "--admin", f"127.0.0.1:{admin}",
-                    "--nodes", node_list, "--threads", "1", "--log-level", "warn"]
+                    *backend, "--threads", "1", "--log-level", "warn"]
             if rules:
                 args += ["--rules", rules]
             procs.append(subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
@@ -143,34 +147,49 @@ def main():
     ap.add_argument("--rules", default="default", choices=["default", "salt"])
     ap.add_argument("--duration-ms", type=int, default=10000)
     ap.add_argument("--rounds", type=int, default=1)
+    ap.add_argument("--cluster", action="store_true")
+    ap.add_argument("--shards", type=int, default=4, help="with --rules salt")
     args = ap.parse_args()
     tmp = tempfile.mkdtemp(prefix="spike.")
     rules = None
     if args.rules == "salt":
         rules = os.path.join(tmp, "rules.yaml")
         with open(rules, "w") as f:
-            f.write(SALT_RULES)
+            f.write(SALT_RULES.replace("SHARDS", str(args.shards)))
     nodes, procs = [], []
     try:
-        for _ in range(4):
+        for i in range(3 if args.cluster else 4):
             p = free_port()
+            d = os.path.join(tmp, f"n{i}")
+            os.makedirs(d)
+            extra = ["--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf"] if args.cluster else []
             procs.append(subprocess.Popen(
                 ["redis-server", "--port", str(p), "--bind", "127.0.0.1", "--save", "",
-                 "--appendonly", "no", "--dir", tmp], stdout=subprocess.DEVNULL))
+                 "--appendonly", "no", "--dir", d, *extra], stdout=subprocess.DEVNULL))
             wait_port(p)
             nodes.append(p)
+        if args.cluster:
+            subprocess.run(["redis-cli", "--cluster", "create", *[f"127.0.0.1:{p}" for p in nodes],
+                            "--cluster-replicas", "0", "--cluster-yes"],
+                           check=True, capture_output=True)
+            for _ in range(100):
+                info = subprocess.run(["redis-cli", "-p", str(nodes[0]), "CLUSTER", "INFO"],
+                                      capture_output=True, text=True).stdout
+                if "cluster_state:ok" in info:
+                    break
+                time.sleep(0.1)
         builds = [("a", args.saltshaker)] + ([("b", args.bin_b)] if args.bin_b else [])
         rows = []
         for n in [int(x) for x in args.proxies.split(",")]:
             for r in range(args.rounds):
                 order = builds if r % 2 == 0 else builds[::-1]
                 for name, binary in order:
-                    res = one_run(binary, nodes, n, rules, args.duration_ms, tmp)
+                    res = one_run(binary, nodes, n, rules, args.duration_ms, args.cluster)
                     rows.append((n, name, res))
                     print(n, name, json.dumps(res), flush=True)
     finally:
         stop_all(procs)
-    print(f"\nrules: {args.rules}; {args.duration_ms} ms of INCR, 30% on one key, 8 clients x P16 per proxy")
+    print(f"\n{'3-master cluster' if args.cluster else '4-node pool'}; rules: {args.rules}; {args.duration_ms} ms of INCR, 30% on one key, 8 clients x P16 per proxy")
     print("| proxies | build | busiest/mean, whole run | per 100 ms, median | per 100 ms, max "
           "| within 1.25x from | time to mitigate p50 / p99 (keys timed) | client ops/s |")
     print("|---|---|---|---|---|---|---|---|")
