@@ -1,4 +1,5 @@
-"""Helpers the Python bench drivers share: loopback ports and waiting for a listener."""
+"""Helpers the Python bench drivers share: loopback ports, waiting for a listener, a node's
+command count."""
 
 import socket
 import subprocess
@@ -33,3 +34,13 @@ def stop_all(procs):
             p.wait(timeout=10)
         except subprocess.TimeoutExpired:
             p.kill()
+
+
+def commands_processed(port):
+    """A redis-server's `total_commands_processed` (INFO stats)."""
+    out = subprocess.run(["redis-cli", "-p", str(port), "INFO", "stats"],
+                         capture_output=True, text=True).stdout
+    for line in out.splitlines():
+        if line.startswith("total_commands_processed:"):
+            return int(line.split(":")[1])
+    return 0

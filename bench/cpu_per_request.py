@@ -24,7 +24,7 @@ import subprocess
 import tempfile
 import time
 
-from benchlib import free_port, stop_all, wait_port
+from benchlib import commands_processed, free_port, stop_all, wait_port
 
 TICK = os.sysconf("SC_CLK_TCK")
 
@@ -34,15 +34,6 @@ def cpu_seconds(pid):
         fields = f.read().rsplit(")", 1)[1].split()
     # utime and stime are fields 14 and 15 of stat; after the ")" they are 12 and 13.
     return (int(fields[11]) + int(fields[12])) / TICK
-
-
-def commands_processed(port):
-    out = subprocess.run(["redis-cli", "-p", str(port), "INFO", "stats"],
-                         capture_output=True, text=True).stdout
-    for line in out.splitlines():
-        if line.startswith("total_commands_processed:"):
-            return int(line.split(":")[1])
-    return 0
 
 
 def main():

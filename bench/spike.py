@@ -27,7 +27,7 @@ import threading
 import time
 import urllib.request
 
-from benchlib import free_port, stop_all, wait_port
+from benchlib import commands_processed, free_port, stop_all, wait_port
 
 SALT_RULES = """version: 1
 epoch_ms: 2000
@@ -35,15 +35,6 @@ rules:
   - match: "counter:*"
     write: { strategy: salt, salt: { shards: SHARDS } }
 """
-
-
-def info_total(port):
-    out = subprocess.run(["redis-cli", "-p", str(port), "INFO", "stats"],
-                         capture_output=True, text=True).stdout
-    for line in out.splitlines():
-        if line.startswith("total_commands_processed:"):
-            return int(line.split(":")[1])
-    return 0
 
 
 def histogram(admin):
@@ -91,7 +82,7 @@ def one_run(binary, nodes, proxies, rules, duration_ms, cluster):
 
         def sample():
             while not stop.is_set():
-                samples.append((time.time(), [info_total(p) for p in nodes]))
+                samples.append((time.time(), [commands_processed(p) for p in nodes]))
                 time.sleep(0.1)
 
         t = threading.Thread(target=sample)

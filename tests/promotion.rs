@@ -110,6 +110,31 @@ fn reader(
     })
 }
 
+/// Through the switch to salting and a second of it in force on every proxy, then the
+/// load stops: every reader checked enough reads, and every proxy reads the counter as
+/// exactly the increments acknowledged.
+fn finish(
+    fleet: &[&Proxy],
+    stop: &AtomicBool,
+    writers: Vec<thread::JoinHandle<()>>,
+    readers: Vec<thread::JoinHandle<usize>>,
+    acked: &AtomicI64,
+) {
+    wait_in_force(fleet, KEY);
+    thread::sleep(Duration::from_secs(1));
+    stop.store(true, Ordering::Relaxed);
+    for w in writers {
+        w.join().unwrap();
+    }
+    for r in readers {
+        assert!(r.join().unwrap() > 20, "too few reads checked");
+    }
+    let total = acked.load(Ordering::SeqCst);
+    for p in fleet {
+        assert_eq!(p.client().cmd(&["GET", KEY]).as_str(), total.to_string());
+    }
+}
+
 #[test]
 fn a_spike_is_combined_on_every_proxy_within_a_second_and_reads_stay_exact_through_salting() {
     need_redis();
@@ -221,22 +246,9 @@ fn spike(nodes: &[Redis], start: &dyn Fn() -> Proxy, proxies: usize) {
         stop.clone(),
     ));
 
-    // Through the switch to salting, and a second of it in force.
     let mut all: Vec<&Proxy> = fleet.iter().collect();
     all.push(&late);
-    wait_in_force(&all, KEY);
-    thread::sleep(Duration::from_secs(1));
-    stop.store(true, Ordering::Relaxed);
-    for w in writers {
-        w.join().unwrap();
-    }
-    for r in readers {
-        assert!(r.join().unwrap() > 20, "too few reads checked");
-    }
-    let total = acked.load(Ordering::SeqCst);
-    for p in &all {
-        assert_eq!(p.client().cmd(&["GET", KEY]).as_str(), total.to_string());
-    }
+    finish(&all, &stop, writers, readers, &acked);
     assert!(
         shard_keys(nodes).iter().any(|(_, k)| k.contains(KEY)),
         "salting took effect: shard keys exist"
@@ -261,7 +273,7 @@ rules:
     let key = "flap:votes";
     let mut c = a.client();
     let mut sent = 0i64;
-    let mut burst = |c: &mut Client, ms: u64, sent: &mut i64| {
+    let burst = |c: &mut Client, ms: u64, sent: &mut i64| {
         let end = Instant::now() + Duration::from_millis(ms);
         let cmds: Vec<[&str; 2]> = (0..DEPTH).map(|_| ["INCR", key]).collect();
         while Instant::now() < end {
@@ -318,17 +330,5 @@ fn a_frozen_registry_node_during_a_promotion_loses_and_misreads_nothing() {
     nodes[registry].signal("STOP");
     thread::sleep(Duration::from_millis(1500));
     nodes[registry].signal("CONT");
-    wait_in_force(&[&fleet[0], &fleet[1]], KEY);
-    thread::sleep(Duration::from_secs(1));
-    stop.store(true, Ordering::Relaxed);
-    for w in writers {
-        w.join().unwrap();
-    }
-    for r in readers {
-        assert!(r.join().unwrap() > 20, "too few reads checked");
-    }
-    let total = acked.load(Ordering::SeqCst);
-    for p in &fleet {
-        assert_eq!(p.client().cmd(&["GET", KEY]).as_str(), total.to_string());
-    }
+    finish(&[&fleet[0], &fleet[1]], &stop, writers, readers, &acked);
 }
