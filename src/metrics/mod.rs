@@ -170,12 +170,9 @@ impl Metrics {
             rules_generation: Gauge::default(),
             rules_last_reload_failed: Gauge::default(),
             mitigated_keys: Family::default(),
-            time_to_mitigate: prometheus_client::metrics::histogram::Histogram::new(
-                [
-                    0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 10.0,
-                ]
-                .into_iter(),
-            ),
+            time_to_mitigate: prometheus_client::metrics::histogram::Histogram::new([
+                0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 10.0,
+            ]),
             balance_keys: Family::default(),
             combine: Default::default(),
             cache: Default::default(),
