@@ -17,6 +17,10 @@ fn node_redis() -> &'static Path {
     need_tool("npm");
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/node");
     let dir: &'static Path = Box::leak(dir.into_boxed_path());
+    // The tests of this file run on parallel threads: one installs, the others wait for
+    // it (two npm installs in one directory fail with ENOTEMPTY on a fresh clone).
+    static INSTALL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    let _installing = INSTALL.lock().unwrap_or_else(|p| p.into_inner());
     if !dir.join("node_modules/redis/package.json").exists() {
         let out = Command::new("npm")
             .args(["install", "--no-audit", "--no-fund", "--no-package-lock"])
