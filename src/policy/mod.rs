@@ -286,38 +286,25 @@ pub fn decide_plain<A: Args + ?Sized>(c: &Classified, args: &A, hot: &HotSet) ->
 }
 
 /// The bridge from detection to salting: an increment of a salted key whose promotion is
-/// announced but not yet in force (`plan` is `Base`, the record not demoted) is combined
-/// into the base key with its rule's window, on every proxy that knows of the promotion,
-/// whether or not it saw the key hot itself. Combining keeps every reply exact, and the
-/// base key is what every reader merges, so nothing changes for readers.
-pub fn bridge<A: Args + ?Sized>(
-    c: &Classified,
-    args: &A,
-    plan: &SaltPlan,
-    now_ms: u64,
-    rules: &crate::rules::Rules,
-) -> Option<Action> {
-    let SaltPlan::Base(e) = plan else {
+/// announced but not yet in force (`SaltPlan::Base` with its rule's window) is combined
+/// into the base key, on every proxy that knows of the promotion, whether or not it saw
+/// the key hot itself. Combining keeps every reply exact, and the base key is what every
+/// reader merges, so nothing changes for readers.
+pub fn bridge(c: &Classified, plan: &SaltPlan) -> Option<Action> {
+    let SaltPlan::Base(_, Some(window)) = plan else {
         return None;
     };
-    let pending =
-        e.rec.demote_ms.is_none() && e.rec.steps.first().is_some_and(|st| st.from_ms > now_ms);
-    if !pending || c.spec.flags & flags::COUNTER == 0 || c.keys.len() != 1 {
-        return None;
+    match c.counter {
+        Some(Counter {
+            delta: Ok(delta),
+            field,
+        }) if c.spec.flags & flags::COUNTER != 0 && c.keys.len() == 1 => Some(Action::Combine {
+            delta,
+            field: field.map(|f| f as usize),
+            window: *window,
+        }),
+        _ => None,
     }
-    let Some(Counter {
-        delta: Ok(delta),
-        field,
-    }) = c.counter
-    else {
-        return None;
-    };
-    let r = rules.resolve(args.arg(c.keys[0] as usize));
-    (r.write.strategy != Strategy::Off).then(|| Action::Combine {
-        delta,
-        field: field.map(|f| f as usize),
-        window: Duration::from_micros(r.write.combine.window_us),
-    })
 }
 
 /// An MGET is cached per key when at least one of its keys is read-hot.

@@ -69,8 +69,9 @@ pub enum SaltPlan {
     Checked(Arc<Salted>, Op),
     /// A write the base key takes, as if the key were not salted (the promotion is not in
     /// force yet, the key is demoted, or the registry was not read for too long); reads
-    /// merge it.
-    Base(Arc<Salted>),
+    /// merge it. With the rule's combine window while the promotion is announced and not
+    /// yet in force: an increment is then combined (`policy::bridge`).
+    Base(Arc<Salted>, Option<Duration>),
 }
 
 impl PartialEq for SaltPlan {
@@ -88,7 +89,7 @@ impl PartialEq for SaltPlan {
             (Task(a), Task(b)) | (Fold(a), Fold(b)) => Arc::ptr_eq(a, b),
             (Display(a, x, m), Display(b, y, n)) => Arc::ptr_eq(a, b) && x == y && m == n,
             (Reject(a), Reject(b)) => a == b,
-            (Base(a), Base(b)) => Arc::ptr_eq(a, b),
+            (Base(a, x), Base(b, y)) => Arc::ptr_eq(a, b) && x == y,
             _ => false,
         }
     }
@@ -159,7 +160,14 @@ pub fn plan<A: Args + ?Sized>(v: &SaltView, args: &A, c: &Classified) -> Option<
         {
             SaltPlan::Checked(e, op)
         }
-        Op::Write { .. } if e.rec.writers(now).is_none() || !v.fresh => SaltPlan::Base(e),
+        Op::Write { .. } if e.rec.writers(now).is_none() || !v.fresh => {
+            // Announced, not yet in force: the bridge from detection to salting.
+            let pending =
+                e.rec.demote_ms.is_none() && e.rec.steps.first().is_some_and(|st| st.from_ms > now);
+            let bridge = (pending && rule.write.strategy != Strategy::Off)
+                .then(|| Duration::from_micros(rule.write.combine.window_us));
+            SaltPlan::Base(e, bridge)
+        }
         Op::Write { .. } if combine.is_some() => {
             SaltPlan::Combine(e, op, combine.unwrap_or_default())
         }
@@ -184,7 +192,7 @@ fn member_plan(v: &SaltView, e: Arc<Salted>, m: MOp) -> SaltPlan {
         let to_base = e.rec.writers(v.now_ms).is_none() || !v.fresh || held;
         return match m {
             // PFADD's reply says whether a register changed, which the base key tells.
-            MOp::PfAdd(_) if to_base => SaltPlan::Base(e),
+            MOp::PfAdd(_) if to_base => SaltPlan::Base(e, None),
             m => {
                 let m = prepare(m, &e, to_base, careful);
                 SaltPlan::Inline(e, Op::Member(m))

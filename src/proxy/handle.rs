@@ -129,7 +129,7 @@ pub(super) async fn act(
         return Flow::Continue;
     }
     if let Action::Salted(plan) = action {
-        let bridge = policy::bridge(c, req, &plan, crate::salt::now_ms(), &s.ctx.rules.load());
+        let bridge = policy::bridge(c, &plan);
         // Rare paths are boxed: the session's future, held by every idle connection, stays
         // small (bench/conn_memory.py).
         if let super::salted::Next::Done = Box::pin(super::salted::act(s, req, c, plan, rb)).await {
@@ -215,13 +215,7 @@ pub(super) async fn act(
         Route::Scan => scan_one(s, req, rb),
         Route::Kill => super::route::kill(s, req, rb),
         Route::RandomKey => {
-            let parts = s
-                .ctx
-                .backend
-                .masters()
-                .into_iter()
-                .map(|n| push(s, rb, n, req.wire()))
-                .collect();
+            let parts = super::route::to_masters(s, req, rb);
             rb.slots
                 .push(Slot::Merge(Box::new(Merge::FirstNonNil(parts))));
         }

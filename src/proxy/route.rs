@@ -216,6 +216,16 @@ pub(super) fn split(
     rb.slots.push(Slot::Merge(Box::new(merge)));
 }
 
+/// The command as it came, once to every master: the parts to merge.
+pub(super) fn to_masters(s: &mut Session, req: &Request, rb: &mut RoundBuilder) -> Vec<Part> {
+    s.ctx
+        .backend
+        .masters()
+        .into_iter()
+        .map(|n| push(s, rb, n, req.wire()))
+        .collect()
+}
+
 pub(super) fn all_nodes(
     s: &mut Session,
     req: &Request,
@@ -229,13 +239,7 @@ pub(super) fn all_nodes(
         rb.slots.push(Slot::Reply(part));
         return;
     }
-    let parts: Vec<Part> = s
-        .ctx
-        .backend
-        .masters()
-        .into_iter()
-        .map(|n| push(s, rb, n, req.wire()))
-        .collect();
+    let parts = to_masters(s, req, rb);
     let merge = match agg {
         Agg::SumInt => Merge::SumInt(parts),
         Agg::AllOk => Merge::AllOk(parts),

@@ -35,7 +35,7 @@ use crate::salt::{fold, idem, now_ms, Salted};
 fn count(s: &Session, plan: &SaltPlan) {
     let m = &s.ctx.salt.metrics;
     let c = match plan {
-        Plan::Base(_) => &m.base_writes,
+        Plan::Base(..) => &m.base_writes,
         Plan::Inline(_, Op::Member(op)) if is_write(op) => match op.to_base() {
             true => &m.base_writes,
             false => &m.shard_writes,
@@ -92,12 +92,12 @@ pub(super) async fn act(
     count(s, &plan);
     if matches!(
         &plan,
-        Plan::Base(_) | Plan::Inline(_, Op::Write { .. }) | Plan::Combine(..) | Plan::Checked(..)
+        Plan::Base(..) | Plan::Inline(_, Op::Write { .. }) | Plan::Combine(..) | Plan::Checked(..)
     ) {
         rb.written.push(req.arg_bytes(c.keys[0] as usize));
     }
     let table = match plan {
-        Plan::Base(e) => {
+        Plan::Base(e, _) => {
             if crate::salt::kinds::of(e.rec.kind).partitioned() {
                 e.note_base_write();
             }
