@@ -1,25 +1,78 @@
 #!/usr/bin/env bash
 # Installs what the tests and benchmarks need on a Debian machine (run as root).
-# Idempotent: when every tool is already present it touches nothing but stopping
-# the packaged redis-server service, so it is cheap to run before every CI run.
+# Idempotent: it installs only the packages of missing tools, and when every tool is
+# already present it touches nothing but stopping the packaged redis-server service, so
+# it is cheap to run before every CI run.
 set -euo pipefail
 
-# Debian package -> a binary (or check) that proves it is installed.
-PACKAGES=(redis-server redis-tools nutcracker cmake python3 python3-venv prometheus pkg-config tmux openssl nodejs npm)
+# Each tool the tests run, and the Debian package that brings it. Only the packages of
+# missing tools are installed: a machine whose node and npm come from elsewhere keeps them
+# (Debian's npm conflicts with such a nodejs).
+TOOLS=(redis-server:redis-server redis-cli:redis-tools redis-benchmark:redis-tools
+    nutcracker:nutcracker cmake:cmake prometheus:prometheus promtool:prometheus
+    pkg-config:pkg-config tmux:tmux python3:python3 openssl:openssl node:nodejs npm:npm
+    curl:curl make:make gcc:gcc)
+
+# A newer Redis beside Debian 12's 7.0, for redis-py's client-side cache, which turns on only
+# when the server says it is 7.4 or later (tests/py/client_cache.py). Built from the upstream
+# tarball of Debian 13's source package, fetched from this machine's own Debian mirror and
+# checked against the sha256 that Debian publishes for it. About two minutes on two cores,
+# once: it is kept under REDIS_NEW_DIR.
+REDIS_NEW_VERSION=8.0.2
+REDIS_NEW_SHA256=caf3c0069f06fc84c5153bd2a348b204c578de80490c73857bee01d9b5d7401f
+REDIS_NEW_DIR=${SALTSHAKER_REDIS_NEW_DIR:-/usr/local/lib/saltshaker-test/redis-$REDIS_NEW_VERSION}
+
+# The Debian packages of the missing tools, one per line.
+missing_packages() {
+    local pair
+    for pair in "${TOOLS[@]}"; do
+        command -v "${pair%%:*}" >/dev/null 2>&1 || echo "${pair#*:}"
+    done
+    # python3-venv: Debian's python3 cannot make a venv (no ensurepip) without it.
+    if [ -x /usr/bin/python3 ]; then
+        /usr/bin/python3 -c 'import ensurepip, venv' >/dev/null 2>&1 || echo python3-venv
+    fi
+}
 
 # Names every missing tool; fails if any is missing.
 have_all() {
-    local bin ok=0
-    for bin in redis-server redis-cli redis-benchmark nutcracker cmake prometheus promtool \
-        pkg-config tmux python3 openssl node npm; do
-        command -v "$bin" >/dev/null 2>&1 || { echo "install-deps: missing $bin"; ok=1; }
+    local pair ok=0
+    for pair in "${TOOLS[@]}"; do
+        command -v "${pair%%:*}" >/dev/null 2>&1 || { echo "install-deps: missing ${pair%%:*}"; ok=1; }
     done
-    # python3-venv: Debian's python3 cannot make a venv (no ensurepip) without it.
     if [ -x /usr/bin/python3 ]; then
         /usr/bin/python3 -c 'import ensurepip, venv' >/dev/null 2>&1 \
             || { echo "install-deps: missing python3-venv"; ok=1; }
     fi
+    [ -x "$REDIS_NEW_DIR/redis-server" ] \
+        || { echo "install-deps: missing redis-server $REDIS_NEW_VERSION (in $REDIS_NEW_DIR)"; ok=1; }
     return "$ok"
+}
+
+# The Debian mirror apt uses here (deb822 sources, or the classic list).
+debian_mirror() {
+    local uri
+    uri=$(awk '$1 == "URIs:" && $2 !~ /security/ { print $2; exit }' /etc/apt/sources.list.d/*.sources 2>/dev/null || true)
+    [ -n "$uri" ] || uri=$(awk '$1 == "deb" && $0 !~ /security/ { for (i = 2; i <= NF; i++) if ($i ~ /^https?:/) { print $i; exit } }' /etc/apt/sources.list 2>/dev/null || true)
+    echo "${uri%/}"
+}
+
+install_redis_new() {
+    [ -x "$REDIS_NEW_DIR/redis-server" ] && return 0
+    local mirror tmp tarball
+    mirror=$(debian_mirror)
+    [ -n "$mirror" ] || { echo "install-deps: no Debian mirror in the apt sources" >&2; return 1; }
+    tmp=$(mktemp -d)
+    tarball="$tmp/redis_$REDIS_NEW_VERSION.orig.tar.gz"
+    echo "install-deps: building redis-server $REDIS_NEW_VERSION from Debian's source package"
+    curl -fsS --retry 3 -o "$tarball" "$mirror/pool/main/r/redis/redis_$REDIS_NEW_VERSION.orig.tar.gz" || return 1
+    echo "$REDIS_NEW_SHA256  $tarball" | sha256sum -c --quiet || { echo "install-deps: checksum mismatch" >&2; return 1; }
+    tar -xzf "$tarball" -C "$tmp"
+    make -C "$tmp/redis-$REDIS_NEW_VERSION" -j"$(nproc)" BUILD_TLS=no >"$tmp/build.log" 2>&1 \
+        || { tail -n 30 "$tmp/build.log" >&2; return 1; }
+    mkdir -p "$REDIS_NEW_DIR"
+    install -m 0755 "$tmp/redis-$REDIS_NEW_VERSION/src/redis-server" "$REDIS_NEW_DIR/redis-server"
+    rm -rf "$tmp"
 }
 
 # The Debian packages start their daemons as services; the tests start their own
@@ -57,19 +110,23 @@ if [ "${1:-}" = --check ]; then
     exit "$ok"
 fi
 
-# INSTALL_DEPS_FORCE=1 runs apt even when everything looks present.
-if [ "${INSTALL_DEPS_FORCE:-0}" != 1 ] && have_all; then
+if have_all >/dev/null; then
     echo "install-deps: all tools present, skipping apt"
 else
     if [ "$(id -u)" -ne 0 ]; then
-        echo "install-deps: must run as root to install: ${PACKAGES[*]}" >&2
+        have_all || true
+        echo "install-deps: must run as root to install what is missing" >&2
         exit 1
     fi
-    export DEBIAN_FRONTEND=noninteractive
-    echo "install-deps: apt-get update"
-    apt-get update -qq
-    echo "install-deps: apt-get install ${PACKAGES[*]}"
-    apt-get install -y -qq --no-install-recommends "${PACKAGES[@]}" >/dev/null
+    mapfile -t packages < <(missing_packages | sort -u)
+    if [ "${#packages[@]}" -gt 0 ]; then
+        export DEBIAN_FRONTEND=noninteractive
+        echo "install-deps: apt-get update"
+        apt-get update -qq
+        echo "install-deps: apt-get install ${packages[*]}"
+        apt-get install -y -qq --no-install-recommends "${packages[@]}" >/dev/null
+    fi
+    install_redis_new
     have_all
 fi
 stop_services

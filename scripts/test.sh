@@ -109,6 +109,9 @@ py_suite py-cluster 300 "redis-py cluster clients failed" --cluster
 step "redis-py with TLS on both sides and a named user (tests/py/run.sh --tls)"
 py_suite py-tls 300 "redis-py TLS clients failed" --tls
 
+step "redis-py's client-side cache through the proxy, over Redis 8 (tests/py/run.sh --client-cache)"
+py_suite py-client-cache 300 "redis-py client-side cache failed" --client-cache
+
 step "redis-py's own test suite, directly and through the proxy (tests/py/run.sh --upstream)"
 py_suite py-upstream 1200 "redis-py's own suite differs from tests/py/upstream_expected.txt" --upstream
 

@@ -165,6 +165,8 @@ pub async fn run(
         ctx.cache = Some(proxy::CacheLayer::start(&ctx.backend, &cfg.cache, &metrics));
     }
     let ctx = Arc::new(ctx);
+    let wait = std::time::Duration::from_millis(cfg.backend.connect_timeout_ms.min(500));
+    proxy::learn_node_version(ctx.clone(), wait).await;
     proxy::spawn_hot_updater(ctx.clone());
     proxy::spawn_memory_trim(ctx.clone());
     proxy::spawn_salt_coordinator(ctx.clone());

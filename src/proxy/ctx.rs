@@ -22,9 +22,6 @@ use crate::policy::HotSet;
 use crate::resp::Limits;
 use crate::rules::RulesHandle;
 
-/// The Redis version the proxy reports in HELLO.
-pub const REDIS_VERSION: &str = "7.0.0";
-
 /// What every session shares.
 pub struct Ctx {
     pub backend: Backend,
@@ -62,6 +59,8 @@ pub struct Ctx {
     pub(super) pause: super::clients::Pause,
     /// ACL LOG: the commands and logins this proxy refused.
     pub(super) acl_log: crate::auth::Log,
+    /// The Redis version HELLO reports: the lowest of the nodes'.
+    pub(super) version: super::version::NodeVersion,
 }
 
 impl Ctx {
@@ -127,6 +126,7 @@ impl Ctx {
             monitors,
             acl_log: crate::auth::Log::default(),
             pause: super::clients::Pause::default(),
+            version: Default::default(),
         }
     }
 }

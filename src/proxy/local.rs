@@ -215,7 +215,7 @@ fn hello(s: &mut Session, req: &Request, rb: &mut RoundBuilder) -> Flow {
     }
     let fields: Vec<(Value, Value)> = vec![
         (bulk("server"), bulk("redis")),
-        (bulk("version"), bulk(super::ctx::REDIS_VERSION)),
+        (bulk("version"), bulk(&s.ctx.version.get())),
         (
             bulk("proto"),
             Value::Integer(if proto == Proto::Resp3 { 3 } else { 2 }),

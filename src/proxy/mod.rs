@@ -11,7 +11,7 @@
 //!
 //! - bottom: `ctx` (what every session shares), `clients` (every connection as CLIENT LIST
 //!   shows it), `monitor` (MONITOR's lines and queues), `tunnel` (the pub/sub pipe),
-//!   `dedicated`, `tracking` (what the clients with CLIENT TRACKING read, and the nodes'
+//!   `dedicated`, `version` (the Redis version HELLO reports), `tracking` (what the clients with CLIENT TRACKING read, and the nodes'
 //!   tracked connections),
 //!   `scan` (cursors), `round` (a round's jobs, reply slots and keys), `order` (the ordering
 //!   rules), `state` (one connection's state, and what a handler returns: `Flow`), `merge`
@@ -58,12 +58,13 @@ mod state;
 mod store;
 mod tracking;
 mod tunnel;
+mod version;
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-pub use ctx::{CacheLayer, Ctx, REDIS_VERSION};
+pub use ctx::{CacheLayer, Ctx};
 
 use tokio::net::TcpListener;
 
@@ -280,6 +281,25 @@ pub fn spawn_memory_trim(ctx: Arc<Ctx>) {
     });
     #[cfg(not(all(target_os = "linux", target_env = "gnu")))]
     let _ = ctx;
+}
+
+/// Learns the nodes' Redis version (what HELLO reports) before the first client is served,
+/// waiting at most `wait` (a node that is down or mute does not hold the proxy back), then
+/// every second until every node has answered, and every minute after that.
+pub async fn learn_node_version(ctx: Arc<Ctx>, wait: Duration) {
+    let learn = version::learn(&ctx.backend, &ctx.version);
+    let mut all = tokio::time::timeout(wait, learn).await.unwrap_or(false);
+    let mut shutdown = ctx.shutdown.clone();
+    tokio::spawn(async move {
+        loop {
+            let pause = if all { version::EVERY } else { version::RETRY };
+            tokio::select! {
+                _ = tokio::time::sleep(pause) => {}
+                _ = async { let _ = shutdown.wait_for(|v| *v).await; } => return,
+            }
+            all = version::learn(&ctx.backend, &ctx.version).await;
+        }
+    });
 }
 
 /// Rebuilds the hot set whenever the detector publishes a snapshot or the rules change.

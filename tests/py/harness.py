@@ -73,10 +73,10 @@ class Cluster:
         self.procs.append(proc)
         return proc
 
-    def start_redis(self, extra=()):
+    def start_redis(self, extra=(), server="redis-server"):
         port = free_port()
         proc = self._spawn(f"redis-{port}", [
-            "redis-server", "--port", str(port), "--bind", "127.0.0.1",
+            server, "--port", str(port), "--bind", "127.0.0.1",
             "--save", "", "--appendonly", "no", "--daemonize", "no",
             "--dir", self.logdir, "--dbfilename", f"dump-{port}.rdb", *extra,
         ])

@@ -3,6 +3,7 @@
 # then suite.py starts 4 redis-servers and the proxy (target/debug/saltshaker, or
 # $SALTSHAKER_BIN) over them. `run.sh --direct` runs against one plain redis-server;
 # `run.sh --cluster` runs cluster_clients.py (a Redis Cluster behind the proxy);
+# `run.sh --client-cache` runs client_cache.py (redis-py's client-side cache, over Redis 8);
 # `run.sh --tls` runs tls_clients.py (TLS on both sides, a named user);
 # `run.sh --upstream` runs upstream.py (redis-py's own test suite, directly and through
 # the proxy over one node and a pool).
@@ -34,6 +35,10 @@ fi
 if [ "${1:-}" = "--tls" ]; then
     # redis-py with ssl=True (and a named user) through the proxy, TLS on both sides.
     exec "$venv/bin/python" -u tls_clients.py
+fi
+if [ "${1:-}" = "--client-cache" ]; then
+    # redis-py's client-side cache through the proxy, over redis-server 8 nodes.
+    exec "$venv/bin/python" -u client_cache.py
 fi
 if [ "${1:-}" = "--cluster" ]; then
     # redis-py's plain and cluster clients through the proxy in front of a Redis Cluster.
