@@ -69,7 +69,10 @@ pub async fn learn(backend: &Backend, version: &NodeVersion) -> bool {
     for node in &nodes {
         let (backend, ask, index) = (backend.clone(), ask.clone(), node.index);
         asks.spawn(async move {
-            match crate::salt::call(&backend, &[(index, ask)]).await.as_deref() {
+            match crate::salt::call(&backend, &[(index, ask)])
+                .await
+                .as_deref()
+            {
                 Ok([Value::Bulk(b)]) => parse(b),
                 _ => None,
             }
