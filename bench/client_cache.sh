@@ -3,13 +3,15 @@
 # cache off and on, a Zipf(1.1) read load over 100,000 keys (bench/client_cache.mjs), and
 # the same with a `read.client_cache: { keys: hot_only }` rule.
 #
-# usage: bench/client_cache.sh [--bin target/release/saltshaker] [--reads 50000]
+# usage: bench/client_cache.sh [--bin target/release/saltshaker] [--reads 50000] [--clients 1]
+# (with --clients N, N applications read at once, each --reads reads)
 set -euo pipefail
-BIN=target/release/saltshaker READS=50000
+BIN=target/release/saltshaker READS=50000 CLIENTS=1
 while [ $# -gt 0 ]; do
   case "$1" in
     --bin) BIN=$(realpath "$2"); shift 2 ;;
     --reads) READS=$2; shift 2 ;;
+    --clients) CLIENTS=$2; shift 2 ;;
     *) echo "unknown option $1" >&2; exit 2 ;;
   esac
 done
@@ -40,7 +42,7 @@ run() {
   "$BIN" --listen "127.0.0.1:$SS" --admin "127.0.0.1:$AD" --nodes "$SPEC" --log-level warn "${extra[@]}" >/dev/null 2>&1 & PIDS+=($!)
   wait_port "$SS"; wait_port "$AD"
   echo "### $label"
-  (cd "$ROOT/tests/node" && node "$ROOT/bench/client_cache.mjs" "127.0.0.1:$SS" "127.0.0.1:$AD" "${NODES[@]}" --reads "$READS" $3)
+  (cd "$ROOT/tests/node" && node "$ROOT/bench/client_cache.mjs" "127.0.0.1:$SS" "127.0.0.1:$AD" "${NODES[@]}" --reads "$READS" --clients "$CLIENTS" $3)
   for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done
   PIDS=()
 }
