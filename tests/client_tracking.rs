@@ -258,6 +258,72 @@ fn a_tracking_client_is_told_when_a_key_it_read_changes_whoever_changes_it() {
         .contains("tracking_clients:0\r\n")));
 }
 
+/// A script that writes the key (run through the proxy or on the node), and the node
+/// evicting it under `maxmemory`: each reaches a client that read the key.
+#[test]
+fn a_tracking_client_is_told_of_a_script_write_and_of_an_eviction() {
+    need_redis();
+    let node = Redis::start();
+    let proxy = Proxy::start(&[&node], &[]);
+    let mut direct = node.client();
+    let mut other = proxy.client();
+    let mut c = tracking_client(&proxy, &[]);
+    let wait = Duration::from_secs(2);
+    let script = "redis.call('SET', KEYS[1], ARGV[1]) return 1";
+
+    direct.cmd(&["SET", "s", "1"]);
+    assert_eq!(c.cmd(&["GET", "s"]), Reply::bulk("1"));
+    assert_eq!(other.cmd(&["EVAL", script, "1", "s", "2"]), Reply::Int(1));
+    assert_eq!(
+        c.next_push(wait),
+        Some(invalidate("s")),
+        "a script through the proxy"
+    );
+    assert_eq!(c.cmd(&["GET", "s"]), Reply::bulk("2"));
+    assert_eq!(direct.cmd(&["EVAL", script, "1", "s", "3"]), Reply::Int(1));
+    assert_eq!(
+        c.next_push(wait),
+        Some(invalidate("s")),
+        "a script on the node"
+    );
+
+    // Eviction: the key read is the least recently used, then the node runs out of room.
+    direct.cmd(&["SET", "victim", "v"]);
+    assert_eq!(c.cmd(&["GET", "victim"]), Reply::bulk("v"));
+    let used: u64 = direct
+        .cmd(&["INFO", "memory"])
+        .as_str()
+        .lines()
+        .find_map(|l| l.strip_prefix("used_memory:"))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap();
+    let limit = (used + 2 * 1024 * 1024).to_string();
+    direct.cmd(&["CONFIG", "SET", "maxmemory-policy", "allkeys-lru"]);
+    direct.cmd(&["CONFIG", "SET", "maxmemory-samples", "64"]);
+    direct.cmd(&["CONFIG", "SET", "maxmemory", &limit]);
+    let value = "x".repeat(10_000);
+    let mut pushes = Vec::new();
+    for i in 0..2000 {
+        direct.cmd(&["SET", &format!("filler:{i}"), &value]);
+        if direct.cmd(&["EXISTS", "victim"]) == Reply::Int(0) {
+            break;
+        }
+    }
+    assert_eq!(
+        direct.cmd(&["EXISTS", "victim"]),
+        Reply::Int(0),
+        "never evicted"
+    );
+    while let Some(p) = c.next_push(Duration::from_millis(500)) {
+        pushes.push(p);
+    }
+    direct.cmd(&["CONFIG", "SET", "maxmemory", "0"]);
+    assert!(
+        pushes.contains(&invalidate("victim")),
+        "an eviction: {pushes:?}"
+    );
+}
+
 /// OPTIN remembers only reads after CLIENT CACHING YES; NOLOOP is not told of its own
 /// writes but is of others'; a RESP2 client redirecting to a RESP3 one has its
 /// invalidations pushed there.

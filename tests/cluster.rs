@@ -387,7 +387,8 @@ fn a_manual_failover_under_load_loses_no_acknowledged_write() {
 }
 
 #[test]
-fn a_cached_key_whose_slot_moves_is_never_served_stale_by_the_proxy_or_a_tracking_client() {
+fn a_cached_key_whose_slot_moves_or_fails_over_is_never_served_stale_by_the_proxy_or_a_tracking_client(
+) {
     let cluster = RedisCluster::start(3, 1);
     let dir = TempDir::new("cluster-cache");
     let rules = dir.0.join("rules.yaml");
@@ -468,6 +469,44 @@ fn a_cached_key_whose_slot_moves_is_never_served_stale_by_the_proxy_or_a_trackin
         c.cmd(&["GET", key]) == Reply::bulk("v3")
     });
     assert!(fresh, "a write on the new node did not reach the cache");
+
+    // A failover: the replica of the key's master takes over. The tracking client read the
+    // key on the old master, which no longer serves it: it is told, and a write on the new
+    // master reaches it too.
+    while t.next_push(Duration::from_millis(200)).is_some() {}
+    assert_eq!(t.cmd(&["GET", key]), Reply::bulk("v3"));
+    let replica = cluster.replica_of(to);
+    let mut promoted = to;
+    for _ in 0..3 {
+        let r = cluster.nodes[replica]
+            .client()
+            .cmd(&["CLUSTER", "FAILOVER"]);
+        assert_eq!(r, Reply::ok());
+        if wait_until(Duration::from_secs(10), || cluster.master_of(key) != to) {
+            promoted = cluster.master_of(key);
+            break;
+        }
+    }
+    assert_eq!(promoted, replica, "the failover happened");
+    // The proxy learns of it from its next command to the old master (a MOVED), or from its
+    // periodic map refresh.
+    assert_eq!(c.cmd(&["GET", key]), Reply::bulk("v3"));
+    assert_eq!(
+        t.next_push(Duration::from_secs(5)),
+        Some(Reply::invalidate(Some(key))),
+        "a failover"
+    );
+    assert_eq!(t.cmd(&["GET", key]), Reply::bulk("v3"));
+    assert_eq!(
+        cluster.nodes[replica].client().cmd(&["SET", key, "v4"]),
+        Reply::ok()
+    );
+    assert_eq!(
+        t.next_push(Duration::from_secs(2)),
+        Some(Reply::invalidate(Some(key))),
+        "a write on the new master"
+    );
+    assert_eq!(t.cmd(&["GET", key]), Reply::bulk("v4"));
 }
 
 #[test]
