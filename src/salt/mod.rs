@@ -308,10 +308,22 @@ impl Salt {
     }
 }
 
+/// The wall clock every epoch decision reads, in Unix milliseconds.
+///
+/// `SALTSHAKER_CLOCK_SKEW_MS` (signed) is added to it: the clock-skew tests run proxies
+/// whose clocks differ by a known amount (`tests/promotion.rs`). Not for production use.
 pub fn now_ms() -> u64 {
+    static SKEW: std::sync::OnceLock<i64> = std::sync::OnceLock::new();
+    let skew = *SKEW.get_or_init(|| {
+        std::env::var("SALTSHAKER_CLOCK_SKEW_MS")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0)
+    });
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| d.as_millis() as u64)
+        .saturating_add_signed(skew)
 }
 
 impl Place for Backend {
