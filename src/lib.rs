@@ -22,7 +22,8 @@
 //! |            | by field, sets, HLLs, zsets) behind one trait, ops, fold, relocate     |
 //! |            | (a shard off a shared master), coordinator; idempotent increments      |
 //! |            | (`idem`), the display tier's rollups (`rollup`)                        |
-//! | `backend`  | nodes, shared pipelined connections, placement, tracking invalidation, |
+//! | `backend`  | nodes, shared pipelined connections, where keys live (`Keyspace`: one  |
+//! |            | node, a pool's placement, a Redis Cluster), tracking invalidation,     |
 //! |            | Redis Cluster (slot map kept current, MOVED/ASK followed in the call)  |
 //! | `net`      | streams plain or TLS behind one type; client and node TLS (rustls)     |
 //! | `proxy`    | listener and worker threads, session (read, classify once, admit),     |

@@ -2,16 +2,18 @@
 //!
 //! `Backend` is the one interface the session talks to: `node_for(key)` places a key,
 //! `node(i)` gives the node's shared pipelined connections (per protocol and database,
-//! created on first use) and its handshake for dedicated connections. Three topologies
-//! sit behind it: a single node, a twemproxy-compatible pool (`placement`), and a Redis
-//! Cluster (`cluster`, `slots`), where `node_for` is a slot lookup and a MOVED or ASK
-//! reply is followed by the node's call before the session sees it.
+//! created on first use) and its handshake for dedicated connections. Where keys live is
+//! one implementation of `keyspace::Keyspace`, chosen at startup: a single node, a
+//! twemproxy-compatible pool (`placement`), or a Redis Cluster (`cluster`, `slots`), where
+//! `node_for` is a slot lookup and a MOVED or ASK reply is followed by the node's call
+//! before the session sees it.
 
 pub mod cluster;
 mod conn;
 mod dedicated;
 mod error;
 mod handshake;
+pub mod keyspace;
 mod link;
 mod map;
 mod node;
@@ -36,6 +38,7 @@ pub use node::{set_worker, worker, Lane, Node, NodeTable, MAX_NODES};
 use crate::metrics::Metrics;
 pub use crate::metrics::NodeMetrics;
 use crate::resp::{encode_command, Proto};
+use keyspace::Keyspace;
 use placement::{Distribution, HashFn, Placement};
 use serde::{Deserialize, Serialize};
 
@@ -146,12 +149,8 @@ impl Default for ClusterConfig {
 #[derive(Clone)]
 pub struct Backend {
     nodes: Arc<NodeTable>,
-    /// Set for a Redis Cluster: the slot map (then `placement` is None).
-    cluster: Option<Arc<cluster::Cluster>>,
-    /// The single node's `databases` setting (SELECT range), learnt on first connect.
-    databases: Arc<std::sync::atomic::AtomicU32>,
-    /// Shared with the cache's invalidation callbacks, which run on other tasks.
-    placement: Option<Arc<Placement>>,
+    /// Where keys live: a single node, a pool or a Redis Cluster (`keyspace`).
+    keyspace: Arc<dyn Keyspace>,
     pub request_timeout: Option<Duration>,
 }
 
@@ -173,32 +172,32 @@ impl Backend {
             nodes.push(node);
             specs.push(spec);
         }
-        let placement = if nodes.len() > 1 {
+        let keyspace: Arc<dyn Keyspace> = if nodes.len() > 1 {
             let hash: HashFn = cfg.hash.parse()?;
             let dist: Distribution = cfg.distribution.parse()?;
             let tag = cfg.hash_tag.as_ref().map(|t| {
                 let b = t.as_bytes();
                 [b[0], b[1]]
             });
-            Some(Arc::new(Placement::new(dist, hash, tag, &specs)))
+            Arc::new(keyspace::Pool {
+                placement: Arc::new(Placement::new(dist, hash, tag, &specs)),
+            })
         } else {
-            None
+            let databases = Arc::new(std::sync::atomic::AtomicU32::new(16));
+            if let Some(node) = nodes.first() {
+                tokio::spawn(learn_databases(
+                    node.handshake(Proto::Resp2, 0),
+                    databases.clone(),
+                ));
+            }
+            Arc::new(keyspace::Single { databases })
         };
         let request_timeout =
             (cfg.request_timeout_ms > 0).then(|| Duration::from_millis(cfg.request_timeout_ms));
-        let databases = Arc::new(std::sync::atomic::AtomicU32::new(16));
-        if nodes.len() == 1 {
-            tokio::spawn(learn_databases(
-                nodes[0].handshake(Proto::Resp2, 0),
-                databases.clone(),
-            ));
-        }
         Ok(Backend {
             nodes: Arc::new(NodeTable::new(nodes)),
-            cluster: None,
-            placement,
+            keyspace,
             request_timeout,
-            databases,
         })
     }
 
@@ -259,32 +258,26 @@ impl Backend {
             (cfg.request_timeout_ms > 0).then(|| Duration::from_millis(cfg.request_timeout_ms));
         Ok(Backend {
             nodes,
-            cluster: Some(c),
-            placement: None,
+            keyspace: Arc::new(keyspace::ClusterMap(c)),
             request_timeout,
-            databases: Arc::new(std::sync::atomic::AtomicU32::new(1)),
         })
     }
 
     /// The cluster's map, for a Redis Cluster backend.
     pub fn cluster(&self) -> Option<&Arc<cluster::Cluster>> {
-        self.cluster.as_ref()
+        self.keyspace.cluster()
+    }
+
+    /// Whether keys are grouped by hash slot (a Redis Cluster).
+    pub fn by_slot(&self) -> bool {
+        self.keyspace.by_slot()
     }
 
     /// Where `key` goes: its group (the slot on a cluster, where keys of one command must
     /// share a slot; the node otherwise) and its node.
     #[inline]
     pub fn group_of(&self, key: &[u8]) -> (u32, usize) {
-        match &self.cluster {
-            Some(c) => {
-                let slot = slots::slot_of(key);
-                (slot as u32, c.owner(slot))
-            }
-            None => {
-                let n = self.node_for(key);
-                (n as u32, n)
-            }
-        }
+        self.keyspace.group_of(key)
     }
 
     /// The node a read-only command on a key of `group` (from `group_of`) goes to: its
@@ -292,38 +285,36 @@ impl Backend {
     /// the master when `read_from: replica` finds it without a healthy replica.
     #[inline]
     pub fn reader_in(&self, group: (u32, usize)) -> Result<usize, NoReplica> {
-        match &self.cluster {
-            Some(c) => c.reader(group.0 as u16).map_err(|m| NoReplica {
-                master: self.node(m).addr.clone(),
-                slot: group.0,
-            }),
-            None => Ok(group.1),
-        }
+        self.keyspace.reader_in(group).map_err(|m| NoReplica {
+            master: self.node(m).addr.clone(),
+            slot: group.0,
+        })
     }
 
     /// The nodes that together hold every key: all nodes, or a cluster's masters.
     pub fn masters(&self) -> Vec<usize> {
-        match &self.cluster {
-            Some(c) => c.masters().to_vec(),
-            None => (0..self.nodes.len()).collect(),
-        }
+        self.keyspace.masters(&self.nodes)
     }
 
-    /// The pool's placement (None for a single node).
+    /// The pool's placement (None for a single node or a cluster).
     pub fn placement(&self) -> Option<Arc<Placement>> {
-        self.placement.clone()
+        self.keyspace.placement().cloned()
+    }
+
+    /// A pool's hash tag, if it has one.
+    pub fn hash_tag(&self) -> Option<[u8; 2]> {
+        self.keyspace.tag()
+    }
+
+    /// Whether a pool places keys at random (`distribution: random`).
+    pub fn random(&self) -> bool {
+        self.keyspace.random()
     }
 
     /// The index of the node that owns `key`.
     #[inline]
     pub fn node_for(&self, key: &[u8]) -> usize {
-        if let Some(c) = &self.cluster {
-            return c.node_for(key);
-        }
-        match &self.placement {
-            Some(p) => p.node_for(key),
-            None => 0,
-        }
+        self.keyspace.node_for(key)
     }
 
     pub fn node(&self, i: usize) -> &Arc<Node> {
@@ -345,31 +336,18 @@ impl Backend {
 
     /// One node is the whole keyspace: SELECT and every database work.
     pub fn is_single(&self) -> bool {
-        self.nodes.len() == 1 && self.cluster.is_none()
+        self.keyspace.is_single()
     }
 
     /// How many databases SELECT may choose from (a single node's `databases`).
     pub fn databases(&self) -> u32 {
-        self.databases.load(std::sync::atomic::Ordering::Relaxed)
+        self.keyspace.databases()
     }
 
     /// The first node whose connection is up, for keyless commands (a master, on a
     /// cluster).
     pub fn any_node(&self) -> usize {
-        let up = |i: &usize| self.nodes.get(*i).is_up();
-        match &self.cluster {
-            // No list built on the request path of a pool's keyless commands.
-            None => (0..self.nodes.len()).find(up).unwrap_or(0),
-            Some(c) => {
-                let masters = c.masters();
-                masters
-                    .iter()
-                    .copied()
-                    .find(up)
-                    .or(masters.first().copied())
-                    .unwrap_or(0)
-            }
-        }
+        self.keyspace.any_node(&self.nodes)
     }
 }
 

@@ -26,7 +26,7 @@ fn keys_group(s: &Session, req: &Request, c: &Classified) -> Result<Option<(u32,
         let g = b.group_of(req.arg(k as usize));
         match group {
             None => group = Some(g),
-            Some((_, n)) if b.cluster().is_none() && n != g.1 => {
+            Some((_, n)) if !b.by_slot() && n != g.1 => {
                 return Err(err_bytes(&format!(
                     "ERR saltshaker: {} keys on different nodes ({} and {}); keep them together with a hash tag",
                     c.spec.name,
@@ -42,7 +42,7 @@ fn keys_group(s: &Session, req: &Request, c: &Classified) -> Result<Option<(u32,
             _ => {}
         }
     }
-    if matches!(c.spec.name, "SORT" | "SORT_RO") && b.cluster().is_none() && !b.is_single() {
+    if matches!(c.spec.name, "SORT" | "SORT_RO") && b.placement().is_some() {
         if let Some((_, n)) = group {
             sort_patterns_on(s, req, c, n)?;
         }
@@ -58,8 +58,7 @@ fn keys_group(s: &Session, req: &Request, c: &Classified) -> Result<Option<(u32,
 /// Cluster's own rule for the same case.)
 fn sort_patterns_on(s: &Session, req: &Request, c: &Classified, node: usize) -> Result<(), Bytes> {
     let b = &s.ctx.backend;
-    let tag = b.placement().and_then(|p| p.tag());
-    let random = b.placement().is_some_and(|p| p.is_random());
+    let (tag, random) = (b.hash_tag(), b.random());
     for p in crate::command::sort_patterns(req) {
         let hashed = crate::backend::placement::hash_tag(p, tag);
         let star = p.iter().position(|&x| x == b'*').unwrap_or(0);
@@ -81,7 +80,7 @@ fn sort_patterns_on(s: &Session, req: &Request, c: &Classified, node: usize) -> 
 /// nodes than the sorted key's: the proxy runs it across the nodes (`sort`).
 pub(super) fn sort_spans_nodes(s: &Session, req: &Request, c: &Classified) -> bool {
     let b = &s.ctx.backend;
-    if !matches!(c.spec.name, "SORT" | "SORT_RO") || b.cluster().is_some() || b.is_single() {
+    if !matches!(c.spec.name, "SORT" | "SORT_RO") || b.placement().is_none() {
         return false;
     }
     let home = b.node_for(req.arg(1));
@@ -95,7 +94,7 @@ pub(super) fn sort_spans_nodes(s: &Session, req: &Request, c: &Classified) -> bo
 /// another: the result moves there (`store`). The destination's place among the keys.
 pub(super) fn store_spans_nodes(s: &Session, req: &Request, c: &Classified) -> Option<usize> {
     let b = &s.ctx.backend;
-    if b.cluster().is_some() || b.is_single() || b.placement().is_some_and(|p| p.is_random()) {
+    if b.placement().is_none() || b.random() {
         return None;
     }
     let dest = super::store::destination(c)?;
@@ -358,7 +357,7 @@ pub(super) fn is_pubsub_command(name: &str) -> bool {
 /// master of the channel's slot, and one SSUBSCRIBE names one slot.
 pub(super) fn pubsub_node(s: &Session, req: &Request) -> Result<usize, Bytes> {
     let b = &s.ctx.backend;
-    if b.cluster().is_none() {
+    if !b.by_slot() {
         return Ok(0);
     }
     let name = req.arg(0).to_ascii_uppercase();

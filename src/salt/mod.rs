@@ -263,7 +263,7 @@ pub struct Salt {
 
 impl Salt {
     pub fn new(backend: &Backend, metrics: SaltMetrics) -> Salt {
-        let enabled = !backend.placement().is_some_and(|p| p.is_random());
+        let enabled = !backend.random();
         let host = std::env::var("HOSTNAME").unwrap_or_else(|_| "proxy".into());
         Salt {
             table: ArcSwap::from_pointee(SaltTable::default()),
@@ -334,10 +334,10 @@ impl Place for Backend {
         self.len()
     }
     fn tag(&self) -> [u8; 2] {
-        self.placement().and_then(|p| p.tag()).unwrap_or(*b"{}")
+        self.hash_tag().unwrap_or(*b"{}")
     }
     fn by_slot(&self) -> bool {
-        self.cluster().is_some()
+        Backend::by_slot(self)
     }
     fn owners(&self) -> Vec<usize> {
         self.masters()
