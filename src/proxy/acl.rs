@@ -23,19 +23,19 @@ fn text(b: &[u8]) -> String {
 /// One ACL subcommand; the reply goes into `rb`.
 pub fn handle(s: &mut Session, req: &Request, spec: &'static Spec, rb: &mut RoundBuilder) -> Flow {
     let reply = match spec.name {
-        "ACL WHOAMI" => Ok(bulk(s.user.as_ref().map_or("default", |u| &u.name))),
+        "ACL WHOAMI" => Ok(bulk(s.user().map_or("default", |u| &u.name))),
         "ACL USERS" => Ok(Value::Array(
-            s.ctx.users.names().iter().map(|n| bulk(n)).collect(),
+            s.ctx().users.names().iter().map(|n| bulk(n)).collect(),
         )),
         "ACL SETUSER" => set_user(s, req),
         "ACL DELUSER" => del_user(s, req),
         "ACL GETUSER" => Ok(s
-            .ctx
+            .ctx()
             .users
             .get(req.arg(2))
             .map_or(Value::Nil, |u| get_user(&u))),
         "ACL LIST" => Ok(Value::Array(
-            s.ctx
+            s.ctx()
                 .users
                 .all()
                 .iter()
@@ -76,11 +76,11 @@ fn set_user(s: &mut Session, req: &Request) -> Result<Value, String> {
     let args: Vec<String> = (3..req.argc()).map(|i| text(req.arg(i))).collect();
     let rules = crate::auth::split_rules(&args)
         .map_err(|at| format!("ERR Unmatched parenthesis in acl selector starting at '{at}'."))?;
-    s.ctx
+    s.ctx()
         .users
         .set_user(name, &rules)
         .map_err(|(rule, why)| format!("ERR Error in ACL SETUSER modifier '{rule}': {why}"))?;
-    tracing::info!(client = s.id, user = %text(name), "ACL SETUSER changed a user of this proxy");
+    tracing::info!(client = s.id(), user = %text(name), "ACL SETUSER changed a user of this proxy");
     Ok(ok())
 }
 
@@ -90,13 +90,13 @@ fn del_user(s: &mut Session, req: &Request) -> Result<Value, String> {
     if names.iter().any(|n| *n == b"default") {
         return Err("ERR The 'default' user cannot be removed".into());
     }
-    let n = s.ctx.users.delete(&names);
+    let n = s.ctx().users.delete(&names);
     for name in &names {
         let f = Filter {
             user: Some(text(name)),
             ..Filter::default()
         };
-        s.ctx.clients.kill(&f);
+        s.ctx().clients.kill(&f);
     }
     Ok(Value::Integer(n as i64))
 }
@@ -137,7 +137,7 @@ fn get_user(u: &User) -> Value {
 /// ACL DRYRUN user command arg...: OK, or why the user may not.
 fn dry_run(s: &mut Session, req: &Request) -> Result<Value, String> {
     let user = s
-        .ctx
+        .ctx()
         .users
         .get(req.arg(2))
         .ok_or_else(|| format!("ERR User '{}' not found", text(req.arg(2))))?;
@@ -175,7 +175,7 @@ fn log(s: &mut Session, req: &Request) -> Result<Value, String> {
     let n = match req.argc() {
         2 => None,
         3 if req.arg(2).eq_ignore_ascii_case(b"RESET") => {
-            s.ctx.acl_log.clear();
+            s.ctx().acl_log.clear();
             return Ok(ok());
         }
         3 => match crate::resp::parse_i64(req.arg(2)) {
@@ -184,7 +184,7 @@ fn log(s: &mut Session, req: &Request) -> Result<Value, String> {
         },
         _ => return Err("ERR syntax error".into()),
     };
-    let entries = s.ctx.acl_log.newest(n);
+    let entries = s.ctx().acl_log.newest(n);
     let now = std::time::Instant::now();
     Ok(Value::Array(
         entries

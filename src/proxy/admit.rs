@@ -34,7 +34,7 @@ pub(super) enum Gate {
 
 pub(super) fn gate(s: &mut Session, req: Request, c: Classified) -> Gate {
     // Who may not run the command at all is told so by the auth check, with no token spent.
-    if s.user.is_none() || c.keys.is_empty() {
+    if s.user().is_none() || c.keys.is_empty() {
         return Gate::Pass {
             req,
             c,
@@ -47,9 +47,9 @@ pub(super) fn gate(s: &mut Session, req: Request, c: Classified) -> Gate {
         Access::Read => Class::Read,
         Access::Other => Class::Other,
     };
-    let rules = s.ctx.rules.snapshot();
+    let rules = s.ctx().rules.snapshot();
     // Inside MULTI a reply cannot be made up: over the limit, increments are refused too.
-    let incr = match (s.tx.is_some(), c.counter) {
+    let incr = match (s.txn().in_multi(), c.counter) {
         (
             false,
             Some(Counter {
@@ -67,19 +67,19 @@ pub(super) fn gate(s: &mut Session, req: Request, c: Classified) -> Gate {
         let Some((rule, a)) = rules.admit(key) else {
             continue;
         };
-        let b = &s.ctx.backend;
+        let b = &s.ctx().backend;
         let node = b.node(b.node_for(key));
         let load = NodeLoad {
             addr: &node.addr,
             pending: node.metrics.pending.get().max(0) as u64,
         };
-        match s.ctx.admit.check(&rules, rule, a, key, incr, load) {
+        match s.ctx().admit.check(&rules, rule, a, key, incr, load) {
             Verdict::Admit => {}
             Verdict::Record => record = true,
             Verdict::Scaled(n) => scaled = Some(n),
             Verdict::Delay(d) => wait = wait.max(d),
             Verdict::Answer(v) => {
-                let (admit, key) = (s.ctx.admit.clone(), Bytes::copy_from_slice(key));
+                let (admit, key) = (s.ctx().admit.clone(), Bytes::copy_from_slice(key));
                 return Gate::Done(
                     Slot::Deferred(Box::new(move || {
                         let v = admit.last(&key).unwrap_or(v);
@@ -114,7 +114,7 @@ pub(super) fn gate(s: &mut Session, req: Request, c: Classified) -> Gate {
         },
         _ => (req, c),
     };
-    let hook = remember(s.ctx.admit.clone(), Bytes::copy_from_slice(&key));
+    let hook = remember(s.ctx().admit.clone(), Bytes::copy_from_slice(&key));
     Gate::Pass {
         req,
         c,

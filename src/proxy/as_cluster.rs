@@ -20,12 +20,12 @@ fn node_id(addr: &str) -> String {
 
 /// The host and port clients reached this proxy at.
 fn here(s: &Session) -> (String, u16) {
-    match s.local.rsplit_once(':') {
+    match s.local().rsplit_once(':') {
         Some((h, p)) => (
             h.trim_matches(['[', ']']).to_string(),
             p.parse().unwrap_or(0),
         ),
-        None => (s.local.clone(), 0),
+        None => (s.local().to_string(), 0),
     }
 }
 
@@ -44,7 +44,7 @@ fn map_header(proto: Proto, n: usize, out: &mut BytesMut) {
 /// The reply to a cluster command named `name` (the command table's name).
 pub fn answer(s: &Session, req: &Request, name: &str) -> Bytes {
     let (host, port) = here(s);
-    let id = node_id(&s.local);
+    let id = node_id(s.local());
     let mut out = BytesMut::new();
     match name {
         "ASKING" | "READONLY" | "READWRITE" => encode_simple("OK", &mut out),

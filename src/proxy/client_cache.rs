@@ -86,7 +86,7 @@ fn tracking(s: &mut Session, req: &Request) -> Result<(), Refused> {
                 }
                 let id = crate::resp::parse_i64(req.arg(j))
                     .ok_or("ERR value is not an integer or out of range")?;
-                if !s.ctx.clients.exists(id) {
+                if !s.ctx().clients.exists(id) {
                     return Err("ERR The client ID you want redirect to does not exist".into());
                 }
                 redirect = Some(id);
@@ -107,7 +107,7 @@ fn tracking(s: &mut Session, req: &Request) -> Result<(), Refused> {
         b"ON" => {}
         b"OFF" => {
             if s.tracking.take().is_some() {
-                s.ctx.tracking.leave(s.id);
+                s.ctx().tracking.leave(s.id());
             }
             s.settle_after = true;
             return Ok(());
@@ -155,13 +155,13 @@ fn tracking(s: &mut Session, req: &Request) -> Result<(), Refused> {
         _ => Mode::All,
     };
     let redirect = redirect.map_or(0, |id| id as u64);
-    s.ctx
+    s.ctx()
         .tracking
-        .join(s.id, if redirect == 0 { s.id } else { redirect });
+        .join(s.id(), if redirect == 0 { s.id() } else { redirect });
     if let Some(p) = &all_prefixes {
-        s.ctx.tracking.broadcast_to(s.id, p.clone());
+        s.ctx().tracking.broadcast_to(s.id(), p.clone());
     } else if s.proto() == Proto::Resp3 || redirect != 0 {
-        s.ctx.tracking.prepare(s.proto(), s.db());
+        s.ctx().tracking.prepare(s.proto(), s.db());
     }
     s.tracking = Some(Box::new(Tracking {
         redirect,
@@ -224,7 +224,7 @@ fn caching(s: &mut Session, req: &Request) -> Result<(), Refused> {
 /// client is not told of its own writes. A read-hot key is read from the node, not from
 /// the proxy's cache: the client caches it itself.
 pub fn note(s: &mut Session, req: &Request, c: &Classified, class: Class, action: &mut Action) {
-    let proto = s.proto();
+    let (proto, in_multi, id) = (s.proto(), s.txn().in_multi(), s.id());
     let Some(t) = s.tracking.as_mut().filter(|t| t.prefixes.is_none()) else {
         return;
     };
@@ -239,14 +239,13 @@ pub fn note(s: &mut Session, req: &Request, c: &Classified, class: Class, action
     let remembers = t.remembers();
     // As Redis: no CLIENT subcommand spends it, nor MULTI or a command queued after it.
     let name = c.spec.name;
-    t.spent =
-        !name.starts_with("CLIENT ") && ((s.tx.is_none() && name != "MULTI") || name == "EXEC");
-    let (noloop, id) = (t.noloop, s.id);
+    t.spent = !name.starts_with("CLIENT ") && ((!in_multi && name != "MULTI") || name == "EXEC");
+    let noloop = t.noloop;
     // Without REDIRECT, a RESP2 client is sent nothing (as on Redis).
     if proto != Proto::Resp3 && t.redirect == 0 {
         return;
     }
-    let ct = s.ctx.tracking.clone();
+    let ct = s.ctx().tracking.clone();
     if class == Class::Write && noloop {
         for &k in c.keys.iter() {
             ct.forget(req.arg(k as usize), id);
@@ -262,13 +261,13 @@ pub fn note(s: &mut Session, req: &Request, c: &Classified, class: Class, action
         }
         Action::Salted(_) | Action::Idempotent { .. } => true,
         // A blocking read, or a transaction under WATCH, runs on a connection of its own.
-        _ => matches!(c.route, Route::Blocking) || (s.tx.is_some() && s.watch.is_some()),
+        _ => matches!(c.route, Route::Blocking) || (s.txn().in_multi() && s.txn().watching()),
     };
-    let (hot, rules) = (s.ctx.hot.load(), s.ctx.rules.snapshot());
-    let first = s.ctx.backend.node_for(req.arg(c.keys[0] as usize));
+    let (hot, rules) = (s.ctx().hot.load(), s.ctx().rules.snapshot());
+    let first = s.ctx().backend.node_for(req.arg(c.keys[0] as usize));
     for &k in c.keys.iter() {
         let key = req.arg(k as usize);
-        let node = s.ctx.backend.node_for(key);
+        let node = s.ctx().backend.node_for(key);
         // Whether the node tracks for the proxy now: as `switches` found it for this
         // command's first key, or asked here for the others.
         let tracked = || {
@@ -296,17 +295,15 @@ pub fn note(s: &mut Session, req: &Request, c: &Classified, class: Class, action
 /// the client's own write on the other connection.
 pub fn switches(s: &mut Session, req: &Request, c: &Classified) -> bool {
     let (proto, db) = (s.proto(), s.db());
+    let told = |t: &Tracking| t.prefixes.is_none() && (proto == Proto::Resp3 || t.redirect != 0);
+    let (Some(&k), true) = (c.keys.first(), s.tracking.as_deref().is_some_and(told)) else {
+        return false;
+    };
+    let node = s.ctx().backend.node_for(req.arg(k as usize));
+    let up = s.ctx().tracking.conn(node, proto, db).is_some();
     let Some(t) = s.tracking.as_deref_mut() else {
         return false;
     };
-    if t.prefixes.is_some() || !(proto == Proto::Resp3 || t.redirect != 0) {
-        return false;
-    }
-    let Some(&k) = c.keys.first() else {
-        return false;
-    };
-    let node = s.ctx.backend.node_for(req.arg(k as usize));
-    let up = s.ctx.tracking.conn(node, proto, db).is_some();
     if t.on_tracked.len() <= node {
         t.on_tracked.resize(node + 1, None);
     }

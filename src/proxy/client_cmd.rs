@@ -32,14 +32,14 @@ pub fn handle(s: &mut Session, req: &Request, c: &Classified, rb: &mut RoundBuil
                 );
                 return Flow::Continue;
             }
-            s.name = (!n.is_empty()).then(|| req.arg_bytes(2));
+            s.set_name((!n.is_empty()).then(|| req.arg_bytes(2)));
             encode_simple("OK", &mut out);
         }
-        "CLIENT GETNAME" => match &s.name {
+        "CLIENT GETNAME" => match s.name() {
             Some(n) => encode_bulk(n, &mut out),
             None => Value::Nil.encode(s.proto(), &mut out),
         },
-        "CLIENT ID" => encode_int(s.id as i64, &mut out),
+        "CLIENT ID" => encode_int(s.id() as i64, &mut out),
         "CLIENT INFO" => {
             s.publish();
             text_reply(s.proto(), s.me.line(Some(spec)), &mut out);
@@ -47,16 +47,16 @@ pub fn handle(s: &mut Session, req: &Request, c: &Classified, rb: &mut RoundBuil
         "CLIENT LIST" => {
             s.publish();
             let args: Vec<&[u8]> = (2..req.argc()).map(|i| req.arg(i)).collect();
-            let f = match clients::parse_filter(&args, s.id, false) {
+            let f = match clients::parse_filter(&args, s.id(), false) {
                 Ok(f) => f,
                 Err(e) => {
                     error(rb, &e.to_string());
                     return Flow::Continue;
                 }
             };
-            let me = s.id;
+            let me = s.id();
             let text = s
-                .ctx
+                .ctx()
                 .clients
                 .select(&f)
                 .iter()
@@ -79,9 +79,9 @@ pub fn handle(s: &mut Session, req: &Request, c: &Classified, rb: &mut RoundBuil
                 _ => return error(rb, "ERR unknown subcommand or wrong number of arguments for 'pause'. Try CLIENT HELP."),
             };
             let until = std::time::Instant::now() + std::time::Duration::from_millis(ms);
-            s.ctx.pause.pause(clients::Paused { until, all });
+            s.ctx().pause.pause(clients::Paused { until, all });
             tracing::info!(
-                client = s.id,
+                client = s.id(),
                 ms,
                 all,
                 "CLIENT PAUSE: this proxy's clients pause"
@@ -89,7 +89,7 @@ pub fn handle(s: &mut Session, req: &Request, c: &Classified, rb: &mut RoundBuil
             encode_simple("OK", &mut out);
         }
         "CLIENT UNPAUSE" => {
-            s.ctx.pause.unpause();
+            s.ctx().pause.unpause();
             encode_simple("OK", &mut out);
         }
         "CLIENT UNBLOCK" => return unblock(s, req, rb),
@@ -138,7 +138,7 @@ fn client_kill(s: &mut Session, req: &Request, rb: &mut RoundBuilder) -> Flow {
             addr: Some(String::from_utf8_lossy(req.arg(2)).into_owned()),
             ..clients::Filter::default()
         };
-        match s.ctx.clients.kill(&f) {
+        match s.ctx().clients.kill(&f) {
             0 => {
                 error(rb, "ERR No such client");
             }
@@ -150,7 +150,7 @@ fn client_kill(s: &mut Session, req: &Request, rb: &mut RoundBuilder) -> Flow {
         return Flow::Continue;
     }
     let args: Vec<&[u8]> = (2..req.argc()).map(|i| req.arg(i)).collect();
-    let f = match clients::parse_filter(&args, s.id, true) {
+    let f = match clients::parse_filter(&args, s.id(), true) {
         Ok(f) => f,
         Err(e) => {
             error(rb, &e.to_string());
@@ -158,12 +158,12 @@ fn client_kill(s: &mut Session, req: &Request, rb: &mut RoundBuilder) -> Flow {
         }
     };
     if let Some(u) = &f.user {
-        if !s.ctx.users.names().iter().any(|n| n == u) {
+        if !s.ctx().users.names().iter().any(|n| n == u) {
             error(rb, &format!("ERR No such user '{u}'"));
             return Flow::Continue;
         }
     }
-    encode_int(s.ctx.clients.kill(&f) as i64, &mut out);
+    encode_int(s.ctx().clients.kill(&f) as i64, &mut out);
     rb.slots.push(Slot::Ready(out.freeze()));
     Flow::Continue
 }
@@ -188,7 +188,7 @@ fn unblock(s: &mut Session, req: &Request, rb: &mut RoundBuilder) -> Flow {
         ..clients::Filter::default()
     };
     let target = s
-        .ctx
+        .ctx()
         .clients
         .select(&f)
         .first()

@@ -30,7 +30,7 @@ pub(super) async fn handle(
         rb.note_keys(&req, &c.keys, known);
     }
     s.refresh_user();
-    match &s.user {
+    match s.user() {
         None if !matches!(c.spec.name, "AUTH" | "HELLO" | "QUIT" | "RESET") => {
             rb.slots
                 .push(Slot::Ready(err_bytes("NOAUTH Authentication required.")));
@@ -42,7 +42,7 @@ pub(super) async fn handle(
                     user: u.name.clone(),
                     reason: d.reason(),
                 };
-                s.ctx
+                s.ctx()
                     .metrics
                     .security
                     .acl_denied
@@ -71,7 +71,7 @@ pub(super) async fn proceed(
     // A command that takes another connection to its node than the session's last one
     // (a script's lane, WATCH's connection, a blocking command's) leaves once everything
     // the session sent before has arrived: two connections are not ordered at the node.
-    let lane_change = s.tx.is_none()
+    let lane_change = !s.txn().in_multi()
         && !matches!(
             c.route,
             Route::Local
@@ -119,8 +119,8 @@ pub(super) async fn act(
         if !s.order.no_fills() {
             Box::pin(wait_fills(s, req, c)).await;
         }
-        if s.tx.is_none() {
-            invalidate_cached(s, req, c, &s.ctx.hot.load(), rb);
+        if !s.txn().in_multi() {
+            invalidate_cached(s, req, c, &s.ctx().hot.load(), rb);
         }
     }
     // act
@@ -138,9 +138,9 @@ pub(super) async fn act(
         // Folded, or a write the base key takes: on as usual (it may be combined or
         // cached like any command on its key); an increment of a key whose promotion is
         // not in force yet is combined (`policy::bridge`).
-        action = match (s.tx.is_none(), bridge) {
+        action = match (!s.txn().in_multi(), bridge) {
             (true, Some(bridge)) => bridge,
-            (true, None) => policy::decide_plain(c, req, &s.ctx.hot.load()),
+            (true, None) => policy::decide_plain(c, req, &s.ctx().hot.load()),
             (false, _) => Action::Forward,
         };
     }
@@ -157,7 +157,7 @@ pub(super) async fn act(
                     combine(s, req, c, delta, field, window, rb);
                     return Flow::Continue;
                 }
-                s.ctx.metrics.combine.held_back.inc();
+                s.ctx().metrics.combine.held_back.inc();
             }
             Action::Cache(p) => {
                 if cached_read(s, req, c, p, rb) {
@@ -172,7 +172,7 @@ pub(super) async fn act(
             Action::Forward | Action::Salted(_) | Action::Idempotent { .. } => {}
         }
     }
-    if s.tx.is_some()
+    if s.txn().in_multi()
         && !matches!(
             c.spec.name,
             "EXEC" | "DISCARD" | "MULTI" | "WATCH" | "QUIT" | "RESET"
@@ -190,7 +190,7 @@ pub(super) async fn act(
                     let w = blocking_worker(s, node);
                     let rx = w.call(vec![req.wire()], 1);
                     let on = Some((node, w.node_id()));
-                    Slot::Blocking(rx, Blocked::new(&s.ctx.blocked, &s.me, on))
+                    Slot::Blocking(rx, Blocked::new(&s.ctx().blocked, &s.me, on))
                 }
                 Err(e) => Slot::Ready(e),
             };
@@ -202,7 +202,7 @@ pub(super) async fn act(
             let node = if is_pubsub_command(c.spec.name) {
                 pubsub_node(s, req)
             } else {
-                Ok(s.ctx.backend.any_node())
+                Ok(s.ctx().backend.any_node())
             };
             match node {
                 Ok(node) => {
@@ -223,9 +223,9 @@ pub(super) async fn act(
         Route::Transaction => return local::transaction(s, req, c, rb),
         Route::Subscribe => match pubsub_node(s, req) {
             Ok(node) => {
-                let mut hs = s.ctx.backend.node(node).handshake(s.proto(), s.db());
+                let mut hs = s.ctx().backend.node(node).handshake(s.proto(), s.db());
                 // The client talks to the node from now on: it keeps its name there.
-                hs.name = s.name.clone();
+                hs.name = s.name().cloned();
                 match Box::pin(tunnel::open(&hs, req.wire())).await {
                     Ok(start) => return Flow::Tunnel(start),
                     Err(e) => rb

@@ -7,7 +7,7 @@ use super::as_cluster;
 use super::dedicated::DedicatedWorker;
 use super::round::{Merge, RoundBuilder, Slot};
 use super::route::{keys_node, push, push_n};
-use super::state::{err_bytes, ready_later, reset_dedicated, Flow, Session, Tx};
+use super::state::{err_bytes, ready_later, reset_dedicated, Flow, Session};
 use crate::command::{flags, Classified, Route};
 use crate::resp::{encode_bulk, encode_map_header, encode_simple, Proto, Request, Value};
 
@@ -67,8 +67,8 @@ pub fn handle(s: &mut Session, req: &Request, c: &Classified, rb: &mut RoundBuil
                     set_db(s, 0);
                     ready(rb, OK);
                 }
-                Some(d) if s.ctx.backend.is_single() => {
-                    if d >= s.ctx.backend.databases() {
+                Some(d) if s.ctx().backend.is_single() => {
+                    if d >= s.ctx().backend.databases() {
                         error(rb, "ERR DB index is out of range");
                     } else {
                         set_db(s, d);
@@ -80,19 +80,20 @@ pub fn handle(s: &mut Session, req: &Request, c: &Classified, rb: &mut RoundBuil
             return Flow::Continue;
         }
         "RESET" => {
-            s.tx = None;
-            s.name = None;
-            s.user = s.ctx.users.initial();
+            s.txn_mut().reset();
+            s.set_name(None);
+            let initial = s.ctx().users.initial();
+            s.log_in(initial);
             s.switch_to(Proto::Resp2, 0);
             reset_dedicated(s);
             ready(rb, b"+RESET\r\n");
             return Flow::Continue;
         }
         "INFO" => {
-            let nodes = s.ctx.backend.len();
+            let nodes = s.ctx().backend.len();
             let parts = (0..nodes).map(|n| push(s, rb, n, req.wire())).collect();
             let addrs = s
-                .ctx
+                .ctx()
                 .backend
                 .nodes()
                 .iter()
@@ -103,9 +104,9 @@ pub fn handle(s: &mut Session, req: &Request, c: &Classified, rb: &mut RoundBuil
                 proxy,
                 parts,
                 addrs,
-                clients: s.ctx.metrics.client_connections.get(),
-                blocked: s.ctx.blocked.load(std::sync::atomic::Ordering::Relaxed),
-                tracking: (s.ctx.tracking.clients(), s.ctx.tracking.keys()),
+                clients: s.ctx().metrics.client_connections.get(),
+                blocked: s.ctx().blocked.load(std::sync::atomic::Ordering::Relaxed),
+                tracking: (s.ctx().tracking.clients(), s.ctx().tracking.keys()),
             })));
             return Flow::Continue;
         }
@@ -135,17 +136,17 @@ pub fn handle(s: &mut Session, req: &Request, c: &Classified, rb: &mut RoundBuil
 }
 
 fn check_auth(s: &mut Session, user: Option<&[u8]>, pass: &[u8]) -> Result<(), &'static str> {
-    match s.ctx.users.login(user, pass) {
+    match s.ctx().users.login(user, pass) {
         Ok(u) => {
-            s.user = Some(u);
+            s.log_in(Some(u));
             Ok(())
         }
         Err(e) => {
             if e == crate::auth::WRONGPASS {
-                s.ctx.metrics.security.auth_failures.inc();
+                s.ctx().metrics.security.auth_failures.inc();
                 let name = String::from_utf8_lossy(user.unwrap_or(b"default")).into_owned();
                 s.log_refusal("auth", "AUTH".into(), &name);
-                tracing::info!(client = s.id, peer = %s.peer, user = %String::from_utf8_lossy(user.unwrap_or(b"default")), "AUTH refused");
+                tracing::info!(client = s.id(), peer = %s.peer(), user = %String::from_utf8_lossy(user.unwrap_or(b"default")), "AUTH refused");
             }
             Err(e)
         }
@@ -191,7 +192,7 @@ fn hello(s: &mut Session, req: &Request, rb: &mut RoundBuilder) -> Flow {
                 i += 3;
             }
             "SETNAME" if i + 1 < req.argc() => {
-                s.name = Some(req.arg_bytes(i + 1));
+                s.set_name(Some(req.arg_bytes(i + 1)));
                 i += 2;
             }
             _ => {
@@ -206,7 +207,7 @@ fn hello(s: &mut Session, req: &Request, rb: &mut RoundBuilder) -> Flow {
             }
         }
     }
-    if s.user.is_none() {
+    if s.user().is_none() {
         error(rb, "NOAUTH HELLO must be called with the client already authenticated, otherwise the HELLO <proto> AUTH <user> <pass> option can be used to authenticate the client and select the RESP protocol version at the same time");
         return Flow::Continue;
     }
@@ -215,12 +216,12 @@ fn hello(s: &mut Session, req: &Request, rb: &mut RoundBuilder) -> Flow {
     }
     let fields: Vec<(Value, Value)> = vec![
         (bulk("server"), bulk("redis")),
-        (bulk("version"), bulk(&s.ctx.version.get())),
+        (bulk("version"), bulk(&s.ctx().version.get())),
         (
             bulk("proto"),
             Value::Integer(if proto == Proto::Resp3 { 3 } else { 2 }),
         ),
-        (bulk("id"), Value::Integer(s.id as i64)),
+        (bulk("id"), Value::Integer(s.id() as i64)),
         (bulk("mode"), bulk("standalone")),
         (bulk("role"), bulk("master")),
         (bulk("modules"), Value::Array(vec![])),
@@ -240,15 +241,15 @@ fn bulk(s: &str) -> Value {
 }
 
 fn proxy_info(s: &Session) -> String {
-    let b = &s.ctx.backend;
+    let b = &s.ctx().backend;
     let up = b.nodes().iter().filter(|n| n.is_up()).count();
     format!(
         "# Proxy\r\nsaltshaker_version:{}\r\nproxy_uptime_in_seconds:{}\r\nbackend_nodes:{}\r\nbackend_nodes_up:{}\r\nconnected_clients:{}\r\n\r\n",
         env!("CARGO_PKG_VERSION"),
-        s.ctx.started.elapsed().as_secs(),
+        s.ctx().started.elapsed().as_secs(),
         b.len(),
         up,
-        s.ctx.metrics.client_connections.get(),
+        s.ctx().metrics.client_connections.get(),
     )
 }
 
@@ -256,29 +257,22 @@ fn proxy_info(s: &Session) -> String {
 pub fn transaction(s: &mut Session, req: &Request, c: &Classified, rb: &mut RoundBuilder) -> Flow {
     match c.spec.name {
         "MULTI" => {
-            if s.tx.is_some() {
-                error(rb, "ERR MULTI calls can not be nested");
-            } else {
-                s.tx = Some(Tx {
-                    wires: Vec::new(),
-                    node: s.watch.as_ref().map(|w| w.0),
-                    dirty: false,
-                    writes: Vec::new(),
-                });
+            if s.txn_mut().begin() {
                 ready(rb, OK);
+            } else {
+                error(rb, "ERR MULTI calls can not be nested");
             }
         }
         "DISCARD" => {
-            if s.tx.take().is_none() {
-                error(rb, "ERR DISCARD without MULTI");
-            } else {
-                s.watch = None;
+            if s.txn_mut().discard() {
                 ready(rb, OK);
+            } else {
+                error(rb, "ERR DISCARD without MULTI");
             }
         }
         "EXEC" => exec(s, rb),
         "WATCH" => {
-            if s.tx.is_some() {
+            if s.txn().in_multi() {
                 error(rb, "ERR WATCH inside MULTI is not allowed");
                 return Flow::Continue;
             }
@@ -289,26 +283,25 @@ pub fn transaction(s: &mut Session, req: &Request, c: &Classified, rb: &mut Roun
                     return Flow::Continue;
                 }
             };
-            if let Some((w, _)) = &s.watch {
-                if *w != node {
+            let hs = s.ctx().backend.node(node).handshake(s.proto(), s.db());
+            let gone = s.gone();
+            let open = || DedicatedWorker::spawn(hs, gone, false);
+            match s.txn_mut().watch(node, open) {
+                Ok(w) => rb.slots.push(Slot::Later(w.call(vec![req.wire()], 1))),
+                Err(_) => {
                     error(
                         rb,
                         "ERR saltshaker: WATCH of keys on different nodes is not supported",
                     );
                     return Flow::Continue;
                 }
-            } else {
-                let hs = s.ctx.backend.node(node).handshake(s.proto(), s.db());
-                s.watch = Some((node, DedicatedWorker::spawn(hs, s.gone.clone(), false)));
             }
-            let w = &s.watch.as_ref().expect("set above").1;
-            rb.slots.push(Slot::Later(w.call(vec![req.wire()], 1)));
             // The session's next commands go on the shared connections: they wait until
             // the keys are watched (a write of its own must abort the EXEC, as on Redis).
             s.settle_after = true;
         }
         "UNWATCH" => {
-            if let Some((_, w)) = s.watch.take() {
+            if let Some(w) = s.txn_mut().unwatch() {
                 rb.slots.push(Slot::Later(w.call(vec![req.wire()], 1)));
             } else {
                 ready(rb, OK);
@@ -320,13 +313,12 @@ pub fn transaction(s: &mut Session, req: &Request, c: &Classified, rb: &mut Roun
 }
 
 fn exec(s: &mut Session, rb: &mut RoundBuilder) {
-    let Some(tx) = s.tx.take() else {
+    let Some((tx, watch)) = s.txn_mut().exec() else {
         error(rb, "ERR EXEC without MULTI");
         return;
     };
-    let watch = s.watch.take();
     if tx.dirty {
-        if let Some((_, w)) = watch {
+        if let Some(w) = watch {
             // Release the watch on the node as EXEC would.
             // Sent at once; nobody waits for the reply.
             drop(w.call(vec![crate::backend::wire(&["UNWATCH"])], 1));
@@ -346,13 +338,13 @@ fn exec(s: &mut Session, rb: &mut RoundBuilder) {
     wires.extend(tx.wires);
     wires.push(crate::backend::wire(&["EXEC"]));
     match watch {
-        Some((_, w)) => {
+        Some(w) => {
             rb.slots.push(Slot::Later(w.call(wires, count)));
             // What the session sends next, on the shared connections, runs after EXEC.
             s.settle_after = true;
         }
         None => {
-            let node = tx.node.unwrap_or_else(|| s.ctx.backend.any_node());
+            let node = tx.node.unwrap_or_else(|| s.ctx().backend.any_node());
             let mut buf = BytesMut::new();
             for w in &wires {
                 buf.extend_from_slice(w);
@@ -366,7 +358,7 @@ fn exec(s: &mut Session, rb: &mut RoundBuilder) {
 
 /// Inside MULTI: check and queue; the client sees +QUEUED (or the error Redis would give).
 pub(super) fn queue_in_tx(s: &mut Session, req: &Request, c: &Classified) -> Slot {
-    let single = s.ctx.backend.is_single();
+    let single = s.ctx().backend.is_single();
     let allowed = match c.route {
         Route::Keyed | Route::Blocking | Route::Split(_) | Route::AnyNode => true,
         Route::AllNodes(_) | Route::RandomKey | Route::Scan => single,
@@ -396,27 +388,18 @@ pub(super) fn queue_in_tx(s: &mut Session, req: &Request, c: &Classified) -> Slo
         }
         Err(e) => return s.refuse(e),
     };
-    let keyless = c.keys.is_empty();
-    let tx_node = s.tx.as_ref().and_then(|t| t.node);
-    match tx_node {
-        Some(m) if !keyless && m != node => {
+    let keyed = (!c.keys.is_empty()).then_some(node);
+    let writes = c.keys.iter().map(|&k| req.arg_bytes(k as usize));
+    let writes = writes.filter(|_| c.spec.flags & flags::WRITE != 0);
+    match s.txn_mut().queue(keyed, req.wire(), writes) {
+        Ok(()) => Slot::Ready(Bytes::from_static(b"+QUEUED\r\n")),
+        Err(m) => {
             let msg = format!(
                 "ERR saltshaker: MULTI across nodes is not supported (keys on {} and {})",
-                s.ctx.backend.node(m).addr,
-                s.ctx.backend.node(node).addr
+                s.ctx().backend.node(m).addr,
+                s.ctx().backend.node(node).addr
             );
-            return s.refuse(err_bytes(&msg));
+            s.refuse(err_bytes(&msg))
         }
-        _ => {}
     }
-    let tx = s.tx.as_mut().expect("in a transaction");
-    if !keyless && tx.node.is_none() {
-        tx.node = Some(node);
-    }
-    tx.wires.push(req.wire());
-    if c.spec.flags & flags::WRITE != 0 {
-        tx.writes
-            .extend(c.keys.iter().map(|&k| req.arg_bytes(k as usize)));
-    }
-    Slot::Ready(Bytes::from_static(b"+QUEUED\r\n"))
 }

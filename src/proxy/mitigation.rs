@@ -31,7 +31,7 @@ pub(super) fn combine(
     rb: &mut RoundBuilder,
 ) {
     let key = req.arg_bytes(c.keys[0] as usize);
-    let node = s.ctx.backend.node_for(&key);
+    let node = s.ctx().backend.node_for(&key);
     let conn = combine_conn(s, node, s.db(), &key);
     let bk = BatchKey {
         node,
@@ -40,7 +40,7 @@ pub(super) fn combine(
         field: field.map(|f| req.arg_bytes(f)),
     };
     let hash = Keys::hash(&bk.key);
-    let pending = s.ctx.combiner.add(bk, conn, delta, req.wire(), window);
+    let pending = s.ctx().combiner.add(bk, conn, delta, req.wire(), window);
     s.order.combined(hash, pending.done);
     rb.combined();
     rb.slots.push(Slot::Later(pending.reply));
@@ -65,7 +65,7 @@ pub(super) fn may_combine_now(s: &mut Session, rb: &RoundBuilder, key: &[u8]) ->
 /// The connection a key's combine batches use: always the same one for a key, so two
 /// batches of one key reach the node in the order they were sent.
 pub(super) fn combine_conn(s: &Session, node: usize, db: u32, key: &[u8]) -> ConnHandle {
-    let conns = s.ctx.backend.node(node).conns(Proto::Resp2, db);
+    let conns = s.ctx().backend.node(node).conns(Proto::Resp2, db);
     crate::backend::pick(&conns, xxhash_rust::xxh3::xxh3_64(key) as usize)
 }
 
@@ -78,7 +78,7 @@ pub(super) fn invalidate_cached(
     hot: &HotSet,
     rb: &mut RoundBuilder,
 ) {
-    let Some(layer) = s.ctx.cache.as_ref() else {
+    let Some(layer) = s.ctx().cache.as_ref() else {
         return;
     };
     if matches!(c.spec.name, "FLUSHALL" | "FLUSHDB") {
@@ -103,10 +103,10 @@ pub(super) fn invalidate_cached(
 /// EXEC of a transaction that wrote `keys`: their cached replies are dropped, as for a
 /// write outside MULTI.
 pub(super) fn invalidate_keys(s: &Session, keys: &[Bytes], rb: &mut RoundBuilder) {
-    let Some(layer) = s.ctx.cache.as_ref() else {
+    let Some(layer) = s.ctx().cache.as_ref() else {
         return;
     };
-    let hot = s.ctx.hot.load();
+    let hot = s.ctx().hot.load();
     for key in keys {
         rb.written.push(key.clone());
         layer.cache.invalidate(key, Cause::Write);
@@ -129,7 +129,7 @@ pub(super) fn cached_read(
     rb: &mut RoundBuilder,
 ) -> bool {
     // A clone: the layer is used while the session notes its fill.
-    let ctx = s.ctx.clone();
+    let ctx = s.ctx().clone();
     let Some(layer) = ctx.cache.as_ref().filter(|_| may_serve_cached(s, rb)) else {
         return false;
     };
@@ -157,7 +157,7 @@ pub(super) fn cached_mget(
     rb: &mut RoundBuilder,
 ) -> bool {
     // A clone: the layer is used while cold keys are added to `s`'s jobs.
-    let ctx = s.ctx.clone();
+    let ctx = s.ctx().clone();
     let Some(layer) = ctx.cache.as_ref().filter(|_| may_serve_cached(s, rb)) else {
         return false;
     };
@@ -173,7 +173,7 @@ pub(super) fn cached_mget(
                 continue;
             }
         }
-        let node = s.ctx.backend.node_for(&key);
+        let node = s.ctx().backend.node_for(&key);
         let g = match groups.iter().position(|(n, _)| *n == node) {
             Some(g) => g,
             None => {
@@ -229,16 +229,16 @@ fn from_cache(
     request: Bytes,
     p: CachePolicy,
 ) -> Option<CachedGet> {
-    let node = s.ctx.backend.node_for(&key);
+    let node = s.ctx().backend.node_for(&key);
     // Until the node's fill connection is tracked, its reads go to the node.
-    let conn = layer.filler(&s.ctx.backend, node)?.conn()?;
+    let conn = layer.filler(&s.ctx().backend, node)?.conn()?;
     if let Some(hit) = layer.cache.get_fresh(&key, &request) {
         return Some(CachedGet::Ready(hit));
     }
     let (cache, wait, timeout) = (
         layer.cache.clone(),
         layer.fill_wait,
-        s.ctx.backend.request_timeout,
+        s.ctx().backend.request_timeout,
     );
     let (tx, rx) = oneshot::channel();
     let (done_tx, done_rx) = oneshot::channel();

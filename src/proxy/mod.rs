@@ -11,10 +11,12 @@
 //!
 //! - bottom: `ctx` (what every session shares), `clients` (every connection as CLIENT LIST
 //!   shows it), `monitor` (MONITOR's lines and queues), `tunnel` (the pub/sub pipe),
-//!   `dedicated`, `version` (the Redis version HELLO reports), `tracking` (what the clients with CLIENT TRACKING read, and the nodes'
+//!   `dedicated`, `version` (the Redis version HELLO reports), `txn` (MULTI's queue and
+//!   the WATCH, and the one place that aborts an EXEC), `tracking` (what the clients with CLIENT TRACKING read, and the nodes'
 //!   tracked connections),
 //!   `scan` (cursors), `round` (a round's jobs, reply slots and keys), `order` (the ordering
-//!   rules), `state` (one connection's state, and what a handler returns: `Flow`), `merge`
+//!   rules), `state` (one connection's state, its fields private behind methods, and what
+//!   a handler returns: `Flow`), `merge`
 //!   (a fanned-out command's replies made one);
 //! - handlers, given the state: `plan` (the decide and observe phases of one command),
 //!   `settle` (a round sent ahead of a command; the wait at a
@@ -58,6 +60,7 @@ mod state;
 mod store;
 mod tracking;
 mod tunnel;
+mod txn;
 mod version;
 
 use std::sync::atomic::Ordering;

@@ -15,15 +15,15 @@ use super::state::Session;
 /// nodes, a STORE destination on another node): it leaves once every earlier reply is in.
 pub(super) fn own_connection(s: &Session, req: &Request, c: &Classified) -> bool {
     match c.route {
-        Route::Blocking => s.tx.is_none(),
+        Route::Blocking => !s.txn().in_multi(),
         Route::Keyed => {
-            s.tx.is_none()
+            !s.txn().in_multi()
                 && (super::route::sort_spans_nodes(s, req, c)
                     || super::route::store_spans_nodes(s, req, c).is_some())
         }
         Route::Transaction => match c.spec.name {
-            "WATCH" => s.tx.is_none(),
-            "EXEC" => s.tx.is_some() && s.watch.is_some(),
+            "WATCH" => !s.txn().in_multi(),
+            "EXEC" => s.txn().in_multi() && s.txn().watching(),
             _ => false,
         },
         _ => false,
@@ -33,22 +33,22 @@ pub(super) fn own_connection(s: &Session, req: &Request, c: &Classified) -> bool
 /// The decide phase: what the rules, the hot set and the salt table say to do with the
 /// command (`policy::decide`, pure).
 pub(super) fn decide(s: &Session, req: &Request, c: &Classified) -> Action {
-    let hot = s.ctx.hot.load();
-    let table = s.ctx.salt.table.load();
+    let hot = s.ctx().hot.load();
+    let table = s.ctx().salt.table.load();
     // No salted key (the common case): the plan looks no further, so skip the clock.
     let now = if table.is_empty() {
         0
     } else {
         crate::salt::now_ms()
     };
-    let rules = s.ctx.rules.load();
+    let rules = s.ctx().rules.load();
     let view = policy::SaltView {
         table: &table,
         db: s.db(),
-        in_tx: s.tx.is_some(),
+        in_tx: s.txn().in_multi(),
         now_ms: now,
-        fresh: now > 0 && s.ctx.salt.fresh(now),
-        stale: now > 0 && s.ctx.salt.stale(now),
+        fresh: now > 0 && s.ctx().salt.fresh(now),
+        stale: now > 0 && s.ctx().salt.stale(now),
         rules: &rules,
     };
     policy::decide(c, req, &hot, &view)
@@ -63,7 +63,7 @@ pub(super) fn observe(s: &Session, req: &Request, c: &Classified) -> Class {
     };
     if s.detect {
         for &k in &c.keys {
-            s.ctx.detector.observe(req.arg(k as usize), kind);
+            s.ctx().detector.observe(req.arg(k as usize), kind);
         }
     }
     class

@@ -14,13 +14,13 @@ use crate::resp::Request;
 /// The node of every key of a keyed command, or the error a client sees when they span
 /// nodes (on a cluster: slots, with Redis Cluster's own CROSSSLOT error).
 pub fn keys_node(s: &Session, req: &Request, c: &Classified) -> Result<usize, Bytes> {
-    Ok(keys_group(s, req, c)?.map_or_else(|| s.ctx.backend.any_node(), |(_, n)| n))
+    Ok(keys_group(s, req, c)?.map_or_else(|| s.ctx().backend.any_node(), |(_, n)| n))
 }
 
 /// The group (a cluster's slot, a pool's node) and node every key of a command shares;
 /// None for a command without keys.
 fn keys_group(s: &Session, req: &Request, c: &Classified) -> Result<Option<(u32, usize)>, Bytes> {
-    let b = &s.ctx.backend;
+    let b = &s.ctx().backend;
     let mut group: Option<(u32, usize)> = None;
     for &k in &c.keys {
         let g = b.group_of(req.arg(k as usize));
@@ -57,7 +57,7 @@ fn keys_group(s: &Session, req: &Request, c: &Classified) -> Result<Option<(u32,
 /// refused as a multi-key command across nodes is. (A cluster's node applies Redis
 /// Cluster's own rule for the same case.)
 fn sort_patterns_on(s: &Session, req: &Request, c: &Classified, node: usize) -> Result<(), Bytes> {
-    let b = &s.ctx.backend;
+    let b = &s.ctx().backend;
     let (tag, random) = (b.hash_tag(), b.random());
     for p in crate::command::sort_patterns(req) {
         let hashed = crate::backend::placement::hash_tag(p, tag);
@@ -79,7 +79,7 @@ fn sort_patterns_on(s: &Session, req: &Request, c: &Classified, node: usize) -> 
 /// SORT or SORT_RO on a pool whose BY/GET patterns or STORE destination name keys on other
 /// nodes than the sorted key's: the proxy runs it across the nodes (`sort`).
 pub(super) fn sort_spans_nodes(s: &Session, req: &Request, c: &Classified) -> bool {
-    let b = &s.ctx.backend;
+    let b = &s.ctx().backend;
     if !matches!(c.spec.name, "SORT" | "SORT_RO") || b.placement().is_none() {
         return false;
     }
@@ -93,7 +93,7 @@ pub(super) fn sort_spans_nodes(s: &Session, req: &Request, c: &Classified) -> bo
 /// A storing command on a pool whose sources share a node and whose destination is on
 /// another: the result moves there (`store`). The destination's place among the keys.
 pub(super) fn store_spans_nodes(s: &Session, req: &Request, c: &Classified) -> Option<usize> {
-    let b = &s.ctx.backend;
+    let b = &s.ctx().backend;
     if b.placement().is_none() || b.random() {
         return None;
     }
@@ -118,12 +118,12 @@ pub(super) fn forward_keyed(s: &mut Session, req: &Request, c: &Classified, rb: 
     }
     let node = keys_group(s, req, c).and_then(|group| match group {
         Some(g) if reads_only(c) => s
-            .ctx
+            .ctx()
             .backend
             .reader_in(g)
             .map_err(|e| err_bytes(&e.to_string())),
         Some((_, n)) => Ok(n),
-        None => Ok(s.ctx.backend.any_node()),
+        None => Ok(s.ctx().backend.any_node()),
     });
     match node {
         Ok(node) => {
@@ -156,7 +156,7 @@ pub(super) fn split(
     kind: Split,
     rb: &mut RoundBuilder,
 ) {
-    let b = &s.ctx.backend;
+    let b = &s.ctx().backend;
     let step = if matches!(kind, Split::Mset) { 2 } else { 1 };
     // Group key positions by node (by slot, on a cluster), keeping request order inside
     // each group.
@@ -185,7 +185,7 @@ pub(super) fn split(
     let mut nodes: SmallVec<[usize; 8]> = SmallVec::new();
     for group in groups.iter().map(|(g, _)| *g) {
         match kind {
-            Split::Mget => match s.ctx.backend.reader_in(group) {
+            Split::Mget => match s.ctx().backend.reader_in(group) {
                 Ok(n) => nodes.push(n),
                 Err(e) => {
                     rb.slots.push(Slot::Ready(err_bytes(&e.to_string())));
@@ -217,7 +217,7 @@ pub(super) fn split(
 
 /// The command as it came, once to every master: the parts to merge.
 pub(super) fn to_masters(s: &mut Session, req: &Request, rb: &mut RoundBuilder) -> Vec<Part> {
-    s.ctx
+    s.ctx()
         .backend
         .masters()
         .into_iter()
@@ -233,7 +233,7 @@ pub(super) fn all_nodes(
     rb: &mut RoundBuilder,
 ) {
     if let Agg::First = agg {
-        let node = s.ctx.backend.any_node();
+        let node = s.ctx().backend.any_node();
         let part = push(s, rb, node, req.wire());
         rb.slots.push(Slot::Reply(part));
         return;
@@ -261,7 +261,7 @@ pub(super) fn all_nodes(
 /// SCAN walks the nodes that hold the keys (a cluster's masters) one after another; the
 /// cursor carries the place in that list.
 pub(super) fn scan_one(s: &mut Session, req: &Request, rb: &mut RoundBuilder) {
-    let masters = s.ctx.backend.masters();
+    let masters = s.ctx().backend.masters();
     let nodes = masters.len().max(1);
     let cursor = std::str::from_utf8(req.arg(1))
         .ok()
@@ -291,9 +291,9 @@ pub(super) fn scan_one(s: &mut Session, req: &Request, rb: &mut RoundBuilder) {
 /// the first refusal other than NOTBUSY (UNKILLABLE: the script wrote), else NOTBUSY.
 pub(super) fn kill(s: &mut Session, req: &Request, rb: &mut RoundBuilder) {
     let wire = req.wire();
-    let timeout = s.ctx.backend.request_timeout;
+    let timeout = s.ctx().backend.request_timeout;
     let handshakes: Vec<_> = s
-        .ctx
+        .ctx()
         .backend
         .nodes()
         .iter()
@@ -356,7 +356,7 @@ pub(super) fn is_pubsub_command(name: &str) -> bool {
 /// node, so any master will do; its shard channels (SPUBLISH, SSUBSCRIBE) live on the
 /// master of the channel's slot, and one SSUBSCRIBE names one slot.
 pub(super) fn pubsub_node(s: &Session, req: &Request) -> Result<usize, Bytes> {
-    let b = &s.ctx.backend;
+    let b = &s.ctx().backend;
     if !b.by_slot() {
         return Ok(0);
     }

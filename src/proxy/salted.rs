@@ -33,7 +33,7 @@ use crate::salt::{fold, idem, now_ms, Salted};
 /// Counts what `plan` does in the salting metrics: shard writes, writes the base key
 /// takes, merged reads.
 fn count(s: &Session, plan: &SaltPlan) {
-    let m = &s.ctx.salt.metrics;
+    let m = &s.ctx().salt.metrics;
     let c = match plan {
         Plan::Base(..) => &m.base_writes,
         Plan::Inline(_, Op::Member(op)) if is_write(op) => match op.to_base() {
@@ -73,7 +73,7 @@ pub(super) async fn act(
     // order.
     let plan = match plan {
         Plan::Combine(e, op, _) if !super::mitigation::may_combine_now(s, rb, &e.key) => {
-            s.ctx.metrics.combine.held_back.inc();
+            s.ctx().metrics.combine.held_back.inc();
             Plan::Inline(e, op)
         }
         p => p,
@@ -82,7 +82,7 @@ pub(super) async fn act(
     // this round, or in one whose replies are not all in) merges exactly: it must see it.
     let plan = match plan {
         Plan::Display(e, op, _) if super::mitigation::written_pending(s, rb, &e.key) => {
-            match s.ctx.salt.careful(&e, now_ms()) {
+            match s.ctx().salt.careful(&e, now_ms()) {
                 true => Plan::Careful(e, op),
                 false => Plan::Inline(e, op),
             }
@@ -115,7 +115,7 @@ pub(super) async fn act(
         }
         Plan::Inline(e, op) => {
             if same_read_as_last(rb, &e, &op) {
-                s.ctx.salt.metrics.shared_reads.inc();
+                s.ctx().salt.metrics.shared_reads.inc();
                 return Next::Done;
             }
             let (cmds, part) = ops::plan(&e, &op, &args, now_ms(), false);
@@ -126,12 +126,12 @@ pub(super) async fn act(
                 op,
                 entry: e,
                 part,
-                ctx: write.then(|| s.ctx.clone()),
+                ctx: write.then(|| s.ctx().clone()),
             })));
             return Next::Done;
         }
         Plan::Careful(e, op) => {
-            let ctx = s.ctx.clone();
+            let ctx = s.ctx().clone();
             let proto = s.proto();
             later(s, rb, async move {
                 merge::careful(&ctx.backend, &e, op, &args)
@@ -145,7 +145,7 @@ pub(super) async fn act(
             return Next::Done;
         }
         Plan::Checked(e, op) => {
-            let ctx = s.ctx.clone();
+            let ctx = s.ctx().clone();
             let proto = s.proto();
             later(s, rb, async move {
                 ops::checked_write(&ctx.backend, &ctx.salt, &e, op, &args)
@@ -155,7 +155,7 @@ pub(super) async fn act(
             return Next::Done;
         }
         Plan::Members(e, m, careful) => {
-            let ctx = s.ctx.clone();
+            let ctx = s.ctx().clone();
             let proto = s.proto();
             later(s, rb, async move {
                 kinds::of(e.rec.kind)
@@ -167,7 +167,7 @@ pub(super) async fn act(
             return Next::Done;
         }
         Plan::Quiet(e, m) => {
-            let ctx = s.ctx.clone();
+            let ctx = s.ctx().clone();
             let proto = s.proto();
             later(s, rb, async move {
                 ops::quiet(&ctx.backend, &ctx.salt, &e.key, &m, &args)
@@ -177,7 +177,7 @@ pub(super) async fn act(
             return Next::Done;
         }
         Plan::Task(table) => {
-            let ctx = s.ctx.clone();
+            let ctx = s.ctx().clone();
             let proto = s.proto();
             later(s, rb, async move {
                 ops::multi(&ctx.backend, &ctx.salt, &table, &args, name, proto).await
@@ -196,7 +196,7 @@ pub(super) async fn act(
         if let Some(e) = table.get(key) {
             e.forget();
         }
-        if let Err(e) = fold::move_all(&s.ctx.backend, &s.ctx.salt, key).await {
+        if let Err(e) = fold::move_all(&s.ctx().backend, &s.ctx().salt, key).await {
             tracing::warn!(key = %String::from_utf8_lossy(key), error = %e, command = name, "could not fold a salted key before a command that needs its whole value");
             let slot = s.refuse(err_bytes(&format!(
                 "ERR saltshaker: {name} needs the salted key folded first, and that failed: {e}"
@@ -272,10 +272,10 @@ fn combine(
         key: e.parts[part].clone(),
         field: field.clone(),
     };
-    let pending = s.ctx.combiner.add(bk, conn, *delta, cmd, window);
+    let pending = s.ctx().combiner.add(bk, conn, *delta, cmd, window);
     s.order.combined(Keys::hash(&e.key), pending.done);
     rb.combined();
-    let (ctx, proto) = (s.ctx.clone(), s.proto());
+    let (ctx, proto) = (s.ctx().clone(), s.proto());
     let then = move |raw: Bytes| -> Bytes {
         let v = match crate::resp::parse_value(&raw) {
             Ok(Some((v, _))) => v,
@@ -297,7 +297,7 @@ fn combine(
 pub(super) fn idempotent(s: &mut Session, req: &Request, delta: i64, rb: &mut RoundBuilder) {
     let refuse = if s.db() != 0 {
         Some("ERR saltshaker: SALTSHAKER.INCRBY works in database 0 only")
-    } else if !s.ctx.salt.enabled {
+    } else if !s.ctx().salt.enabled {
         Some("ERR saltshaker: SALTSHAKER.INCRBY needs a pool that places keys by hash")
     } else {
         None
@@ -309,9 +309,9 @@ pub(super) fn idempotent(s: &mut Session, req: &Request, delta: i64, rb: &mut Ro
     let (key, id) = (req.arg_bytes(1), req.arg_bytes(3));
     rb.written.push(key.clone());
     let now = now_ms();
-    let entry = s.ctx.salt.table.load().get(&key).cloned();
-    let fresh = s.ctx.salt.fresh(now);
-    let w = s.ctx.rules.load().resolve(&key).write.idempotency;
+    let entry = s.ctx().salt.table.load().get(&key).cloned();
+    let fresh = s.ctx().salt.fresh(now);
+    let w = s.ctx().rules.load().resolve(&key).write.idempotency;
     let once = idem::Once {
         key,
         delta,
@@ -319,7 +319,7 @@ pub(super) fn idempotent(s: &mut Session, req: &Request, delta: i64, rb: &mut Ro
         window_ms: w.window_ms,
         max_ids: w.max_ids,
     };
-    match idem::plan(&s.ctx.backend, entry.as_deref(), &once, now, fresh) {
+    match idem::plan(&s.ctx().backend, entry.as_deref(), &once, now, fresh) {
         Err(e) => rb
             .slots
             .push(Slot::Ready(err_bytes(&format!("ERR saltshaker: {e}")))),
@@ -330,11 +330,11 @@ pub(super) fn idempotent(s: &mut Session, req: &Request, delta: i64, rb: &mut Ro
                 entry,
                 to,
                 delta,
-                salt: s.ctx.salt.clone(),
+                salt: s.ctx().salt.clone(),
             })));
         }
         Ok(idem::Plan::Task) => {
-            let (ctx, proto) = (s.ctx.clone(), s.proto());
+            let (ctx, proto) = (s.ctx().clone(), s.proto());
             later(s, rb, async move {
                 idem::incr(&ctx.backend, &ctx.salt, entry, once, now, fresh)
                     .await
@@ -347,12 +347,12 @@ pub(super) fn idempotent(s: &mut Session, req: &Request, delta: i64, rb: &mut Ro
 /// Whether `SALTSHAKER.INCRBY` of `req` runs as a task (the round built so far goes first).
 pub(super) fn idempotent_is_task(s: &Session, req: &Request) -> bool {
     let key = req.arg(1);
-    let Some(e) = s.ctx.salt.table.load().get(key).cloned() else {
+    let Some(e) = s.ctx().salt.table.load().get(key).cloned() else {
         return false;
     };
     let now = now_ms();
-    let w = s.ctx.rules.load().resolve(key).write.idempotency;
-    let fresh = s.ctx.salt.fresh(now);
+    let w = s.ctx().rules.load().resolve(key).write.idempotency;
+    let fresh = s.ctx().salt.fresh(now);
     !matches!(
         idem::places(Some(&e.rec), req.arg(3), now, fresh, w.window_ms),
         Ok((_, None)) | Err(_)
@@ -383,8 +383,8 @@ fn display(
         Lookup::Fresh(v) => rb.slots.push(Slot::Ready(v.to_bytes(proto))),
         Lookup::Wait(rx) => later(s, rb, async move { rollup::wait(rx).await.to_bytes(proto) }),
         Lookup::Refresh(t) => {
-            s.ctx.salt.metrics.display_refreshes.inc();
-            let (ctx, args) = (s.ctx.clone(), args.to_vec());
+            s.ctx().salt.metrics.display_refreshes.inc();
+            let (ctx, args) = (s.ctx().clone(), args.to_vec());
             later(s, rb, async move {
                 let cmds = merge::plan_parts(&e, &op, &args, true);
                 let merged = merge::careful_read(&ctx.backend, &e, &op, &cmds).await;
@@ -392,7 +392,7 @@ fn display(
             });
         }
         Lookup::Exact => {
-            let ctx = s.ctx.clone();
+            let ctx = s.ctx().clone();
             let args = args.to_vec();
             later(s, rb, async move {
                 merge::careful(&ctx.backend, &e, op, &args)

@@ -66,13 +66,13 @@ async fn read_loop(
     mut killed: watch::Receiver<bool>,
     s: &mut Session,
 ) -> End {
-    let limits = s.ctx.limits.clone();
+    let limits = s.ctx().limits.clone();
     let mut parser = RequestParser::new(limits);
     // Allocated when data arrives, and given back whenever everything read was handled:
     // an idle connection holds no buffer (`read_some`).
     let mut buf = BytesMut::new();
     let mut reqs: Vec<Request> = Vec::new();
-    let mut shutdown = s.ctx.shutdown.clone();
+    let mut shutdown = s.ctx().shutdown.clone();
     let mut draining = false;
     // Whole commands left in `buf` by the in-flight bound, and whether the client closed
     // after sending them: they are handled before anything more is read.
@@ -134,7 +134,7 @@ async fn read_loop(
                 _ = killed.wait_for(|k| *k) => return End::Closed,
                 _ = super::client_cache::invalidated(&me, proto) => continue,
                 _ = shutdown.wait_for(|v| *v) => {
-                    tracing::debug!(client = s.id, "draining on shutdown");
+                    tracing::debug!(client = s.id(), "draining on shutdown");
                     draining = true;
                     continue;
                 }
@@ -184,25 +184,25 @@ async fn burst(
     held_back: &mut bool,
     ended: bool,
 ) -> Step {
-    if buf.len() > s.ctx.max_pending {
+    if buf.len() > s.ctx().max_pending {
         let mut rb = RoundBuilder::new();
         rb.slots.push(Slot::Ready(err_bytes(
             "ERR Protocol error: client query buffer limit exceeded",
         )));
-        let mut round = rb.send(s.ctx.backend.request_timeout, &s.inflight).await;
+        let mut round = rb.send(s.ctx().backend.request_timeout, &s.inflight).await;
         round.close_after = true;
-        s.ctx.metrics.protocol_errors.inc();
+        s.ctx().metrics.protocol_errors.inc();
         let _ = tx.send(Box::new((round, s.proto()))).await;
         return Step::Closed;
     }
     {
-        let rules = s.ctx.rules.snapshot();
+        let rules = s.ctx().rules.snapshot();
         s.detect = rules.detection().enabled;
         s.admit = rules.any_admit();
-        s.track = !s.ctx.salt.table.load().is_empty() || s.ctx.hot.load().may_combine();
+        s.track = !s.ctx().salt.table.load().is_empty() || s.ctx().hot.load().may_combine();
     }
-    let monitored = s.ctx.monitors.active();
-    let room = match s.ctx.max_output {
+    let monitored = s.ctx().monitors.active();
+    let room = match s.ctx().max_output {
         0 => usize::MAX,
         limit => s.inflight.room(limit),
     };
@@ -241,7 +241,7 @@ async fn burst(
                         }
                         // The wait counts against the command's request_timeout_ms
                         // (its round was read before it), so it is never longer.
-                        let timeout = s.ctx.backend.request_timeout.unwrap_or(wait);
+                        let timeout = s.ctx().backend.request_timeout.unwrap_or(wait);
                         tokio::time::sleep(wait.min(timeout)).await;
                     }
                     (req, c, hook)
@@ -251,7 +251,7 @@ async fn burst(
             (req, c, None)
         };
         // Redis shows neither CMD_SKIP_MONITOR nor CMD_ADMIN commands to monitors.
-        if s.ctx.pause.holds(settle::writes(&c)).is_some()
+        if s.ctx().pause.holds(settle::writes(&c)).is_some()
             && !Box::pin(settle::paused(s, &c, &mut rb, tx, killed)).await
         {
             return Step::Closed;
@@ -282,7 +282,7 @@ async fn burst(
         }
         rb.commit_keys();
         if let Some(args) = monitor {
-            s.ctx.monitors.feed(s.db(), &s.peer, &args);
+            s.ctx().monitors.feed(s.db(), s.peer(), &args);
         }
         if let (Some(hook), Flow::Continue) = (hook, &flow) {
             if rb.slots.len() == mark + 1 {
@@ -310,9 +310,9 @@ async fn burst(
             }
             Flow::Monitor => {
                 // Whatever the client sent after MONITOR is not run, as on Redis.
-                let lines = s.ctx.monitors.subscribe();
+                let lines = s.ctx().monitors.subscribe();
                 s.order.wait_barrier().await;
-                let round = rb.send(s.ctx.backend.request_timeout, &s.inflight).await;
+                let round = rb.send(s.ctx().backend.request_timeout, &s.inflight).await;
                 let _ = tx.send(Box::new((round, s.proto()))).await;
                 return Step::Monitor(lines);
             }
@@ -333,7 +333,7 @@ async fn burst(
                 // The tunnel's commands take a connection of their own: nothing of
                 // the session may still be on its way.
                 s.order.wait_barrier().await;
-                let mut round = rb.send(s.ctx.backend.request_timeout, &s.inflight).await;
+                let mut round = rb.send(s.ctx().backend.request_timeout, &s.inflight).await;
                 round.tunnel = start.take_end();
                 let _ = tx.send(Box::new((round, s.proto()))).await;
                 return Step::Tunnel(start);
@@ -349,8 +349,8 @@ async fn burst(
     if let Err(e) = parsed {
         if !close {
             rb.slots.push(Slot::Ready(err_bytes(&format!("ERR {e}"))));
-            s.ctx.metrics.protocol_errors.inc();
-            tracing::debug!(client = s.id, peer = %s.peer, error = %e, "closing client after a protocol error");
+            s.ctx().metrics.protocol_errors.inc();
+            tracing::debug!(client = s.id(), peer = %s.peer(), error = %e, "closing client after a protocol error");
         }
         close = true;
     }
@@ -362,7 +362,7 @@ async fn burst(
         let had_jobs = !rb.jobs.is_empty();
         let written = std::mem::take(&mut rb.written);
         let keys = std::mem::take(&mut rb.keys);
-        let mut round = rb.send(s.ctx.backend.request_timeout, &s.inflight).await;
+        let mut round = rb.send(s.ctx().backend.request_timeout, &s.inflight).await;
         s.order
             .sent(&mut round, had_jobs, want_ack, s.track, written, keys);
         round.close_after = close;

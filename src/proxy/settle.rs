@@ -28,7 +28,7 @@ pub(super) async fn may_read(
             r = owing.wait_for(|o| !*o) => if r.is_err() { return false },
         }
     }
-    let limit = s.ctx.max_output;
+    let limit = s.ctx().max_output;
     while limit > 0 && s.inflight.over(limit) {
         tokio::select! {
             biased;
@@ -60,9 +60,9 @@ pub(super) async fn paused(
     if !rb.is_empty() && !flush(s, rb, tx).await {
         return false;
     }
-    let _paused = super::round::Blocked::new(&s.ctx.blocked, &s.me, None);
+    let _paused = super::round::Blocked::new(&s.ctx().blocked, &s.me, None);
     tokio::select! {
-        _ = s.ctx.pause.wait(writes(c)) => true,
+        _ = s.ctx().pause.wait(writes(c)) => true,
         _ = killed.wait_for(|k| *k) => false,
     }
 }
@@ -115,7 +115,7 @@ async fn send_ahead(
     wait_barrier(s, rb).await;
     let mut rb = std::mem::take(rb);
     let keys = std::mem::take(&mut rb.keys);
-    let mut round = rb.send(s.ctx.backend.request_timeout, &s.inflight).await;
+    let mut round = rb.send(s.ctx().backend.request_timeout, &s.inflight).await;
     s.order.flushed(&mut round, keys, s.track);
     round.acked.extend(done);
     tx.send(Box::new((round, proto))).await.is_ok()

@@ -105,8 +105,8 @@ pub(super) fn across(s: &mut Session, req: &Request, c: &Classified, rb: &mut Ro
         Ok(x) => x,
         Err(e) => return rb.slots.push(Slot::Ready(err_bytes(e))),
     };
-    let conns: Vec<ConnHandle> = (0..s.ctx.backend.len()).map(|n| s.conn(n)).collect();
-    let ctx = s.ctx.clone();
+    let conns: Vec<ConnHandle> = (0..s.ctx().backend.len()).map(|n| s.conn(n)).collect();
+    let ctx = s.ctx().clone();
     let proto = s.proto();
     let deadline = ctx.backend.request_timeout.map(|t| Instant::now() + t);
     let (tx, rx) = tokio::sync::oneshot::channel();

@@ -17,15 +17,7 @@ use crate::command::Classified;
 use crate::policy::Action;
 use crate::resp::{encode_error, Proto, Request};
 
-/// A queued MULTI.
-pub struct Tx {
-    pub wires: Vec<Bytes>,
-    pub node: Option<usize>,
-    /// A command was refused: EXEC answers EXECABORT (set by `Session::refuse` only).
-    pub(super) dirty: bool,
-    /// Keys the queued commands write: EXEC drops their cached replies.
-    pub writes: Vec<Bytes>,
-}
+use super::txn::Txn;
 
 /// A parsed request is what `command` classifies: its arguments by index.
 impl crate::command::Args for Request {
@@ -39,22 +31,23 @@ impl crate::command::Args for Request {
 
 /// Per-connection state, owned by the reader.
 pub struct Session {
-    pub ctx: Arc<Ctx>,
-    pub id: u64,
-    pub peer: String,
-    pub local: String,
+    /// What every session shares (`ctx`).
+    ctx: Arc<Ctx>,
+    id: u64,
+    peer: String,
+    local: String,
     /// The protocol and database of the session's commands (`switch_to` changes them).
     proto: Proto,
     db: u32,
-    pub name: Option<Bytes>,
+    /// CLIENT SETNAME's name (`name`, `set_name`).
+    name: Option<Bytes>,
     /// The user logged in as; None until the connection logs in (when it must).
-    pub user: Option<Arc<crate::auth::User>>,
+    user: Option<Arc<crate::auth::User>>,
     /// `Users::epoch` when `user` was last looked up: an ACL SETUSER since then applies
     /// at the next command.
     users_epoch: u64,
-    pub tx: Option<Tx>,
-    /// Node of the WATCHed keys and the dedicated connection holding the WATCH.
-    pub watch: Option<(usize, DedicatedWorker)>,
+    /// MULTI's queue and the WATCH held on a node (`txn`).
+    txn: Txn,
     blocking: Vec<(usize, DedicatedWorker)>,
     /// Each node's shared connections in this session's protocol and database, looked up
     /// once (`conn`).
@@ -66,7 +59,7 @@ pub struct Session {
     lane: Lane,
     /// What must be done before the session's next command leaves (see `order`).
     pub(super) order: Order,
-    pub gone: watch::Receiver<bool>,
+    gone: watch::Receiver<bool>,
     /// `detection.enabled` of the rules, read once per round rather than per command.
     pub(super) detect: bool,
     /// Some rule has an `admit:` section, read once per round as `detect`.
@@ -119,8 +112,7 @@ impl Session {
             proto: Proto::Resp2,
             db: 0,
             name: None,
-            tx: None,
-            watch: None,
+            txn: Txn::default(),
             blocking: Vec::new(),
             rr: 0,
             lane: Lane::Main,
@@ -169,7 +161,7 @@ impl Session {
 
     /// Records a refusal in ACL LOG: `reason`, `object` for the user `user`.
     pub fn log_refusal(&self, reason: &'static str, object: String, user: &str) {
-        let context = if self.tx.is_some() {
+        let context = if self.txn.in_multi() {
             "multi"
         } else {
             "toplevel"
@@ -227,7 +219,7 @@ impl Session {
             self.proto,
             self.name.as_ref().map(|n| (n.as_ptr() as usize, n.len())),
             self.user.as_ref().map_or(0, |u| Arc::as_ptr(u) as usize),
-            self.tx.as_ref().map(|t| t.wires.len()),
+            self.txn.queued().map(|q| q.0),
             self.tracking
                 .as_ref()
                 .map(|t| (t.redirect, t.prefixes.is_some())),
@@ -248,11 +240,8 @@ impl Session {
                 .user
                 .as_ref()
                 .map_or_else(|| "default".to_string(), |u| u.name.clone()),
-            multi: self.tx.as_ref().map(|t| t.wires.len()),
-            multi_mem: self
-                .tx
-                .as_ref()
-                .map_or(0, |t| t.wires.iter().map(|w| w.len()).sum()),
+            multi: self.txn.queued().map(|q| q.0),
+            multi_mem: self.txn.queued().map_or(0, |q| q.1),
             pubsub: false,
             tracking: self
                 .tracking
@@ -265,10 +254,64 @@ impl Session {
     /// not possible through the proxy). Inside MULTI it also aborts the EXEC, as Redis
     /// does: the one place a transaction is marked so.
     pub fn refuse(&mut self, reply: Bytes) -> super::round::Slot {
-        if let Some(tx) = self.tx.as_mut() {
-            tx.dirty = true;
-        }
+        self.txn.abort();
         super::round::Slot::Ready(reply)
+    }
+
+    /// The connection's id (CLIENT ID).
+    pub fn id(&self) -> u64 {
+        self.id
+    }
+
+    /// The client's address.
+    pub fn peer(&self) -> &str {
+        &self.peer
+    }
+
+    /// The proxy's address the client connected to.
+    pub fn local(&self) -> &str {
+        &self.local
+    }
+
+    /// Turns true when the client has gone: dedicated connections end with it.
+    pub fn gone(&self) -> watch::Receiver<bool> {
+        self.gone.clone()
+    }
+
+    /// What every session shares.
+    pub fn ctx(&self) -> &Arc<Ctx> {
+        &self.ctx
+    }
+
+    /// The name CLIENT SETNAME (or HELLO SETNAME) gave the connection.
+    pub fn name(&self) -> Option<&Bytes> {
+        self.name.as_ref()
+    }
+
+    /// CLIENT SETNAME, HELLO SETNAME and RESET (None).
+    pub fn set_name(&mut self, name: Option<Bytes>) {
+        self.name = name;
+    }
+
+    /// The user the connection is logged in as; None until it logs in (when it must).
+    pub fn user(&self) -> Option<&Arc<crate::auth::User>> {
+        self.user.as_ref()
+    }
+
+    /// AUTH, HELLO AUTH and RESET: the user from now on (an ACL change is still applied at
+    /// the next command, `refresh_user`).
+    pub fn log_in(&mut self, user: Option<Arc<crate::auth::User>>) {
+        self.user = user;
+    }
+
+    /// The transaction state: MULTI's queue and the WATCH.
+    pub fn txn(&self) -> &Txn {
+        &self.txn
+    }
+
+    /// The transaction state, to change by its own rules (`Txn`'s methods).
+    pub fn txn_mut(&mut self) -> &mut Txn {
+        &mut self.txn
     }
 
     /// Forgets the connections looked up, and the dedicated ones, after a protocol or
@@ -337,7 +380,7 @@ pub(super) fn blocking_worker(s: &mut Session, node: usize) -> &DedicatedWorker 
 /// Drops dedicated connections that were opened for another protocol or database.
 pub fn reset_dedicated(s: &mut Session) {
     s.blocking.clear();
-    s.watch = None;
+    s.txn.forget_watch();
 }
 
 /// A oneshot already answered with `bytes`.

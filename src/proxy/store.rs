@@ -40,7 +40,7 @@ fn temp_key(s: &Session, node: usize) -> Option<Bytes> {
     let nonce = u64::from_le_bytes(raw);
     (0..10_000u32)
         .map(|i| format!("saltshaker:store:{nonce:016x}:{i}"))
-        .find(|k| s.ctx.backend.node_for(k.as_bytes()) == node)
+        .find(|k| s.ctx().backend.node_for(k.as_bytes()) == node)
         .map(Bytes::from)
 }
 
@@ -53,7 +53,7 @@ pub(super) fn across(
     rb: &mut RoundBuilder,
 ) {
     let dst_arg = c.keys[dest] as usize;
-    let b = &s.ctx.backend;
+    let b = &s.ctx().backend;
     let Some(src_arg) = c.keys.iter().find(|&&k| k as usize != dst_arg) else {
         return rb
             .slots
@@ -73,7 +73,7 @@ pub(super) fn across(
     let replace = !copy || (3..req.argc()).any(|i| req.arg(i).eq_ignore_ascii_case(b"REPLACE"));
     let src = s.conn(src_node);
     let to = s.conn(dst_node);
-    let deadline = s.ctx.backend.request_timeout.map(|t| Instant::now() + t);
+    let deadline = s.ctx().backend.request_timeout.map(|t| Instant::now() + t);
     let (tx, rx) = tokio::sync::oneshot::channel();
     tokio::spawn(async move {
         let reply = run(&src, &to, &args, &tmp, &dst, copy, replace, deadline)
