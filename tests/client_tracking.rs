@@ -18,6 +18,14 @@ fn flush() -> Reply {
     Reply::invalidate(None)
 }
 
+/// A node and a proxy over it.
+fn one_node() -> (Redis, Proxy) {
+    need_redis();
+    let node = Redis::start();
+    let proxy = Proxy::start(&[&node], &[]);
+    (node, proxy)
+}
+
 /// A RESP3 client through the proxy with tracking on (and `opts`), once the nodes'
 /// trackers are up: reads before that are invalidated at once, which is right but not what
 /// these tests look at.
@@ -193,11 +201,8 @@ fn bcast_with_prefixes_gets_redis_messages() {
 /// did not read is not sent, and INFO and CLIENT LIST show it tracking.
 #[test]
 fn a_tracking_client_is_told_when_a_key_it_read_changes_whoever_changes_it() {
-    need_redis();
-    let node = Redis::start();
-    let proxy = Proxy::start(&[&node], &[]);
-    let mut direct = node.client();
-    let mut other = proxy.client();
+    let (node, proxy) = one_node();
+    let (mut direct, mut other) = (node.client(), proxy.client());
     let mut c = tracking_client(&proxy, &[]);
     let wait = Duration::from_secs(2);
 
@@ -262,11 +267,8 @@ fn a_tracking_client_is_told_when_a_key_it_read_changes_whoever_changes_it() {
 /// evicting it under `maxmemory`: each reaches a client that read the key.
 #[test]
 fn a_tracking_client_is_told_of_a_script_write_and_of_an_eviction() {
-    need_redis();
-    let node = Redis::start();
-    let proxy = Proxy::start(&[&node], &[]);
-    let mut direct = node.client();
-    let mut other = proxy.client();
+    let (node, proxy) = one_node();
+    let (mut direct, mut other) = (node.client(), proxy.client());
     let mut c = tracking_client(&proxy, &[]);
     let wait = Duration::from_secs(2);
     let script = "redis.call('SET', KEYS[1], ARGV[1]) return 1";

@@ -348,22 +348,7 @@ fn a_manual_failover_under_load_loses_no_acknowledged_write() {
     let stop = Arc::new(AtomicBool::new(false));
     let worker = increment_until(&proxy, keys.clone(), stop.clone());
     thread::sleep(Duration::from_millis(300));
-    // A manual failover gives up if the replica cannot catch up in time (a loaded machine):
-    // ask again, as an operator would.
-    let mut promoted = master;
-    for _ in 0..3 {
-        let r = cluster.nodes[replica]
-            .client()
-            .cmd(&["CLUSTER", "FAILOVER"]);
-        assert_eq!(r, Reply::ok());
-        if wait_until(Duration::from_secs(10), || {
-            cluster.master_of(&keys[0]) != master
-        }) {
-            promoted = cluster.master_of(&keys[0]);
-            break;
-        }
-    }
-    assert_eq!(promoted, replica);
+    assert_eq!(cluster.fail_over(&keys[0], master), replica);
     thread::sleep(Duration::from_millis(1500));
     stop.store(true, Ordering::Relaxed);
     let (acked, errors) = worker.join().unwrap();
@@ -476,18 +461,7 @@ fn a_cached_key_whose_slot_moves_or_fails_over_is_never_served_stale_by_the_prox
     while t.next_push(Duration::from_millis(200)).is_some() {}
     assert_eq!(t.cmd(&["GET", key]), Reply::bulk("v3"));
     let replica = cluster.replica_of(to);
-    let mut promoted = to;
-    for _ in 0..3 {
-        let r = cluster.nodes[replica]
-            .client()
-            .cmd(&["CLUSTER", "FAILOVER"]);
-        assert_eq!(r, Reply::ok());
-        if wait_until(Duration::from_secs(10), || cluster.master_of(key) != to) {
-            promoted = cluster.master_of(key);
-            break;
-        }
-    }
-    assert_eq!(promoted, replica, "the failover happened");
+    assert_eq!(cluster.fail_over(key, to), replica, "the failover happened");
     // The proxy learns of it from its next command to the old master (a MOVED), or from its
     // periodic map refresh.
     assert_eq!(c.cmd(&["GET", key]), Reply::bulk("v3"));

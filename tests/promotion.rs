@@ -69,15 +69,27 @@ fn node_increments(nodes: &[Redis]) -> i64 {
 
 /// A writer: pipelines of DEPTH INCRs until `stop`, adding each acknowledged one to `acked`.
 fn writer(addr: String, acked: Arc<AtomicI64>, stop: Arc<AtomicBool>) -> thread::JoinHandle<()> {
+    paced_writer(addr, acked, stop, DEPTH, Duration::ZERO)
+}
+
+/// A writer of pipelines of `depth` INCRs with `pause` between them.
+fn paced_writer(
+    addr: String,
+    acked: Arc<AtomicI64>,
+    stop: Arc<AtomicBool>,
+    depth: usize,
+    pause: Duration,
+) -> thread::JoinHandle<()> {
     thread::spawn(move || {
         let mut c = Client::connect(&addr);
-        let cmds: Vec<[&str; 2]> = (0..DEPTH).map(|_| ["INCR", KEY]).collect();
+        let cmds: Vec<[&str; 2]> = (0..depth).map(|_| ["INCR", KEY]).collect();
         while !stop.load(Ordering::Relaxed) {
             let replies = c.pipeline(&cmds);
             for r in &replies {
                 assert!(!r.is_error(), "INCR failed: {r:?}");
             }
             acked.fetch_add(replies.len() as i64, Ordering::SeqCst);
+            thread::sleep(pause);
         }
     })
 }
@@ -391,20 +403,10 @@ rules:
     // demoted and folded back while every proxy still writes and reads it: a proxy whose
     // clock is behind must not write a shard the fold has already emptied.
     let stop = Arc::new(AtomicBool::new(false));
+    let pause = Duration::from_millis(50);
     let trickle: Vec<_> = fleet
         .iter()
-        .map(|p| {
-            let (addr, acked, stop) = (p.addr(), acked.clone(), stop.clone());
-            thread::spawn(move || {
-                let mut c = Client::connect(&addr);
-                while !stop.load(Ordering::Relaxed) {
-                    let r = c.cmd(&["INCR", KEY]);
-                    assert!(!r.is_error(), "INCR failed: {r:?}");
-                    acked.fetch_add(1, Ordering::SeqCst);
-                    thread::sleep(Duration::from_millis(50));
-                }
-            })
-        })
+        .map(|p| paced_writer(p.addr(), acked.clone(), stop.clone(), 1, pause))
         .collect();
     let readers: Vec<_> = fleet
         .iter()

@@ -288,6 +288,32 @@ impl RedisCluster {
         }
     }
 
+    /// A manual failover of `key`'s master `old` to its replica: `CLUSTER FAILOVER` on the
+    /// replica until the key's slot is served by another node (a manual failover gives up
+    /// if the replica cannot catch up in time on a loaded machine: ask again, as an
+    /// operator would). Returns the new master, or `old` if three tries failed.
+    pub fn fail_over(&self, key: &str, old: usize) -> usize {
+        let replica = self.replica_of(old);
+        for _ in 0..3 {
+            let r = self.nodes[replica].client().cmd(&["CLUSTER", "FAILOVER"]);
+            assert_eq!(r, Reply::ok());
+            let moved = || {
+                let end = Instant::now() + Duration::from_secs(10);
+                while Instant::now() < end {
+                    if self.master_of(key) != old {
+                        return true;
+                    }
+                    thread::sleep(Duration::from_millis(50));
+                }
+                false
+            };
+            if moved() {
+                return self.master_of(key);
+            }
+        }
+        old
+    }
+
     /// Waits until `key`'s slot is served by a node other than `old`, and returns it.
     pub fn wait_new_master(&self, key: &str, old: usize, timeout: Duration) -> usize {
         let end = Instant::now() + timeout;
