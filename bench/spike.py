@@ -103,6 +103,10 @@ def one_run(binary, nodes, proxies, rules, duration_ms, cluster):
             for le, n in histogram(a):
                 buckets[le] = buckets.get(le, 0) + n
         merged = sorted(buckets.items())
+        # Whether the key was salted by the end (under `auto` it may stay combined).
+        hot = json.loads(urllib.request.urlopen(
+            f"http://127.0.0.1:{admins[0]}/hotkeys", timeout=5).read().decode())
+        salted = any(e.get("key") == "counter:hot" for e in hot.get("salted") or [])
     finally:
         stop_all(procs)
     per, first = [], None
@@ -127,6 +131,7 @@ def one_run(binary, nodes, proxies, rules, duration_ms, cluster):
         "ttm_p50": quantile(merged, 0.5),
         "ttm_p99": quantile(merged, 0.99),
         "timed": merged[-1][1] if merged else 0,
+        "salted": salted,
     }
 
 
