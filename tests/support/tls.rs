@@ -150,6 +150,7 @@ pub fn cli_text(out: &Output) -> String {
 pub struct TlsRedis {
     pub port: u16,
     child: Child,
+    dir: PathBuf,
 }
 
 impl TlsRedis {
@@ -201,10 +202,11 @@ impl TlsRedis {
                 out.is_ok_and(|o| cli_text(&o) == "PONG")
             });
             if up && matches!(child.try_wait(), Ok(None)) {
-                return TlsRedis { port, child };
+                return TlsRedis { port, child, dir };
             }
             let _ = child.kill();
             let _ = child.wait();
+            let _ = std::fs::remove_dir_all(&dir);
         }
         panic!("a TLS redis-server did not start");
     }
@@ -218,5 +220,13 @@ impl Drop for TlsRedis {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// The certificates go with the tests that made them.
+impl Drop for Certs {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
     }
 }
