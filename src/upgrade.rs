@@ -131,5 +131,6 @@ mod tests {
         let mut b = [0u8; 1];
         conn.read_exact(&mut b).unwrap();
         assert_eq!(&b, b"x");
+        let _ = std::fs::remove_dir_all(&dir);
     }
 }

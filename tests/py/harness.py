@@ -125,7 +125,9 @@ class Cluster:
                 proc.kill()
                 proc.wait()
 
-    def close(self):
+    def close(self, keep=False):
+        """Kills every process; removes the run's directory unless `keep` (a failed run
+        keeps its logs)."""
         for proc in self.procs:
             if proc.poll() is None:
                 try:
@@ -134,6 +136,8 @@ class Cluster:
                     proc.kill()
             proc.wait()
         self.procs = []
+        if not keep:
+            shutil.rmtree(self.logdir, ignore_errors=True)
 
     def tail_proxy_log(self, lines=30):
         if not self.proxy_log or not os.path.exists(self.proxy_log):
@@ -170,7 +174,9 @@ def run_suite(label, setup):
         failed += 1
         print(f"FAIL setup\n{traceback.format_exc()}")
     finally:
-        c.close()
+        c.close(keep=failed > 0)
+        if failed:
+            print(f"logs kept in {c.logdir}")
     print(f"redis-py {label}: {passed} passed, {failed} failed")
     return 1 if failed else 0
 

@@ -46,6 +46,8 @@ def main():
     # A timeout's SIGTERM must still run the finally below, which kills the servers.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     cluster = harness.Cluster()
+    passed = failed = skipped = 0
+    ok = False
     try:
         if args.direct:
             cluster.start_redis()
@@ -69,11 +71,12 @@ def main():
                   f"{cluster.nodes}, admin on {cluster.admin_port}")
         sys.stdout.flush()
         passed, failed, skipped = harness.run_all(Ctx(cluster, port, args.direct), args.direct)
+        ok = failed == 0
         if failed and not args.direct:
             print("--- last lines of the proxy log ---")
             print(cluster.tail_proxy_log())
     finally:
-        cluster.close()
+        cluster.close(keep=not ok)
     print(f"redis-py: {passed} passed, {failed} failed, {skipped} skipped")
     return 1 if failed else 0
 
