@@ -341,7 +341,11 @@ fn a_killed_master_fails_only_its_slots_and_the_proxy_follows_the_failover() {
 #[test]
 fn a_manual_failover_under_load_loses_no_acknowledged_write() {
     let cluster = RedisCluster::start(3, 1);
-    let proxy = Proxy::start_cluster(&cluster.seeds(), &[]);
+    // A manual failover pauses the master's writers until the replica has caught up, up to
+    // Redis's own 10 s; one that does not finish in time (a loaded machine) is asked
+    // again. The default 5 s request timeout would answer a write paused that long with an
+    // error (seen once in a full run): give the writes the whole pause.
+    let proxy = Proxy::start_cluster(&cluster.seeds(), &["--request-timeout-ms", "20000"]);
     let keys: Vec<String> = (0..10).map(|i| format!("{{fo}}:{i}")).collect();
     let master = cluster.master_of(&keys[0]);
     let replica = cluster.replica_of(master);
