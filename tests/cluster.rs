@@ -344,7 +344,9 @@ fn a_manual_failover_under_load_loses_no_acknowledged_write() {
     // A manual failover pauses the master's writers until the replica has caught up, up to
     // Redis's own 10 s; one that does not finish in time (a loaded machine) is asked
     // again. The default 5 s request timeout would answer a write paused that long with an
-    // error (seen once in a full run): give the writes the whole pause.
+    // error. The test failed once with client errors while another test run loaded the
+    // machine (their text was not kept); this is the likely cause. Give the writes the
+    // whole pause.
     let proxy = Proxy::start_cluster(&cluster.seeds(), &["--request-timeout-ms", "20000"]);
     let keys: Vec<String> = (0..10).map(|i| format!("{{fo}}:{i}")).collect();
     let master = cluster.master_of(&keys[0]);
