@@ -109,7 +109,7 @@ fn tracking(s: &mut Session, req: &Request) -> Result<(), Refused> {
             if s.tracking.take().is_some() {
                 s.ctx().tracking.leave(s.id());
             }
-            s.settle_after = true;
+            s.settle_next();
             return Ok(());
         }
         _ => return Err("ERR syntax error".into()),
@@ -174,7 +174,7 @@ fn tracking(s: &mut Session, req: &Request) -> Result<(), Refused> {
     }));
     // Its commands go on the node's tracked connection from now on: the next one leaves
     // once everything sent before has arrived.
-    s.settle_after = true;
+    s.settle_next();
     Ok(())
 }
 

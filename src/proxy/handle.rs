@@ -25,7 +25,7 @@ pub(super) async fn handle(
 ) -> Flow {
     // The keys a combined write of this session must not overtake (see `Order`); a
     // command without keys that reaches a node may touch any.
-    if s.track {
+    if s.tracks_keys() {
         let known = !c.keys.is_empty() || matches!(c.route, Route::Local);
         rb.note_keys(&req, &c.keys, known);
     }

@@ -298,7 +298,7 @@ pub fn transaction(s: &mut Session, req: &Request, c: &Classified, rb: &mut Roun
             }
             // The session's next commands go on the shared connections: they wait until
             // the keys are watched (a write of its own must abort the EXEC, as on Redis).
-            s.settle_after = true;
+            s.settle_next();
         }
         "UNWATCH" => {
             if let Some(w) = s.txn_mut().unwatch() {
@@ -341,7 +341,7 @@ fn exec(s: &mut Session, rb: &mut RoundBuilder) {
         Some(w) => {
             rb.slots.push(Slot::Later(w.call(wires, count)));
             // What the session sends next, on the shared connections, runs after EXEC.
-            s.settle_after = true;
+            s.settle_next();
         }
         None => {
             let node = tx.node.unwrap_or_else(|| s.ctx().backend.any_node());

@@ -59,7 +59,7 @@ pub(super) fn combine(
 /// turned hot in the middle of a read may follow a command of its own round.
 pub(super) fn may_combine_now(s: &mut Session, rb: &RoundBuilder, key: &[u8]) -> bool {
     let hash = Keys::hash(key);
-    s.track && !rb.keys.may_hold(hash) && s.order.may_combine(hash)
+    s.tracks_keys() && !rb.keys.may_hold(hash) && s.order.may_combine(hash)
 }
 
 /// The connection a key's combine batches use: always the same one for a key, so two

@@ -61,7 +61,7 @@ pub(super) fn observe(s: &Session, req: &Request, c: &Classified) -> Class {
         Access::Read => (Kind::Read, Class::Read),
         Access::Other => return Class::Other,
     };
-    if s.detect {
+    if s.detects() {
         for &k in &c.keys {
             s.ctx().detector.observe(req.arg(k as usize), kind);
         }

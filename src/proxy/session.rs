@@ -195,12 +195,7 @@ async fn burst(
         let _ = tx.send(Box::new((round, s.proto()))).await;
         return Step::Closed;
     }
-    {
-        let rules = s.ctx().rules.snapshot();
-        s.detect = rules.detection().enabled;
-        s.admit = rules.any_admit();
-        s.track = !s.ctx().salt.table.load().is_empty() || s.ctx().hot.load().may_combine();
-    }
+    s.begin_round();
     let monitored = s.ctx().monitors.active();
     let room = match s.ctx().max_output {
         0 => usize::MAX,
@@ -226,7 +221,7 @@ async fn burst(
             }
         };
         // admit
-        let (req, c, hook) = if s.admit {
+        let (req, c, hook) = if s.admits() {
             match super::admit::gate(s, req, c) {
                 super::admit::Gate::Done(slot, class) => {
                     rb.count(class);
@@ -290,7 +285,7 @@ async fn burst(
                 rb.slots.push(Slot::Seen(Box::new(slot), hook));
             }
         }
-        let settle_after = std::mem::take(&mut s.settle_after);
+        let settle_after = s.take_settle();
         if ((s.proto(), s.db()) != conn_state || settle_after)
             && matches!(flow, Flow::Continue)
             && !Box::pin(settle::settle(s, &mut rb, tx, conn_state.0)).await
@@ -363,8 +358,14 @@ async fn burst(
         let written = std::mem::take(&mut rb.written);
         let keys = std::mem::take(&mut rb.keys);
         let mut round = rb.send(s.ctx().backend.request_timeout, &s.inflight).await;
-        s.order
-            .sent(&mut round, had_jobs, want_ack, s.track, written, keys);
+        s.order.sent(
+            &mut round,
+            had_jobs,
+            want_ack,
+            s.tracks_keys(),
+            written,
+            keys,
+        );
         round.close_after = close;
         if tx.send(Box::new((round, s.proto()))).await.is_err() {
             return Step::Closed;

@@ -116,7 +116,8 @@ async fn send_ahead(
     let mut rb = std::mem::take(rb);
     let keys = std::mem::take(&mut rb.keys);
     let mut round = rb.send(s.ctx().backend.request_timeout, &s.inflight).await;
-    s.order.flushed(&mut round, keys, s.track);
+    let track = s.tracks_keys();
+    s.order.flushed(&mut round, keys, track);
     round.acked.extend(done);
     tx.send(Box::new((round, proto))).await.is_ok()
 }

@@ -124,7 +124,7 @@ pub(super) fn across(s: &mut Session, req: &Request, c: &Classified, rb: &mut Ro
     });
     rb.slots.push(Slot::Later(rx));
     // What the session sends next waits for this reply (STORE's list, say).
-    s.settle_after = true;
+    s.settle_next();
 }
 
 /// One command on `node`; its reply as a value (an error reply is Err, as the client

@@ -60,16 +60,17 @@ pub struct Session {
     /// What must be done before the session's next command leaves (see `order`).
     pub(super) order: Order,
     gone: watch::Receiver<bool>,
-    /// `detection.enabled` of the rules, read once per round rather than per command.
-    pub(super) detect: bool,
+    /// `detection.enabled` of the rules, read once per round rather than per command
+    /// (`begin_round`).
+    detect: bool,
     /// Some rule has an `admit:` section, read once per round as `detect`.
-    pub(super) admit: bool,
+    admit: bool,
     /// Some key may be combined or salted: the keys of this round's commands are kept for
     /// the ordering rules (`Order`). Read once per round as `detect`.
-    pub(super) track: bool,
+    track: bool,
     /// The command just handled went on a connection of its own (WATCH, EXEC under
-    /// WATCH): the next one waits until its reply is in.
-    pub(super) settle_after: bool,
+    /// WATCH): the next one waits until its reply is in (`settle_next`).
+    settle_after: bool,
     /// The commands sent whose replies the writer has not taken (`round::Inflight`).
     pub(super) inflight: Arc<super::round::Inflight>,
     /// This connection as CLIENT LIST shows it, and what was last published there.
@@ -302,6 +303,42 @@ impl Session {
     /// the next command, `refresh_user`).
     pub fn log_in(&mut self, user: Option<Arc<crate::auth::User>>) {
         self.user = user;
+    }
+
+    /// Reads what a round's commands ask of the rules and of the mitigation state once,
+    /// before the round, rather than once per command.
+    pub fn begin_round(&mut self) {
+        let rules = self.ctx.rules.snapshot();
+        self.detect = rules.detection().enabled;
+        self.admit = rules.any_admit();
+        self.track = !self.ctx.salt.table.load().is_empty() || self.ctx.hot.load().may_combine();
+    }
+
+    /// Whether the detector counts this round's keys.
+    pub fn detects(&self) -> bool {
+        self.detect
+    }
+
+    /// Whether some rule has an `admit:` section.
+    pub fn admits(&self) -> bool {
+        self.admit
+    }
+
+    /// Whether some key may be combined or salted: the round's keys are kept for the
+    /// ordering rules.
+    pub fn tracks_keys(&self) -> bool {
+        self.track
+    }
+
+    /// The command just handled went on a connection of its own: the next one waits until
+    /// its reply is in.
+    pub fn settle_next(&mut self) {
+        self.settle_after = true;
+    }
+
+    /// Whether the command before asked the next one to wait (`settle_next`); clears it.
+    pub fn take_settle(&mut self) -> bool {
+        std::mem::take(&mut self.settle_after)
     }
 
     /// The transaction state: MULTI's queue and the WATCH.

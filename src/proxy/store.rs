@@ -82,7 +82,7 @@ pub(super) fn across(
         let _ = tx.send(reply);
     });
     rb.slots.push(Slot::Later(rx));
-    s.settle_after = true;
+    s.settle_next();
 }
 
 #[allow(clippy::too_many_arguments)]
