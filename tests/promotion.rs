@@ -124,6 +124,19 @@ fn reader(
     })
 }
 
+/// Stops the writers and readers and waits for them: how many reads each reader checked.
+fn stop_all(
+    stop: &AtomicBool,
+    writers: Vec<thread::JoinHandle<()>>,
+    readers: Vec<thread::JoinHandle<usize>>,
+) -> Vec<usize> {
+    stop.store(true, Ordering::Relaxed);
+    for w in writers {
+        w.join().unwrap();
+    }
+    readers.into_iter().map(|r| r.join().unwrap()).collect()
+}
+
 /// Through the switch to salting and a second of it in force on every proxy, then the
 /// load stops: every reader checked enough reads, and every proxy reads the counter as
 /// exactly the increments acknowledged.
@@ -136,12 +149,8 @@ fn finish(
 ) {
     wait_in_force(fleet, KEY);
     thread::sleep(Duration::from_secs(1));
-    stop.store(true, Ordering::Relaxed);
-    for w in writers {
-        w.join().unwrap();
-    }
-    for r in readers {
-        assert!(r.join().unwrap() > 20, "too few reads checked");
+    for reads in stop_all(stop, writers, readers) {
+        assert!(reads > 20, "too few reads checked");
     }
     let total = acked.load(Ordering::SeqCst);
     for p in fleet {
@@ -417,13 +426,7 @@ rules:
     }
     // An epoch more of writes after the fold, on every clock.
     thread::sleep(Duration::from_secs(2));
-    stop.store(true, Ordering::Relaxed);
-    for t in trickle {
-        t.join().unwrap();
-    }
-    for r in readers {
-        r.join().unwrap();
-    }
+    stop_all(&stop, trickle, readers);
     assert!(
         !shard_keys(&nodes).iter().any(|(_, k)| k.contains(KEY)),
         "a shard was written after the fold: {:?}",

@@ -12,8 +12,8 @@
 //! - bottom: `ctx` (what every session shares), `clients` (every connection as CLIENT LIST
 //!   shows it), `monitor` (MONITOR's lines and queues), `tunnel` (the pub/sub pipe),
 //!   `dedicated`, `version` (the Redis version HELLO reports), `txn` (MULTI's queue and
-//!   the WATCH, and the one place that aborts an EXEC), `tracking` (what the clients with CLIENT TRACKING read, and the nodes'
-//!   tracked connections),
+//!   the WATCH, and the one place that aborts an EXEC), `tracking` (what the clients with
+//!   CLIENT TRACKING read, and the nodes' tracked connections),
 //!   `scan` (cursors), `round` (a round's jobs, reply slots and keys), `order` (the ordering
 //!   rules), `state` (one connection's state, its fields private behind methods, and what
 //!   a handler returns: `Flow`), `merge`
