@@ -130,6 +130,8 @@ pub async fn run(
         write_hot_at_per_sec: rules.defaults().write.hot_at_per_sec,
         read_cool_below_per_sec: rules.defaults().read.cool_below_per_sec,
         write_cool_below_per_sec: rules.defaults().write.cool_below_per_sec,
+        bytes_per_sec: cost_threshold(&rules.defaults().read, hotkey::Kind::Bytes),
+        node_us_per_sec: cost_threshold(&rules.defaults().read, hotkey::Kind::NodeUs),
     });
     let rules = rules::RulesHandle::new(rules);
     let balance = Arc::new(mitigate::balance::Chosen::default());
@@ -185,16 +187,19 @@ pub async fn run(
             while gens.changed().await.is_ok() {
                 let r = rules.load();
                 gauge.set(rules.generation() as i64);
-                detector.set_thresholds(
+                let d = r.defaults();
+                detector.set_thresholds([
                     hotkey::Threshold {
-                        hot_at_per_sec: r.defaults().read.hot_at_per_sec,
-                        cool_below_per_sec: r.defaults().read.cool_below_per_sec,
+                        hot_at_per_sec: d.read.hot_at_per_sec,
+                        cool_below_per_sec: d.read.cool_below_per_sec,
                     },
                     hotkey::Threshold {
-                        hot_at_per_sec: r.defaults().write.hot_at_per_sec,
-                        cool_below_per_sec: r.defaults().write.cool_below_per_sec,
+                        hot_at_per_sec: d.write.hot_at_per_sec,
+                        cool_below_per_sec: d.write.cool_below_per_sec,
                     },
-                );
+                    cost_threshold(&d.read, hotkey::Kind::Bytes),
+                    cost_threshold(&d.read, hotkey::Kind::NodeUs),
+                ]);
             }
         });
     }
@@ -377,15 +382,35 @@ impl hotkey::KeyThresholds for RuleThresholds {
                 hot_at_per_sec: r.write.hot_at_per_sec,
                 cool_below_per_sec: r.write.cool_below_per_sec,
             },
+            cost => cost_threshold(&r.read, cost),
         })
     }
 
     fn lowest_hot_at_per_sec(&self, kind: hotkey::Kind) -> f64 {
-        let (r, w) = self.rules.load().min_hot_at();
+        let rules = self.rules.load();
+        let (r, w) = rules.min_hot_at();
+        let (bytes, node_ms) = rules.min_cost_hot_at();
         match kind {
             hotkey::Kind::Read => r.min(self.balance.lowest()),
             hotkey::Kind::Write => w,
+            hotkey::Kind::Bytes => bytes,
+            hotkey::Kind::NodeUs => node_ms * 1000.0,
         }
+    }
+}
+
+/// A read policy's cost threshold for the detector (`Bytes` in bytes, `NodeUs` in node
+/// microseconds per second; the rules give node time in ms).
+fn cost_threshold(r: &rules::ReadPolicy, kind: hotkey::Kind) -> hotkey::Threshold {
+    match kind {
+        hotkey::Kind::Bytes => hotkey::Threshold {
+            hot_at_per_sec: r.hot_at_bytes_per_sec,
+            cool_below_per_sec: r.cool_below_bytes_per_sec,
+        },
+        _ => hotkey::Threshold {
+            hot_at_per_sec: r.hot_at_node_ms_per_sec * 1000.0,
+            cool_below_per_sec: r.cool_below_node_ms_per_sec * 1000.0,
+        },
     }
 }
 

@@ -91,6 +91,10 @@ enum Cmd {
         /// A file holding the admin port's bearer token (the proxy's `admin_token_file`).
         #[arg(long)]
         token_file: Option<PathBuf>,
+        /// `rate` (as the proxy lists keys: hottest by reads or writes first) or `bytes`
+        /// (by BYTES/S, what their reads move).
+        #[arg(long, default_value = "rate", value_parser = ["rate", "bytes"])]
+        sort: String,
     },
     /// Print the SHA-256 of a password read from stdin, for `auth.users[].passwords_sha256`.
     Passwd,
@@ -151,6 +155,7 @@ fn main() -> ExitCode {
         interval_ms,
         once,
         token_file,
+        sort,
     }) = &cli.cmd
     {
         let token = match token_file {
@@ -168,6 +173,7 @@ fn main() -> ExitCode {
             interval_ms: *interval_ms,
             once: *once,
             token,
+            sort_by_bytes: sort == "bytes",
         };
         return match saltshaker::top::run(args) {
             Ok(()) => ExitCode::SUCCESS,

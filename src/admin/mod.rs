@@ -215,22 +215,31 @@ fn refresh_hot_series(state: &AdminState, snap: &HotSnapshot) {
     use crate::hotkey::HotState;
     let m = &state.metrics;
     m.hot_key_rate.clear();
-    // Hot now, per kind: a key listed as cooling, or hot for the other kind only, is not.
+    m.hot_key_bytes.clear();
+    m.hot_key_node_ms.clear();
+    // Hot now, per kind: a key listed as cooling, or hot for another kind only, is not.
     let is_hot = |s: Option<HotState>| s == Some(HotState::Hot);
-    let reads = snap.keys.iter().filter(|k| is_hot(k.read_state)).count() as i64;
-    let writes = snap.keys.iter().filter(|k| is_hot(k.write_state)).count() as i64;
-    m.hot_keys
-        .get_or_create(&HotKindLabel { kind: "read" })
-        .set(reads);
-    m.hot_keys
-        .get_or_create(&HotKindLabel { kind: "write" })
-        .set(writes);
-    let hot = snap
-        .keys
-        .iter()
-        .filter(|k| is_hot(k.read_state) || is_hot(k.write_state));
+    type State = fn(&crate::hotkey::HotKey) -> Option<HotState>;
+    let kinds: [(&str, State); 4] = [
+        ("read", |k| k.read_state),
+        ("write", |k| k.write_state),
+        ("bytes", |k| k.bytes_state),
+        ("node_time", |k| k.node_state),
+    ];
+    for (kind, state_of) in kinds {
+        let n = snap.keys.iter().filter(|k| is_hot(state_of(k))).count() as i64;
+        m.hot_keys.get_or_create(&HotKindLabel { kind }).set(n);
+    }
+    let hot = snap.keys.iter().filter(|k| k.state == HotState::Hot);
     for k in hot.take(state.views.max_key_series) {
         let key = state.show(&k.key);
+        let label = crate::metrics::KeyLabel { key: key.clone() };
+        if is_hot(k.bytes_state) {
+            m.hot_key_bytes.get_or_create(&label).set(k.bytes_per_sec);
+        }
+        if is_hot(k.node_state) {
+            m.hot_key_node_ms.get_or_create(&label).set(k.node_ms_per_sec);
+        }
         if is_hot(k.read_state) {
             m.hot_key_rate
                 .get_or_create(&HotKeyLabel {
@@ -247,10 +256,14 @@ fn refresh_hot_series(state: &AdminState, snap: &HotSnapshot) {
     }
 }
 
-/// Why a key is listed as read-hot: `rules` (its rule's threshold) or `balance` (chosen to
-/// take load off a node busier than the others); null when it is not read-hot or cooling.
+/// Why a key is listed as read-hot: `rules` (its rule's threshold, by rate or by cost) or
+/// `balance` (chosen to take load off a node busier than the others); null when it is not
+/// read-hot or cooling.
 fn read_hot_by(state: &AdminState, k: &crate::hotkey::HotKey) -> Option<&'static str> {
-    k.read_state?;
+    k.read_hot_state()?;
+    if k.read_state.is_none() {
+        return Some("rules");
+    }
     let hot_at = state.rules.load().resolve(&k.key).read.hot_at_per_sec;
     let chosen = state.balance.as_ref().is_some_and(|b| b.contains(&k.key));
     Some(if chosen && k.reads_per_sec < hot_at {
@@ -312,6 +325,9 @@ fn hotkeys_json(state: &AdminState, snap: &HotSnapshot) -> String {
                 "key": state.show(&k.key),
                 "reads_per_sec": k.reads_per_sec,
                 "writes_per_sec": k.writes_per_sec,
+                "bytes_per_sec": k.bytes_per_sec,
+                "node_ms_per_sec": k.node_ms_per_sec,
+                "hot_by": k.hot_by(),
                 "share": k.share,
                 "state": format!("{:?}", k.state).to_lowercase(),
                 "since": k.since_unix_ms,
@@ -364,6 +380,7 @@ mod tests {
             since_unix_ms: 1,
             read_state: None,
             write_state: Some(crate::hotkey::HotState::Hot),
+            ..Default::default()
         };
         HotSnapshot {
             window_ms: 1000,

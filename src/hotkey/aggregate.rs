@@ -13,14 +13,14 @@ use tokio::sync::watch;
 
 use super::clock::{CoarseClock, COARSE_TICK_MS};
 use super::local::{Control, Msg, Published};
-use super::{HotKey, HotSnapshot, HotState, KeyThresholds, Kind, Threshold};
+use super::{HotKey, HotSnapshot, HotState, KeyThresholds, Kind, Threshold, KINDS};
 
 /// (thread, sliding count, thread's time in ms) of the latest early report per thread.
 type EarlyReport = (u64, f64, u64);
 
 #[derive(Default)]
 struct WindowAcc {
-    totals: [u64; 2],
+    totals: [u64; KINDS],
     keys: HashMap<(Kind, Box<[u8]>), u64>,
     reporters: HashSet<u64>,
 }
@@ -37,8 +37,9 @@ struct Status {
 
 #[derive(Default)]
 struct Listed {
-    rates: [f64; 2],
-    kinds: [Option<Status>; 2],
+    /// Per kind, in its natural unit per second (requests, bytes, node microseconds).
+    rates: [f64; KINDS],
+    kinds: [Option<Status>; KINDS],
 }
 
 pub(crate) struct Aggregator {
@@ -46,7 +47,7 @@ pub(crate) struct Aggregator {
     pub clock: CoarseClock,
     pub published: Arc<Published>,
     pub snapshots: watch::Sender<Arc<HotSnapshot>>,
-    pub defaults: [Threshold; 2],
+    pub defaults: [Threshold; KINDS],
     pub per_key: Option<Arc<dyn KeyThresholds>>,
     /// Registered threads and the first window each has not reported yet.
     threads: HashMap<u64, u64>,
@@ -55,7 +56,7 @@ pub(crate) struct Aggregator {
     next_window: u64,
     listed: HashMap<Box<[u8]>, Listed>,
     early: HashMap<(Kind, Box<[u8]>), Vec<EarlyReport>>,
-    totals_per_sec: [f64; 2],
+    totals_per_sec: [f64; KINDS],
     /// Read rates of the last closed window, hottest first.
     read_rates: Arc<Vec<(Box<[u8]>, f64)>>,
     /// An early promotion is waiting to be published.
@@ -82,7 +83,7 @@ impl Aggregator {
         clock: CoarseClock,
         published: Arc<Published>,
         snapshots: watch::Sender<Arc<HotSnapshot>>,
-        defaults: [Threshold; 2],
+        defaults: [Threshold; KINDS],
     ) -> Self {
         let agg = Aggregator {
             window_ms,
@@ -96,7 +97,7 @@ impl Aggregator {
             next_window: 0,
             listed: HashMap::new(),
             early: HashMap::new(),
-            totals_per_sec: [0.0; 2],
+            totals_per_sec: [0.0; KINDS],
             read_rates: Arc::default(),
             dirty: false,
             last_publish_ms: 0,
@@ -182,8 +183,9 @@ impl Aggregator {
                 };
                 if let Some(window) = target {
                     let acc = self.pending.entry(window).or_default();
-                    acc.totals[0] += totals[0];
-                    acc.totals[1] += totals[1];
+                    for (acc, t) in acc.totals.iter_mut().zip(totals) {
+                        *acc += t;
+                    }
                     acc.reporters.insert(thread);
                     for (kind, key, n) in keys {
                         *acc.keys.entry((kind, key)).or_default() += u64::from(n);
@@ -236,7 +238,7 @@ impl Aggregator {
         let reports = self.early.entry((kind, key.clone())).or_default();
         reports.retain(|&(t, _, at)| t != thread && at + window_ms > now);
         reports.push((thread, sliding, at_ms));
-        let sum: f64 = reports.iter().map(|r| r.1).sum();
+        let sum: f64 = reports.iter().map(|r| r.1).sum::<f64>() * kind.unit() as f64;
         if sum < th.hot_at_per_sec * self.window_secs() {
             return;
         }
@@ -283,10 +285,10 @@ impl Aggregator {
     fn close_window(&mut self, w: u64, now: u64) {
         let acc = self.pending.remove(&w).unwrap_or_default();
         let secs = self.window_secs();
-        self.totals_per_sec = [acc.totals[0] as f64 / secs, acc.totals[1] as f64 / secs];
-        let mut rates: HashMap<Box<[u8]>, [f64; 2]> = HashMap::new();
+        self.totals_per_sec = Kind::ALL.map(|k| (acc.totals[k as usize] * k.unit()) as f64 / secs);
+        let mut rates: HashMap<Box<[u8]>, [f64; KINDS]> = HashMap::new();
         for ((kind, key), n) in acc.keys {
-            rates.entry(key).or_default()[kind as usize] = n as f64 / secs;
+            rates.entry(key).or_default()[kind as usize] = (n * kind.unit()) as f64 / secs;
         }
         let mut reads: Vec<(Box<[u8]>, f64)> = rates
             .iter()
@@ -302,10 +304,10 @@ impl Aggregator {
         for (key, r) in rates {
             let mut next = Listed {
                 rates: r,
-                kinds: [None, None],
+                kinds: [None; KINDS],
             };
             let prev = self.listed.get(&key);
-            for kind in [Kind::Read, Kind::Write] {
+            for kind in Kind::ALL {
                 let k = kind as usize;
                 let before = prev.and_then(|l| l.kinds[k]);
                 let th = self.threshold(&key, kind);
@@ -353,11 +355,12 @@ impl Aggregator {
     /// even share of the lowest hot threshold any key can have, and at least
     /// `MIN_FIRST_REPORT`.
     fn publish_triggers(&self, threads: usize) {
-        for kind in [Kind::Read, Kind::Write] {
+        for kind in Kind::ALL {
             let mut lowest = self.defaults[kind as usize].hot_at_per_sec;
             if let Some(p) = &self.per_key {
                 lowest = lowest.min(p.lowest_hot_at_per_sec(kind));
             }
+            let lowest = lowest / kind.unit() as f64;
             let per_thread = lowest * self.window_secs() / threads.max(1) as f64 / 2.0;
             let level = per_thread.clamp(MIN_FIRST_REPORT as f64, u32::MAX as f64) as u32;
             self.published.first_report[kind as usize].store(level, Ordering::Relaxed);
@@ -372,14 +375,17 @@ impl Aggregator {
             .listed
             .iter()
             .map(|(key, l)| {
-                let [read, write] = l.kinds.map(|s| s.map(|s| s.state));
+                let states = l.kinds.map(|s| s.map(|s| s.state));
+                let [read, write, bytes, node] = states;
                 let listed = l.kinds.iter().flatten();
                 HotKey {
                     key: key.to_vec(),
                     reads_per_sec: l.rates[0],
                     writes_per_sec: l.rates[1],
+                    bytes_per_sec: l.rates[2],
+                    node_ms_per_sec: l.rates[3] / 1000.0,
                     share: listed.clone().map(|s| s.share).fold(0.0, f64::max),
-                    state: if read == Some(HotState::Hot) || write == Some(HotState::Hot) {
+                    state: if states.contains(&Some(HotState::Hot)) {
                         HotState::Hot
                     } else {
                         HotState::Cooling
@@ -389,6 +395,8 @@ impl Aggregator {
                         .unix_ms(listed.map(|s| s.since_ms).min().unwrap_or(now)),
                     read_state: read,
                     write_state: write,
+                    bytes_state: bytes,
+                    node_state: node,
                 }
             })
             .collect();

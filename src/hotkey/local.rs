@@ -11,7 +11,7 @@ use std::sync::Arc;
 use super::clock::CoarseClock;
 use super::sketch::{hash_key, CountMin, KeyHash, SKETCH_BYTES};
 use super::topk::{Offer, TopK};
-use super::{KeyThresholds, Kind, Threshold};
+use super::{KeyThresholds, Kind, Threshold, KINDS};
 
 /// What threads send the aggregator.
 pub(crate) enum Msg {
@@ -25,7 +25,7 @@ pub(crate) enum Msg {
     Window {
         thread: u64,
         window: u64,
-        totals: [u64; 2],
+        totals: [u64; KINDS],
         keys: Vec<(Kind, Box<[u8]>, u32)>,
         /// The window the thread moved on to (windows in between were idle).
         next: u64,
@@ -45,7 +45,7 @@ pub(crate) enum Msg {
 
 /// What the detector's handle tells the aggregator, through the threads' channel.
 pub(crate) enum Control {
-    Thresholds([Threshold; 2]),
+    Thresholds([Threshold; KINDS]),
     KeyThresholds(Option<Arc<dyn KeyThresholds>>),
     /// Replies once every message sent before it is handled and due windows are closed.
     Sync(SyncSender<()>),
@@ -56,7 +56,7 @@ pub(crate) enum Control {
 #[derive(Debug, Default)]
 pub(crate) struct Published {
     /// Per kind: the sliding count at which a key first earns an early report.
-    pub first_report: [AtomicU32; 2],
+    pub first_report: [AtomicU32; KINDS],
     pub closed: AtomicBool,
     /// Snapshots published so far.
     pub snapshots: AtomicU64,
@@ -77,7 +77,9 @@ pub(crate) struct Link {
 }
 
 struct Side {
-    sketch: CountMin,
+    /// Made at the first observation: a thread that never sees a costly read holds no
+    /// sketch for the cost kinds.
+    sketch: Option<CountMin>,
     top: TopK,
     total: u64,
 }
@@ -89,7 +91,7 @@ pub(crate) struct Local {
     window: u64,
     window_start_ms: u64,
     window_end_ms: u64,
-    sides: [Side; 2],
+    sides: [Side; KINDS],
     early_budget: u32,
     /// The last observation: its cells were prefetched and are counted at the next one
     /// (or when the thread hands its window over), so the sketch's cache misses overlap
@@ -118,7 +120,8 @@ impl Local {
                     .max(1),
             );
             Side {
-                sketch: CountMin::new(),
+                // The request counts are used at once; the costs maybe never.
+                sketch: (k < 2).then(CountMin::new),
                 top,
                 total: 0,
             }
@@ -128,7 +131,7 @@ impl Local {
             window,
             window_start_ms: window * link.window_ms,
             window_end_ms: (window + 1) * link.window_ms,
-            sides: [side(0), side(1)],
+            sides: [side(0), side(1), side(2), side(3)],
             early_budget: early_budget(link.top_k),
             deferred: None,
             deferred_key: Vec::with_capacity(64),
@@ -148,34 +151,52 @@ impl Local {
         let side = &mut self.sides[kind as usize];
         side.total += 1;
         if key.len() > MAX_DEFERRED_KEY {
-            self.count(key, kind, h, now);
+            self.count(key, kind, h, now, 1);
             return;
         }
-        side.sketch.prefetch(h.mixed);
+        if let Some(sketch) = &side.sketch {
+            sketch.prefetch(h.mixed);
+        }
         let mut key_buf = std::mem::take(&mut self.spare_key);
         key_buf.clear();
         key_buf.extend_from_slice(key);
         let prev_key = std::mem::replace(&mut self.deferred_key, key_buf);
         if let Some((prev_kind, prev_h)) = self.deferred.replace((kind, h)) {
-            self.count(&prev_key, prev_kind, prev_h, now);
+            self.count(&prev_key, prev_kind, prev_h, now, 1);
         }
         self.spare_key = prev_key;
+    }
+
+    /// Counts one weighted observation (a read's bytes or node time) at once.
+    pub(crate) fn observe_weighted(&mut self, key: &[u8], kind: Kind, weight: u64) {
+        let now = self.link.clock.now_ms();
+        if now >= self.window_end_ms {
+            self.settle(now);
+            self.roll(now);
+        }
+        let w = weight.div_ceil(kind.unit()).clamp(1, u32::MAX as u64) as u32;
+        let h = hash_key(key);
+        let side = &mut self.sides[kind as usize];
+        side.total = side.total.saturating_add(u64::from(w));
+        self.count(key, kind, h, now, w);
     }
 
     /// Counts the deferred observation, if any.
     pub(crate) fn settle(&mut self, now: u64) {
         if let Some((kind, h)) = self.deferred.take() {
             let key = std::mem::take(&mut self.deferred_key);
-            self.count(&key, kind, h, now);
+            self.count(&key, kind, h, now, 1);
             self.deferred_key = key;
         }
     }
 
-    /// Counts one observation in the sketch and the top-k (its total is counted already).
+    /// Counts one observation of weight `w` in the sketch and the top-k (its total is
+    /// counted already).
     #[inline]
-    fn count(&mut self, key: &[u8], kind: Kind, h: KeyHash, now: u64) {
+    fn count(&mut self, key: &[u8], kind: Kind, h: KeyHash, now: u64, w: u32) {
         let side = &mut self.sides[kind as usize];
-        let estimate = side.sketch.add(h.mixed);
+        let sketch = side.sketch.get_or_insert_with(CountMin::new);
+        let estimate = sketch.add_weighted(h.mixed, w);
         let Offer::Tracked(i) = side.top.offer(h.hash, key, estimate) else {
             return;
         };
@@ -236,7 +257,9 @@ impl Local {
         let elapsed = window.saturating_sub(self.window).max(1);
         for (k, side) in self.sides.iter_mut().enumerate() {
             let first = self.link.published.first_report[k].load(Ordering::Relaxed);
-            side.sketch.halve(elapsed);
+            if let Some(sketch) = &mut side.sketch {
+                sketch.halve(elapsed);
+            }
             side.top.roll(elapsed, first.max(1));
             side.total = 0;
         }
@@ -255,7 +278,7 @@ impl Local {
 
     fn send_window(&self, next: u64, last: bool) {
         let mut keys = Vec::new();
-        for (kind, side) in [(Kind::Read, &self.sides[0]), (Kind::Write, &self.sides[1])] {
+        for (kind, side) in Kind::ALL.into_iter().zip(&self.sides) {
             for e in side.top.entries() {
                 let n = e.window_count();
                 if n > 0 {
@@ -266,7 +289,7 @@ impl Local {
         let _ = self.link.tx.send(Msg::Window {
             thread: self.thread,
             window: self.window,
-            totals: [self.sides[0].total, self.sides[1].total],
+            totals: self.sides.each_ref().map(|s| s.total),
             keys,
             next,
             last,
@@ -277,7 +300,7 @@ impl Local {
     pub(crate) fn heap_bytes(&self) -> usize {
         self.sides
             .iter()
-            .map(|s| SKETCH_BYTES + s.top.heap_bytes())
+            .map(|s| if s.sketch.is_some() { SKETCH_BYTES } else { 0 } + s.top.heap_bytes())
             .sum::<usize>()
             + std::mem::size_of::<Self>()
     }

@@ -51,10 +51,33 @@ use local::{with_existing, with_local, Link, Msg, Published};
 /// against it; the tracker's slot table indexes entries with `u16`).
 pub const MAX_TOP_K: usize = 8192;
 
+/// What is counted. `Read` and `Write` count requests; `Bytes` and `NodeUs` are
+/// weighted: each observation adds what one read cost (bytes moved, request and reply;
+/// the node's estimated service time in microseconds). A key is hot when any kind
+/// crosses its threshold.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Kind {
     Read = 0,
     Write = 1,
+    Bytes = 2,
+    NodeUs = 3,
+}
+
+/// How many kinds a detector counts.
+pub const KINDS: usize = 4;
+
+impl Kind {
+    pub const ALL: [Kind; KINDS] = [Kind::Read, Kind::Write, Kind::Bytes, Kind::NodeUs];
+
+    /// What one count in the sketch stands for. Bytes are counted in 64-byte units, so a
+    /// `u32` cell holds 256 GiB per window rather than 4 GiB; rates and thresholds outside
+    /// this module are in bytes.
+    pub const fn unit(self) -> u64 {
+        match self {
+            Kind::Bytes => 64,
+            _ => 1,
+        }
+    }
 }
 
 /// Detection settings. Rates are per second, summed over all threads of this process.
@@ -73,7 +96,18 @@ pub struct DetectorConfig {
     pub read_cool_below_per_sec: f64,
     /// Default 500.
     pub write_cool_below_per_sec: f64,
+    /// Bytes per second (request and reply of reads). Default 16 MiB hot, 4 MiB cool.
+    pub bytes_per_sec: Threshold,
+    /// The node's microseconds per second. Default 100,000 hot (a tenth of the node's one
+    /// command thread), 25,000 cool.
+    pub node_us_per_sec: Threshold,
 }
+
+/// The default cost thresholds (docs/rules.md says how they were chosen).
+pub const BYTES_HOT_AT_PER_SEC: f64 = 16.0 * 1024.0 * 1024.0;
+pub const BYTES_COOL_BELOW_PER_SEC: f64 = 4.0 * 1024.0 * 1024.0;
+pub const NODE_US_HOT_AT_PER_SEC: f64 = 100_000.0;
+pub const NODE_US_COOL_BELOW_PER_SEC: f64 = 25_000.0;
 
 impl Default for DetectorConfig {
     fn default() -> Self {
@@ -84,7 +118,33 @@ impl Default for DetectorConfig {
             write_hot_at_per_sec: 2000.0,
             read_cool_below_per_sec: 500.0,
             write_cool_below_per_sec: 500.0,
+            bytes_per_sec: Threshold {
+                hot_at_per_sec: BYTES_HOT_AT_PER_SEC,
+                cool_below_per_sec: BYTES_COOL_BELOW_PER_SEC,
+            },
+            node_us_per_sec: Threshold {
+                hot_at_per_sec: NODE_US_HOT_AT_PER_SEC,
+                cool_below_per_sec: NODE_US_COOL_BELOW_PER_SEC,
+            },
         }
+    }
+}
+
+impl DetectorConfig {
+    /// The thresholds of every kind, indexed by `Kind as usize`.
+    pub fn thresholds(&self) -> [Threshold; KINDS] {
+        [
+            Threshold {
+                hot_at_per_sec: self.read_hot_at_per_sec,
+                cool_below_per_sec: self.read_cool_below_per_sec,
+            },
+            Threshold {
+                hot_at_per_sec: self.write_hot_at_per_sec,
+                cool_below_per_sec: self.write_cool_below_per_sec,
+            },
+            self.bytes_per_sec,
+            self.node_us_per_sec,
+        ]
     }
 }
 
@@ -104,8 +164,9 @@ pub trait KeyThresholds: Send + Sync {
     fn lowest_hot_at_per_sec(&self, kind: Kind) -> f64;
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub enum HotState {
+    #[default]
     Hot,
     Cooling,
 }
@@ -130,7 +191,7 @@ pub struct HotSnapshot {
 /// few hundred of its keys cached (bench/zipf_placement.py --greedy).
 pub const MAX_READ_RATES: usize = 4096;
 
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, Default)]
 pub struct HotKey {
     pub key: Vec<u8>,
     pub reads_per_sec: f64,
@@ -144,6 +205,48 @@ pub struct HotKey {
     /// Per kind, `None` when the key is not listed for that kind.
     pub read_state: Option<HotState>,
     pub write_state: Option<HotState>,
+    /// What its reads cost: bytes moved (request and reply), and the node's estimated
+    /// milliseconds, per second. Counted only for reads whose cost passes the caller's
+    /// floor (the proxy's `cost` module), so 0 for a key of small values.
+    pub bytes_per_sec: f64,
+    pub node_ms_per_sec: f64,
+    pub bytes_state: Option<HotState>,
+    pub node_state: Option<HotState>,
+}
+
+impl HotKey {
+    /// Hot or cooling by what its reads cost (bytes or node time).
+    pub fn cost_state(&self) -> Option<HotState> {
+        match (self.bytes_state, self.node_state) {
+            (Some(HotState::Hot), _) | (_, Some(HotState::Hot)) => Some(HotState::Hot),
+            (None, None) => None,
+            _ => Some(HotState::Cooling),
+        }
+    }
+
+    /// Hot or cooling as a read: by its read rate or by what its reads cost.
+    pub fn read_hot_state(&self) -> Option<HotState> {
+        match (self.read_state, self.cost_state()) {
+            (Some(HotState::Hot), _) | (_, Some(HotState::Hot)) => Some(HotState::Hot),
+            (None, None) => None,
+            _ => Some(HotState::Cooling),
+        }
+    }
+
+    /// The measures that made it hot (or keep it listed): `reads`, `writes`, `bytes`,
+    /// `node_time`.
+    pub fn hot_by(&self) -> Vec<&'static str> {
+        [
+            (self.read_state, "reads"),
+            (self.write_state, "writes"),
+            (self.bytes_state, "bytes"),
+            (self.node_state, "node_time"),
+        ]
+        .into_iter()
+        .filter(|(s, _)| s.is_some())
+        .map(|(_, n)| n)
+        .collect()
+    }
 }
 
 /// Cheap to clone. `observe` keeps per-thread state in a thread-local keyed by this
@@ -177,16 +280,7 @@ impl Detector {
             window_ms,
             ..HotSnapshot::default()
         }));
-        let defaults = [
-            Threshold {
-                hot_at_per_sec: cfg.read_hot_at_per_sec,
-                cool_below_per_sec: cfg.read_cool_below_per_sec,
-            },
-            Threshold {
-                hot_at_per_sec: cfg.write_hot_at_per_sec,
-                cool_below_per_sec: cfg.write_cool_below_per_sec,
-            },
-        ];
+        let defaults = cfg.thresholds();
         let agg = Aggregator::new(
             window_ms,
             clock.clone(),
@@ -223,6 +317,14 @@ impl Detector {
         with_local(&self.inner.link, |local| local.observe(key, kind));
     }
 
+    /// Counts what one read cost, in `kind`'s natural unit (bytes for `Bytes`,
+    /// microseconds for `NodeUs`). Counted at once (no prefetch): callers only report costs
+    /// past a floor, which ordinary small reads do not reach.
+    #[inline]
+    pub fn observe_cost(&self, key: &[u8], kind: Kind, weight: u64) {
+        with_local(&self.inner.link, |local| local.observe_weighted(key, kind, weight));
+    }
+
     /// The latest published snapshot.
     pub fn snapshot(&self) -> HotSnapshot {
         HotSnapshot::clone(&self.inner.snapshots.borrow())
@@ -233,9 +335,9 @@ impl Detector {
         self.inner.snapshots.clone()
     }
 
-    /// Replaces the default thresholds, live.
-    pub fn set_thresholds(&self, read: Threshold, write: Threshold) {
-        self.control(Control::Thresholds([read, write]));
+    /// Replaces the default thresholds of every kind (indexed by `Kind as usize`), live.
+    pub fn set_thresholds(&self, t: [Threshold; KINDS]) {
+        self.control(Control::Thresholds(t));
     }
 
     /// Installs (or removes) per-key thresholds, live.

@@ -114,8 +114,15 @@ impl CountMin {
     ///
     /// Conservative update: only the cells holding the minimum move, and only up to
     /// `min + 1`, so a cell shared with a hot key is not pushed further by a cold one.
-    #[inline]
+    #[cfg(test)]
     pub fn add(&mut self, mixed: u64) -> u32 {
+        self.add_weighted(mixed, 1)
+    }
+
+    /// Counts `w` occurrences at once (a weighted observation), conservatively: the cells
+    /// below `min + w` rise to it, the others stay.
+    #[inline]
+    pub fn add_weighted(&mut self, mixed: u64, w: u32) -> u32 {
         let i = [
             row_index(mixed, 0),
             row_index(mixed, 1),
@@ -124,7 +131,7 @@ impl CountMin {
         ];
         let r = &mut *self.rows;
         let c = [r[0][i[0]], r[1][i[1]], r[2][i[2]], r[3][i[3]]];
-        let new = c[0].min(c[1]).min(c[2].min(c[3])).saturating_add(1);
+        let new = c[0].min(c[1]).min(c[2].min(c[3])).saturating_add(w);
         r[0][i[0]] = c[0].max(new);
         r[1][i[1]] = c[1].max(new);
         r[2][i[2]] = c[2].max(new);

@@ -289,7 +289,10 @@ fn thresholds_change_live_and_per_key_thresholds_apply() {
         hot_at_per_sec: 1000.0,
         cool_below_per_sec: 500.0,
     };
-    det.set_thresholds(t, t);
+    let mut all = DetectorConfig::default().thresholds();
+    all[0] = t;
+    all[1] = t;
+    det.set_thresholds(all);
     window(1);
     assert!(listed(&det, b"plain").is_some(), "new threshold applies");
 }
@@ -321,4 +324,67 @@ fn dropping_a_detector_stops_its_aggregator_and_frees_thread_state() {
     det2.observe(b"a", Kind::Read);
     let slots = local::LOCALS.with(|l| l.borrow().len());
     assert_eq!(slots, 1, "the dropped detector's state was purged");
+}
+
+#[test]
+fn a_big_value_is_hot_by_bytes_early_and_small_keys_of_the_same_bandwidth_are_not() {
+    let (det, clock) = manual(DetectorConfig::default());
+    let mut bg = Lcg(7);
+    let mut reported_at = None;
+    // 400 reads a second of a 512 KiB value (200 MiB/s, 12x the 16 MiB/s threshold), and
+    // the same bandwidth spread over 50,000 small keys (4 KiB each): 0.5 reads/s per key.
+    for t in 0..1000u64 {
+        clock.set_ms(1000 + t);
+        if t % 5 == 0 {
+            for _ in 0..2 {
+                det.observe(b"page", Kind::Read);
+                det.observe_cost(b"page", Kind::Bytes, 512 * 1024);
+            }
+            for _ in 0..256 {
+                let k = format!("small:{}", bg.next(50_000));
+                det.observe(k.as_bytes(), Kind::Read);
+                det.observe_cost(k.as_bytes(), Kind::Bytes, 4096);
+            }
+            det.sync();
+            if reported_at.is_none() && listed(&det, b"page").is_some() {
+                reported_at = Some(t);
+            }
+        }
+    }
+    settle(&det, &clock, 2000);
+    let at = reported_at.expect("the big value was reported");
+    assert!(at < 200, "reported {at} ms into the load");
+    let page = listed(&det, b"page").expect("still listed");
+    assert_eq!(page.bytes_state, Some(HotState::Hot));
+    assert_eq!(page.read_state, None, "400 reads/s is not hot by count");
+    assert_eq!(page.hot_by(), vec!["bytes"]);
+    assert_eq!(page.read_hot_state(), Some(HotState::Hot));
+    assert!(
+        (page.bytes_per_sec - 200.0 * 1024.0 * 1024.0).abs() < 20.0 * 1024.0 * 1024.0,
+        "{}",
+        page.bytes_per_sec
+    );
+    let snap = det.snapshot();
+    assert_eq!(snap.keys.len(), 1, "{:?}", snap.keys);
+}
+
+#[test]
+fn an_expensive_read_is_hot_by_node_time() {
+    let (det, clock) = manual(DetectorConfig::default());
+    for t in 0..1000u64 {
+        clock.set_ms(1000 + t);
+        if t % 5 == 0 {
+            // 200 ZRANGEs a second of 12 ms each: 2400 node-ms a second.
+            det.observe(b"board", Kind::Read);
+            det.observe_cost(b"board", Kind::NodeUs, 12_000);
+            // 200 cheap reads of another key at 5 µs: 1 ms a second.
+            det.observe_cost(b"cheap", Kind::NodeUs, 5);
+        }
+    }
+    settle(&det, &clock, 2000);
+    let board = listed(&det, b"board").expect("listed");
+    assert_eq!(board.node_state, Some(HotState::Hot));
+    assert_eq!(board.hot_by(), vec!["node_time"]);
+    assert!((board.node_ms_per_sec - 2400.0).abs() < 100.0, "{}", board.node_ms_per_sec);
+    assert!(listed(&det, b"cheap").is_none());
 }

@@ -85,6 +85,11 @@ pub struct HotKeyLabel {
     pub kind: &'static str,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct KeyLabel {
+    pub key: String,
+}
+
 /// Handles of every series. Cheap to clone.
 #[derive(Clone)]
 pub struct Metrics {
@@ -102,6 +107,9 @@ pub struct Metrics {
     pub backend_pending: Family<NodeLabel, Gauge>,
     pub hot_keys: Family<HotKindLabel, Gauge>,
     pub hot_key_rate: Family<HotKeyLabel, Gauge<f64, AtomicU64>>,
+    /// Keys hot by what their reads cost: bytes moved, and the node's estimated ms.
+    pub hot_key_bytes: Family<KeyLabel, Gauge<f64, AtomicU64>>,
+    pub hot_key_node_ms: Family<KeyLabel, Gauge<f64, AtomicU64>>,
     pub rules_reloads_ok: Counter,
     pub rules_reloads_failed: Counter,
     pub rules_generation: Gauge,
@@ -165,6 +173,8 @@ impl Metrics {
             backend_pending: Family::default(),
             hot_keys: Family::default(),
             hot_key_rate: Family::default(),
+            hot_key_bytes: Family::default(),
+            hot_key_node_ms: Family::default(),
             rules_reloads_ok: reloads_ok,
             rules_reloads_failed: reloads_failed,
             rules_generation: Gauge::default(),
@@ -260,6 +270,16 @@ impl Metrics {
             "hot_key_rate",
             "Per-second rate of each currently hot key (capped set; removed when the key cools)",
             m.hot_key_rate.clone(),
+        );
+        r.register(
+            "hot_key_bytes_per_second",
+            "Bytes per second the reads of each key hot by bytes move, request and reply (capped set; removed when the key cools)",
+            m.hot_key_bytes.clone(),
+        );
+        r.register(
+            "hot_key_node_milliseconds_per_second",
+            "Estimated node milliseconds per second the reads of each key hot by node time cost (capped set; removed when the key cools)",
+            m.hot_key_node_ms.clone(),
         );
         r.register(
             "rules_reloads",

@@ -196,6 +196,7 @@ fn node_keys_splits_by_node_and_skips_hot_and_uncached_keys() {
         since_unix_ms: 0,
         read_state: Some(HotState::Hot),
         write_state: None,
+        ..Default::default()
     };
     let snap = HotSnapshot {
         keys: vec![hot("a0"), hot("a1")],

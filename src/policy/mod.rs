@@ -106,7 +106,8 @@ impl HotSet {
         let mut read = HashMap::new();
         let mut read_hot = std::collections::HashSet::new();
         for k in &snap.keys {
-            if matches!(k.read_state, Some(HotState::Hot) | Some(HotState::Cooling)) {
+            // Read-hot by rate, or by what its reads cost (bytes, node time).
+            if k.read_hot_state().is_some() {
                 read_hot.insert(Bytes::copy_from_slice(&k.key));
                 let p = rules.resolve(&k.key).read.cache;
                 if p.enabled {
@@ -343,6 +344,7 @@ mod tests {
                     since_unix_ms: 0,
                     read_state: None,
                     write_state: Some(HotState::Hot),
+                    ..Default::default()
                 })
                 .collect(),
             ..Default::default()
@@ -417,6 +419,7 @@ mod tests {
             since_unix_ms: 0,
             read_state: Some(HotState::Hot),
             write_state: None,
+            ..Default::default()
         });
         let hot = HotSet::build(&s, Arc::new(Rules::default()));
         assert!(matches!(act("GET profile:1", &hot), Action::Cache(_)));

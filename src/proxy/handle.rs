@@ -99,16 +99,29 @@ pub(super) async fn proceed(
     act(s, req, c, action, rb).await
 }
 
-/// observe -> act: carries out the decided plan.
+/// observe -> act: carries out the decided plan; a single-key read's reply is noted for
+/// detection by cost (`cost`).
 pub(super) async fn act(
     s: &mut Session,
     req: Request,
     c: Classified,
+    action: Action,
+    rb: &mut RoundBuilder,
+) -> Flow {
+    let cost = super::cost::candidate(s.detects(), &req, &c);
+    let before = rb.slots.len();
+    let flow = carry_out(s, &req, &c, action, rb).await;
+    rb.note_cost(cost, before);
+    flow
+}
+
+async fn carry_out(
+    s: &mut Session,
+    req: &Request,
+    c: &Classified,
     mut action: Action,
     rb: &mut RoundBuilder,
 ) -> Flow {
-    let c = &c;
-    let req = &req;
     // observe
     let class = observe(s, req, c);
     rb.count(class);

@@ -14,6 +14,7 @@
 //!   `dedicated`, `version` (the Redis version HELLO reports), `txn` (MULTI's queue and
 //!   the WATCH, and the one place that aborts an EXEC), `tracking` (what the clients with
 //!   CLIENT TRACKING read, and the nodes' tracked connections),
+//!   `cost` (what a read cost, counted against its key: bytes and node time),
 //!   `scan` (cursors), `round` (a round's jobs, reply slots and keys), `order` (the ordering
 //!   rules), `state` (one connection's state, its fields private behind methods, and what
 //!   a handler returns: `Flow`), `merge`
@@ -38,6 +39,7 @@ mod as_cluster;
 mod client_cache;
 mod client_cmd;
 mod clients;
+mod cost;
 mod ctx;
 mod dedicated;
 mod end;

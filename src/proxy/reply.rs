@@ -267,6 +267,12 @@ async fn resolve<W: AsyncWrite + Unpin>(
         if all_direct {
             if let Ok(r) = &replies[0] {
                 sink.buf.extend_from_slice(&r.buf);
+                // The replies together under the floor: none of them is costly.
+                if r.buf.len() >= super::cost::BYTES_FLOOR {
+                    for c in &round.costs {
+                        super::cost::observe(&ctx.detector, c, &r.get(c.slot as usize));
+                    }
+                }
             }
             record(ctx, &round.started, &round.counts, n);
             sink.relieve(ctx, client).await?;
@@ -275,8 +281,9 @@ async fn resolve<W: AsyncWrite + Unpin>(
     }
     // The reply of the slot before, when the next slot repeats it (`Slot::Again`).
     let mut again = Vec::new();
-    let mut slots = round.slots.into_iter().peekable();
-    while let Some(slot) = slots.next() {
+    let mut costs = round.costs.iter().peekable();
+    let mut slots = round.slots.into_iter().enumerate().peekable();
+    while let Some((i, slot)) = slots.next() {
         let start = sink.buf.len();
         let (slot, hook) = match slot {
             Slot::Seen(inner, hook) => (*inner, Some(hook)),
@@ -286,13 +293,16 @@ async fn resolve<W: AsyncWrite + Unpin>(
             sink.buf.extend_from_slice(&again);
         } else {
             write_slot(slot, &replies, proto, late, &mut sink.buf).await?;
-            if matches!(slots.peek(), Some(Slot::Again)) {
+            if matches!(slots.peek(), Some((_, Slot::Again))) {
                 again.clear();
                 again.extend_from_slice(&sink.buf[start..]);
             }
         }
         if let Some(hook) = hook {
             hook(&sink.buf[start..]);
+        }
+        if let Some(c) = costs.next_if(|c| c.slot as usize == i) {
+            super::cost::observe(&ctx.detector, c, &sink.buf[start..]);
         }
         // A round of many large replies is written as it is resolved, not gathered whole.
         sink.relieve(ctx, client).await?;

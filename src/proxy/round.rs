@@ -243,6 +243,8 @@ pub struct Round {
     pub inflight: Option<Held>,
     /// Push messages only (client-side caching's invalidations): no command's reply.
     pub push: bool,
+    /// Single-key reads whose reply's cost the writer counts against their key, by slot.
+    pub costs: Vec<super::cost::Cost>,
 }
 
 impl Round {
@@ -260,6 +262,7 @@ impl Round {
             invalidate_after: Vec::new(),
             inflight: None,
             push: true,
+            costs: Vec::new(),
         }
     }
 }
@@ -372,6 +375,8 @@ pub struct RoundBuilder {
     /// The keys of the command being handled: added to `keys` once it is handled, unless
     /// it left with a combine batch (`combined`). `None`: keys unknown.
     pub current: Option<SmallVec<[u64; 2]>>,
+    /// See `Round::costs`.
+    pub costs: Vec<super::cost::Cost>,
 }
 
 impl RoundBuilder {
@@ -396,6 +401,19 @@ impl RoundBuilder {
             repeated: 0,
             keys: Keys::default(),
             current: Some(SmallVec::new()),
+            costs: Vec::new(),
+        }
+    }
+
+    /// Notes a read's reply slot for detection by cost, if acting on it added exactly one
+    /// slot (a command handed to a task or another connection is noted when it is acted on
+    /// again).
+    pub fn note_cost(&mut self, cost: Option<super::cost::Cost>, slots_before: usize) {
+        if let Some(mut cost) = cost {
+            if self.slots.len() == slots_before + 1 {
+                cost.slot = slots_before as u32;
+                self.costs.push(cost);
+            }
         }
     }
 
@@ -490,6 +508,7 @@ impl RoundBuilder {
             invalidate_after: self.invalidate_after,
             inflight: Some(held),
             push: false,
+            costs: self.costs,
         }
     }
 }

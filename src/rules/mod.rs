@@ -256,6 +256,18 @@ impl Rules {
         })
     }
 
+    /// The lowest cost thresholds anywhere: (bytes per second, node ms per second).
+    pub fn min_cost_hot_at(&self) -> (f64, f64) {
+        let d = &self.defaults.read;
+        let d = (d.hot_at_bytes_per_sec, d.hot_at_node_ms_per_sec);
+        self.rules.iter().fold(d, |(b, n), x| {
+            (
+                b.min(x.read.hot_at_bytes_per_sec),
+                n.min(x.read.hot_at_node_ms_per_sec),
+            )
+        })
+    }
+
     /// Patterns of rules with `pin: true`, in rule order.
     pub fn pinned(&self) -> Vec<String> {
         self.rules

@@ -214,6 +214,16 @@ pub struct ReadPolicy {
     pub hot_at_per_sec: f64,
     /// A read-hot key below this rate cools down (hysteresis). Default 500 per second.
     pub cool_below_per_sec: f64,
+    /// A key whose reads move at least this many bytes a second (request and reply) is
+    /// read-hot by bytes. Default 16 MiB (docs/rules.md says why).
+    pub hot_at_bytes_per_sec: f64,
+    /// Default 4 MiB.
+    pub cool_below_bytes_per_sec: f64,
+    /// A key whose reads cost the node at least this many milliseconds a second (estimated
+    /// from each reply) is read-hot by node time. Default 100.
+    pub hot_at_node_ms_per_sec: f64,
+    /// Default 25.
+    pub cool_below_node_ms_per_sec: f64,
     pub cache: CachePolicy,
     /// How merged reads of a salted key are served.
     pub salted: SaltedReads,
@@ -244,6 +254,10 @@ impl Default for ReadPolicy {
         ReadPolicy {
             hot_at_per_sec: 2000.0,
             cool_below_per_sec: 500.0,
+            hot_at_bytes_per_sec: crate::hotkey::BYTES_HOT_AT_PER_SEC,
+            cool_below_bytes_per_sec: crate::hotkey::BYTES_COOL_BELOW_PER_SEC,
+            hot_at_node_ms_per_sec: crate::hotkey::NODE_US_HOT_AT_PER_SEC / 1000.0,
+            cool_below_node_ms_per_sec: crate::hotkey::NODE_US_COOL_BELOW_PER_SEC / 1000.0,
             cache: CachePolicy::default(),
             salted: SaltedReads::default(),
             client_cache: ClientCache::default(),
@@ -404,6 +418,10 @@ pub(crate) struct CachePatch {
 pub(crate) struct ReadPatch {
     hot_at_per_sec: Option<f64>,
     cool_below_per_sec: Option<f64>,
+    hot_at_bytes_per_sec: Option<f64>,
+    cool_below_bytes_per_sec: Option<f64>,
+    hot_at_node_ms_per_sec: Option<f64>,
+    cool_below_node_ms_per_sec: Option<f64>,
     cache: Option<CachePatch>,
     salted: Option<SaltedReadsPatch>,
     client_cache: Option<ClientCache>,
@@ -460,6 +478,10 @@ impl ReadPatch {
     pub(crate) fn over(&self, mut r: ReadPolicy) -> ReadPolicy {
         set(&mut r.hot_at_per_sec, self.hot_at_per_sec);
         set(&mut r.cool_below_per_sec, self.cool_below_per_sec);
+        set(&mut r.hot_at_bytes_per_sec, self.hot_at_bytes_per_sec);
+        set(&mut r.cool_below_bytes_per_sec, self.cool_below_bytes_per_sec);
+        set(&mut r.hot_at_node_ms_per_sec, self.hot_at_node_ms_per_sec);
+        set(&mut r.cool_below_node_ms_per_sec, self.cool_below_node_ms_per_sec);
         if let Some(c) = &self.cache {
             set(&mut r.cache.enabled, c.enabled);
             set(&mut r.cache.ttl_ms, c.ttl_ms);

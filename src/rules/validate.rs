@@ -66,34 +66,50 @@ pub fn balance(b: &Balance) -> Result<(), Problem> {
 }
 
 /// Rates: positive, finite, and with room between cooling and heating (hysteresis).
-fn thresholds(base: &str, hot: f64, cool: f64) -> Result<(), Problem> {
+/// `names`: the hot field and the cool field.
+fn thresholds(base: &str, names: [&str; 2], hot: f64, cool: f64) -> Result<(), Problem> {
+    let [hot_name, cool_name] = names;
     if !hot.is_finite() || hot <= 0.0 {
         return Err(problem(
             base,
-            &["hot_at_per_sec"],
+            &[hot_name],
             format!("{hot} must be a positive rate per second"),
         ));
     }
     if !cool.is_finite() || cool < 0.0 {
         return Err(problem(
             base,
-            &["cool_below_per_sec"],
+            &[cool_name],
             format!("{cool} must be a rate per second >= 0"),
         ));
     }
     if cool >= hot {
         return Err(problem(
             base,
-            &["cool_below_per_sec", "hot_at_per_sec"],
-            format!("cool_below_per_sec ({cool}) must be below hot_at_per_sec ({hot}), or keys flap between hot and cool"),
+            &[cool_name, hot_name],
+            format!("{cool_name} ({cool}) must be below {hot_name} ({hot}), or keys flap between hot and cool"),
         ));
     }
     Ok(())
 }
 
+const PER_SEC: [&str; 2] = ["hot_at_per_sec", "cool_below_per_sec"];
+
 /// `base` is where this policy lives: `defaults.read` or `rules[3].read`.
 pub fn read(base: &str, r: &ReadPolicy) -> Result<(), Problem> {
-    thresholds(base, r.hot_at_per_sec, r.cool_below_per_sec)?;
+    thresholds(base, PER_SEC, r.hot_at_per_sec, r.cool_below_per_sec)?;
+    thresholds(
+        base,
+        ["hot_at_bytes_per_sec", "cool_below_bytes_per_sec"],
+        r.hot_at_bytes_per_sec,
+        r.cool_below_bytes_per_sec,
+    )?;
+    thresholds(
+        base,
+        ["hot_at_node_ms_per_sec", "cool_below_node_ms_per_sec"],
+        r.hot_at_node_ms_per_sec,
+        r.cool_below_node_ms_per_sec,
+    )?;
     let c = format!("{base}.cache");
     range(&c, "ttl_ms", r.cache.ttl_ms, 1, 86_400_000, " ms")?;
     range(&c, "jitter_pct", r.cache.jitter_pct, 0, 100, " percent")?;
@@ -110,7 +126,7 @@ pub fn read(base: &str, r: &ReadPolicy) -> Result<(), Problem> {
 }
 
 pub fn write(base: &str, w: &WritePolicy) -> Result<(), Problem> {
-    thresholds(base, w.hot_at_per_sec, w.cool_below_per_sec)?;
+    thresholds(base, PER_SEC, w.hot_at_per_sec, w.cool_below_per_sec)?;
     range(
         &format!("{base}.combine"),
         "window_us",

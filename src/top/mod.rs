@@ -45,6 +45,8 @@ pub struct TopArgs {
     pub once: bool,
     /// The admin port's bearer token, when it asks for one.
     pub token: Option<String>,
+    /// Order keys by BYTES/S rather than as the proxy lists them (hottest by rate first).
+    pub sort_by_bytes: bool,
 }
 
 /// Refreshes of history kept per key for its trend sparkline.
@@ -153,6 +155,8 @@ pub struct View {
     pub rates: Option<Rates>,
     /// Why the last refresh failed; cleared by the next good one.
     pub error: Option<String>,
+    /// `--sort bytes`: keys by BYTES/S.
+    pub sort_by_bytes: bool,
 }
 
 /// Polls one admin port and keeps the [`View`] up to date.
@@ -230,6 +234,7 @@ pub fn run(args: TopArgs) -> io::Result<()> {
     let interval = Duration::from_millis(args.interval_ms.max(100));
     let mut poller = Poller::new(&args.admin, interval.as_millis() as u64);
     poller.token = args.token.clone();
+    poller.view.sort_by_bytes = args.sort_by_bytes;
     let mut out = io::stdout();
     if args.once {
         if poller.poll().error.is_none() {

@@ -10,6 +10,8 @@ pub struct HotKey {
     pub key: String,
     pub reads_per_sec: f64,
     pub writes_per_sec: f64,
+    /// Bytes its reads move per second (0 from an older proxy, or below the cost floor).
+    pub bytes_per_sec: f64,
     /// Fraction (0..1) of all commands in the window that went to this key.
     pub share: f64,
     /// "hot" or "cooling".
@@ -59,6 +61,7 @@ pub fn parse_hotkeys(json: &str) -> Result<Snapshot, TopError> {
             key: key.to_string(),
             reads_per_sec: num(r, "reads_per_sec"),
             writes_per_sec: num(r, "writes_per_sec"),
+            bytes_per_sec: num(r, "bytes_per_sec"),
             share: num(r, "share"),
             state: r
                 .get("state")

@@ -20,6 +20,10 @@ pub fn render(view: &View, width: usize, height: usize) -> String {
         Some(snap) => {
             let longest = snap.keys.iter().map(|k| k.key.chars().count()).max();
             let cols = Columns::fit(width, longest.unwrap_or(0));
+            let mut keys: Vec<&HotKey> = snap.keys.iter().collect();
+            if view.sort_by_bytes {
+                keys.sort_by(|a, b| b.bytes_per_sec.total_cmp(&a.bytes_per_sec));
+            }
             lines.push(cols.header());
             let room = height.saturating_sub(lines.len());
             let show = if snap.keys.len() > room {
@@ -27,7 +31,7 @@ pub fn render(view: &View, width: usize, height: usize) -> String {
             } else {
                 snap.keys.len()
             };
-            for k in &snap.keys[..show] {
+            for k in &keys[..show] {
                 lines.push(cols.row(k, view.history.samples(&k.key)));
             }
             if show < snap.keys.len() && room > 0 {
@@ -122,9 +126,10 @@ pub(super) fn status_lines(view: &View) -> Vec<String> {
 }
 
 /// Which columns fit and how wide KEY and TREND are. Narrow terminals drop TREND, then
-/// STATE, then SHARE, before the key gets too short to recognise.
+/// BYTES/S, then STATE, then SHARE, before the key gets too short to recognise.
 pub(super) struct Columns {
     key: usize,
+    bytes: bool,
     share: bool,
     state: bool,
     trend: usize,
@@ -140,11 +145,16 @@ impl Columns {
         // KEY, READS/S and WRITES/S (8 each) always; each optional column brings its space.
         let mut c = Columns {
             key: 0,
+            bytes: true,
             share: true,
             state: true,
             trend: 0,
         };
-        let fixed = |c: &Columns| 18 + if c.share { 7 } else { 0 } + if c.state { 10 } else { 0 };
+        let fixed = |c: &Columns| {
+            18 + if c.bytes { 9 } else { 0 }
+                + if c.share { 7 } else { 0 }
+                + if c.state { 10 } else { 0 }
+        };
         let need = longest_key.max("KEY".len());
         let avail = width.saturating_sub(fixed(&c));
         let first = need.min(KEY_WANT);
@@ -155,6 +165,7 @@ impl Columns {
             return c;
         }
         let short = need.min(KEY_MIN);
+        c.bytes = width.saturating_sub(fixed(&c)) >= short;
         c.state = width.saturating_sub(fixed(&c)) >= short;
         c.share = width.saturating_sub(fixed(&c)) >= short;
         c.key = need.min(width.saturating_sub(fixed(&c))).max(1);
@@ -162,29 +173,28 @@ impl Columns {
     }
 
     fn header(&self) -> String {
-        self.line("KEY", "READS/S", "WRITES/S", "SHARE", "STATE", "TREND")
+        self.line(["KEY", "READS/S", "WRITES/S", "BYTES/S", "SHARE", "STATE", "TREND"])
     }
 
     fn row(&self, k: &HotKey, history: &[f64]) -> String {
         let share = format!("{:.1}%", k.share * 100.0);
         let trend = sparkline(history, self.trend);
         let (r, w) = (human(k.reads_per_sec), human(k.writes_per_sec));
-        self.line(
-            &shorten(&k.key, self.key),
-            &r,
-            &w,
-            &share,
-            // A write-hot key's phase says more than "hot": combining, salting, salted.
-            &printable(match k.phase.as_deref() {
-                Some(p) if p != "detected" => p,
-                _ => &k.state,
-            }),
-            &trend,
-        )
+        let b = human(k.bytes_per_sec);
+        // A write-hot key's phase says more than "hot": combining, salting, salted.
+        let state = printable(match k.phase.as_deref() {
+            Some(p) if p != "detected" => p,
+            _ => &k.state,
+        });
+        self.line([&shorten(&k.key, self.key), &r, &w, &b, &share, &state, &trend])
     }
 
-    fn line(&self, key: &str, r: &str, w: &str, share: &str, state: &str, trend: &str) -> String {
+    fn line(&self, cells: [&str; 7]) -> String {
+        let [key, r, w, bytes, share, state, trend] = cells;
         let mut s = format!("{key:<kw$} {r:>8} {w:>8}", kw = self.key);
+        if self.bytes {
+            s.push_str(&format!(" {bytes:>8}"));
+        }
         if self.share {
             s.push_str(&format!(" {share:>6}"));
         }

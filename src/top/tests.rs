@@ -40,6 +40,7 @@ fn view_with(keys: usize, samples: usize) -> View {
                 key: format!("key:{i}:{}", "x".repeat(i * 7)),
                 reads_per_sec: 100.0 * i as f64,
                 writes_per_sec: 52_000.0 / (i + 1) as f64,
+                bytes_per_sec: 1e6 * i as f64,
                 share: 0.3 / (i + 1) as f64,
                 state: if i % 2 == 0 { "hot" } else { "cooling" }.into(),
                 since_unix_ms: 0,
@@ -223,8 +224,8 @@ fn short_keys_leave_no_gap_before_the_numbers() {
     assert_eq!(
         header,
         format!(
-            "{:<13} {:>8} {:>8} {:>6} {:<9} TREND",
-            "KEY", "READS/S", "WRITES/S", "SHARE", "STATE"
+            "{:<13} {:>8} {:>8} {:>8} {:>6} {:<9} TREND",
+            "KEY", "READS/S", "WRITES/S", "BYTES/S", "SHARE", "STATE"
         )
     );
 }

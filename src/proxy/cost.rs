@@ -1,0 +1,119 @@
+//! What a read costs, for detection by cost: the bytes it moves (request and reply) and
+//! an estimate of the node's time, attributed to its key once its reply is written.
+//!
+//! A single-key read notes its key and slot when it is acted on (`candidate`,
+//! `RoundBuilder::note_cost`);
+//! the reply writer hands each noted reply to `observe` once it is resolved. Only a cost
+//! past a floor is counted: below `BYTES_FLOOR` bytes or `NODE_US_FLOOR` µs a key reaches
+//! the request-count threshold first (1 KiB x 2000 reads/s = 2 MB/s, under the default
+//! 16 MiB/s; 10 µs x 2000/s = 20 ms/s, under the default 100 ms/s), so ordinary small
+//! reads cost one comparison per round (the round's replies together under the floor).
+//!
+//! The node-time estimate, from `INFO commandstats` of redis-server 7.0 on one core
+//! (bench/README.md, "Hot by cost"): per call, about 1 µs, plus 84-240 ns per element of
+//! an aggregate reply (ZRANGE 84, LRANGE 92, HGETALL 130, ZRANGE WITHSCORES 235, SMEMBERS
+//! 240), plus 0.07 ns per byte of a string (GET of 512 KB: 35 µs). We take 120 ns per
+//! element and 1 µs per 15 KB: within a factor of two of every one of those.
+
+use bytes::Bytes;
+
+use crate::command::{Access, Classified};
+use crate::hotkey::{Detector, Kind};
+use crate::resp::Request;
+
+/// A read's bytes (request and reply) below this are not counted by bytes.
+pub const BYTES_FLOOR: usize = 1024;
+/// A read whose estimated node time is below this is not counted by node time.
+pub const NODE_US_FLOOR: u64 = 10;
+
+/// A read whose reply's cost is counted against its key once written.
+pub struct Cost {
+    /// The read's reply slot in its round.
+    pub slot: u32,
+    pub request: u32,
+    pub key: Bytes,
+}
+
+/// The cost entry of a single-key read, when detection is on (`detects`); its slot is
+/// set by `RoundBuilder::note_cost` once the command is acted on.
+pub(super) fn candidate(detects: bool, req: &Request, c: &Classified) -> Option<Cost> {
+    if c.access != Access::Read || c.keys.len() != 1 || !detects {
+        return None;
+    }
+    Some(Cost {
+        slot: 0,
+        request: req.wire_len().min(u32::MAX as usize) as u32,
+        key: req.arg_bytes(c.keys[0] as usize),
+    })
+}
+
+/// Counts one written reply's cost against its key.
+pub fn observe(detector: &Detector, cost: &Cost, reply: &[u8]) {
+    let bytes = reply.len() + cost.request as usize;
+    if bytes >= BYTES_FLOOR {
+        detector.observe_cost(&cost.key, Kind::Bytes, bytes as u64);
+    }
+    let us = node_us(reply);
+    if us >= NODE_US_FLOOR {
+        detector.observe_cost(&cost.key, Kind::NodeUs, us);
+    }
+}
+
+/// The node's estimated microseconds for a command with this reply (see the module doc).
+pub fn node_us(reply: &[u8]) -> u64 {
+    let elements = match reply.first() {
+        Some(b'*' | b'~' | b'>' | b'%') => {
+            let (n, rest) = header(reply);
+            let n = if reply[0] == b'%' { n * 2 } else { n };
+            // RESP3 pairs (ZRANGE WITHSCORES): each element is an aggregate of its own.
+            match rest.first() {
+                Some(b'*' | b'~' | b'%') => n * header(rest).0.max(1),
+                _ => n,
+            }
+        }
+        Some(b'$' | b'=') => 1,
+        _ => return 1,
+    };
+    1 + elements * 12 / 100 + reply.len() as u64 / 15_000
+}
+
+/// The count of an aggregate's or a bulk's header line, and what follows the line.
+fn header(b: &[u8]) -> (u64, &[u8]) {
+    let mut n = 0u64;
+    let mut i = 1;
+    while i < b.len() && b[i].is_ascii_digit() {
+        n = n.saturating_mul(10).saturating_add(u64::from(b[i] - b'0'));
+        i += 1;
+    }
+    // A negative count (`*-1`) is a nil: nothing.
+    if b.get(1) == Some(&b'-') {
+        n = 0;
+    }
+    let rest = b.get(i + 2..).unwrap_or_default();
+    (n, rest)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::node_us;
+
+    #[test]
+    fn the_estimate_follows_the_reply() {
+        // A small GET is one microsecond; nothing of it reaches the floor.
+        assert_eq!(node_us(b"$3\r\nabc\r\n"), 1);
+        assert_eq!(node_us(b"+OK\r\n"), 1);
+        assert_eq!(node_us(b"*-1\r\n"), 1);
+        // ZRANGE of 100,000 members: 12 ms (redis-server measured 8.4).
+        let mut z = b"*100000\r\n$7\r\nm000000\r\n".to_vec();
+        z.resize(1_700_000, b'x');
+        assert_eq!(node_us(&z), 1 + 12_000 + 113);
+        // RESP3 WITHSCORES: 10,000 pairs are 20,000 elements.
+        assert_eq!(node_us(b"*10000\r\n*2\r\n$2\r\nm1\r\n,1\r\n"), 1 + 2_400);
+        // HGETALL as a RESP3 map: 50,000 fields are 100,000 elements.
+        assert_eq!(node_us(b"%50000\r\n$2\r\nf1\r\n$2\r\nv1\r\n"), 1 + 12_000);
+        // GET of 512 KB: 35 µs.
+        let mut big = b"$524288\r\n".to_vec();
+        big.resize(524_288 + 11, b'x');
+        assert_eq!(node_us(&big), 1 + 34);
+    }
+}
