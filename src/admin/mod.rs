@@ -238,7 +238,9 @@ fn refresh_hot_series(state: &AdminState, snap: &HotSnapshot) {
             m.hot_key_bytes.get_or_create(&label).set(k.bytes_per_sec);
         }
         if is_hot(k.node_state) {
-            m.hot_key_node_ms.get_or_create(&label).set(k.node_ms_per_sec);
+            m.hot_key_node_ms
+                .get_or_create(&label)
+                .set(k.node_ms_per_sec);
         }
         if is_hot(k.read_state) {
             m.hot_key_rate

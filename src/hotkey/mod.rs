@@ -322,7 +322,9 @@ impl Detector {
     /// past a floor, which ordinary small reads do not reach.
     #[inline]
     pub fn observe_cost(&self, key: &[u8], kind: Kind, weight: u64) {
-        with_local(&self.inner.link, |local| local.observe_weighted(key, kind, weight));
+        with_local(&self.inner.link, |local| {
+            local.observe_weighted(key, kind, weight)
+        });
     }
 
     /// The latest published snapshot.

@@ -385,6 +385,10 @@ fn an_expensive_read_is_hot_by_node_time() {
     let board = listed(&det, b"board").expect("listed");
     assert_eq!(board.node_state, Some(HotState::Hot));
     assert_eq!(board.hot_by(), vec!["node_time"]);
-    assert!((board.node_ms_per_sec - 2400.0).abs() < 100.0, "{}", board.node_ms_per_sec);
+    assert!(
+        (board.node_ms_per_sec - 2400.0).abs() < 100.0,
+        "{}",
+        board.node_ms_per_sec
+    );
     assert!(listed(&det, b"cheap").is_none());
 }

@@ -479,9 +479,15 @@ impl ReadPatch {
         set(&mut r.hot_at_per_sec, self.hot_at_per_sec);
         set(&mut r.cool_below_per_sec, self.cool_below_per_sec);
         set(&mut r.hot_at_bytes_per_sec, self.hot_at_bytes_per_sec);
-        set(&mut r.cool_below_bytes_per_sec, self.cool_below_bytes_per_sec);
+        set(
+            &mut r.cool_below_bytes_per_sec,
+            self.cool_below_bytes_per_sec,
+        );
         set(&mut r.hot_at_node_ms_per_sec, self.hot_at_node_ms_per_sec);
-        set(&mut r.cool_below_node_ms_per_sec, self.cool_below_node_ms_per_sec);
+        set(
+            &mut r.cool_below_node_ms_per_sec,
+            self.cool_below_node_ms_per_sec,
+        );
         if let Some(c) = &self.cache {
             set(&mut r.cache.enabled, c.enabled);
             set(&mut r.cache.ttl_ms, c.ttl_ms);

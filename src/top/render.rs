@@ -173,7 +173,9 @@ impl Columns {
     }
 
     fn header(&self) -> String {
-        self.line(["KEY", "READS/S", "WRITES/S", "BYTES/S", "SHARE", "STATE", "TREND"])
+        self.line([
+            "KEY", "READS/S", "WRITES/S", "BYTES/S", "SHARE", "STATE", "TREND",
+        ])
     }
 
     fn row(&self, k: &HotKey, history: &[f64]) -> String {
@@ -186,7 +188,15 @@ impl Columns {
             Some(p) if p != "detected" => p,
             _ => &k.state,
         });
-        self.line([&shorten(&k.key, self.key), &r, &w, &b, &share, &state, &trend])
+        self.line([
+            &shorten(&k.key, self.key),
+            &r,
+            &w,
+            &b,
+            &share,
+            &state,
+            &trend,
+        ])
     }
 
     fn line(&self, cells: [&str; 7]) -> String {

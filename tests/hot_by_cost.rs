@@ -1,0 +1,345 @@
+//! Hot by what it costs: keys that load a node with bytes or with node time while their
+//! read rate stays far under `hot_at_per_sec`. Real redis-servers, the real proxy with its
+//! default rules, and readers paced at a known rate.
+
+mod support;
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpStream;
+use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+use support::*;
+
+/// Load tests measure rates: two at once would skew both.
+fn one_at_a_time() -> MutexGuard<'static, ()> {
+    static LOCK: Mutex<()> = Mutex::new(());
+    LOCK.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+fn hotkeys(p: &Proxy) -> Value {
+    let (status, body) = p.admin_get("/hotkeys");
+    assert_eq!(status, 200, "{body}");
+    serde_json::from_str(&body).unwrap_or_else(|e| panic!("/hotkeys is not JSON ({e}): {body}"))
+}
+
+fn entry(snap: &Value, key: &str) -> Option<Value> {
+    snap["keys"]
+        .as_array()?
+        .iter()
+        .find(|k| k["key"] == key)
+        .cloned()
+}
+
+fn hot_by(e: &Value) -> Vec<String> {
+    e["hot_by"]
+        .as_array()
+        .map(|a| {
+            a.iter()
+                .filter_map(|s| s.as_str().map(String::from))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// One field of a node's INFO (all sections).
+fn info_field(r: &Redis, field: &str) -> u64 {
+    let info = r.client().cmd(&["INFO", "all"]).as_str();
+    info.lines()
+        .find_map(|l| l.strip_prefix(&format!("{field}:")))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no {field} in INFO"))
+}
+
+/// The raw bytes of one RESP2 reply, read without building it (a 100,000-member reply
+/// takes too long to build in a debug test build at the rates these tests need).
+fn raw_reply(r: &mut BufReader<TcpStream>, out: &mut Vec<u8>) {
+    let mut line = Vec::new();
+    r.read_until(b'\n', &mut line).expect("reply line");
+    out.extend_from_slice(&line);
+    let n: i64 = std::str::from_utf8(&line[1..line.len() - 2])
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0);
+    match line[0] {
+        b'*' => (0..n.max(0)).for_each(|_| raw_reply(r, out)),
+        b'$' if n >= 0 => {
+            let start = out.len();
+            out.resize(start + n as usize + 2, 0);
+            r.read_exact(&mut out[start..]).expect("bulk");
+        }
+        _ => {}
+    }
+}
+
+fn raw_cmd(addr: &str, args: &[&str]) -> Vec<u8> {
+    let s = TcpStream::connect(addr).expect("connect");
+    s.set_read_timeout(Some(Duration::from_secs(10))).ok();
+    let mut r = BufReader::new(s);
+    r.get_mut().write_all(&encode(args)).expect("send");
+    let mut out = Vec::new();
+    raw_reply(&mut r, &mut out);
+    out
+}
+
+/// Readers sending `args` at `per_sec` each (paced), checking every reply is `expect`
+/// byte for byte; `reads` and `bytes` count what they got.
+struct Readers {
+    stop: Arc<AtomicBool>,
+    reads: Arc<AtomicU64>,
+    bytes: Arc<AtomicU64>,
+    handles: Vec<JoinHandle<Result<(), String>>>,
+}
+
+impl Readers {
+    fn start(addr: &str, args: &[&str], expect: Vec<u8>, threads: usize, per_sec: u64) -> Readers {
+        let stop = Arc::new(AtomicBool::new(false));
+        let reads = Arc::new(AtomicU64::new(0));
+        let bytes = Arc::new(AtomicU64::new(0));
+        let expect = Arc::new(expect);
+        let wire = encode(args);
+        let handles = (0..threads)
+            .map(|_| {
+                let (stop, reads, bytes) = (stop.clone(), reads.clone(), bytes.clone());
+                let (expect, wire, addr) = (expect.clone(), wire.clone(), addr.to_string());
+                std::thread::spawn(move || {
+                    let mut s = TcpStream::connect(&addr).map_err(|e| e.to_string())?;
+                    s.set_read_timeout(Some(Duration::from_secs(10))).ok();
+                    let mut buf = vec![0u8; expect.len()];
+                    let every = Duration::from_micros(1_000_000 / per_sec);
+                    let mut next = Instant::now();
+                    while !stop.load(Ordering::Relaxed) {
+                        s.write_all(&wire).map_err(|e| e.to_string())?;
+                        s.read_exact(&mut buf).map_err(|e| e.to_string())?;
+                        if buf[..] != expect[..] {
+                            return Err(format!(
+                                "a read differs from the node's reply: {:?}",
+                                String::from_utf8_lossy(&buf[..buf.len().min(64)])
+                            ));
+                        }
+                        reads.fetch_add(1, Ordering::Relaxed);
+                        bytes.fetch_add(buf.len() as u64, Ordering::Relaxed);
+                        next += every;
+                        if let Some(d) = next.checked_duration_since(Instant::now()) {
+                            std::thread::sleep(d);
+                        }
+                    }
+                    Ok(())
+                })
+            })
+            .collect();
+        Readers {
+            stop,
+            reads,
+            bytes,
+            handles,
+        }
+    }
+
+    fn stop(self) {
+        self.stop.store(true, Ordering::Relaxed);
+        for h in self.handles {
+            if let Err(e) = h.join().expect("reader thread") {
+                panic!("reader: {e}");
+            }
+        }
+    }
+}
+
+/// Waits until `key` is listed hot by `by`; returns how long it took.
+fn until_hot_by(p: &Proxy, key: &str, by: &str, within: Duration) -> Duration {
+    let start = Instant::now();
+    loop {
+        if let Some(e) = entry(&hotkeys(p), key) {
+            if e["state"] == "hot" && hot_by(&e).iter().any(|b| b == by) {
+                return start.elapsed();
+            }
+        }
+        assert!(
+            start.elapsed() < within,
+            "{key} not hot by {by} within {within:?}: {}",
+            hotkeys(p)
+        );
+        std::thread::sleep(Duration::from_millis(25));
+    }
+}
+
+/// What the owner node served, and what the clients got, over `d` of steady load.
+fn served_over(node: &Redis, cmd: &str, r: &Readers, d: Duration) -> (u64, u64, u64, u64) {
+    let calls0 = calls(node, cmd) as u64;
+    let out0 = info_field(node, "total_net_output_bytes");
+    let (reads0, bytes0) = (
+        r.reads.load(Ordering::Relaxed),
+        r.bytes.load(Ordering::Relaxed),
+    );
+    std::thread::sleep(d);
+    let calls = calls(node, cmd) as u64 - calls0;
+    let out = info_field(node, "total_net_output_bytes") - out0;
+    let reads = r.reads.load(Ordering::Relaxed) - reads0;
+    let bytes = r.bytes.load(Ordering::Relaxed) - bytes0;
+    (calls, reads, out, bytes)
+}
+
+#[test]
+fn a_big_value_read_400_times_a_second_is_hot_by_bytes_and_leaves_the_node() {
+    need_redis();
+    let _serial = one_at_a_time();
+    let nodes = pool(2);
+    let p = Proxy::start(&nodes.iter().collect::<Vec<_>>(), &[]);
+    let value = "v".repeat(512 * 1024);
+    p.client().cmd(&["SET", "page:home", &value]);
+    let owner = &nodes[owner(&nodes, "page:home")];
+    let expect = raw_cmd(&owner.addr(), &["GET", "page:home"]);
+    assert_eq!(expect.len(), 512 * 1024 + 11);
+
+    // 4 x 100 reads a second: 200 MiB/s, a fifth of the default read-hot rate.
+    let readers = Readers::start(&p.addr(), &["GET", "page:home"], expect, 4, 100);
+    let took = until_hot_by(&p, "page:home", "bytes", Duration::from_secs(3));
+    eprintln!("hot by bytes after {took:?}");
+    assert!(took <= Duration::from_secs(1), "reported after {took:?}");
+    let e = entry(&hotkeys(&p), "page:home").expect("listed");
+    assert!(e["reads_per_sec"].as_f64().unwrap_or(0.0) < 2000.0, "{e}");
+    let bps = e["bytes_per_sec"].as_f64().unwrap_or(0.0);
+    assert!(bps > 16.0 * 1024.0 * 1024.0, "{e}");
+    assert_eq!(e["read_hot_by"], "rules", "{e}");
+
+    // From then on the node serves at most a tenth of the reads, and its bytes out say so.
+    std::thread::sleep(Duration::from_millis(300));
+    let (calls, reads, out, bytes) = served_over(owner, "get", &readers, Duration::from_secs(2));
+    eprintln!("node: {calls} GETs, {out} bytes out; clients: {reads} reads, {bytes} bytes");
+    assert!(reads >= 400, "the readers kept up: {reads} reads in 2 s");
+    assert!(calls * 10 <= reads, "node served {calls} of {reads} reads");
+    assert!(out * 10 <= bytes, "node sent {out} of {bytes} bytes");
+
+    let m = p.admin_get("/metrics").1;
+    assert!(
+        m.contains("saltshaker_hot_key_bytes_per_second{key=\"page:home\"}"),
+        "{m}"
+    );
+    assert!(m.contains("saltshaker_hot_keys{kind=\"bytes\"} 1"), "{m}");
+    readers.stop();
+    // Not stale after a write.
+    p.client().cmd(&["SET", "page:home", "new"]);
+    assert_eq!(p.client().cmd(&["GET", "page:home"]).as_str(), "new");
+}
+
+#[test]
+fn a_big_sorted_set_read_whole_is_hot_by_node_time_and_never_stale() {
+    need_redis();
+    let _serial = one_at_a_time();
+    let nodes = pool(2);
+    let p = Proxy::start(&nodes.iter().collect::<Vec<_>>(), &[]);
+    let mut c = p.client();
+    for chunk in 0..100 {
+        let mut args = vec!["ZADD".to_string(), "board".to_string()];
+        for i in chunk * 1000..(chunk + 1) * 1000 {
+            args.push(i.to_string());
+            args.push(format!("player:{i}"));
+        }
+        c.cmd(&args);
+    }
+    let owner = &nodes[owner(&nodes, "board")];
+    let zrange = ["ZRANGE", "board", "0", "-1"];
+    let expect = raw_cmd(&owner.addr(), &zrange);
+
+    // 2 x 100 a second (the node alone managed about 120 a second of these here).
+    let readers = Readers::start(&p.addr(), &zrange, expect, 2, 100);
+    let took = until_hot_by(&p, "board", "node_time", Duration::from_secs(3));
+    eprintln!("hot by node time after {took:?}");
+    assert!(took <= Duration::from_secs(1), "reported after {took:?}");
+    let e = entry(&hotkeys(&p), "board").expect("listed");
+    assert!(e["node_ms_per_sec"].as_f64().unwrap_or(0.0) > 100.0, "{e}");
+
+    std::thread::sleep(Duration::from_millis(300));
+    let (calls, reads, _, _) = served_over(owner, "zrange", &readers, Duration::from_secs(2));
+    eprintln!("node: {calls} ZRANGEs; clients: {reads} reads");
+    assert!(reads >= 200, "the readers kept up: {reads} reads in 2 s");
+    assert!(calls * 10 <= reads, "node served {calls} of {reads} reads");
+    readers.stop();
+
+    // A write is seen by the very next read, through the cache.
+    for round in 0..3 {
+        let member = format!("newcomer:{round}");
+        c.cmd(&["ZADD", "board", "-1", &member]);
+        let through = raw_cmd(&p.addr(), &zrange);
+        let direct = raw_cmd(&owner.addr(), &zrange);
+        assert!(through == direct, "stale read after ZADD {member}");
+        assert!(String::from_utf8_lossy(&through[..64]).contains(&member));
+    }
+    let m = p.admin_get("/metrics").1;
+    assert!(
+        m.contains("saltshaker_hot_key_node_milliseconds_per_second{key=\"board\"}"),
+        "{m}"
+    );
+}
+
+#[test]
+fn many_small_keys_at_the_same_bandwidth_make_no_key_hot() {
+    need_redis();
+    need_tool("redis-benchmark");
+    let _serial = one_at_a_time();
+    let nodes = pool(2);
+    let p = Proxy::start(&nodes.iter().collect::<Vec<_>>(), &[]);
+    let bench = |test: &str, n: &str| {
+        Command::new("redis-benchmark")
+            .args([
+                "-p",
+                &p.port.to_string(),
+                "-t",
+                test,
+                "-n",
+                n,
+                "-r",
+                "10000",
+            ])
+            .args(["-d", "8192", "-c", "8", "-P", "4", "-q"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .expect("redis-benchmark")
+    };
+    assert!(bench("set", "20000").success());
+    let out0 = p.metric("saltshaker_requests_total");
+    let start = Instant::now();
+    let mut load = Command::new("redis-benchmark")
+        .args([
+            "-p",
+            &p.port.to_string(),
+            "-t",
+            "get",
+            "-n",
+            "10000000",
+            "-r",
+            "10000",
+        ])
+        .args(["-c", "8", "-P", "4", "-q"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("redis-benchmark");
+    let mut listed = Vec::new();
+    while start.elapsed() < Duration::from_secs(4) {
+        std::thread::sleep(Duration::from_millis(100));
+        if let Some(keys) = hotkeys(&p)["keys"].as_array() {
+            listed.extend(keys.iter().map(|k| k["key"].to_string()));
+        }
+    }
+    let _ = load.kill();
+    let _ = load.wait();
+    let reads = p.metric("saltshaker_requests_total") - out0;
+    let secs = start.elapsed().as_secs_f64();
+    let bandwidth = reads * 8192.0 / secs;
+    eprintln!(
+        "{reads} reads of 8 KiB in {secs:.1} s: {:.0} MiB/s",
+        bandwidth / 1048576.0
+    );
+    // Teeth: together the keys moved more than one key may before it is hot.
+    assert!(bandwidth > 32.0 * 1024.0 * 1024.0, "{bandwidth} B/s");
+    assert!(listed.is_empty(), "listed: {listed:?}");
+    let m = p.admin_get("/metrics").1;
+    assert!(m.contains("saltshaker_hot_keys{kind=\"bytes\"} 0"), "{m}");
+}
