@@ -13,7 +13,12 @@ microseconds per request behind it, and the ratios saltshaker/nutcracker and
 saltshaker/node-behind-saltshaker. With --bin-b a second saltshaker build runs as a
 fourth target in the same rounds (before/after a change).
 
-usage: bench/cpu_per_request.py --saltshaker BIN [--bin-b BIN] [-n 400000] [--rounds 3]
+With --rules-b FILE the second build runs with that rules file: the same binary with
+`detection: { enabled: false }` measures what detection costs. The per-round ratio of
+saltshaker to saltshaker-b is printed last (median, min-max).
+
+usage: bench/cpu_per_request.py --saltshaker BIN [--bin-b BIN [--rules-b FILE]] [-n 400000]
+       [--rounds 3]
 """
 
 import argparse
@@ -40,6 +45,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--saltshaker", required=True)
     ap.add_argument("--bin-b")
+    ap.add_argument("--rules-b")
     ap.add_argument("-n", type=int, default=400000)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--tests", default="get,set")
@@ -71,10 +77,11 @@ def main():
             bins.append(("saltshaker-b", args.bin_b))
         for name, binary in bins:
             port = free_port()
+            rules = ["--rules", args.rules_b] if name == "saltshaker-b" and args.rules_b else []
             p = subprocess.Popen(
                 [binary, "--listen", f"127.0.0.1:{port}", "--admin", f"127.0.0.1:{free_port()}",
                  "--nodes", f"127.0.0.1:{rport}", "--threads", args.threads,
-                 "--log-level", "warn"],
+                 "--log-level", "warn", *rules],
                 stdout=subprocess.DEVNULL, stderr=open(os.path.join(tmp, name + ".log"), "w"))
             procs.append(p)
             wait_port(port)
@@ -121,6 +128,17 @@ def main():
                     ratio_nc = f"{p / nc_med:.2f}" if name != "nutcracker" else "1.00"
                     print(f"| P{pipe} {test.upper()} | {name} | {p:.2f} ({lo:.2f}-{hi:.2f}) | "
                           f"{n:.2f} | {ratio_nc} | {p / n:.2f} |")
+        if args.bin_b:
+            print()
+            print("| test | saltshaker / saltshaker-b, proxy CPU per request (median, min-max) |")
+            print("|---|---|")
+            for test in args.tests.split(","):
+                for pipe in args.pipelines.split(","):
+                    a = cells[(test, pipe, "saltshaker")]
+                    b = cells[(test, pipe, "saltshaker-b")]
+                    r = [x[0] / y[0] for x, y in zip(a, b)]
+                    print(f"| P{pipe} {test.upper()} | {statistics.median(r):.3f} "
+                          f"({min(r):.3f}-{max(r):.3f}) |")
     finally:
         stop_all(procs)
 

@@ -57,8 +57,17 @@ impl Replies {
 
     /// Reply `i` as raw RESP bytes (zero-copy).
     pub fn get(&self, i: usize) -> Bytes {
+        self.buf.slice(self.range(i))
+    }
+
+    /// Reply `i`, borrowed.
+    pub fn get_ref(&self, i: usize) -> &[u8] {
+        &self.buf[self.range(i)]
+    }
+
+    fn range(&self, i: usize) -> std::ops::Range<usize> {
         let start = if i == 0 { 0 } else { self.ends[i - 1] as usize };
-        self.buf.slice(start..self.ends[i] as usize)
+        start..self.ends[i] as usize
     }
 }
 

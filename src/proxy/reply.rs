@@ -270,7 +270,7 @@ async fn resolve<W: AsyncWrite + Unpin>(
                 // The replies together under the floor: none of them is costly.
                 if r.buf.len() >= super::cost::BYTES_FLOOR {
                     for c in &round.costs {
-                        super::cost::observe(&ctx.detector, c, &r.get(c.slot as usize));
+                        super::cost::observe(&ctx.detector, c, r.get_ref(c.slot as usize));
                     }
                 }
             }

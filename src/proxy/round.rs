@@ -412,6 +412,10 @@ impl RoundBuilder {
         if let Some(mut cost) = cost {
             if self.slots.len() == slots_before + 1 {
                 cost.slot = slots_before as u32;
+                if self.costs.capacity() == 0 {
+                    // One allocation per round, not one per doubling.
+                    self.costs.reserve(self.slots.capacity());
+                }
                 self.costs.push(cost);
             }
         }
