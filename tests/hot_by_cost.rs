@@ -343,3 +343,51 @@ fn many_small_keys_at_the_same_bandwidth_make_no_key_hot() {
     let m = p.admin_get("/metrics").1;
     assert!(m.contains("saltshaker_hot_keys{kind=\"bytes\"} 0"), "{m}");
 }
+
+#[test]
+fn a_byte_limit_admits_a_big_value_at_its_bytes_per_second() {
+    need_redis();
+    let _serial = one_at_a_time();
+    let nodes = pool(2);
+    let dir = TempDir::new("bytes-limit");
+    let rules = dir.0.join("rules.yaml");
+    std::fs::write(
+        &rules,
+        "version: 1\nrules:\n  - match: \"page:*\"\n    admit: { limit_bytes_per_sec: 2097152 }\n",
+    )
+    .expect("write rules");
+    let p = Proxy::start(
+        &nodes.iter().collect::<Vec<_>>(),
+        &["--rules", &path_str(&rules)],
+    );
+    let mut c = p.client();
+    c.cmd(&["SET", "page:home", &"v".repeat(512 * 1024)]);
+    // 20 reads a second for 3 s: 30 MiB offered against 2 MiB/s plus one second's burst.
+    let (mut admitted, mut refused) = (0, 0);
+    let start = Instant::now();
+    for i in 0..60u32 {
+        let r = c.cmd(&["GET", "page:home"]);
+        if r.is_error() {
+            assert!(r.err().contains("2097152 bytes/s"), "{r}");
+            refused += 1;
+        } else {
+            assert_eq!(r.as_str().len(), 512 * 1024);
+            admitted += 1;
+        }
+        // Other keys are not limited.
+        assert!(!c.cmd(&["GET", "other"]).is_error());
+        let next = start + Duration::from_millis(50 * (i as u64 + 1));
+        if let Some(d) = next.checked_duration_since(Instant::now()) {
+            std::thread::sleep(d);
+        }
+    }
+    let secs = start.elapsed().as_secs_f64();
+    let allowed = (2.0 * secs + 2.0) * 2.0; // reads of 512 KiB in 2 MiB/s over secs, plus a burst
+    eprintln!("{admitted} admitted, {refused} refused in {secs:.1} s (at most {allowed:.1})");
+    assert!(refused > 0);
+    assert!(admitted as f64 <= allowed + 1.0, "{admitted} > {allowed}");
+    assert!(
+        admitted as f64 >= allowed - 4.0,
+        "{admitted} well under {allowed}"
+    );
+}

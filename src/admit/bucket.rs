@@ -66,6 +66,20 @@ impl Bucket {
         Some(wait)
     }
 
+    /// Takes `n` tokens whatever is left: the bucket may go into debt, and is refused
+    /// (`has_tokens`) until it has refilled past it. For what is known only after a command
+    /// ran (the bytes of its reply).
+    pub fn charge(&mut self, rate: f64, burst: f64, now_us: u64, n: f64) {
+        self.refill(rate, burst, now_us);
+        self.tokens -= n;
+    }
+
+    /// True when the bucket is not in debt.
+    pub fn has_tokens(&mut self, rate: f64, burst: f64, now_us: u64) -> bool {
+        self.refill(rate, burst, now_us);
+        self.tokens > 0.0
+    }
+
     /// True when the bucket is back at its burst: it knows nothing a new bucket would not,
     /// so it may be forgotten (this is what bounds the memory of limits).
     pub fn is_full(&self, rate: f64, burst: f64, now_us: u64) -> bool {

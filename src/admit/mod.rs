@@ -69,6 +69,10 @@ struct KeyState {
     /// The rate and burst the bucket refilled at when last asked.
     rate: f64,
     burst: f64,
+    /// `limit_bytes_per_sec`: charged the bytes of each reply (`charge`).
+    bytes: Bucket,
+    /// Its rate (and burst: one second of it); 0 without a byte limit.
+    bytes_rate: f64,
     /// Global: this proxy's share of the limit per second (None: not synced yet).
     share: Option<f64>,
     /// Global: commands offered since `since_us` (the key's first command, or the last
@@ -185,7 +189,7 @@ impl Admission {
             }
         };
         let pattern = rules.rules()[rule].pattern.as_str();
-        if a.limit_per_sec.is_none() && !shed {
+        if a.limit_per_sec.is_none() && a.limit_bytes_per_sec.is_none() && !shed {
             count(0);
             // A key sampled while its node sheds needs its last value when shedding starts.
             return if incr.is_some() && a.over_limit == OverLimit::Sample {
@@ -203,8 +207,19 @@ impl Admission {
         if st.global.is_some() {
             st.offered += 1;
         }
+        if let Some(limit) = a.limit_bytes_per_sec {
+            if !shed && !st.bytes.has_tokens(limit, a.burst_bytes(), now) {
+                st.limited_at_us = now;
+                count(3);
+                return Verdict::Reject(format!(
+                    "{THROTTLED} saltshaker: key over its limit of {limit} bytes/s (rule \"{pattern}\")"
+                ));
+            }
+        }
         let over = if shed {
             true
+        } else if a.limit_per_sec.is_none() {
+            false
         } else if a.over_limit == OverLimit::Delay {
             let max = a.max_delay_ms * 1000;
             match st.bucket.reserve(rate, burst, now, max) {
@@ -273,6 +288,8 @@ impl Admission {
         });
         let mut st = KeyState {
             bucket: Bucket::full(a.burst(), now),
+            bytes: Bucket::full(a.burst_bytes(), now),
+            bytes_rate: a.burst_bytes(),
             rate: limit,
             burst: a.burst(),
             share: None,
@@ -313,7 +330,8 @@ impl Admission {
             let forgettable = st.offered == 0
                 && !recent(st.sampled_at_us)
                 && !recent(st.limited_at_us)
-                && st.bucket.is_full(st.rate, st.burst, now);
+                && st.bucket.is_full(st.rate, st.burst, now)
+                && st.bytes.is_full(st.bytes_rate, st.bytes_rate, now);
             !forgettable
         });
         // Every key is busy: forget an eighth of them (whichever come first), so the sweep
@@ -348,6 +366,18 @@ impl Admission {
         let now = self.now_us();
         let mut map = self.shard(key).lock().unwrap_or_else(|p| p.into_inner());
         self.entry(&mut map, key, a, now);
+    }
+
+    /// A command on `key` under rule section `a` moved `n` bytes (request and reply).
+    pub fn charge(&self, key: &[u8], a: &Admit, n: usize) {
+        let Some(limit) = a.limit_bytes_per_sec else {
+            return;
+        };
+        let now = self.now_us();
+        let mut map = self.shard(key).lock().unwrap_or_else(|p| p.into_inner());
+        let st = self.entry(&mut map, key, a, now);
+        st.bytes_rate = limit;
+        st.bytes.charge(limit, a.burst_bytes(), now, n as f64);
     }
 
     /// What the key showed in the last reply seen, if any.

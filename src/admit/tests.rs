@@ -155,3 +155,40 @@ fn a_proxy_new_to_a_global_limit_starts_at_its_start_share() {
         .count();
     assert!((50..=51).contains(&n), "{n}");
 }
+
+#[test]
+fn a_byte_limit_refuses_a_key_that_moved_more_until_it_is_back_under() {
+    let r = rules(
+        "version: 1\nrules:\n  - match: \"page:*\"\n    admit: { limit_bytes_per_sec: 1000000 }\n",
+    );
+    let a = adm();
+    let (i, s) = r.admit(b"page:1").expect("rule");
+    // A second's worth may go at once: two replies of 600 KB, then the key is in debt.
+    assert_eq!(a.check(&r, i, s, b"page:1", None, idle()), Verdict::Admit);
+    a.charge(b"page:1", s, 600_000);
+    assert_eq!(a.check(&r, i, s, b"page:1", None, idle()), Verdict::Admit);
+    a.charge(b"page:1", s, 600_000);
+    match a.check(&r, i, s, b"page:1", None, idle()) {
+        Verdict::Reject(m) => assert!(m.contains("1000000 bytes/s") && m.contains("page:*"), "{m}"),
+        v => panic!("{v:?}"),
+    }
+    assert_eq!(a.marked(b"page:1"), Some(Marked::Limited));
+    // Another key has its own bytes; the debt (200 KB) is paid back in about 0.2 s.
+    assert_eq!(a.check(&r, i, s, b"page:2", None, idle()), Verdict::Admit);
+    std::thread::sleep(std::time::Duration::from_millis(260));
+    assert_eq!(a.check(&r, i, s, b"page:1", None, idle()), Verdict::Admit);
+}
+
+#[test]
+fn a_byte_limit_is_checked_like_every_field() {
+    let bad = Rules::parse(
+        "version: 1\nrules:\n  - match: \"p\"\n    admit: { limit_bytes_per_sec: 10 }\n",
+        "r.yaml",
+    )
+    .expect_err("10 bytes/s is below 1024");
+    assert!(
+        bad.to_string()
+            .contains("rules[0].admit.limit_bytes_per_sec"),
+        "{bad}"
+    );
+}

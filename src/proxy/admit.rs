@@ -62,11 +62,15 @@ pub(super) fn gate(s: &mut Session, req: Request, c: Classified) -> Gate {
     let mut wait = Duration::ZERO;
     let mut record = false;
     let mut scaled = None;
+    let mut by_bytes = None;
     for &k in &c.keys {
         let key = req.arg(k as usize);
         let Some((rule, a)) = rules.admit(key) else {
             continue;
         };
+        if a.limit_bytes_per_sec.is_some() && by_bytes.is_none() {
+            by_bytes = Some((Bytes::copy_from_slice(key), *a));
+        }
         let b = &s.ctx().backend;
         let node = b.node(b.node_for(key));
         let load = NodeLoad {
@@ -92,12 +96,13 @@ pub(super) fn gate(s: &mut Session, req: Request, c: Classified) -> Gate {
         }
     }
     if !(record || scaled.is_some()) {
-        return Gate::Pass {
-            req,
-            c,
-            hook: None,
-            wait,
-        };
+        // A key with a byte limit is charged what the command moved once its reply is
+        // written (its first such key: a multi-key reply is not split between keys).
+        let hook = by_bytes.map(|(key, a)| {
+            let (admit, sent) = (s.ctx().admit.clone(), req.wire_len());
+            Box::new(move |reply: &[u8]| admit.charge(&key, &a, sent + reply.len())) as Hook
+        });
+        return Gate::Pass { req, c, hook, wait };
     }
     let key = req.arg_bytes(c.keys[0] as usize);
     let (req, c) = match (scaled, incr) {

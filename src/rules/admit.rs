@@ -54,6 +54,11 @@ pub struct Admit {
     /// `over_limit` applies only while the key's node sheds this priority.
     #[serde(default)]
     pub limit_per_sec: Option<f64>,
+    /// Bytes per second a matching key's commands may move (request and reply, charged as
+    /// each reply is written). A key that has moved more is refused until it is back under;
+    /// this proxy's own count, whatever `scope` says.
+    #[serde(default)]
+    pub limit_bytes_per_sec: Option<f64>,
     /// Commands a key may take at once above its rate (the bucket's size).
     #[serde(default)]
     pub burst: Option<f64>,
@@ -96,6 +101,11 @@ fn default_start_share_pct() -> f64 {
 }
 
 impl Admit {
+    /// The byte bucket's size: one second at the byte limit.
+    pub fn burst_bytes(&self) -> f64 {
+        self.limit_bytes_per_sec.unwrap_or(0.0)
+    }
+
     /// The bucket size in force.
     pub fn burst(&self) -> f64 {
         self.burst
@@ -132,6 +142,15 @@ pub fn check(base: &str, a: &mut Admit) -> Result<(), Problem> {
                 base,
                 &["limit_per_sec"],
                 format!("{l} must be a positive rate per second, at most 1e9"),
+            ));
+        }
+    }
+    if let Some(l) = a.limit_bytes_per_sec {
+        if !l.is_finite() || l < 1024.0 || l > 1e15 {
+            return Err(problem(
+                base,
+                &["limit_bytes_per_sec"],
+                format!("{l} must be a rate in bytes per second, 1024..=1e15"),
             ));
         }
     }
