@@ -391,3 +391,70 @@ fn a_byte_limit_admits_a_big_value_at_its_bytes_per_second() {
         "{admitted} well under {allowed}"
     );
 }
+
+#[test]
+fn node_balance_counts_what_reads_cost_the_node() {
+    need_redis();
+    let _serial = one_at_a_time();
+    let nodes = pool(2);
+    let p = Proxy::start(&nodes.iter().collect::<Vec<_>>(), &[]);
+    let mut c = p.client();
+    // 10,000 members: about 1.2 ms of node time per ZRANGE by the estimate; 50 a second is
+    // 60 ms/s, under the 100 ms/s at which the key itself is hot by node time, and 50
+    // reads/s is far under 2000. Counted in commands its node is no busier than the other.
+    for chunk in 0..10 {
+        let mut args = vec!["ZADD".to_string(), "board:weekly".to_string()];
+        for i in chunk * 1000..(chunk + 1) * 1000 {
+            args.push(i.to_string());
+            args.push(format!("player:{i}"));
+        }
+        c.cmd(&args);
+    }
+    let owner = &nodes[owner(&nodes, "board:weekly")];
+    let zrange = ["ZRANGE", "board:weekly", "0", "-1"];
+    let expect = raw_cmd(&owner.addr(), &zrange);
+    // An even background of small reads on both nodes.
+    let stop = Arc::new(AtomicBool::new(false));
+    let bg = {
+        let (addr, stop) = (p.addr(), stop.clone());
+        std::thread::spawn(move || {
+            let mut c = Client::connect(&addr);
+            let mut rng = Rng(7);
+            while !stop.load(Ordering::Relaxed) {
+                let cmds: Vec<[String; 2]> = (0..20)
+                    .map(|_| ["GET".to_string(), format!("bg:{}", rng.next(10_000))])
+                    .collect();
+                c.pipeline(&cmds);
+                std::thread::sleep(Duration::from_millis(10));
+            }
+        })
+    };
+    let readers = Readers::start(&p.addr(), &zrange, expect, 1, 50);
+    let start = Instant::now();
+    let chosen = loop {
+        let e = entry(&hotkeys(&p), "board:weekly");
+        if let Some(e) = e.filter(|e| e["read_hot_by"] == "balance") {
+            break e;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(8),
+            "balance never chose the key: {}",
+            hotkeys(&p)
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    eprintln!("chosen by balance after {:?}: {chosen}", start.elapsed());
+    assert!(hot_by(&chosen).iter().all(|b| b == "reads"), "{chosen}");
+    let m = p.admin_get("/metrics").1;
+    assert!(
+        m.contains("saltshaker_backend_read_cost_seconds_total{node="),
+        "{m}"
+    );
+    std::thread::sleep(Duration::from_millis(500));
+    let (calls, reads, _, _) = served_over(owner, "zrange", &readers, Duration::from_secs(2));
+    eprintln!("node: {calls} ZRANGEs; clients: {reads} reads");
+    assert!(calls * 5 <= reads, "node served {calls} of {reads} reads");
+    readers.stop();
+    stop.store(true, Ordering::Relaxed);
+    bg.join().expect("background");
+}

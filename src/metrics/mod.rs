@@ -105,6 +105,7 @@ pub struct Metrics {
     pub backend_connections: Family<NodeLabel, Gauge>,
     pub backend_up: Family<NodeLabel, Gauge>,
     pub backend_pending: Family<NodeLabel, Gauge>,
+    pub backend_read_cost: Family<NodeLabel, Counter<f64, AtomicU64>>,
     pub hot_keys: Family<HotKindLabel, Gauge>,
     pub hot_key_rate: Family<HotKeyLabel, Gauge<f64, AtomicU64>>,
     /// Keys hot by what their reads cost: bytes moved, and the node's estimated ms.
@@ -171,6 +172,7 @@ impl Metrics {
             backend_connections: Family::default(),
             backend_up: Family::default(),
             backend_pending: Family::default(),
+            backend_read_cost: Family::default(),
             hot_keys: Family::default(),
             hot_key_rate: Family::default(),
             hot_key_bytes: Family::default(),
@@ -260,6 +262,11 @@ impl Metrics {
             "backend_pending_commands",
             "Commands sent to the node on its shared connections and not answered yet (admission sheds low-priority keys above admission.shed_low_at_pending)",
             m.backend_pending.clone(),
+        );
+        r.register(
+            "backend_read_cost_seconds",
+            "Estimated node time of the costly reads each node answered (replies of at least 1 KiB or 10 us, estimated from their size); node balance adds it to a node's load",
+            m.backend_read_cost.clone(),
         );
         r.register(
             "hot_keys",

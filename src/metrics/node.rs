@@ -13,6 +13,8 @@ pub struct NodeMetrics {
     pub up: Gauge,
     /// Commands sent and not answered yet, over the node's shared connections.
     pub pending: Gauge,
+    /// Estimated node seconds of the costly reads it answered (`proxy::cost`).
+    pub read_cost: Counter<f64, std::sync::atomic::AtomicU64>,
     node: String,
     errors: prometheus_client::metrics::family::Family<NodeErrorLabel, Counter>,
 }
@@ -28,6 +30,7 @@ impl NodeMetrics {
             connections: m.backend_connections.get_or_create(&l).clone(),
             up: m.backend_up.get_or_create(&l).clone(),
             pending: m.backend_pending.get_or_create(&l).clone(),
+            read_cost: m.backend_read_cost.get_or_create(&l).clone(),
             node: node.to_string(),
             errors: m.backend_errors.clone(),
         }

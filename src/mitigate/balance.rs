@@ -10,8 +10,11 @@
 //! node needs is far cheaper: `bench/zipf_placement.py --greedy` finds that 25 to 700 keys
 //! (rank under ~1000) bring Zipf 1.1 and 1.3 over 100k keys within 5% of the mean.
 //!
-//! The controller below runs once per detection window. It reads the commands this proxy
-//! sent each node (the load a cache hit takes away) and the read rates of the keys the
+//! The controller below runs once per detection window. It reads the load this proxy sent
+//! each node (the load a cache hit takes away): its commands, counted as a microsecond of
+//! node time each, plus the estimated node time of its costly reads (big values, big
+//! aggregates: `saltshaker_backend_read_cost_seconds_total`, from `proxy::cost`), so a node
+//! kept busy by a few expensive reads counts as busy. It also reads the read rates of the keys the
 //! detector tracks, and for a node above the mean by more than `balance.over_mean_pct`
 //! chooses that node's hottest keys, as many as take its excess off, and makes them read-hot
 //! (`Chosen`, read by the detector through its per-key thresholds). When the node is clearly
@@ -267,7 +270,7 @@ pub fn node_keys(
     let hot: HashSet<&[u8]> = snap
         .keys
         .iter()
-        .filter(|k| k.read_state.is_some())
+        .filter(|k| k.read_hot_state().is_some())
         .map(|k| k.key.as_slice())
         .collect();
     let mut out = vec![NodeKeys::default(); nodes];
@@ -294,7 +297,13 @@ pub async fn run(
     mut shutdown: watch::Receiver<bool>,
 ) {
     let nodes = backend.nodes();
-    let count = || -> Vec<u64> { nodes.iter().map(|n| n.metrics.requests.get()).collect() };
+    // A command is a microsecond of node time; costly reads add their estimate.
+    let count = || -> Vec<u64> {
+        nodes
+            .iter()
+            .map(|n| n.metrics.requests.get() + (n.metrics.read_cost.get() * 1e6) as u64)
+            .collect()
+    };
     let mut prev = count();
     let mut last = Instant::now();
     let mut ctl = Controller::new(nodes.len());

@@ -47,8 +47,9 @@ pub(super) fn candidate(detects: bool, req: &Request, c: &Classified) -> Option<
     })
 }
 
-/// Counts one written reply's cost against its key.
-pub fn observe(detector: &Detector, cost: &Cost, reply: &[u8]) {
+/// Counts one written reply's cost against its key; returns its estimated node
+/// microseconds when they reach the floor (else 0).
+pub fn observe(detector: &Detector, cost: &Cost, reply: &[u8]) -> u64 {
     let bytes = reply.len() + cost.request as usize;
     if bytes >= BYTES_FLOOR {
         detector.observe_cost(&cost.key, Kind::Bytes, bytes as u64);
@@ -56,7 +57,9 @@ pub fn observe(detector: &Detector, cost: &Cost, reply: &[u8]) {
     let us = node_us(reply);
     if us >= NODE_US_FLOOR {
         detector.observe_cost(&cost.key, Kind::NodeUs, us);
+        return us;
     }
+    0
 }
 
 /// The node's estimated microseconds for a command with this reply (see the module doc).

@@ -270,7 +270,8 @@ async fn resolve<W: AsyncWrite + Unpin>(
                 // The replies together under the floor: none of them is costly.
                 if r.buf.len() >= super::cost::BYTES_FLOOR {
                     for c in &round.costs {
-                        super::cost::observe(&ctx.detector, c, r.get_ref(c.slot as usize));
+                        let us = super::cost::observe(&ctx.detector, c, r.get_ref(c.slot as usize));
+                        node_cost(ctx, c, us);
                     }
                 }
             }
@@ -289,6 +290,7 @@ async fn resolve<W: AsyncWrite + Unpin>(
             Slot::Seen(inner, hook) => (*inner, Some(hook)),
             slot => (slot, None),
         };
+        let from_node = matches!(slot, Slot::Reply(_));
         if let Slot::Again = slot {
             sink.buf.extend_from_slice(&again);
         } else {
@@ -302,7 +304,10 @@ async fn resolve<W: AsyncWrite + Unpin>(
             hook(&sink.buf[start..]);
         }
         if let Some(c) = costs.next_if(|c| c.slot as usize == i) {
-            super::cost::observe(&ctx.detector, c, &sink.buf[start..]);
+            let us = super::cost::observe(&ctx.detector, c, &sink.buf[start..]);
+            if from_node {
+                node_cost(ctx, c, us);
+            }
         }
         // A round of many large replies is written as it is resolved, not gathered whole.
         sink.relieve(ctx, client).await?;
@@ -347,6 +352,18 @@ async fn write_slot(
         }
     }
     Ok(())
+}
+
+/// A costly read the node answered (not the cache) adds its estimated time to the node's
+/// load, as node balance sees it.
+fn node_cost(ctx: &Ctx, c: &super::cost::Cost, us: u64) {
+    if us > 0 {
+        let b = &ctx.backend;
+        b.node(b.node_for(&c.key))
+            .metrics
+            .read_cost
+            .inc_by(us as f64 / 1e6);
+    }
 }
 
 fn record(ctx: &Ctx, started: &std::time::Instant, counts: &[u64; 3], n: u64) {
