@@ -51,6 +51,8 @@ def main():
     ap.add_argument("--tests", default="get,set")
     ap.add_argument("--pipelines", default="1,16")
     ap.add_argument("--threads", default="1")
+    ap.add_argument("-d", "--data-size", type=int, default=3,
+                    help="SET value size in bytes (redis-benchmark -d); GET reads them back")
     args = ap.parse_args()
     tmp = tempfile.mkdtemp(prefix="cpu-per-request.")
     procs = []
@@ -99,7 +101,8 @@ def main():
                         served_before = commands_processed(rport)
                         subprocess.run(
                             ["redis-benchmark", "-p", str(port), "-c", "50", "-r", "100000",
-                             "-n", str(args.n), "-t", test, "-P", pipe, "-q"],
+                             "-n", str(args.n), "-t", test, "-P", pipe, "-d", str(args.data_size),
+                             "-q"],
                             stdout=subprocess.DEVNULL, check=True)
                         node = cpu_seconds(redis.pid) - node_before
                         proxy = (cpu_seconds(pid) - proxy_before) if pid else 0
@@ -109,7 +112,8 @@ def main():
                             raise SystemExit(f"{name}: the node served {served} of {args.n}")
                         cell = cells.setdefault((test, pipe, name), [])
                         cell.append((proxy * 1e6 / args.n, node * 1e6 / args.n))
-        print(f"redis-benchmark -c 50 -r 100000 -n {args.n} -t T -P P, {args.rounds} rounds, "
+        print(f"redis-benchmark -c 50 -r 100000 -n {args.n} -d {args.data_size} -t T -P P, "
+              f"{args.rounds} rounds, "
               f"saltshaker --threads {args.threads}; microseconds of CPU per request, "
               "median over rounds (min-max)")
         print("| test | target | proxy us/req | node us/req | proxy/nutcracker | proxy/node |")

@@ -12,6 +12,7 @@
 mod admit;
 mod locate;
 mod model;
+mod patch;
 mod problem;
 mod reload;
 mod validate;
@@ -84,7 +85,7 @@ impl Default for Rules {
         Rules {
             version: 1,
             detection: Detection::default(),
-            epoch_ms: model::default_epoch_ms(),
+            epoch_ms: patch::default_epoch_ms(),
             defaults: Policies::default(),
             balance: Balance::default(),
             admission: Admission::default(),
@@ -103,7 +104,7 @@ impl Rules {
 
     /// Parses and validates YAML text; `file` names it in errors.
     pub fn parse(text: &str, file: &str) -> Result<Rules, ConfigError> {
-        let doc: model::RulesDoc = parse_yaml(text, file).map_err(|e| polish(e, text))?;
+        let doc: patch::RulesDoc = parse_yaml(text, file).map_err(|e| polish(e, text))?;
         Rules::build(doc).map_err(|p| {
             let (field, line, column) = locate::best(text, &p.fields);
             let mut message = p.message;
@@ -129,7 +130,7 @@ impl Rules {
     }
 
     /// Merges every rule over the defaults and checks the result.
-    fn build(doc: model::RulesDoc) -> Result<Rules, problem::Problem> {
+    fn build(doc: patch::RulesDoc) -> Result<Rules, problem::Problem> {
         validate::version(doc.version)?;
         validate::detection(&doc.detection, doc.epoch_ms)?;
         validate::read("defaults.read", &doc.defaults.read)?;

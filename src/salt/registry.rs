@@ -197,18 +197,28 @@ pub async fn promote(
         salt.kick.notify_one();
         return Ok(rec);
     }
-    match get(backend, key).await? {
-        Some((raw, mut cur)) if pinned && !cur.pinned => {
-            cur.pinned = true;
-            cur.demote_ms = None;
-            cas(backend, key, Some(&raw), Some(cur.encode().as_bytes())).await?;
-            Ok(cur)
+    // Salted already: a pin cancels a demotion. The record may change under us (a fold
+    // adopts it at each journaled step), so the pin is written by compare-and-set until it
+    // holds; reporting success after a lost CAS left the demotion in force and the fold
+    // went on to remove the record.
+    for _ in 0..5 {
+        match get(backend, key).await? {
+            Some((raw, mut cur)) if pinned && (!cur.pinned || cur.demote_ms.is_some()) => {
+                cur.pinned = true;
+                cur.demote_ms = None;
+                if cas(backend, key, Some(&raw), Some(cur.encode().as_bytes())).await? {
+                    announce(backend, key).await;
+                    salt.kick.notify_one();
+                    return Ok(cur);
+                }
+            }
+            Some((_, cur)) => return Ok(cur),
+            None => break,
         }
-        Some((_, cur)) => Ok(cur),
-        None => Err(SaltError::Busy(
-            "the registry changed during the promotion; try again".into(),
-        )),
     }
+    Err(SaltError::Busy(
+        "the registry changed during the promotion; try again".into(),
+    ))
 }
 
 /// Ends salting of `key` at the next safe boundary (the fold follows after a grace epoch).
