@@ -434,3 +434,25 @@ fn a_silent_server_times_out() {
     assert!(started.elapsed() < Duration::from_secs(2));
     drop(l);
 }
+
+#[test]
+fn sort_by_bytes_orders_rows_by_what_their_reads_move() {
+    let mut view = view_with(4, 3);
+    // view_with gives key i 1e6 * i bytes/s: by rate key:0 leads, by bytes key:3.
+    let by_rate: Vec<String> = render(&view, 120, 24)
+        .lines()
+        .filter(|l| l.starts_with("key:"))
+        .map(|l| l[..5].to_string())
+        .collect();
+    assert_eq!(by_rate, ["key:0", "key:1", "key:2", "key:3"]);
+    view.sort_by_bytes = true;
+    let frame = render(&view, 120, 24);
+    let by_bytes: Vec<String> = frame
+        .lines()
+        .filter(|l| l.starts_with("key:"))
+        .map(|l| l[..5].to_string())
+        .collect();
+    assert_eq!(by_bytes, ["key:3", "key:2", "key:1", "key:0"]);
+    assert!(frame.contains("BYTES/S"), "{frame}");
+    assert!(frame.contains("3.00M"), "{frame}");
+}
