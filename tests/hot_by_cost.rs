@@ -296,7 +296,7 @@ fn many_small_keys_at_the_same_bandwidth_make_no_key_hot() {
                 "-r",
                 "10000",
             ])
-            .args(["-d", "8192", "-c", "8", "-P", "4", "-q"])
+            .args(["-d", "16384", "-c", "8", "-P", "4", "-q"])
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .status()
@@ -332,9 +332,9 @@ fn many_small_keys_at_the_same_bandwidth_make_no_key_hot() {
     let _ = load.wait();
     let reads = p.metric("saltshaker_requests_total") - out0;
     let secs = start.elapsed().as_secs_f64();
-    let bandwidth = reads * 8192.0 / secs;
+    let bandwidth = reads * 16384.0 / secs;
     eprintln!(
-        "{reads} reads of 8 KiB in {secs:.1} s: {:.0} MiB/s",
+        "{reads} reads of 16 KiB in {secs:.1} s: {:.0} MiB/s",
         bandwidth / 1048576.0
     );
     // Teeth: together the keys moved more than one key may before it is hot.

@@ -265,7 +265,7 @@ impl Metrics {
         );
         r.register(
             "backend_read_cost_seconds",
-            "Estimated node time of the costly reads each node answered (replies of at least 1 KiB or 10 us, estimated from their size); node balance adds it to a node's load",
+            "Estimated node time of the costly reads each node answered (reads of at least 10 us, estimated from the reply); node balance adds it to a node's load",
             m.backend_read_cost.clone(),
         );
         r.register(

@@ -4,10 +4,16 @@
 //! A single-key read notes its key and slot when it is acted on (`candidate`,
 //! `RoundBuilder::note_cost`);
 //! the reply writer hands each noted reply to `observe` once it is resolved. Only a cost
-//! past a floor is counted: below `BYTES_FLOOR` bytes or `NODE_US_FLOOR` µs a key reaches
-//! the request-count threshold first (1 KiB x 2000 reads/s = 2 MB/s, under the default
-//! 16 MiB/s; 10 µs x 2000/s = 20 ms/s, under the default 100 ms/s), so ordinary small
-//! reads cost one comparison per round (the round's replies together under the floor).
+//! past the rules' floors (`rules::CostFloors`) reaches the detector: a reply under
+//! `hot_at_bytes_per_sec / hot_at_per_sec` bytes (8 KiB by default) or under the node-time
+//! pair's ratio (50 µs) belongs to a key that crosses the read-rate threshold first, so
+//! counting it would change nothing. A reply of at least `NODE_LOAD_FLOOR_US` is added to
+//! its node's load for node balance. A round whose replies together are under
+//! `GATE_BYTES` costs one comparison.
+//!
+//! Measured first with a fixed 1 KiB floor: with every GET a 1 KiB value, detection cost
+//! +19% proxy CPU per request at P16 (one sketch update without prefetch per read), against
+//! +3% with small values (bench/README.md, "Hot by cost").
 //!
 //! The node-time estimate, from `INFO commandstats` of redis-server 7.0 on one core
 //! (bench/README.md, "Hot by cost"): per call, about 1 µs, plus 84-240 ns per element of
@@ -20,11 +26,13 @@ use bytes::Bytes;
 use crate::command::{Access, Classified};
 use crate::hotkey::{Detector, Kind};
 use crate::resp::Request;
+use crate::rules::CostFloors;
 
-/// A read's bytes (request and reply) below this are not counted by bytes.
-pub const BYTES_FLOOR: usize = 1024;
-/// A read whose estimated node time is below this is not counted by node time.
-pub const NODE_US_FLOOR: u64 = 10;
+/// A read whose estimated node time reaches this adds it to its node's load (balance).
+pub const NODE_LOAD_FLOOR_US: u64 = 10;
+/// A reply shorter than this is neither counted nor estimated at 10 µs: an aggregate of
+/// 75 elements (10 µs by the estimate) takes at least 300 bytes.
+pub const GATE_BYTES: usize = 300;
 
 /// A read whose reply's cost is counted against its key once written.
 pub struct Cost {
@@ -47,19 +55,25 @@ pub(super) fn candidate(detects: bool, req: &Request, c: &Classified) -> Option<
     })
 }
 
-/// Counts one written reply's cost against its key; returns its estimated node
-/// microseconds when they reach the floor (else 0).
-pub fn observe(detector: &Detector, cost: &Cost, reply: &[u8]) -> u64 {
+/// Counts one written reply's cost against its key when past the floors; returns its
+/// estimated node microseconds when they reach `NODE_LOAD_FLOOR_US` (else 0).
+pub fn observe(detector: &Detector, floors: CostFloors, cost: &Cost, reply: &[u8]) -> u64 {
+    if reply.len() < GATE_BYTES {
+        return 0;
+    }
     let bytes = reply.len() + cost.request as usize;
-    if bytes >= BYTES_FLOOR {
+    if bytes >= floors.bytes {
         detector.observe_cost(&cost.key, Kind::Bytes, bytes as u64);
     }
     let us = node_us(reply);
-    if us >= NODE_US_FLOOR {
+    if us >= floors.node_us {
         detector.observe_cost(&cost.key, Kind::NodeUs, us);
-        return us;
     }
-    0
+    if us >= NODE_LOAD_FLOOR_US {
+        us
+    } else {
+        0
+    }
 }
 
 /// The node's estimated microseconds for a command with this reply (see the module doc).

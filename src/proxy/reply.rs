@@ -268,9 +268,11 @@ async fn resolve<W: AsyncWrite + Unpin>(
             if let Ok(r) = &replies[0] {
                 sink.buf.extend_from_slice(&r.buf);
                 // The replies together under the floor: none of them is costly.
-                if r.buf.len() >= super::cost::BYTES_FLOOR {
+                if r.buf.len() >= super::cost::GATE_BYTES && !round.costs.is_empty() {
+                    let floors = ctx.rules.load().cost_floors();
                     for c in &round.costs {
-                        let us = super::cost::observe(&ctx.detector, c, r.get_ref(c.slot as usize));
+                        let reply = r.get_ref(c.slot as usize);
+                        let us = super::cost::observe(&ctx.detector, floors, c, reply);
                         node_cost(ctx, c, us);
                     }
                 }
@@ -283,6 +285,11 @@ async fn resolve<W: AsyncWrite + Unpin>(
     // The reply of the slot before, when the next slot repeats it (`Slot::Again`).
     let mut again = Vec::new();
     let mut costs = round.costs.iter().peekable();
+    let floors = if round.costs.is_empty() {
+        crate::rules::CostFloors::default()
+    } else {
+        ctx.rules.load().cost_floors()
+    };
     let mut slots = round.slots.into_iter().enumerate().peekable();
     while let Some((i, slot)) = slots.next() {
         let start = sink.buf.len();
@@ -304,7 +311,7 @@ async fn resolve<W: AsyncWrite + Unpin>(
             hook(&sink.buf[start..]);
         }
         if let Some(c) = costs.next_if(|c| c.slot as usize == i) {
-            let us = super::cost::observe(&ctx.detector, c, &sink.buf[start..]);
+            let us = super::cost::observe(&ctx.detector, floors, c, &sink.buf[start..]);
             if from_node {
                 node_cost(ctx, c, us);
             }

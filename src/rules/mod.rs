@@ -47,6 +47,38 @@ pub struct Rules {
     /// Some rule has an `admit:` section: only then does the data path look for one.
     #[serde(skip)]
     any_admit: bool,
+    #[serde(skip)]
+    cost_floors: CostFloors,
+}
+
+/// The least a read must cost to be counted by cost (`proxy::cost`): below
+/// `hot_at_bytes_per_sec / hot_at_per_sec` bytes (or the node-time pair), a key crosses the
+/// read-rate threshold before the cost one, so counting it would change nothing. The lowest
+/// ratio over the defaults and every rule. Defaults: 8388 bytes, 50 µs.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct CostFloors {
+    pub bytes: usize,
+    pub node_us: u64,
+}
+
+impl CostFloors {
+    fn of<'a>(policies: impl Iterator<Item = &'a ReadPolicy>) -> CostFloors {
+        let (mut bytes, mut node_us) = (f64::INFINITY, f64::INFINITY);
+        for r in policies {
+            bytes = bytes.min(r.hot_at_bytes_per_sec / r.hot_at_per_sec);
+            node_us = node_us.min(r.hot_at_node_ms_per_sec * 1000.0 / r.hot_at_per_sec);
+        }
+        CostFloors {
+            bytes: (bytes.floor() as usize).max(1),
+            node_us: (node_us.floor() as u64).max(1),
+        }
+    }
+}
+
+impl Default for CostFloors {
+    fn default() -> Self {
+        CostFloors::of(std::iter::once(&ReadPolicy::default()))
+    }
 }
 
 /// One rule after merging: its pattern and its complete policies.
@@ -91,6 +123,7 @@ impl Default for Rules {
             admission: Admission::default(),
             rules: Vec::new(),
             any_admit: false,
+            cost_floors: CostFloors::default(),
         }
     }
 }
@@ -171,6 +204,9 @@ impl Rules {
             balance: doc.balance,
             admission: doc.admission,
             any_admit: rules.iter().any(|r| r.admit.is_some()),
+            cost_floors: CostFloors::of(
+                std::iter::once(&doc.defaults.read).chain(rules.iter().map(|r| &r.read)),
+            ),
             rules,
         })
     }
@@ -209,6 +245,11 @@ impl Rules {
     }
 
     /// Whether any rule limits admission (the data path skips the lookup otherwise).
+    /// See [`CostFloors`].
+    pub fn cost_floors(&self) -> CostFloors {
+        self.cost_floors
+    }
+
     pub fn any_admit(&self) -> bool {
         self.any_admit
     }

@@ -336,3 +336,13 @@ fn admit_sections_are_checked_with_their_place() {
         assert!(e.line >= 2, "{e}");
     }
 }
+
+#[test]
+fn cost_floors_are_the_lowest_ratio_of_cost_to_read_rate() {
+    let d = Rules::default().cost_floors();
+    assert_eq!((d.bytes, d.node_us), (8388, 50));
+    let t = "version: 1\nrules:\n  - match: big:*\n    read: { hot_at_bytes_per_sec: 1048576, cool_below_bytes_per_sec: 1000 }\n";
+    let r = Rules::parse(t, "r.yaml").unwrap();
+    assert_eq!(r.cost_floors().bytes, 524);
+    assert_eq!(r.cost_floors().node_us, 50);
+}
