@@ -8,23 +8,15 @@ use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
 use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
 use support::*;
 
-/// Load tests measure rates: two at once would skew both.
-fn one_at_a_time() -> MutexGuard<'static, ()> {
-    static LOCK: Mutex<()> = Mutex::new(());
-    LOCK.lock().unwrap_or_else(|e| e.into_inner())
-}
-
 fn hotkeys(p: &Proxy) -> Value {
-    let (status, body) = p.admin_get("/hotkeys");
-    assert_eq!(status, 200, "{body}");
-    serde_json::from_str(&body).unwrap_or_else(|e| panic!("/hotkeys is not JSON ({e}): {body}"))
+    p.hotkeys()
 }
 
 fn entry(snap: &Value, key: &str) -> Option<Value> {
@@ -150,6 +142,18 @@ impl Readers {
     }
 }
 
+/// A sorted set of `n` members `player:I` with score I, in ZADDs of 1000.
+fn fill_zset(c: &mut Client, key: &str, n: usize) {
+    for chunk in 0..n.div_ceil(1000) {
+        let mut args = vec!["ZADD".to_string(), key.to_string()];
+        for i in chunk * 1000..((chunk + 1) * 1000).min(n) {
+            args.push(i.to_string());
+            args.push(format!("player:{i}"));
+        }
+        c.cmd(&args);
+    }
+}
+
 /// Waits until `key` is listed hot by `by`; returns how long it took.
 fn until_hot_by(p: &Proxy, key: &str, by: &str, within: Duration) -> Duration {
     let start = Instant::now();
@@ -234,14 +238,7 @@ fn a_big_sorted_set_read_whole_is_hot_by_node_time_and_never_stale() {
     let nodes = pool(2);
     let p = Proxy::start(&nodes.iter().collect::<Vec<_>>(), &[]);
     let mut c = p.client();
-    for chunk in 0..100 {
-        let mut args = vec!["ZADD".to_string(), "board".to_string()];
-        for i in chunk * 1000..(chunk + 1) * 1000 {
-            args.push(i.to_string());
-            args.push(format!("player:{i}"));
-        }
-        c.cmd(&args);
-    }
+    fill_zset(&mut c, "board", 100_000);
     let owner = &nodes[owner(&nodes, "board")];
     let zrange = ["ZRANGE", "board", "0", "-1"];
     let expect = raw_cmd(&owner.addr(), &zrange);
@@ -402,14 +399,7 @@ fn node_balance_counts_what_reads_cost_the_node() {
     // 10,000 members: about 1.2 ms of node time per ZRANGE by the estimate; 50 a second is
     // 60 ms/s, under the 100 ms/s at which the key itself is hot by node time, and 50
     // reads/s is far under 2000. Counted in commands its node is no busier than the other.
-    for chunk in 0..10 {
-        let mut args = vec!["ZADD".to_string(), "board:weekly".to_string()];
-        for i in chunk * 1000..(chunk + 1) * 1000 {
-            args.push(i.to_string());
-            args.push(format!("player:{i}"));
-        }
-        c.cmd(&args);
-    }
+    fill_zset(&mut c, "board:weekly", 10_000);
     let owner = &nodes[owner(&nodes, "board:weekly")];
     let zrange = ["ZRANGE", "board:weekly", "0", "-1"];
     let expect = raw_cmd(&owner.addr(), &zrange);

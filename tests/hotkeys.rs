@@ -9,7 +9,7 @@
 mod support;
 
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -19,16 +19,8 @@ use support::*;
 
 const VIRAL: &str = "likes:viral";
 
-/// Load tests measure rates and latencies: two at once would skew both.
-fn one_at_a_time() -> MutexGuard<'static, ()> {
-    static LOCK: Mutex<()> = Mutex::new(());
-    LOCK.lock().unwrap_or_else(|e| e.into_inner())
-}
-
 fn hotkeys(p: &Proxy) -> Value {
-    let (status, body) = p.admin_get("/hotkeys");
-    assert_eq!(status, 200, "{body}");
-    serde_json::from_str(&body).unwrap_or_else(|e| panic!("/hotkeys is not JSON ({e}): {body}"))
+    p.hotkeys()
 }
 
 fn listed(snap: &Value) -> &[Value] {

@@ -303,6 +303,12 @@ pub fn calls(r: &Redis, cmd: &str) -> i64 {
         .unwrap_or(0)
 }
 
+/// Load tests measure rates and latencies: two at once in one test binary would skew both.
+pub fn one_at_a_time() -> std::sync::MutexGuard<'static, ()> {
+    static LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    LOCK.lock().unwrap_or_else(|e| e.into_inner())
+}
+
 pub fn pool(n: usize) -> Vec<Redis> {
     (0..n).map(|_| Redis::start()).collect()
 }
@@ -532,6 +538,13 @@ impl Proxy {
     }
 
     /// A series of /metrics, summed over its label sets (0 when absent).
+    /// `GET /hotkeys`, parsed.
+    pub fn hotkeys(&self) -> serde_json::Value {
+        let (status, body) = self.admin_get("/hotkeys");
+        assert_eq!(status, 200, "{body}");
+        serde_json::from_str(&body).unwrap_or_else(|e| panic!("/hotkeys is not JSON ({e}): {body}"))
+    }
+
     pub fn metric(&self, name: &str) -> f64 {
         let (_, m) = self.admin_get("/metrics");
         m.lines()
