@@ -290,10 +290,13 @@ impl Aggregator {
         for ((kind, key), n) in acc.keys {
             rates.entry(key).or_default()[kind as usize] = (n * kind.unit()) as f64 / secs;
         }
+        // What a key's reads weigh on its node: one unit per read, plus the node
+        // microseconds of its costly reads (the unit node balance counts a node's load in).
         let mut reads: Vec<(Box<[u8]>, f64)> = rates
             .iter()
-            .filter(|(_, r)| r[0] > 0.0)
-            .map(|(k, r)| (k.clone(), r[0]))
+            .map(|(k, r)| (k, r[Kind::Read as usize] + r[Kind::NodeUs as usize]))
+            .filter(|(_, w)| *w > 0.0)
+            .map(|(k, w)| (k.clone(), w))
             .collect();
         reads.sort_unstable_by(|a, b| b.1.total_cmp(&a.1));
         reads.truncate(super::MAX_READ_RATES);

@@ -181,9 +181,10 @@ pub struct HotSnapshot {
     pub total_writes_per_sec: f64,
     /// When this snapshot was published.
     pub at_unix_ms: u64,
-    /// Read rate of the keys the threads tracked in the last closed window, hottest first
-    /// (at most `MAX_READ_RATES`), hot or not: what a consumer needs to choose a threshold
-    /// that takes a given load off (`mitigate::balance`).
+    /// Read load of the keys the threads tracked in the last closed window, heaviest first
+    /// (at most `MAX_READ_RATES`), hot or not: reads per second plus the node microseconds
+    /// per second of their costly reads (a plain read counts as one). What a consumer needs
+    /// to choose the keys that take a given load off a node (`mitigate::balance`).
     pub read_rates: Arc<Vec<(Box<[u8]>, f64)>>,
 }
 
