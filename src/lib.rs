@@ -127,13 +127,10 @@ pub async fn run(
     let detector = hotkey::Detector::new(hotkey::DetectorConfig {
         window_ms: rules.window_ms(),
         top_k: rules.top_k(),
-        read_hot_at_per_sec: rules.defaults().read.hot_at_per_sec,
-        write_hot_at_per_sec: rules.defaults().write.hot_at_per_sec,
-        read_cool_below_per_sec: rules.defaults().read.cool_below_per_sec,
-        write_cool_below_per_sec: rules.defaults().write.cool_below_per_sec,
-        bytes_per_sec: cost_threshold(&rules.defaults().read, hotkey::Kind::Bytes),
-        node_us_per_sec: cost_threshold(&rules.defaults().read, hotkey::Kind::NodeUs),
+        ..hotkey::DetectorConfig::default()
     });
+    let d = rules.defaults();
+    detector.set_thresholds(detector_thresholds(&d.read, &d.write));
     let rules = rules::RulesHandle::new(rules);
     let balance = Arc::new(mitigate::balance::Chosen::default());
     detector.set_key_thresholds(Some(Arc::new(RuleThresholds {
@@ -189,18 +186,7 @@ pub async fn run(
                 let r = rules.load();
                 gauge.set(rules.generation() as i64);
                 let d = r.defaults();
-                detector.set_thresholds([
-                    hotkey::Threshold {
-                        hot_at_per_sec: d.read.hot_at_per_sec,
-                        cool_below_per_sec: d.read.cool_below_per_sec,
-                    },
-                    hotkey::Threshold {
-                        hot_at_per_sec: d.write.hot_at_per_sec,
-                        cool_below_per_sec: d.write.cool_below_per_sec,
-                    },
-                    cost_threshold(&d.read, hotkey::Kind::Bytes),
-                    cost_threshold(&d.read, hotkey::Kind::NodeUs),
-                ]);
+                detector.set_thresholds(detector_thresholds(&d.read, &d.write));
             }
         });
     }
@@ -375,15 +361,7 @@ impl hotkey::KeyThresholds for RuleThresholds {
                     cool_below_per_sec: cool,
                 }
             }
-            hotkey::Kind::Read => hotkey::Threshold {
-                hot_at_per_sec: r.read.hot_at_per_sec,
-                cool_below_per_sec: r.read.cool_below_per_sec,
-            },
-            hotkey::Kind::Write => hotkey::Threshold {
-                hot_at_per_sec: r.write.hot_at_per_sec,
-                cool_below_per_sec: r.write.cool_below_per_sec,
-            },
-            cost => cost_threshold(&r.read, cost),
+            kind => detector_thresholds(&r.read, &r.write)[kind as usize],
         })
     }
 
@@ -400,19 +378,25 @@ impl hotkey::KeyThresholds for RuleThresholds {
     }
 }
 
-/// A read policy's cost threshold for the detector (`Bytes` in bytes, `NodeUs` in node
-/// microseconds per second; the rules give node time in ms).
-fn cost_threshold(r: &rules::ReadPolicy, kind: hotkey::Kind) -> hotkey::Threshold {
-    match kind {
-        hotkey::Kind::Bytes => hotkey::Threshold {
-            hot_at_per_sec: r.hot_at_bytes_per_sec,
-            cool_below_per_sec: r.cool_below_bytes_per_sec,
-        },
-        _ => hotkey::Threshold {
-            hot_at_per_sec: r.hot_at_node_ms_per_sec * 1000.0,
-            cool_below_per_sec: r.cool_below_node_ms_per_sec * 1000.0,
-        },
-    }
+/// A key's (or the defaults') thresholds for the detector, indexed by `hotkey::Kind`
+/// (`Bytes` in bytes, `NodeUs` in node microseconds per second: the rules give node ms).
+fn detector_thresholds(
+    r: &rules::ReadPolicy,
+    w: &rules::WritePolicy,
+) -> [hotkey::Threshold; hotkey::KINDS] {
+    let t = |hot_at_per_sec, cool_below_per_sec| hotkey::Threshold {
+        hot_at_per_sec,
+        cool_below_per_sec,
+    };
+    [
+        t(r.hot_at_per_sec, r.cool_below_per_sec),
+        t(w.hot_at_per_sec, w.cool_below_per_sec),
+        t(r.hot_at_bytes_per_sec, r.cool_below_bytes_per_sec),
+        t(
+            r.hot_at_node_ms_per_sec * 1000.0,
+            r.cool_below_node_ms_per_sec * 1000.0,
+        ),
+    ]
 }
 
 /// The admin token from its file: the first line, trimmed; an empty one is refused.

@@ -56,11 +56,9 @@ pub(super) fn candidate(detects: bool, req: &Request, c: &Classified) -> Option<
 }
 
 /// Counts one written reply's cost against its key when past the floors; returns its
-/// estimated node microseconds when they reach `NODE_LOAD_FLOOR_US` (else 0).
+/// estimated node microseconds when they reach `NODE_LOAD_FLOOR_US` (else 0). The caller
+/// skips replies under `GATE_BYTES`.
 pub fn observe(detector: &Detector, floors: CostFloors, cost: &Cost, reply: &[u8]) -> u64 {
-    if reply.len() < GATE_BYTES {
-        return 0;
-    }
     let bytes = reply.len() + cost.request as usize;
     if bytes >= floors.bytes {
         detector.observe_cost(&cost.key, Kind::Bytes, bytes as u64);

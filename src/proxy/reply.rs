@@ -267,13 +267,11 @@ async fn resolve<W: AsyncWrite + Unpin>(
         if all_direct {
             if let Ok(r) = &replies[0] {
                 sink.buf.extend_from_slice(&r.buf);
-                // The replies together under the floor: none of them is costly.
-                if r.buf.len() >= super::cost::GATE_BYTES && !round.costs.is_empty() {
-                    let floors = ctx.rules.load().cost_floors();
+                // The replies together under the gate: none of them is costly.
+                if r.buf.len() >= super::cost::GATE_BYTES {
+                    let mut floors = None;
                     for c in &round.costs {
-                        let reply = r.get_ref(c.slot as usize);
-                        let us = super::cost::observe(&ctx.detector, floors, c, reply);
-                        node_cost(ctx, c, us);
+                        count_cost(ctx, &mut floors, c, r.get_ref(c.slot as usize), true);
                     }
                 }
             }
@@ -285,11 +283,7 @@ async fn resolve<W: AsyncWrite + Unpin>(
     // The reply of the slot before, when the next slot repeats it (`Slot::Again`).
     let mut again = Vec::new();
     let mut costs = round.costs.iter().peekable();
-    let floors = if round.costs.is_empty() {
-        crate::rules::CostFloors::default()
-    } else {
-        ctx.rules.load().cost_floors()
-    };
+    let mut floors = None;
     let mut slots = round.slots.into_iter().enumerate().peekable();
     while let Some((i, slot)) = slots.next() {
         let start = sink.buf.len();
@@ -311,10 +305,7 @@ async fn resolve<W: AsyncWrite + Unpin>(
             hook(&sink.buf[start..]);
         }
         if let Some(c) = costs.next_if(|c| c.slot as usize == i) {
-            let us = super::cost::observe(&ctx.detector, floors, c, &sink.buf[start..]);
-            if from_node {
-                node_cost(ctx, c, us);
-            }
+            count_cost(ctx, &mut floors, c, &sink.buf[start..], from_node);
         }
         // A round of many large replies is written as it is resolved, not gathered whole.
         sink.relieve(ctx, client).await?;
@@ -361,10 +352,23 @@ async fn write_slot(
     Ok(())
 }
 
-/// A costly read the node answered (not the cache) adds its estimated time to the node's
-/// load, as node balance sees it.
-fn node_cost(ctx: &Ctx, c: &super::cost::Cost, us: u64) {
-    if us > 0 {
+/// Counts a written reply's cost against its key (`cost::observe`; the rules' floors are
+/// read once per round, at the first reply that needs them); a costly read the node
+/// answered (not the cache) also adds its estimated time to the node's load, as node
+/// balance sees it.
+fn count_cost(
+    ctx: &Ctx,
+    floors: &mut Option<crate::rules::CostFloors>,
+    c: &super::cost::Cost,
+    reply: &[u8],
+    from_node: bool,
+) {
+    if reply.len() < super::cost::GATE_BYTES {
+        return;
+    }
+    let floors = *floors.get_or_insert_with(|| ctx.rules.load().cost_floors());
+    let us = super::cost::observe(&ctx.detector, floors, c, reply);
+    if from_node && us > 0 {
         let b = &ctx.backend;
         b.node(b.node_for(&c.key))
             .metrics
