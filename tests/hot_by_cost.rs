@@ -485,3 +485,89 @@ fn node_balance_counts_what_reads_cost_the_node() {
     stop.store(true, Ordering::Relaxed);
     bg.join().expect("background");
 }
+
+/// Sends GET of every key in `keys`, pipelined, `rounds_per_sec` times a second, and checks
+/// each reply is the `len`-byte value; counts rounds.
+fn cycle_reads(addr: &str, keys: Vec<String>, len: usize, rounds_per_sec: u64) -> Readers {
+    let stop = Arc::new(AtomicBool::new(false));
+    let reads = Arc::new(AtomicU64::new(0));
+    let (s2, r2, addr) = (stop.clone(), reads.clone(), addr.to_string());
+    let handle = std::thread::spawn(move || {
+        let mut s = TcpStream::connect(&addr).map_err(|e| e.to_string())?;
+        s.set_read_timeout(Some(Duration::from_secs(10))).ok();
+        let wire: Vec<u8> = keys.iter().flat_map(|k| encode(&["GET", k])).collect();
+        let one = format!("${len}\r\n").len() + len + 2;
+        let mut buf = vec![0u8; one * keys.len()];
+        let every = Duration::from_micros(1_000_000 / rounds_per_sec);
+        let mut next = Instant::now();
+        while !s2.load(Ordering::Relaxed) {
+            s.write_all(&wire).map_err(|e| e.to_string())?;
+            s.read_exact(&mut buf).map_err(|e| e.to_string())?;
+            if !buf.chunks(one).all(|r| r.starts_with(format!("${len}\r\n").as_bytes())) {
+                return Err("a cheap read got another reply".into());
+            }
+            r2.fetch_add(keys.len() as u64, Ordering::Relaxed);
+            next += every;
+            if let Some(d) = next.checked_duration_since(Instant::now()) {
+                std::thread::sleep(d);
+            }
+        }
+        Ok(())
+    });
+    Readers {
+        stop,
+        reads,
+        bytes: Arc::new(AtomicU64::new(0)),
+        handles: vec![handle],
+    }
+}
+
+#[test]
+fn a_full_cache_keeps_the_reply_that_saves_the_node_most() {
+    need_redis();
+    let _serial = one_at_a_time();
+    let nodes = pool(2);
+    let dir = TempDir::new("cost-evict");
+    // A 1 MiB cache (a reply may take 128 KiB), and every key read 20 times a second hot.
+    let cfg = dir.0.join("saltshaker.yaml");
+    // (The nodes given on the command line replace the file's.)
+    let text = "backend:\n  nodes: [\"127.0.0.1:1\"]\ncache:\n  max_bytes: 1048576\n";
+    std::fs::write(&cfg, text).expect("write config");
+    let rules = dir.0.join("rules.yaml");
+    std::fs::write(
+        &rules,
+        "version: 1\ndefaults:\n  read: { hot_at_per_sec: 20, cool_below_per_sec: 5 }\n",
+    )
+    .expect("write rules");
+    let p = Proxy::start(
+        &nodes.iter().collect::<Vec<_>>(),
+        &["--config", &path_str(&cfg), "--rules", &path_str(&rules)],
+    );
+    let mut c = p.client();
+    // The costly reply: 5,000 members, about 90 KB, some 600 us of node time per read.
+    fill_zset(&mut c, "board", 5000);
+    let owner = &nodes[owner(&nodes, "board")];
+    let expect = raw_cmd(&owner.addr(), &["ZRANGE", "board", "0", "-1"]);
+    // The cheap ones: 60 values of 20 KB (1.2 MB, more than the cache), a few us each.
+    let keys: Vec<String> = (0..60).map(|i| format!("page:{i}")).collect();
+    let value = "c".repeat(20_000);
+    for k in &keys {
+        c.cmd(&["SET", k, &value]);
+    }
+    let board = Readers::start(&p.addr(), &["ZRANGE", "board", "0", "-1"], expect, 1, 30);
+    let pages = cycle_reads(&p.addr(), keys, 20_000, 30);
+    until_hot_by(&p, "board", "reads", Duration::from_secs(5));
+    std::thread::sleep(Duration::from_secs(1));
+    let (served, reads, _, _) = served_over(owner, "zrange", &board, Duration::from_secs(3));
+    let gets: i64 = nodes.iter().map(|n| calls(n, "get")).sum();
+    let evictions = p.metric("saltshaker_cache_evictions_total");
+    let saved = p.metric("saltshaker_cache_node_seconds_saved_total");
+    board.stop();
+    pages.stop();
+    println!("ZRANGE: node served {served} of {reads} reads; node GETs so far {gets}; evictions {evictions}; node seconds saved {saved}");
+    assert!(evictions > 10.0, "the cache was never full: {evictions}");
+    assert!(reads >= 60, "{reads}");
+    // Its TTL is 1 s: about one fill a second is the floor.
+    assert!(served * 10 <= reads, "the node served {served} of {reads} ZRANGEs");
+    assert!(saved > 0.01, "{saved}");
+}

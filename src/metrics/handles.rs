@@ -37,6 +37,10 @@ pub struct CacheMetrics {
     pub invalidations_flush: Counter,
     /// Waiters that gave up on a slow fill and fetched for themselves.
     pub wait_timeouts: Counter,
+    /// Entries dropped to stay within the cache's bounds (lowest node time saved per byte).
+    pub evictions: Counter,
+    /// The node time hits saved, by the same estimate that ranks entries for eviction.
+    pub node_seconds_saved: Counter<f64, std::sync::atomic::AtomicU64>,
     pub bytes: Gauge,
     pub entries: Gauge,
 }

@@ -1,15 +1,15 @@
 //! The read-hot cache: reply bytes of read commands on read-hot keys, keyed by key and full
 //! command, filled at most once at a time per command, and never stale after a write.
 //!
-//! Storage and eviction are moka's (bounded by a weigher, per-entry expiry, TinyLFU). One
-//! moka entry is one key's *bucket*: every cached command of that key, so a write drops them
-//! all with one removal. Buckets are immutable (a fill builds a new one), so the weigher and
-//! the byte gauge always see what is stored.
+//! Storage and eviction are `store`'s: one bucket per key, bounded by bytes, evicting by the
+//! node time a bucket saves per byte (the cost of a reply is the caller's estimate, given to
+//! `with_cost`). Buckets are immutable (a fill builds a new one), so the weight and the byte
+//! gauge always see what is stored.
 //!
-//! Single-flight is ours, not moka's `try_get_with`, for three reasons: a fill that raced with
-//! a write must still answer its own callers but must not be stored (moka would store it);
-//! stale-while-revalidate serves the old entry while one refresh runs (moka has no stale
-//! window); and an error reply (`-ERR ...`) is a successful fetch that must not be cached.
+//! Single-flight is ours for three reasons: a fill that raced with a write must still answer
+//! its own callers but must not be stored; stale-while-revalidate serves the old entry while
+//! one refresh runs; and an error reply (`-ERR ...`) is a successful fetch that must not be
+//! cached.
 //! In-flight fills live in a small sharded map; `invalidate(key)` detaches and marks the
 //! key's fills under the same shard lock that a completing fill takes to store its reply, so
 //! "stored, then invalidated" and "invalidated, then discarded" are the only two orders.
@@ -24,10 +24,10 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use bytes::Bytes;
-use moka::notification::RemovalCause;
-use moka::Expiry;
 use tokio::sync::watch;
 use tokio::time::Instant;
+
+use super::store::{lock, splitmix, Bucket, Store, Stored};
 
 use crate::backend::BackendError;
 pub use crate::metrics::CacheMetrics;
@@ -49,48 +49,6 @@ pub enum Cause {
     Tracking,
     /// Tracking was lost, or FLUSHALL / FLUSHDB.
     Flush,
-}
-
-#[derive(Clone)]
-struct Stored {
-    request: Bytes,
-    reply: Bytes,
-    fresh_until: Instant,
-    stale_until: Instant,
-}
-
-struct Bucket {
-    entries: Vec<Stored>,
-    /// Real bytes, for the gauge.
-    bytes: u64,
-    /// Weight for moka: bytes, with each entry counted as at least `unit`, so that a byte
-    /// bound of `max_bytes` also bounds the entry count to `max_entries`.
-    weight: u32,
-    /// Until the last entry's stale window ends: moka may drop the bucket after that.
-    keep_for: Duration,
-}
-
-struct BucketExpiry;
-
-impl Expiry<Bytes, Arc<Bucket>> for BucketExpiry {
-    fn expire_after_create(
-        &self,
-        _: &Bytes,
-        b: &Arc<Bucket>,
-        _: std::time::Instant,
-    ) -> Option<Duration> {
-        Some(b.keep_for)
-    }
-
-    fn expire_after_update(
-        &self,
-        _: &Bytes,
-        b: &Arc<Bucket>,
-        _: std::time::Instant,
-        _: Option<Duration>,
-    ) -> Option<Duration> {
-        Some(b.keep_for)
-    }
 }
 
 /// Why a read through the cache got no reply.
@@ -123,13 +81,13 @@ struct Shard {
 }
 
 struct Inner {
-    store: moka::sync::Cache<Bytes, Arc<Bucket>>,
+    store: Store,
     shards: Vec<Mutex<Shard>>,
     flights: AtomicI64,
-    /// Entries stored, kept by us (moka's own count lags): `is_empty` reads it.
-    live: Arc<AtomicI64>,
     unit: u64,
     max_reply: u64,
+    /// The node's estimated microseconds to answer a command with this reply.
+    cost: fn(&[u8]) -> u64,
     rng: AtomicU64,
     metrics: CacheMetrics,
 }
@@ -139,43 +97,56 @@ pub struct Cache {
     inner: Arc<Inner>,
 }
 
+/// A cached reply found, with what serving it saves.
+struct Hit {
+    reply: Bytes,
+    bucket: Arc<Bucket>,
+    cost_us: u64,
+}
+
+impl Hit {
+    /// The reply, counting the node time it saves in its bucket and in the metric.
+    fn served(self, m: &CacheMetrics) -> Bytes {
+        self.bucket.hit(self.cost_us);
+        m.node_seconds_saved.inc_by(self.cost_us as f64 / 1e6);
+        self.reply
+    }
+}
+
 enum Lookup {
-    Fresh(Bytes),
-    Stale(Bytes),
+    Fresh(Hit),
+    Stale(Hit),
     Miss,
 }
 
 impl Cache {
+    /// A cache in which every reply costs the same to fetch (eviction by hits per byte).
     pub fn new(max_entries: u64, max_bytes: u64, metrics: CacheMetrics) -> Arc<Cache> {
+        Cache::with_cost(max_entries, max_bytes, metrics, |_| 1)
+    }
+
+    /// A cache that keeps the replies saving the most node time per byte, as `cost`
+    /// estimates it from a reply.
+    pub fn with_cost(
+        max_entries: u64,
+        max_bytes: u64,
+        metrics: CacheMetrics,
+        cost: fn(&[u8]) -> u64,
+    ) -> Arc<Cache> {
         let unit = (max_bytes / max_entries.max(1)).max(1);
-        let live = Arc::new(AtomicI64::new(0));
-        let (l, m) = (live.clone(), metrics.clone());
-        let store = moka::sync::Cache::builder()
-            .max_capacity(max_bytes)
-            .weigher(|_: &Bytes, b: &Arc<Bucket>| b.weight)
-            .expire_after(BucketExpiry)
-            .eviction_listener(move |_, b: Arc<Bucket>, _: RemovalCause| {
-                // Every removal, a replaced bucket included: its successor was counted in
-                // full when stored. Only atomics here: moka may call this from inside an
-                // insert made under a shard lock.
-                l.fetch_sub(b.entries.len() as i64, Ordering::SeqCst);
-                m.entries.dec_by(b.entries.len() as i64);
-                m.bytes.dec_by(b.bytes as i64);
-            })
-            .build();
         let seed = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map(|d| d.as_nanos() as u64)
             .unwrap_or(0x5eed);
         Arc::new(Cache {
             inner: Arc::new(Inner {
-                store,
+                store: Store::new(max_bytes, metrics.clone()),
                 shards: (0..SHARDS).map(|_| Mutex::new(Shard::default())).collect(),
                 flights: AtomicI64::new(0),
-                live,
                 unit,
                 // One reply may not take more than an eighth of the cache.
                 max_reply: (max_bytes / 8).min(u32::MAX as u64),
+                cost,
                 rng: AtomicU64::new(seed),
                 metrics,
             }),
@@ -207,20 +178,20 @@ impl Cache {
             return fill().await;
         }
         let m = &self.inner.metrics;
-        if let Lookup::Fresh(reply) = self.inner.lookup(key, request) {
+        if let Lookup::Fresh(hit) = self.inner.lookup(key, request) {
             m.hits.inc();
-            return Ok(reply);
+            return Ok(hit.served(m));
         }
         let mut fill = Some(fill);
         let (mut rx, leader) = {
             let mut shard = self.inner.shard(key);
             // Looked up again under the lock: a fill may have stored its reply meanwhile.
             let stale = match self.inner.lookup(key, request) {
-                Lookup::Fresh(reply) => {
+                Lookup::Fresh(hit) => {
                     m.hits.inc();
-                    return Ok(reply);
+                    return Ok(hit.served(m));
                 }
-                Lookup::Stale(reply) => Some(reply),
+                Lookup::Stale(hit) => Some(hit),
                 Lookup::Miss => None,
             };
             let existing = shard
@@ -255,9 +226,9 @@ impl Cache {
                     (rx, true)
                 }
             };
-            if let Some(reply) = stale {
+            if let Some(hit) = stale {
                 m.stale_served.inc();
-                return Ok(reply);
+                return Ok(hit.served(m));
             }
             (rx, leader)
         };
@@ -291,9 +262,9 @@ impl Cache {
     /// cache-on runs of bench/read_hot.sh up to 14% of throughput). Counts a hit.
     pub fn get_fresh(&self, key: &[u8], request: &[u8]) -> Option<Bytes> {
         match self.inner.lookup(key, request) {
-            Lookup::Fresh(reply) => {
+            Lookup::Fresh(hit) => {
                 self.inner.metrics.hits.inc();
-                Some(reply)
+                Some(hit.served(&self.inner.metrics))
             }
             _ => None,
         }
@@ -308,7 +279,7 @@ impl Cache {
                 f.discarded.store(true, Ordering::SeqCst);
             }
         }
-        hit |= self.inner.store.remove(key).is_some();
+        hit |= self.inner.store.remove(key);
         drop(shard);
         if hit {
             self.count(cause, 1);
@@ -338,31 +309,21 @@ impl Cache {
                 false
             });
         }
-        let keys: Vec<Bytes> = self
-            .inner
-            .store
-            .iter()
-            .filter(|(k, _)| pred(k))
-            .map(|(k, _)| (*k).clone())
-            .collect();
-        for k in keys {
-            if self.inner.store.remove(&k).is_some() {
-                n += 1;
-            }
-        }
+        n += self.inner.store.remove_matching(&pred);
         drop(shards);
         self.count(cause, n);
     }
 
     /// True when nothing is cached or being filled: a write may skip `invalidate`.
     pub fn is_empty(&self) -> bool {
-        self.inner.live.load(Ordering::SeqCst) <= 0
+        self.inner.store.live() <= 0
             && self.inner.flights.load(Ordering::SeqCst) <= 0
     }
 
-    /// Runs moka's pending evictions now (tests, and before reading exact gauges).
+    /// Evicts what is over the bound now (tests, and before reading exact gauges; every
+    /// fill already does it).
     pub fn run_pending_tasks(&self) {
-        self.inner.store.run_pending_tasks();
+        self.inner.store.evict();
     }
 
     fn count(&self, cause: Cause, n: u64) {
@@ -382,23 +343,32 @@ impl Inner {
     }
 
     fn lookup(&self, key: &[u8], request: &[u8]) -> Lookup {
-        let Some(b) = self.store.get(key) else {
+        let Some(bucket) = self.store.get(key) else {
             return Lookup::Miss;
         };
-        let Some(e) = b.entries.iter().find(|e| e.request == request) else {
+        let Some(e) = bucket.entries.iter().find(|e| e.request == request) else {
             return Lookup::Miss;
         };
         let now = Instant::now();
-        if now < e.fresh_until {
-            Lookup::Fresh(e.reply.clone())
-        } else if now < e.stale_until {
-            Lookup::Stale(e.reply.clone())
+        let fresh = now < e.fresh_until;
+        if !fresh && now >= e.stale_until {
+            return Lookup::Miss;
+        }
+        let (reply, cost_us) = (e.reply.clone(), e.cost_us);
+        let hit = Hit {
+            reply,
+            bucket,
+            cost_us,
+        };
+        if fresh {
+            Lookup::Fresh(hit)
         } else {
-            Lookup::Miss
+            Lookup::Stale(hit)
         }
     }
 
-    /// Stores a reply in a new bucket for its key. Called under the key's shard lock.
+    /// Stores a reply in a new bucket for its key. Called under the key's shard lock; the
+    /// caller evicts once the lock is released.
     fn store_reply(&self, key: &Bytes, request: &Bytes, reply: &Bytes, policy: &CachePolicy) {
         let now = Instant::now();
         let fresh_until = now + self.ttl(policy);
@@ -423,27 +393,9 @@ impl Inner {
             reply: reply.clone(),
             fresh_until,
             stale_until,
+            cost_us: (self.cost)(reply),
         });
-        let mut bytes = 0u64;
-        let mut weight = 0u64;
-        let mut until = now;
-        for e in &entries {
-            let b = (key.len() + e.request.len() + e.reply.len()) as u64 + ENTRY_OVERHEAD;
-            bytes += b;
-            weight += b.max(self.unit);
-            until = until.max(e.stale_until);
-        }
-        let n = entries.len() as i64;
-        let bucket = Arc::new(Bucket {
-            entries,
-            bytes,
-            weight: weight.min(u32::MAX as u64) as u32,
-            keep_for: until - now,
-        });
-        // Counted before the insert: the listener may take the replaced bucket off at once.
-        self.live.fetch_add(n, Ordering::SeqCst);
-        self.metrics.entries.inc_by(n);
-        self.metrics.bytes.inc_by(bytes as i64);
+        let bucket = Bucket::new(entries, key.len(), self.unit, ENTRY_OVERHEAD);
         self.store.insert(key.clone(), bucket);
     }
 
@@ -455,13 +407,7 @@ impl Inner {
 
     /// A uniform draw in [0, 1): splitmix64 over an atomic counter, lock-free.
     fn next_unit(&self) -> f64 {
-        let mut z = self
-            .rng
-            .fetch_add(0x9E37_79B9_7F4A_7C15, Ordering::Relaxed)
-            .wrapping_add(0x9E37_79B9_7F4A_7C15);
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^= z >> 31;
+        let z = splitmix(self.rng.fetch_add(0x9E37_79B9_7F4A_7C15, Ordering::Relaxed));
         (z >> 11) as f64 / (1u64 << 53) as f64
     }
 }
@@ -471,10 +417,6 @@ fn jittered(policy: &CachePolicy, u: f64) -> Duration {
     let j = f64::from(policy.jitter_pct.min(100)) / 100.0;
     let us = base_us * (1.0 + j * (2.0 * u - 1.0));
     Duration::from_micros(us.max(0.0) as u64)
-}
-
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 /// Finishes a fill when dropped, so a fill that panics or is aborted still wakes its
@@ -517,6 +459,7 @@ impl Drop for Completion {
                 }
             }
         }
+        self.inner.store.evict();
         // After the store: a writer that saw no fill in flight also sees the entry.
         self.inner.flights.fetch_sub(1, Ordering::SeqCst);
         self.flight.tx.send_replace(Some(res));
@@ -526,3 +469,7 @@ impl Drop for Completion {
 #[cfg(test)]
 #[path = "cache_tests.rs"]
 mod tests;
+
+#[cfg(test)]
+#[path = "cache_eviction_tests.rs"]
+mod eviction_tests;

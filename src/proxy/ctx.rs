@@ -154,7 +154,12 @@ impl CacheLayer {
         cfg: &crate::config::CacheConfig,
         metrics: &Metrics,
     ) -> CacheLayer {
-        let cache = Cache::new(cfg.max_entries, cfg.max_bytes, metrics.cache.clone());
+        let cache = Cache::with_cost(
+            cfg.max_entries,
+            cfg.max_bytes,
+            metrics.cache.clone(),
+            super::cost::node_us,
+        );
         let layer = CacheLayer {
             cache: cache.clone(),
             fills: (0..crate::backend::MAX_NODES)
