@@ -17,8 +17,9 @@
 //! | `admit`    | admission: per-key token buckets, sampling, delay, shedding, global    |
 //! |            | limits shared through the registry; the fleet simulator               |
 //! | `policy`   | decide(command, hot set, salt view) -> Action; pure, table-tested      |
-//! | `mitigate` | combine (batched increments, exact replies); cache (read-hot replies); |
-//! |            | balance (a busy node's hottest keys made read-hot)                     |
+//! | `mitigate` | combine (batched increments, exact replies); cache (read-hot replies,  |
+//! |            | evicted by node time saved per byte); balance (a busy node's hottest   |
+//! |            | keys made read-hot)                                                    |
 //! | `salt`     | salted keys: an engine that knows no kind, the kinds (counters, hashes |
 //! |            | by field, sets, HLLs, zsets) behind one trait, ops, fold, relocate     |
 //! |            | (a shard off a shared master), coordinator; idempotent increments      |
