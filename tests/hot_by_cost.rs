@@ -571,3 +571,38 @@ fn a_full_cache_keeps_the_reply_that_saves_the_node_most() {
     assert!(served * 10 <= reads, "the node served {served} of {reads} ZRANGEs");
     assert!(saved > 0.01, "{saved}");
 }
+
+#[test]
+fn a_big_value_read_through_mget_is_hot_by_bytes_as_its_own_key() {
+    need_redis();
+    let _serial = one_at_a_time();
+    let nodes = pool(2);
+    let p = Proxy::start(&nodes.iter().collect::<Vec<_>>(), &[]);
+    let value = "v".repeat(512 * 1024);
+    let mut c = p.client();
+    c.cmd(&["SET", "page:home", &value]);
+    c.cmd(&["SET", "page:small", "s"]);
+    let owner = &nodes[owner(&nodes, "page:home")];
+    // A missing key first: each value is counted against the key in its place.
+    let args = ["MGET", "page:none", "page:home", "page:small"];
+    let expect = raw_cmd(&p.addr(), &args);
+    assert_eq!(expect.len(), 4 + 5 + (512 * 1024 + 11) + 7);
+
+    let readers = Readers::start(&p.addr(), &args, expect, 4, 100);
+    let took = until_hot_by(&p, "page:home", "bytes", Duration::from_secs(3));
+    eprintln!("hot by bytes after {took:?}");
+    assert!(took <= Duration::from_secs(1), "reported after {took:?}");
+    let snap = hotkeys(&p);
+    assert!(entry(&snap, "page:none").is_none(), "{snap}");
+    assert!(entry(&snap, "page:small").is_none(), "{snap}");
+    // The MGET is split: the hot key from the cache, the others from their nodes.
+    std::thread::sleep(Duration::from_millis(300));
+    let (_, reads, out, bytes) = served_over(owner, "get", &readers, Duration::from_secs(2));
+    eprintln!("node: {out} bytes out; clients: {reads} reads, {bytes} bytes");
+    assert!(reads >= 400, "the readers kept up: {reads} reads in 2 s");
+    assert!(out * 10 <= bytes, "node sent {out} of {bytes} bytes");
+    readers.stop();
+    c.cmd(&["SET", "page:home", "new"]);
+    let got = raw_cmd(&p.addr(), &args);
+    assert_eq!(got, b"*3\r\n$-1\r\n$3\r\nnew\r\n$1\r\ns\r\n".to_vec());
+}

@@ -1,9 +1,11 @@
 //! What a read costs, for detection by cost: the bytes it moves (request and reply) and
 //! an estimate of the node's time, attributed to its key once its reply is written.
 //!
-//! A single-key read notes its key and slot when it is acted on (`candidate`,
-//! `RoundBuilder::note_cost`);
-//! the reply writer hands each noted reply to `observe` once it is resolved. Only a cost
+//! A single-key read, or an MGET, notes its key(s) and slot when it is acted on
+//! (`candidate`, `RoundBuilder::note_cost`); the reply writer hands each noted reply to
+//! `observe` once it is resolved. An MGET's values are each counted against their own key
+//! (`observe_mget`), so a big value read only through MGET turns hot by bytes as it would
+//! through GET. Only a cost
 //! past the rules' floors (`rules::CostFloors`) reaches the detector: a reply under
 //! `hot_at_bytes_per_sec / hot_at_per_sec` bytes (8 KiB by default) or under the node-time
 //! pair's ratio (50 µs) belongs to a key that crosses the read-rate threshold first, so
@@ -23,7 +25,7 @@
 
 use bytes::Bytes;
 
-use crate::command::{Access, Classified};
+use crate::command::{Access, Classified, Route, Split};
 use crate::hotkey::{Detector, Kind};
 use crate::resp::Request;
 use crate::rules::CostFloors;
@@ -39,20 +41,81 @@ pub struct Cost {
     /// The read's reply slot in its round.
     pub slot: u32,
     pub request: u32,
+    /// The key of a single-key read (empty for an MGET).
     pub key: Bytes,
+    /// An MGET: its keys are its arguments, in the order of its reply's values.
+    pub mget: Option<Request>,
 }
 
 /// The cost entry of a single-key read, when detection is on (`detects`); its slot is
 /// set by `RoundBuilder::note_cost` once the command is acted on.
 pub(super) fn candidate(detects: bool, req: &Request, c: &Classified) -> Option<Cost> {
-    if c.access != Access::Read || c.keys.len() != 1 || !detects {
+    if c.access != Access::Read || !detects {
         return None;
     }
-    Some(Cost {
+    let request = req.wire_len().min(u32::MAX as usize) as u32;
+    if c.keys.len() == 1 {
+        return Some(Cost {
+            slot: 0,
+            request,
+            key: req.arg_bytes(c.keys[0] as usize),
+            mget: None,
+        });
+    }
+    (c.route == Route::Split(Split::Mget)).then(|| Cost {
         slot: 0,
-        request: req.wire_len().min(u32::MAX as usize) as u32,
-        key: req.arg_bytes(c.keys[0] as usize),
+        request,
+        key: Bytes::new(),
+        mget: Some(req.clone()),
     })
+}
+
+/// Counts each value of an MGET's reply against its key when past the floors (its bytes,
+/// and a GET's node time for it); `node_load` gets each key whose value's estimated time
+/// reaches `NODE_LOAD_FLOOR_US`.
+pub fn observe_mget(
+    detector: &Detector,
+    floors: CostFloors,
+    req: &Request,
+    reply: &[u8],
+    mut node_load: impl FnMut(&[u8], u64),
+) {
+    if !matches!(reply.first(), Some(b'*')) {
+        return; // an error reply
+    }
+    let (n, mut rest) = header(reply);
+    for i in 0..(n as usize).min(req.argc().saturating_sub(1)) {
+        let len = match rest.first() {
+            Some(b'$') if rest.get(1) != Some(&b'-') => header(rest).0 as usize,
+            // A nil (`$-1` or RESP3's `_`): nothing read.
+            Some(b'$' | b'_') => {
+                let end = rest.iter().position(|&b| b == b'\n').map_or(rest.len(), |p| p + 1);
+                rest = &rest[end..];
+                continue;
+            }
+            _ => return,
+        };
+        let (_, body) = header(rest);
+        let whole = rest.len() - body.len() + len + 2;
+        let Some(value) = rest.get(..whole) else {
+            return;
+        };
+        rest = &rest[whole..];
+        if whole < floors.bytes.min(GATE_BYTES) {
+            continue;
+        }
+        let key = req.arg_bytes(i + 1);
+        if whole >= floors.bytes {
+            detector.observe_cost(&key, Kind::Bytes, whole as u64);
+        }
+        let us = node_us(value);
+        if us >= floors.node_us {
+            detector.observe_cost(&key, Kind::NodeUs, us);
+        }
+        if us >= NODE_LOAD_FLOOR_US {
+            node_load(&key, us);
+        }
+    }
 }
 
 /// Counts one written reply's cost against its key when past the floors; returns its

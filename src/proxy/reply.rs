@@ -367,13 +367,20 @@ fn count_cost(
         return;
     }
     let floors = *floors.get_or_insert_with(|| ctx.rules.load().cost_floors());
-    let us = super::cost::observe(&ctx.detector, floors, c, reply);
-    if from_node && us > 0 {
-        let b = &ctx.backend;
-        b.node(b.node_for(&c.key))
-            .metrics
-            .read_cost
-            .inc_by(us as f64 / 1e6);
+    let b = &ctx.backend;
+    let node_load = |key: &[u8], us: u64| {
+        if from_node {
+            b.node(b.node_for(key)).metrics.read_cost.inc_by(us as f64 / 1e6);
+        }
+    };
+    match &c.mget {
+        Some(req) => super::cost::observe_mget(&ctx.detector, floors, req, reply, node_load),
+        None => {
+            let us = super::cost::observe(&ctx.detector, floors, c, reply);
+            if us > 0 {
+                node_load(&c.key, us);
+            }
+        }
     }
 }
 
