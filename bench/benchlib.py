@@ -36,6 +36,32 @@ def stop_all(procs):
             p.kill()
 
 
+def start_nodes(n, tmp, procs):
+    """Starts `n` redis-servers without persistence on free loopback ports (added to
+    `procs`); returns their ports."""
+    ports = []
+    for _ in range(n):
+        port = free_port()
+        procs.append(subprocess.Popen(
+            ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "",
+             "--appendonly", "no", "--dir", tmp], stdout=subprocess.DEVNULL))
+        wait_port(port)
+        ports.append(port)
+    return ports
+
+
+def start_proxy(binary, ports, procs, *extra):
+    """Starts saltshaker over the nodes `ports` (added to `procs`); returns its (listen,
+    admin) ports."""
+    pport, aport = free_port(), free_port()
+    procs.append(subprocess.Popen(
+        [binary, "--listen", f"127.0.0.1:{pport}", "--admin", f"127.0.0.1:{aport}",
+         "--nodes", ",".join(f"127.0.0.1:{p}" for p in ports), "--log-level", "warn", *extra],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+    wait_port(pport)
+    return pport, aport
+
+
 def commands_processed(port):
     """A redis-server's `total_commands_processed` (INFO stats)."""
     out = subprocess.run(["redis-cli", "-p", str(port), "INFO", "stats"],

@@ -25,7 +25,7 @@ import tempfile
 import threading
 import time
 
-from benchlib import free_port, stop_all, wait_port
+from benchlib import start_nodes, start_proxy, stop_all
 from hot_by_cost import call, encode, info, readers
 
 
@@ -58,14 +58,7 @@ def metrics(port):
 def one_round(binary, args, tmp):
     procs = []
     try:
-        ports = []
-        for _ in range(2):
-            port = free_port()
-            procs.append(subprocess.Popen(
-                ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "",
-                 "--appendonly", "no", "--dir", tmp], stdout=subprocess.DEVNULL))
-            wait_port(port)
-            ports.append(port)
+        ports = start_nodes(2, tmp, procs)
         cfg = f"{tmp}/cfg.yaml"
         with open(cfg, "w") as f:
             # The nodes given on the command line replace the file's.
@@ -74,13 +67,7 @@ def one_round(binary, args, tmp):
         rules = f"{tmp}/rules.yaml"
         with open(rules, "w") as f:
             f.write("version: 1\ndefaults:\n  read: { hot_at_per_sec: 2, cool_below_per_sec: 1 }\n")
-        pport, aport = free_port(), free_port()
-        procs.append(subprocess.Popen(
-            [binary, "--listen", f"127.0.0.1:{pport}", "--admin", f"127.0.0.1:{aport}",
-             "--nodes", ",".join(f"127.0.0.1:{p}" for p in ports), "--log-level", "warn",
-             "--config", cfg, "--rules", rules],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
-        wait_port(pport)
+        pport, aport = start_proxy(binary, ports, procs, "--config", cfg, "--rules", rules)
         value = b"c" * (args.page_kb * 1000)
         for i in range(args.pages):
             call(pport, "SET", f"page:{i}", value)

@@ -34,7 +34,7 @@ import tempfile
 import threading
 import time
 
-from benchlib import free_port, stop_all, wait_port
+from benchlib import start_nodes, start_proxy, stop_all
 
 
 def encode(args):
@@ -115,21 +115,8 @@ def readers(port, args, expect_len, threads, per_sec, seconds):
 def one_round(binary, rules, tmp, seconds, background):
     procs = []
     try:
-        ports = []
-        for i in range(2):
-            port = free_port()
-            procs.append(subprocess.Popen(
-                ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "",
-                 "--appendonly", "no", "--dir", tmp], stdout=subprocess.DEVNULL))
-            wait_port(port)
-            ports.append(port)
-        pport = free_port()
-        procs.append(subprocess.Popen(
-            [binary, "--listen", f"127.0.0.1:{pport}", "--admin", f"127.0.0.1:{free_port()}",
-             "--nodes", ",".join(f"127.0.0.1:{p}" for p in ports), "--log-level", "warn",
-             *(["--rules", rules] if rules else [])],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
-        wait_port(pport)
+        ports = start_nodes(2, tmp, procs)
+        pport, _ = start_proxy(binary, ports, procs, *(["--rules", rules] if rules else []))
         call(pport, "SET", "page:home", b"v" * (512 * 1024))
         for chunk in range(100):
             args = ["ZADD", "board"]
