@@ -50,6 +50,8 @@ pub struct CacheMetrics {
 pub struct SaltMetrics {
     pub salted_keys: Gauge,
     pub promotions: Counter,
+    /// Promotions put in force before their boundary, every live proxy knowing them.
+    pub early_starts: Counter,
     pub demotions: Counter,
     pub folds: Counter,
     pub fold_moves: Counter,

@@ -355,6 +355,11 @@ impl Metrics {
             s.promotions.clone(),
         );
         r.register(
+            "salt_early_starts",
+            "Promotions this proxy put in force before their epoch boundary, once every live proxy had acknowledged them",
+            s.early_starts.clone(),
+        );
+        r.register(
             "salt_demotions",
             "Salted keys this proxy demoted (cooled, or by an SRE)",
             s.demotions.clone(),

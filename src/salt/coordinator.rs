@@ -23,7 +23,9 @@ use super::registry::{
     announce, cas, change_if_same, demote, get, live_proxies, load_all, node, pinning_rule,
     wanted_shards,
 };
-use super::{as_i64, call, fold, kinds, now_ms, ops, relocate, Salt, SaltError, SaltTable, Salted};
+use super::{
+    as_i64, call, early, fold, kinds, now_ms, ops, relocate, Salt, SaltError, SaltTable, Salted,
+};
 use crate::backend::{wire, Backend, Dedicated};
 use crate::hotkey::{HotSnapshot, HotState};
 use crate::resp::Proto;
@@ -42,10 +44,12 @@ pub async fn run(
         tracing::warn!("salting is off: the pool places keys at random");
         return;
     }
-    let listener = tokio::spawn(listen(
-        backend.node(node(backend)).handshake(Proto::Resp2, 0),
-        Arc::clone(&salt.kick),
-    ));
+    // The subscription is named, so that the registry node's client list names the fleet
+    // (`early`).
+    let mut hs = backend.node(node(backend)).handshake(Proto::Resp2, 0);
+    hs.name = Some(Bytes::from(format!("{}{}", early::CLIENT_NAME, salt.id)));
+    let listener = tokio::spawn(listen(hs, Arc::clone(&salt.kick)));
+    let mut acked = early::Acked::default();
     let mut warned = false;
     // Write-hot keys a snapshot already woke the coordinator for.
     let mut seen: std::collections::HashSet<Vec<u8>> = Default::default();
@@ -53,7 +57,7 @@ pub async fn run(
         let epoch = rules.snapshot().epoch_ms();
         salt.epoch_ms.store(epoch, Ordering::Relaxed);
         let snap = snaps.borrow_and_update().clone();
-        match tick(backend, salt, &snap, rules, epoch, spread).await {
+        match tick(backend, salt, &snap, rules, epoch, spread, &mut acked).await {
             Ok(()) => {
                 if warned {
                     tracing::info!("salt registry reachable again");
@@ -136,9 +140,11 @@ async fn tick(
     rules: &RulesHandle,
     epoch: u64,
     spread: &Spawn,
+    acked: &mut early::Acked,
 ) -> Result<(), SaltError> {
     let now = now_ms();
-    let records = load_all(backend).await?;
+    let loaded = load_all(backend).await?;
+    let records = loaded.records;
     // The fleet's size matters only to size a write-hot key: skip the query otherwise.
     let proxies = if snap.keys.iter().any(|k| k.write_state.is_some()) {
         live_proxies(backend).await?
@@ -146,6 +152,8 @@ async fn tick(
         1
     };
     install(backend, salt, &records, now);
+    // After the install: an acknowledgement says this proxy reads the new records.
+    early::step(backend, salt, &records, &loaded.acks, now, acked).await?;
     check_bases(backend, salt, now, spread).await;
 
     let rules = rules.load();

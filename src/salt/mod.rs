@@ -20,13 +20,14 @@
 //!   commands), `fold` (moving every shard into the base key; a set's spread), `relocate`
 //!   (moving one shard of a key salted by member off a master it shares), and
 //!   `coordinator` (the per-proxy task: resync, promote, heartbeat and grow, move shards
-//!   apart, demote, fold).
+//!   apart, demote, fold), `early` (a promotion in force once every live proxy knows it).
 //!
 //! The data path reads `Salt::table` (an immutable snapshot swapped by the coordinator), so
 //! a command on a key that is not salted costs one hash lookup, and nothing at all when no
 //! key is salted.
 
 pub mod coordinator;
+pub mod early;
 pub mod fold;
 pub mod idem;
 pub mod journal;
@@ -305,6 +306,22 @@ impl Salt {
 
     fn synced(&self, now_ms: u64) {
         self.synced_ms.store(now_ms, Ordering::Relaxed);
+    }
+
+    /// Waits until the registry has been read once, at most `within`; false if it was not.
+    /// Clients are accepted after it: before its first read a proxy does not know which keys
+    /// are salted, and would read a salted key's base alone. (A promotion in force within
+    /// milliseconds of being announced, `early`, made the window visible: a proxy started
+    /// just after one missed acknowledged increments in `tests/promotion.rs`.)
+    pub async fn first_sync(&self, within: Duration) -> bool {
+        let end = tokio::time::Instant::now() + within;
+        while self.enabled && self.synced_ms.load(Ordering::Relaxed) == 0 {
+            if tokio::time::Instant::now() >= end {
+                return false;
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        true
     }
 }
 

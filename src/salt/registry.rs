@@ -103,8 +103,15 @@ pub async fn announce(backend: &Backend, key: &[u8]) {
     .await;
 }
 
-/// Every record in the registry.
-pub(super) async fn load_all(backend: &Backend) -> Result<Vec<(Bytes, Record)>, SaltError> {
+/// What the registry holds: every record, and the proxies' acknowledgements of pending
+/// promotions (`early`).
+pub(super) struct Loaded {
+    pub records: Vec<(Bytes, Record)>,
+    pub acks: std::collections::HashMap<String, std::collections::HashSet<String>>,
+}
+
+/// Every record in the registry, with the acknowledgements beside them.
+pub(super) async fn load_all(backend: &Backend) -> Result<Loaded, SaltError> {
     let cmd = wire(&[b"HGETALL", REGISTRY_KEY.as_bytes()]);
     let r = call(backend, &[(node(backend), cmd)]).await?;
     let Value::Array(items) = &r[0] else {
@@ -113,11 +120,17 @@ pub(super) async fn load_all(backend: &Backend) -> Result<Vec<(Bytes, Record)>, 
             r[0]
         )));
     };
-    let mut out = Vec::new();
+    let mut out = Loaded {
+        records: Vec::new(),
+        acks: Default::default(),
+    };
     for pair in items.chunks(2) {
         if let (Value::Bulk(k), Some(Value::Bulk(v))) = (&pair[0], pair.get(1)) {
+            if super::early::read_ack(k, v, &mut out.acks) {
+                continue;
+            }
             match Record::decode(v) {
-                Some(rec) => out.push((k.clone(), rec)),
+                Some(rec) => out.records.push((k.clone(), rec)),
                 None => {
                     tracing::warn!(key = %String::from_utf8_lossy(k), "skipping an unreadable registry record")
                 }
