@@ -57,7 +57,9 @@ pub async fn run(
         let epoch = rules.snapshot().epoch_ms();
         salt.epoch_ms.store(epoch, Ordering::Relaxed);
         let snap = snaps.borrow_and_update().clone();
-        match tick(backend, salt, &snap, rules, epoch, spread, &mut acked).await {
+        let result = tick(backend, salt, &snap, rules, epoch, spread, &mut acked).await;
+        salt.first_read_ended();
+        match result {
             Ok(()) => {
                 if warned {
                     tracing::info!("salt registry reachable again");
@@ -152,6 +154,7 @@ async fn tick(
         1
     };
     install(backend, salt, &records, now);
+    salt.first_read_ended();
     // After the install: an acknowledgement says this proxy reads the new records.
     early::step(backend, salt, &records, &loaded.acks, now, acked).await?;
     check_bases(backend, salt, now, spread).await;

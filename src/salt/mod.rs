@@ -252,6 +252,8 @@ pub struct Salt {
     /// Unix ms of the last successful registry read. A proxy that has not heard from the
     /// registry for an epoch writes base keys only (always safe: reads merge the base).
     synced_ms: AtomicU64,
+    /// The coordinator's first registry read has ended (`first_sync`).
+    first_read_done: std::sync::atomic::AtomicBool,
     pub epoch_ms: AtomicU64,
     /// False when the pool places keys at random: a shard could not be found again.
     pub enabled: bool,
@@ -271,6 +273,7 @@ impl Salt {
             metrics,
             id: format!("{host}:{}:{}", std::process::id(), now_ms()),
             synced_ms: AtomicU64::new(0),
+            first_read_done: Default::default(),
             epoch_ms: AtomicU64::new(5000),
             enabled,
             kick: Arc::new(Notify::new()),
@@ -308,20 +311,26 @@ impl Salt {
         self.synced_ms.store(now_ms, Ordering::Relaxed);
     }
 
-    /// Waits until the registry has been read once, at most `within`; false if it was not.
-    /// Clients are accepted after it: before its first read a proxy does not know which keys
-    /// are salted, and would read a salted key's base alone. (A promotion in force within
-    /// milliseconds of being announced, `early`, made the window visible: a proxy started
-    /// just after one missed acknowledged increments in `tests/promotion.rs`.)
+    /// Waits until the coordinator's first registry read has ended, at most `within`; false
+    /// if the registry was not read. Clients are accepted after it: before its first read a
+    /// proxy does not know which keys are salted, and would read a salted key's base alone.
+    /// (A promotion in force within milliseconds of being announced, `early`, made the
+    /// window visible: a proxy started just after one missed acknowledged increments in
+    /// `tests/promotion.rs`.) A registry that does not answer delays no more than `within`.
     pub async fn first_sync(&self, within: Duration) -> bool {
         let end = tokio::time::Instant::now() + within;
-        while self.enabled && self.synced_ms.load(Ordering::Relaxed) == 0 {
+        while self.enabled && !self.first_read_done.load(Ordering::Relaxed) {
             if tokio::time::Instant::now() >= end {
-                return false;
+                break;
             }
-            tokio::time::sleep(Duration::from_millis(5)).await;
+            tokio::time::sleep(Duration::from_millis(2)).await;
         }
-        true
+        !self.enabled || self.synced_ms.load(Ordering::Relaxed) > 0
+    }
+
+    /// The coordinator's first registry read has ended, read or not.
+    pub(crate) fn first_read_ended(&self) {
+        self.first_read_done.store(true, Ordering::Relaxed);
     }
 }
 

@@ -205,7 +205,7 @@ pub async fn promote(
     let new = rec.encode();
     if cas(backend, key, None, Some(new.as_bytes())).await? {
         salt.metrics.promotions.inc();
-        tracing::info!(key = %String::from_utf8_lossy(key), shards = n, from_ms = rec.steps[0].from_ms, pinned, "salting a write-hot key from the next epoch");
+        tracing::info!(key = %String::from_utf8_lossy(key), shards = n, from_ms = rec.steps[0].from_ms, pinned, "salting a write-hot key: in force once every live proxy acknowledges, at the latest from_ms");
         announce(backend, key).await;
         salt.kick.notify_one();
         return Ok(rec);
