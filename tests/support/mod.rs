@@ -454,6 +454,13 @@ impl Proxy {
                 dir,
             };
             if up && exited.is_none() {
+                if node_arg.starts_with("cluster:") {
+                    // Both ports accept while the cluster map is read; the admin port then
+                    // answers 503 "starting" to everything but /healthz.
+                    wait_until(Duration::from_secs(10), || {
+                        !p.admin_get("/readyz").1.contains("starting:")
+                    });
+                }
                 return p;
             }
             last_err = format!(
