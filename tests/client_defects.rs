@@ -357,7 +357,7 @@ fn a_cluster_seed_that_never_answers_is_named_retried_and_sigterm_still_ends_the
             keep.lock().unwrap().push(s);
         }
     });
-    let mut proxy = Proxy::start_cluster(&seed, &["--request-timeout-ms", "800"]);
+    let mut proxy = Proxy::start_cluster_unmapped(&seed, &["--request-timeout-ms", "800"]);
     assert!(
         wait_until(Duration::from_secs(10), || {
             let log = proxy.stderr();

@@ -400,6 +400,12 @@ impl Proxy {
         Proxy::launch_env(vec![format!("cluster:{seeds}")], None, extra_args, env)
     }
 
+    /// A cluster proxy as soon as its ports accept, before its map is read (a seed that
+    /// never answers).
+    pub fn start_cluster_unmapped(seeds: &str, extra_args: &[&str]) -> Proxy {
+        Proxy::launch_env(vec![format!("unmapped:{seeds}")], None, extra_args, &[])
+    }
+
     fn launch_env(
         node_list: Vec<String>,
         yaml: Option<&str>,
@@ -425,7 +431,10 @@ impl Proxy {
                 std::fs::write(&path, text).expect("write config");
                 cmd.arg("--config").arg(&path);
             }
-            let backend = match node_arg.strip_prefix("cluster:") {
+            let backend = match node_arg
+                .strip_prefix("cluster:")
+                .or_else(|| node_arg.strip_prefix("unmapped:"))
+            {
                 Some(seeds) => ["--cluster", seeds],
                 None => ["--nodes", &node_arg],
             };
