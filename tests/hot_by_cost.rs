@@ -606,3 +606,29 @@ fn a_big_value_read_through_mget_is_hot_by_bytes_as_its_own_key() {
     let got = raw_cmd(&p.addr(), &args);
     assert_eq!(got, b"*3\r\n$-1\r\n$3\r\nnew\r\n$1\r\ns\r\n".to_vec());
 }
+
+#[test]
+fn a_big_value_written_200_times_a_second_is_hot_by_bytes() {
+    need_redis();
+    let _serial = one_at_a_time();
+    let nodes = pool(2);
+    let p = Proxy::start(&nodes.iter().collect::<Vec<_>>(), &[]);
+    // 2 x 100 SETs a second of 256 KiB: 50 MiB/s, a tenth of the write-hot rate.
+    let value = "w".repeat(256 * 1024);
+    let writers = Readers::start(&p.addr(), &["SET", "feed:latest", &value], b"+OK\r\n".to_vec(), 2, 100);
+    let took = until_hot_by(&p, "feed:latest", "bytes", Duration::from_secs(3));
+    eprintln!("hot by bytes after {took:?}");
+    assert!(took <= Duration::from_secs(1), "reported after {took:?}");
+    let e = entry(&hotkeys(&p), "feed:latest").expect("listed");
+    assert!(e["writes_per_sec"].as_f64().unwrap_or(0.0) < 2000.0, "{e}");
+    assert!(e["bytes_per_sec"].as_f64().unwrap_or(0.0) > 16.0 * 1024.0 * 1024.0, "{e}");
+    writers.stop();
+    assert_eq!(p.client().cmd(&["STRLEN", "feed:latest"]).as_int(), 256 * 1024);
+    // Small writes are not counted by bytes at all.
+    let mut c = p.client();
+    for _ in 0..500 {
+        c.cmd(&["SET", "feed:small", "x"]);
+    }
+    let snap = hotkeys(&p);
+    assert!(entry(&snap, "feed:small").is_none_or(|e| e["bytes_per_sec"].as_f64() == Some(0.0)), "{snap}");
+}

@@ -1,8 +1,9 @@
 //! What a read costs, for detection by cost: the bytes it moves (request and reply) and
 //! an estimate of the node's time, attributed to its key once its reply is written.
 //!
-//! A single-key read, or an MGET, notes its key(s) and slot when it is acted on
-//! (`candidate`, `RoundBuilder::note_cost`); the reply writer hands each noted reply to
+//! A single-key read, an MGET, or a single-key write of at least `GATE_BYTES` (a SET of a
+//! big value) notes its key(s) and slot when it is acted on (`candidate`,
+//! `RoundBuilder::note_cost`); the reply writer hands each noted reply to
 //! `observe` once it is resolved. An MGET's values are each counted against their own key
 //! (`observe_mget`), so a big value read only through MGET turns hot by bytes as it would
 //! through GET. Only a cost
@@ -45,28 +46,37 @@ pub struct Cost {
     pub key: Bytes,
     /// An MGET: its keys are its arguments, in the order of its reply's values.
     pub mget: Option<Request>,
+    /// A write (a big value): counted against its key, not in its node's read cost.
+    pub write: bool,
 }
 
 /// The cost entry of a single-key read, when detection is on (`detects`); its slot is
 /// set by `RoundBuilder::note_cost` once the command is acted on.
 pub(super) fn candidate(detects: bool, req: &Request, c: &Classified) -> Option<Cost> {
-    if c.access != Access::Read || !detects {
+    if !detects {
         return None;
     }
     let request = req.wire_len().min(u32::MAX as usize) as u32;
+    // A write's bytes are its request's, known now: a small one is not noted at all.
+    let costly_write = c.access == Access::Write && request as usize >= GATE_BYTES;
+    if c.access != Access::Read && !costly_write {
+        return None;
+    }
     if c.keys.len() == 1 {
         return Some(Cost {
             slot: 0,
             request,
             key: req.arg_bytes(c.keys[0] as usize),
             mget: None,
+            write: costly_write,
         });
     }
-    (c.route == Route::Split(Split::Mget)).then(|| Cost {
+    (c.access == Access::Read && c.route == Route::Split(Split::Mget)).then(|| Cost {
         slot: 0,
         request,
         key: Bytes::new(),
         mget: Some(req.clone()),
+        write: false,
     })
 }
 
@@ -126,7 +136,8 @@ pub fn observe(detector: &Detector, floors: CostFloors, cost: &Cost, reply: &[u8
     if bytes >= floors.bytes {
         detector.observe_cost(&cost.key, Kind::Bytes, bytes as u64);
     }
-    let us = node_us(reply);
+    // A write's value is copied by the node as a read's is: 1 µs per 15 KB of it.
+    let us = node_us(reply) + u64::from(cost.request) / 15_000;
     if us >= floors.node_us {
         detector.observe_cost(&cost.key, Kind::NodeUs, us);
     }

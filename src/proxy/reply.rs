@@ -267,8 +267,9 @@ async fn resolve<W: AsyncWrite + Unpin>(
         if all_direct {
             if let Ok(r) = &replies[0] {
                 sink.buf.extend_from_slice(&r.buf);
-                // The replies together under the gate: none of them is costly.
-                if r.buf.len() >= super::cost::GATE_BYTES {
+                // The replies together under the gate, and no big write: nothing is costly.
+                let gate = super::cost::GATE_BYTES;
+                if r.buf.len() >= gate || round.costs.iter().any(|c| c.request as usize >= gate) {
                     let mut floors = None;
                     for c in &round.costs {
                         count_cost(ctx, &mut floors, c, r.get_ref(c.slot as usize), true);
@@ -363,7 +364,7 @@ fn count_cost(
     reply: &[u8],
     from_node: bool,
 ) {
-    if reply.len() < super::cost::GATE_BYTES {
+    if reply.len() + (c.request as usize) < super::cost::GATE_BYTES {
         return;
     }
     let floors = *floors.get_or_insert_with(|| ctx.rules.load().cost_floors());
@@ -377,7 +378,7 @@ fn count_cost(
         Some(req) => super::cost::observe_mget(&ctx.detector, floors, req, reply, node_load),
         None => {
             let us = super::cost::observe(&ctx.detector, floors, c, reply);
-            if us > 0 {
+            if us > 0 && !c.write {
                 node_load(&c.key, us);
             }
         }
