@@ -268,8 +268,7 @@ async fn resolve<W: AsyncWrite + Unpin>(
             if let Ok(r) = &replies[0] {
                 sink.buf.extend_from_slice(&r.buf);
                 // The replies together under the gate, and no big write: nothing is costly.
-                let gate = super::cost::GATE_BYTES;
-                if r.buf.len() >= gate || round.costs.iter().any(|c| c.request as usize >= gate) {
+                if r.buf.len() >= super::cost::GATE_BYTES || round.big_write {
                     let mut floors = None;
                     for c in &round.costs {
                         count_cost(ctx, &mut floors, c, r.get_ref(c.slot as usize), true);

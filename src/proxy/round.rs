@@ -245,6 +245,8 @@ pub struct Round {
     pub push: bool,
     /// Single-key reads whose reply's cost the writer counts against their key, by slot.
     pub costs: Vec<super::cost::Cost>,
+    /// One of `costs` is a big write: its cost is in its request, however small the replies.
+    pub big_write: bool,
 }
 
 impl Round {
@@ -263,6 +265,7 @@ impl Round {
             inflight: None,
             push: true,
             costs: Vec::new(),
+            big_write: false,
         }
     }
 }
@@ -377,6 +380,7 @@ pub struct RoundBuilder {
     pub current: Option<SmallVec<[u64; 2]>>,
     /// See `Round::costs`.
     pub costs: Vec<super::cost::Cost>,
+    pub big_write: bool,
 }
 
 impl RoundBuilder {
@@ -402,6 +406,7 @@ impl RoundBuilder {
             keys: Keys::default(),
             current: Some(SmallVec::new()),
             costs: Vec::new(),
+            big_write: false,
         }
     }
 
@@ -416,6 +421,7 @@ impl RoundBuilder {
                     // One allocation per round, not one per doubling.
                     self.costs.reserve(self.slots.capacity());
                 }
+                self.big_write |= cost.write;
                 self.costs.push(cost);
             }
         }
@@ -513,6 +519,7 @@ impl RoundBuilder {
             inflight: Some(held),
             push: false,
             costs: self.costs,
+            big_write: self.big_write,
         }
     }
 }
