@@ -52,13 +52,25 @@ pub struct Cost {
 
 /// The cost entry of a single-key read, when detection is on (`detects`); its slot is
 /// set by `RoundBuilder::note_cost` once the command is acted on.
-pub(super) fn candidate(detects: bool, req: &Request, c: &Classified) -> Option<Cost> {
+pub(super) fn candidate(
+    detects: bool,
+    req: &Request,
+    c: &Classified,
+    floors: impl FnOnce() -> CostFloors,
+) -> Option<Cost> {
     if !detects {
         return None;
     }
     let request = req.wire_len().min(u32::MAX as usize) as u32;
-    // A write's bytes are its request's, known now: a small one is not noted at all.
-    let costly_write = c.access == Access::Write && request as usize >= GATE_BYTES;
+    // A write's cost is its request's, known now: one under the floors is not noted at all,
+    // so that writes of middling values (1 KiB SETs) cost what they did before writes were
+    // counted.
+    let costly_write = c.access == Access::Write
+        && request as usize >= GATE_BYTES
+        && {
+            let f = floors();
+            request as usize >= f.bytes || 1 + u64::from(request) / 15_000 >= f.node_us
+        };
     if c.access != Access::Read && !costly_write {
         return None;
     }

@@ -26,16 +26,13 @@ use std::collections::{HashMap, HashSet};
 
 use bytes::Bytes;
 
-use super::names::{CHANNEL, REGISTRY_KEY};
+use super::names::{CHANNEL, REGISTRY_KEY, SEEN};
 use super::record::Record;
 use super::registry::{announce, change_if_same, node};
 use super::{call, Salt, SaltError};
 use crate::backend::{wire, Backend};
 use crate::resp::Value;
 
-/// Registry fields of acknowledgements start with this (keys under `saltshaker:` are never
-/// salted, so no record has such a field).
-pub const SEEN: &str = "saltshaker:seen:";
 /// The name of a proxy's subscription connection.
 pub const CLIENT_NAME: &str = "saltshaker-";
 
@@ -154,35 +151,22 @@ async fn live_fleet(backend: &Backend) -> Option<Vec<String>> {
     (!ids.is_empty() && ids.len() as i64 == subscribers).then_some(ids)
 }
 
-/// Reads an acknowledgement field of the registry hash into `acks`; false when `field` is
-/// not one.
-pub fn read_ack(field: &[u8], value: &[u8], acks: &mut HashMap<String, HashSet<String>>) -> bool {
-    let Some(id) = field.strip_prefix(SEEN.as_bytes()) else {
-        return false;
-    };
-    let tokens = String::from_utf8_lossy(value)
-        .split(' ')
-        .map(str::to_string)
-        .collect();
-    acks.insert(String::from_utf8_lossy(id).into_owned(), tokens);
-    true
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::salt::record::Kind;
 
     #[test]
     fn only_promotions_ahead_of_now_are_pending() {
-        let ahead = Record::new(Kind::String, vec![1, 2], 10_000, 0, "a");
-        let started = Record::new(Kind::String, vec![1, 2], 500, 0, "a");
-        let mut demoted = ahead.clone();
-        demoted.demote_ms = Some(20_000);
+        let rec = |from: u64, demote: &str| {
+            let json = format!(
+                r#"{{"kind":"string","salts":[1,2],"steps":[{{"from_ms":{from},"n":2}}],"hot_ms":0,"pinned":false,"demote_ms":{demote},"fold":null,"by":"a"}}"#
+            );
+            Record::decode(json.as_bytes()).expect("a record")
+        };
         let recs = vec![
-            (Bytes::from_static(b"k1"), ahead),
-            (Bytes::from_static(b"k2"), started),
-            (Bytes::from_static(b"k3"), demoted),
+            (Bytes::from_static(b"k1"), rec(10_000, "null")),
+            (Bytes::from_static(b"k2"), rec(500, "null")),
+            (Bytes::from_static(b"k3"), rec(10_000, "20000")),
         ];
         let p = pending(&recs, 1000);
         assert_eq!(p.len(), 1);
@@ -190,13 +174,5 @@ mod tests {
         // The token names the promotion: another start is another promotion.
         assert_ne!(token(b"k1", 10_000), token(b"k1", 15_000));
         assert_ne!(token(b"k1", 10_000), token(b"k2", 10_000));
-    }
-
-    #[test]
-    fn acknowledgements_are_read_from_their_fields_only() {
-        let mut acks = HashMap::new();
-        assert!(!read_ack(b"user:1", b"{}", &mut acks));
-        assert!(read_ack(b"saltshaker:seen:h:1:2", b"aa bb", &mut acks));
-        assert!(acks["h:1:2"].contains("bb"));
     }
 }

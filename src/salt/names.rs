@@ -19,6 +19,9 @@ pub const REGISTRY_KEY: &str = "saltshaker:registry";
 pub const CHANNEL: &str = "saltshaker:registry:changed";
 /// Every name saltshaker writes starts with this; such keys are never salted.
 pub const PREFIX: &[u8] = b"saltshaker:";
+/// A registry field that is a proxy's acknowledgement of pending promotions, not a record
+/// (`early`); no salted key has such a name.
+pub const SEEN: &str = "saltshaker:seen:";
 
 /// How far the salt search goes before it settles for any node (a pool where one node has
 /// almost no share of the hash space).

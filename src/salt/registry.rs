@@ -14,7 +14,7 @@ use std::sync::atomic::Ordering;
 
 use bytes::Bytes;
 
-use super::names::{choose_salts, CHANNEL, PREFIX, REGISTRY_KEY};
+use super::names::{choose_salts, CHANNEL, PREFIX, REGISTRY_KEY, SEEN};
 use super::record::{boundary_after, Kind, Record};
 use super::{as_i64, call, now_ms, Salt, SaltError};
 use crate::backend::{wire, Backend};
@@ -104,7 +104,7 @@ pub async fn announce(backend: &Backend, key: &[u8]) {
 }
 
 /// What the registry holds: every record, and the proxies' acknowledgements of pending
-/// promotions (`early`).
+/// promotions (`early`): proxy id -> its tokens.
 pub(super) struct Loaded {
     pub records: Vec<(Bytes, Record)>,
     pub acks: std::collections::HashMap<String, std::collections::HashSet<String>>,
@@ -126,7 +126,9 @@ pub(super) async fn load_all(backend: &Backend) -> Result<Loaded, SaltError> {
     };
     for pair in items.chunks(2) {
         if let (Value::Bulk(k), Some(Value::Bulk(v))) = (&pair[0], pair.get(1)) {
-            if super::early::read_ack(k, v, &mut out.acks) {
+            if let Some(id) = k.strip_prefix(SEEN.as_bytes()) {
+                let tokens = String::from_utf8_lossy(v).split(' ').map(str::to_string).collect();
+                out.acks.insert(String::from_utf8_lossy(id).into_owned(), tokens);
                 continue;
             }
             match Record::decode(v) {
