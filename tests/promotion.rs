@@ -325,6 +325,23 @@ rules:
     assert_eq!(c.cmd(&["GET", key]).as_str(), sent.to_string());
 }
 
+/// Two writers through the first proxy and one through the second; a reader on each.
+fn two_proxy_load(
+    fleet: &[Proxy; 2],
+    acked: &Arc<AtomicI64>,
+    stop: &Arc<AtomicBool>,
+) -> (Vec<thread::JoinHandle<()>>, Vec<thread::JoinHandle<usize>>) {
+    let writers = [fleet[0].addr(), fleet[0].addr(), fleet[1].addr()]
+        .into_iter()
+        .map(|addr| writer(addr, acked.clone(), stop.clone()))
+        .collect();
+    let readers = fleet
+        .iter()
+        .map(|p| reader(p.addr(), acked.clone(), 3 * DEPTH as i64, stop.clone()))
+        .collect();
+    (writers, readers)
+}
+
 /// The registry's node frozen in the middle of a promotion: every proxy loses its view of
 /// the registry for a while. No read misses an acknowledged increment, and the counter is
 /// exact once the node thaws and salting takes effect.
@@ -335,14 +352,7 @@ fn a_frozen_registry_node_during_a_promotion_loses_and_misreads_nothing() {
     let fleet = [proxy(&nodes, &rules, &[]), proxy(&nodes, &rules, &[])];
     let acked = Arc::new(AtomicI64::new(0));
     let stop = Arc::new(AtomicBool::new(false));
-    let writers: Vec<_> = [fleet[0].addr(), fleet[0].addr(), fleet[1].addr()]
-        .into_iter()
-        .map(|addr| writer(addr, acked.clone(), stop.clone()))
-        .collect();
-    let readers: Vec<_> = fleet
-        .iter()
-        .map(|p| reader(p.addr(), acked.clone(), 3 * DEPTH as i64, stop.clone()))
-        .collect();
+    let (writers, readers) = two_proxy_load(&fleet, &acked, &stop);
     wait_for("the promotion announced", Duration::from_secs(5), || {
         fleet
             .iter()
@@ -461,14 +471,7 @@ rules:
             g
         })
         .collect();
-    let writers: Vec<_> = [fleet[0].addr(), fleet[0].addr(), fleet[1].addr()]
-        .into_iter()
-        .map(|addr| writer(addr, acked.clone(), stop.clone()))
-        .collect();
-    let readers: Vec<_> = fleet
-        .iter()
-        .map(|p| reader(p.addr(), acked.clone(), 3 * DEPTH as i64, stop.clone()))
-        .collect();
+    let (writers, readers) = two_proxy_load(&fleet, &acked, &stop);
     wait_for("the promotion announced", Duration::from_secs(5), || {
         fleet.iter().all(|p| phase(p).as_deref() == Some("salting"))
     });
