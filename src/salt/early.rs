@@ -41,8 +41,13 @@ fn token(key: &[u8], from_ms: u64) -> String {
     format!("{:016x}", xxhash_rust::xxh3::xxh3_64(key) ^ from_ms)
 }
 
-/// Promotions not yet in force: one step, ahead of now, not demoted, of a kind that is
-/// not partitioned by member.
+/// Promotions not yet in force: one step, ahead of now, not demoted, not pinned, of a kind
+/// that is not partitioned by member.
+///
+/// A pin (an SRE's promotion, or a rule's) is made ahead of a known event and gains
+/// nothing from starting early; it keeps the boundary. (With pins started early,
+/// `tests/salt.rs::a_key_promoted_again_mid_fold_stays_salted_and_loses_nothing` lost its
+/// re-pin once in CI and once in 15 local runs; the cause was not found.)
 ///
 /// A key salted by member (a set, a sorted set, a hash by field) keeps the boundary: each
 /// proxy learns that its base key is empty by asking it a tick after salting is in force
@@ -59,6 +64,7 @@ fn pending<'a>(records: &'a [(Bytes, Record)], now: u64) -> Vec<&'a (Bytes, Reco
             r.steps.len() == 1
                 && r.steps[0].from_ms > now
                 && r.demote_ms.is_none()
+                && !r.pinned
                 && !kinds::of(r.kind).partitioned()
         })
         .collect()
