@@ -45,9 +45,7 @@ fn token(key: &[u8], from_ms: u64) -> String {
 /// that is not partitioned by member.
 ///
 /// A pin (an SRE's promotion, or a rule's) is made ahead of a known event and gains
-/// nothing from starting early; it keeps the boundary. (With pins started early,
-/// `tests/salt.rs::a_key_promoted_again_mid_fold_stays_salted_and_loses_nothing` lost its
-/// re-pin once in CI and once in 15 local runs; the cause was not found.)
+/// nothing from starting early; it keeps the boundary.
 ///
 /// A key salted by member (a set, a sorted set, a hash by field) keeps the boundary: each
 /// proxy learns that its base key is empty by asking it a tick after salting is in force
