@@ -271,7 +271,11 @@ pub async fn run(
         0 => std::thread::available_parallelism().map_or(1, |n| n.get()),
         n => n,
     };
-    if !ctx.salt.first_sync(std::time::Duration::from_millis(500)).await {
+    if !ctx
+        .salt
+        .first_sync(std::time::Duration::from_millis(500))
+        .await
+    {
         tracing::warn!("the salt registry was not read at start: serving anyway; reads of a salted key may miss its shards until it is");
     }
     proxy::serve(serving, ctx, threads, DRAIN_TIMEOUT).await;

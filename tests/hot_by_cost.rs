@@ -503,7 +503,10 @@ fn cycle_reads(addr: &str, keys: Vec<String>, len: usize, rounds_per_sec: u64) -
         while !s2.load(Ordering::Relaxed) {
             s.write_all(&wire).map_err(|e| e.to_string())?;
             s.read_exact(&mut buf).map_err(|e| e.to_string())?;
-            if !buf.chunks(one).all(|r| r.starts_with(format!("${len}\r\n").as_bytes())) {
+            if !buf
+                .chunks(one)
+                .all(|r| r.starts_with(format!("${len}\r\n").as_bytes()))
+            {
                 return Err("a cheap read got another reply".into());
             }
             r2.fetch_add(keys.len() as u64, Ordering::Relaxed);
@@ -568,7 +571,10 @@ fn a_full_cache_keeps_the_reply_that_saves_the_node_most() {
     assert!(evictions > 10.0, "the cache was never full: {evictions}");
     assert!(reads >= 60, "{reads}");
     // Its TTL is 1 s: about one fill a second is the floor.
-    assert!(served * 10 <= reads, "the node served {served} of {reads} ZRANGEs");
+    assert!(
+        served * 10 <= reads,
+        "the node served {served} of {reads} ZRANGEs"
+    );
     assert!(saved > 0.01, "{saved}");
 }
 
@@ -615,20 +621,35 @@ fn a_big_value_written_200_times_a_second_is_hot_by_bytes() {
     let p = Proxy::start(&nodes.iter().collect::<Vec<_>>(), &[]);
     // 2 x 100 SETs a second of 256 KiB: 50 MiB/s, a tenth of the write-hot rate.
     let value = "w".repeat(256 * 1024);
-    let writers = Readers::start(&p.addr(), &["SET", "feed:latest", &value], b"+OK\r\n".to_vec(), 2, 100);
+    let writers = Readers::start(
+        &p.addr(),
+        &["SET", "feed:latest", &value],
+        b"+OK\r\n".to_vec(),
+        2,
+        100,
+    );
     let took = until_hot_by(&p, "feed:latest", "bytes", Duration::from_secs(3));
     eprintln!("hot by bytes after {took:?}");
     assert!(took <= Duration::from_secs(1), "reported after {took:?}");
     let e = entry(&hotkeys(&p), "feed:latest").expect("listed");
     assert!(e["writes_per_sec"].as_f64().unwrap_or(0.0) < 2000.0, "{e}");
-    assert!(e["bytes_per_sec"].as_f64().unwrap_or(0.0) > 16.0 * 1024.0 * 1024.0, "{e}");
+    assert!(
+        e["bytes_per_sec"].as_f64().unwrap_or(0.0) > 16.0 * 1024.0 * 1024.0,
+        "{e}"
+    );
     writers.stop();
-    assert_eq!(p.client().cmd(&["STRLEN", "feed:latest"]).as_int(), 256 * 1024);
+    assert_eq!(
+        p.client().cmd(&["STRLEN", "feed:latest"]).as_int(),
+        256 * 1024
+    );
     // Small writes are not counted by bytes at all.
     let mut c = p.client();
     for _ in 0..500 {
         c.cmd(&["SET", "feed:small", "x"]);
     }
     let snap = hotkeys(&p);
-    assert!(entry(&snap, "feed:small").is_none_or(|e| e["bytes_per_sec"].as_f64() == Some(0.0)), "{snap}");
+    assert!(
+        entry(&snap, "feed:small").is_none_or(|e| e["bytes_per_sec"].as_f64() == Some(0.0)),
+        "{snap}"
+    );
 }

@@ -466,7 +466,10 @@ rules:
         .iter()
         .map(|n| {
             let mut g = n.client();
-            assert_eq!(g.cmd(&["CLIENT", "SETNAME", "saltshaker-ghost"]).as_str(), "OK");
+            assert_eq!(
+                g.cmd(&["CLIENT", "SETNAME", "saltshaker-ghost"]).as_str(),
+                "OK"
+            );
             g.cmd(&["SUBSCRIBE", "saltshaker:registry:changed"]);
             g
         })
@@ -477,14 +480,20 @@ rules:
     });
     thread::sleep(Duration::from_millis(1500));
     for p in &fleet {
-        assert_eq!(phase(p).as_deref(), Some("salting"), "started without the ghost's word");
+        assert_eq!(
+            phase(p).as_deref(),
+            Some("salting"),
+            "started without the ghost's word"
+        );
         assert_eq!(p.metric("saltshaker_salt_early_starts_total"), 0.0);
     }
     let t = Instant::now();
     drop(ghosts);
-    wait_for("salting in force once the ghost is gone", Duration::from_secs(5), || {
-        fleet.iter().all(|p| phase(p).as_deref() == Some("salted"))
-    });
+    wait_for(
+        "salting in force once the ghost is gone",
+        Duration::from_secs(5),
+        || fleet.iter().all(|p| phase(p).as_deref() == Some("salted")),
+    );
     eprintln!("in force {:?} after the ghost left", t.elapsed());
     assert!(t.elapsed() < Duration::from_secs(2), "{:?}", t.elapsed());
     finish(&[&fleet[0], &fleet[1]], &stop, writers, readers, &acked);

@@ -326,9 +326,11 @@ fn a_key_promoted_again_mid_fold_stays_salted_and_loses_nothing() {
     );
     // The proxy's view follows the registry at its coordinator's next read, which comes
     // after the fold returns: /hotkeys may show the demoted record for a few milliseconds.
-    wait_for("the view to show the key promoted again", Duration::from_secs(3), || {
-        salted(&p, key).is_none_or(|e| e["demote_ms"].is_null())
-    });
+    wait_for(
+        "the view to show the key promoted again",
+        Duration::from_secs(3),
+        || salted(&p, key).is_none_or(|e| e["demote_ms"].is_null()),
+    );
     let e = salted(&p, key).unwrap_or_else(|| panic!("the record was removed:\n{}", p.stderr()));
     assert!(e["demote_ms"].is_null(), "{e}");
     for _ in 0..100 {

@@ -316,8 +316,7 @@ impl Cache {
 
     /// True when nothing is cached or being filled: a write may skip `invalidate`.
     pub fn is_empty(&self) -> bool {
-        self.inner.store.live() <= 0
-            && self.inner.flights.load(Ordering::SeqCst) <= 0
+        self.inner.store.live() <= 0 && self.inner.flights.load(Ordering::SeqCst) <= 0
     }
 
     /// Evicts what is over the bound now (tests, and before reading exact gauges; every

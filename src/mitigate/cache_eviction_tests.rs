@@ -33,14 +33,22 @@ async fn read(cache: &Arc<Cache>, key: &str, reply: &Bytes, reads: usize) {
     for _ in 0..=reads {
         let r = reply.clone();
         let got = cache
-            .get_or_fill(&k, &req, &policy(60_000), WAIT, move || async move { Ok(r) })
+            .get_or_fill(
+                &k,
+                &req,
+                &policy(60_000),
+                WAIT,
+                move || async move { Ok(r) },
+            )
             .await;
         assert!(got.is_ok());
     }
 }
 
 fn cached(cache: &Cache, key: &str) -> bool {
-    cache.get_fresh(key.as_bytes(), format!("GET {key}").as_bytes()).is_some()
+    cache
+        .get_fresh(key.as_bytes(), format!("GET {key}").as_bytes())
+        .is_some()
 }
 
 /// One 4 KB costly reply, then 200 cheap 1 KB replies read as often, through 64 KB.
@@ -65,7 +73,10 @@ async fn a_costly_reply_outlives_cheap_ones_read_as_often() {
     // before its next read is fetched again).
     let saved = m.node_seconds_saved.get();
     assert!((0.015..=0.0156 + 1e-9).contains(&saved), "{saved}");
-    assert!(cached(&cache, "leaderboard"), "the costly reply was evicted");
+    assert!(
+        cached(&cache, "leaderboard"),
+        "the costly reply was evicted"
+    );
 }
 
 #[tokio::test]

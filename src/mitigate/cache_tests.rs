@@ -386,7 +386,13 @@ async fn entries_and_bytes_are_bounded() {
     assert!(m.bytes.get() <= 64 * 1024, "{}", m.bytes.get());
     assert!(m.bytes.get() > 0);
     assert_eq!(m.bytes.get() as u64, {
-        cache.inner.store.buckets().iter().map(|(_, b)| b).sum::<u64>()
+        cache
+            .inner
+            .store
+            .buckets()
+            .iter()
+            .map(|(_, b)| b)
+            .sum::<u64>()
     });
 
     cache.invalidate_all(Cause::Flush);

@@ -65,12 +65,10 @@ pub(super) fn candidate(
     // A write's cost is its request's, known now: one under the floors is not noted at all,
     // so that writes of middling values (1 KiB SETs) cost what they did before writes were
     // counted.
-    let costly_write = c.access == Access::Write
-        && request as usize >= GATE_BYTES
-        && {
-            let f = floors();
-            request as usize >= f.bytes || 1 + u64::from(request) / 15_000 >= f.node_us
-        };
+    let costly_write = c.access == Access::Write && request as usize >= GATE_BYTES && {
+        let f = floors();
+        request as usize >= f.bytes || 1 + u64::from(request) / 15_000 >= f.node_us
+    };
     if c.access != Access::Read && !costly_write {
         return None;
     }
@@ -111,7 +109,10 @@ pub fn observe_mget(
             Some(b'$') if rest.get(1) != Some(&b'-') => header(rest).0 as usize,
             // A nil (`$-1` or RESP3's `_`): nothing read.
             Some(b'$' | b'_') => {
-                let end = rest.iter().position(|&b| b == b'\n').map_or(rest.len(), |p| p + 1);
+                let end = rest
+                    .iter()
+                    .position(|&b| b == b'\n')
+                    .map_or(rest.len(), |p| p + 1);
                 rest = &rest[end..];
                 continue;
             }

@@ -108,9 +108,7 @@ pub(super) async fn act(
     action: Action,
     rb: &mut RoundBuilder,
 ) -> Flow {
-    let cost = super::cost::candidate(s.detects(), &req, &c, || {
-        s.ctx().rules.load().cost_floors()
-    });
+    let cost = super::cost::candidate(s.detects(), &req, &c, || s.ctx().rules.load().cost_floors());
     let before = rb.slots.len();
     let flow = carry_out(s, &req, &c, action, rb).await;
     rb.note_cost(cost, before);

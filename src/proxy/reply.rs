@@ -370,7 +370,10 @@ fn count_cost(
     let b = &ctx.backend;
     let node_load = |key: &[u8], us: u64| {
         if from_node {
-            b.node(b.node_for(key)).metrics.read_cost.inc_by(us as f64 / 1e6);
+            b.node(b.node_for(key))
+                .metrics
+                .read_cost
+                .inc_by(us as f64 / 1e6);
         }
     };
     match &c.mget {

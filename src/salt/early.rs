@@ -127,9 +127,9 @@ pub async fn step(
         return Ok(());
     };
     for ((key, rec), tok) in pending.into_iter().zip(&tokens) {
-        let all = fleet.iter().all(|id| {
-            id == &salt.id || acks.get(id).is_some_and(|t| t.contains(tok))
-        });
+        let all = fleet
+            .iter()
+            .all(|id| id == &salt.id || acks.get(id).is_some_and(|t| t.contains(tok)));
         if !all {
             continue;
         }

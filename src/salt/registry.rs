@@ -127,8 +127,12 @@ pub(super) async fn load_all(backend: &Backend) -> Result<Loaded, SaltError> {
     for pair in items.chunks(2) {
         if let (Value::Bulk(k), Some(Value::Bulk(v))) = (&pair[0], pair.get(1)) {
             if let Some(id) = k.strip_prefix(SEEN.as_bytes()) {
-                let tokens = String::from_utf8_lossy(v).split(' ').map(str::to_string).collect();
-                out.acks.insert(String::from_utf8_lossy(id).into_owned(), tokens);
+                let tokens = String::from_utf8_lossy(v)
+                    .split(' ')
+                    .map(str::to_string)
+                    .collect();
+                out.acks
+                    .insert(String::from_utf8_lossy(id).into_owned(), tokens);
                 continue;
             }
             match Record::decode(v) {
