@@ -452,6 +452,9 @@ impl Cluster {
         match conn.call_direct(data, count, deadline).await {
             Ok(r) if r.len() > want => Some((r.get(want), n.addr.clone())),
             Ok(_) => None,
+            // A retry that ran into the deadline: the client hears what the node kept
+            // answering (`gave_up`), not that the last try was slow.
+            Err(super::BackendError::Timeout(_)) if matches!(r, Redirect::Retry) => None,
             Err(e) => Some((error_reply(&e), n.addr.clone())),
         }
     }

@@ -93,6 +93,32 @@ impl ConnHandle {
         call
     }
 
+    /// `start` without waiting: the commands come back when the queue is full. The
+    /// request path's way in: a future of `start` inside every round's send made the
+    /// session's future kilobytes larger, copied per read (bench/README.md, "One pass").
+    pub fn try_start(
+        &self,
+        data: SmallVec<[Bytes; 4]>,
+        count: u32,
+    ) -> Result<Call, SmallVec<[Bytes; 4]>> {
+        let redo = match &self.who.cluster {
+            Some(_) if data.len() == count as usize => Some(Box::new(data.clone())),
+            _ => None,
+        };
+        let (tx, rx) = oneshot::channel();
+        let (rx, failed) = match self.tx.try_send(Job::new(data, count, tx)) {
+            Ok(()) => (Some(rx), None),
+            Err(mpsc::error::TrySendError::Closed(_)) => (None, Some(BackendError::Closed)),
+            Err(mpsc::error::TrySendError::Full(job)) => return Err(job.data),
+        };
+        Ok(Call {
+            rx,
+            failed,
+            who: self.who.clone(),
+            redo,
+        })
+    }
+
     /// `start`, with replies given as the node sent them (no redirection followed).
     pub async fn start_direct(
         &self,
@@ -171,9 +197,16 @@ impl Call {
             // Only an error reply can be a redirection: most calls stop at this scan.
             Ok(replies) if !replies.has_error() => Ok(replies),
             Ok(replies) => match cluster() {
-                Some(c) => Ok(c
-                    .follow(replies, &data, self.who.proto, &self.who.node, deadline)
-                    .await),
+                // Boxed: following is rare, and its future is large; every wait on a
+                // node would hold it.
+                Some(c) => Ok(Box::pin(c.follow(
+                    replies,
+                    &data,
+                    self.who.proto,
+                    &self.who.node,
+                    deadline,
+                ))
+                .await),
                 None => Ok(replies),
             },
             Err(e) => {

@@ -180,9 +180,28 @@ pub async fn write_loop<W: AsyncWrite + Unpin>(
             let close = round.close_after;
             let acked = std::mem::take(&mut round.acked);
             let again = std::mem::take(&mut round.invalidate_after);
-            // Boxed: allocated per round, so an idle connection's writer holds only the
-            // small future of its wait (bench/conn_memory.py).
-            let tunnel = match Box::pin(resolve(round, proto, &ctx, &mut out, client)).await {
+            // The common round (one job, each slot its reply) waits here, unboxed; any
+            // other is resolved in a boxed future, allocated per round, so an idle
+            // connection's writer holds only the small futures of its waits
+            // (bench/conn_memory.py).
+            let resolved = match direct(&mut round) {
+                Some(call) => {
+                    let replies = call.wait(round.deadline).await;
+                    match write_direct(&round, &replies, &ctx, &mut out.buf) {
+                        true => match out.relieve(&ctx, client).await {
+                            Ok(()) => Ok(round.tunnel.take()),
+                            Err(e) => Err(e),
+                        },
+                        false => {
+                            let replies = vec![replies];
+                            Box::pin(write_round(round, replies, proto, &ctx, &mut out, client))
+                                .await
+                        }
+                    }
+                }
+                None => Box::pin(resolve(round, proto, &ctx, &mut out, client)).await,
+            };
+            let tunnel = match resolved {
                 Ok(t) => {
                     // What the client was written meanwhile is not known here; the growth
                     // of what it owes is a fair lower bound of the round's bytes.
@@ -226,7 +245,7 @@ pub async fn write_loop<W: AsyncWrite + Unpin>(
 
 /// Appends the replies of one round to `out`, in order.
 async fn resolve<W: AsyncWrite + Unpin>(
-    round: Round,
+    mut round: Round,
     proto: Proto,
     ctx: &Ctx,
     sink: &mut Out<W>,
@@ -245,40 +264,70 @@ async fn resolve<W: AsyncWrite + Unpin>(
         return Ok(None);
     }
     let mut replies: Vec<Result<Replies, BackendError>> = Vec::with_capacity(round.sent.len());
-    for call in round.sent {
+    for call in std::mem::take(&mut round.sent) {
         replies.push(call.wait(deadline).await);
     }
+    write_round(round, replies, proto, ctx, sink, client).await
+}
+
+/// The one call of a round whose slots are its replies in order, taken out of the round.
+fn direct(round: &mut Round) -> Option<crate::backend::Call> {
+    let one = !round.push && round.sent.len() == 1 && direct_slots(round);
+    one.then(|| round.sent.pop()).flatten()
+}
+
+/// Every slot is the reply of the round's only job at its own place.
+fn direct_slots(round: &Round) -> bool {
+    round
+        .slots
+        .iter()
+        .enumerate()
+        .all(|(i, s)| matches!(s, Slot::Reply(p) if p.job == 0 && p.idx as usize == i))
+}
+
+/// Writes a direct round's replies (see `direct`) when the node gave one per slot; false
+/// when they are not that (an error, a short reply), for `write_round` to sort out.
+fn write_direct(
+    round: &Round,
+    replies: &Result<Replies, BackendError>,
+    ctx: &Ctx,
+    out: &mut BytesMut,
+) -> bool {
+    let n = round.slots.len();
+    let Ok(r) = replies else { return false };
+    if r.len() != n {
+        return false;
+    }
+    out.extend_from_slice(&r.buf);
+    // The replies together under the gate, and no big write: nothing is costly.
+    if r.buf.len() >= super::cost::GATE_BYTES || round.big_write {
+        let mut floors = None;
+        for c in &round.costs {
+            count_cost(ctx, &mut floors, c, r.get_ref(c.slot as usize), true);
+        }
+    }
+    record(ctx, &round.started, &round.counts, n as u64);
+    true
+}
+
+/// Appends a round's replies, its calls' `replies` in hand, to `sink`, in order.
+async fn write_round<W: AsyncWrite + Unpin>(
+    mut round: Round,
+    replies: Vec<Result<Replies, BackendError>>,
+    proto: Proto,
+    ctx: &Ctx,
+    sink: &mut Out<W>,
+    client: u64,
+) -> Result<Option<super::tunnel::TunnelEnd>, Cut> {
+    let deadline = round.deadline;
     // A task's reply (combine, fill, salted) is bounded by its own call to the node; this
     // grace only catches a task that never answers, with the node's error given priority.
     let late = deadline.map(|d| d + LATE_GRACE);
     let n = round.slots.len() as u64;
     // Fast path: one job whose replies are exactly the round's, in order.
-    if replies.len() == 1
-        && replies[0]
-            .as_ref()
-            .map(|r| r.len() as u64 == n)
-            .unwrap_or(false)
-    {
-        let all_direct = round
-            .slots
-            .iter()
-            .enumerate()
-            .all(|(i, s)| matches!(s, Slot::Reply(p) if p.idx as usize == i));
-        if all_direct {
-            if let Ok(r) = &replies[0] {
-                sink.buf.extend_from_slice(&r.buf);
-                // The replies together under the gate, and no big write: nothing is costly.
-                if r.buf.len() >= super::cost::GATE_BYTES || round.big_write {
-                    let mut floors = None;
-                    for c in &round.costs {
-                        count_cost(ctx, &mut floors, c, r.get_ref(c.slot as usize), true);
-                    }
-                }
-            }
-            record(ctx, &round.started, &round.counts, n);
-            sink.relieve(ctx, client).await?;
-            return Ok(round.tunnel);
-        }
+    if replies.len() == 1 && direct_slots(&round) && write_direct(&round, &replies[0], ctx, &mut sink.buf) {
+        sink.relieve(ctx, client).await?;
+        return Ok(round.tunnel.take());
     }
     // The reply of the slot before, when the next slot repeats it (`Slot::Again`).
     let mut again = Vec::new();

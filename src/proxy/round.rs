@@ -487,27 +487,35 @@ impl RoundBuilder {
         self.counts[class as usize] += 1;
     }
 
-    /// Sends every job and returns the round for the writer. Its replies are due
-    /// `timeout` after the round was read.
-    /// Sends the round's jobs; its commands count in `inflight` until the writer has them.
+    /// Sends the round's jobs and returns the round for the writer; its replies are due
+    /// `timeout` after the round was read, and its commands count in `inflight` until the
+    /// writer has them. Waits only when a node's queue is full (`Full`).
     pub async fn send(
         self,
         timeout: Option<std::time::Duration>,
         inflight: &std::sync::Arc<Inflight>,
     ) -> Round {
+        match self.send_now(timeout, inflight) {
+            Ok(round) => round,
+            Err(full) => Box::pin(full.finish()).await,
+        }
+    }
+
+    /// `send` without waiting: `Err` when a job met a full queue, to be finished by
+    /// `Full::finish` (boxed by the caller: it is rare, and its future large).
+    pub fn send_now(
+        self,
+        timeout: Option<std::time::Duration>,
+        inflight: &std::sync::Arc<Inflight>,
+    ) -> Result<Round, Box<Full>> {
         let n = self.slots.len();
         inflight
             .cmds
             .fetch_add(n, std::sync::atomic::Ordering::Relaxed);
         let held = Held(inflight.clone(), n);
         let deadline = timeout.map(|t| self.read_at + t);
-        let mut sent = SmallVec::new();
-        for j in self.jobs {
-            let call = j.conn.start(j.data, j.count, deadline).await;
-            sent.push(call);
-        }
-        Round {
-            sent,
+        let mut round = Round {
+            sent: SmallVec::new(),
             slots: self.slots,
             started: self.started,
             deadline,
@@ -520,7 +528,45 @@ impl RoundBuilder {
             push: false,
             costs: self.costs,
             big_write: self.big_write,
+        };
+        let mut jobs = self.jobs.into_iter();
+        while let Some(j) = jobs.next() {
+            match j.conn.try_start(j.data, j.count) {
+                Ok(call) => round.sent.push(call),
+                Err(data) => {
+                    let first = JobBuilder { data, ..j };
+                    return Err(Box::new(Full {
+                        round,
+                        first,
+                        rest: jobs,
+                    }));
+                }
+            }
         }
+        Ok(round)
+    }
+}
+
+/// A round whose job met a full queue on its node: that job and the ones after it wait
+/// for room, in order, until the round's deadline.
+pub struct Full {
+    round: Round,
+    first: JobBuilder,
+    rest: smallvec::IntoIter<[JobBuilder; 1]>,
+}
+
+impl Full {
+    pub async fn finish(self: Box<Self>) -> Round {
+        let Full {
+            mut round,
+            first,
+            rest,
+        } = *self;
+        for j in std::iter::once(first).chain(rest) {
+            let call = j.conn.start(j.data, j.count, round.deadline).await;
+            round.sent.push(call);
+        }
+        round
     }
 }
 

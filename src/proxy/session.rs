@@ -16,13 +16,24 @@ use tokio::sync::{mpsc, watch};
 
 use super::ctx::Ctx;
 use super::end::{close, End};
-use super::handle::{act, handle, proceed};
+use super::handle::{act, handle, proceed, resume};
 use super::mitigation::wait_barrier;
 use super::round::{Queued, Round, RoundBuilder, Slot};
 use super::state::{err_bytes, Decided, Flow, Pending, Session};
 use super::{reply, settle, tunnel};
 use crate::command::{self};
 use crate::resp::{Request, RequestParser};
+
+/// The round with its jobs queued (`RoundBuilder::send_now`). The wait for a full queue is
+/// boxed, so the read's future holds a pointer where it held the send's 2.4 kB.
+macro_rules! sent {
+    ($rb:expr, $s:expr) => {
+        match $rb.send_now($s.ctx().backend.request_timeout, &$s.inflight) {
+            Ok(round) => round,
+            Err(full) => Box::pin(full.finish()).await,
+        }
+    };
+}
 
 /// Serves one client connection until it closes.
 pub async fn run(stream: Stream, ctx: Arc<Ctx>, id: u64) {
@@ -189,7 +200,7 @@ async fn burst(
         rb.slots.push(Slot::Ready(err_bytes(
             "ERR Protocol error: client query buffer limit exceeded",
         )));
-        let mut round = rb.send(s.ctx().backend.request_timeout, &s.inflight).await;
+        let mut round = sent!(rb, s);
         round.close_after = true;
         s.ctx().metrics.protocol_errors.inc();
         let _ = tx.send(Box::new((round, s.proto()))).await;
@@ -258,23 +269,30 @@ async fn burst(
         .then(|| super::monitor::args(&req));
         let mut mark = rb.slots.len();
         let conn_state = (s.proto(), s.db());
-        let mut flow = handle(s, req, c, &mut rb).await;
-        if let Flow::Settle(p) = flow {
-            if !Box::pin(settle::settle(s, &mut rb, tx, s.proto())).await {
-                return Step::Closed;
-            }
-            mark = 0;
-            let Pending { req, c } = *p;
-            flow = proceed(s, req, c, true, &mut rb).await;
-        }
-        if let Flow::Flush(p) = flow {
-            if !Box::pin(settle::flush(s, &mut rb, tx)).await {
-                return Step::Closed;
-            }
-            mark = 0;
-            let Decided { req, c, action } = *p;
-            flow = act(s, req, c, action, &mut rb).await;
-        }
+        let mut next = handle(s, req, c, &mut rb);
+        let flow = loop {
+            next = match next {
+                Flow::Settle(p) => {
+                    if !Box::pin(settle::settle(s, &mut rb, tx, s.proto())).await {
+                        return Step::Closed;
+                    }
+                    mark = 0;
+                    let Pending { req, c } = *p;
+                    proceed(s, req, c, true, &mut rb)
+                }
+                Flow::Flush(p) => {
+                    if !Box::pin(settle::flush(s, &mut rb, tx)).await {
+                        return Step::Closed;
+                    }
+                    mark = 0;
+                    let Decided { req, c, action } = *p;
+                    act(s, req, c, action, &mut rb)
+                }
+                // Boxed: the rare waits keep their futures out of this one.
+                Flow::Wait(p) => Box::pin(resume(s, p, &mut rb)).await,
+                done => break done,
+            };
+        };
         rb.commit_keys();
         if let Some(args) = monitor {
             s.ctx().monitors.feed(s.db(), s.peer(), &args);
@@ -295,7 +313,7 @@ async fn burst(
         match flow {
             // A fresh round has no jobs, and the lane is switched, so this cannot
             // happen; answer rather than panic.
-            Flow::Flush(_) | Flow::Settle(_) => rb.slots.push(Slot::Ready(err_bytes(
+            Flow::Flush(_) | Flow::Settle(_) | Flow::Wait(_) => rb.slots.push(Slot::Ready(err_bytes(
                 "ERR saltshaker: internal: command could not be ordered",
             ))),
             Flow::Continue => {}
@@ -307,7 +325,7 @@ async fn burst(
                 // Whatever the client sent after MONITOR is not run, as on Redis.
                 let lines = s.ctx().monitors.subscribe();
                 s.order.wait_barrier().await;
-                let round = rb.send(s.ctx().backend.request_timeout, &s.inflight).await;
+                let round = sent!(rb, s);
                 let _ = tx.send(Box::new((round, s.proto()))).await;
                 return Step::Monitor(lines);
             }
@@ -328,7 +346,7 @@ async fn burst(
                 // The tunnel's commands take a connection of their own: nothing of
                 // the session may still be on its way.
                 s.order.wait_barrier().await;
-                let mut round = rb.send(s.ctx().backend.request_timeout, &s.inflight).await;
+                let mut round = sent!(rb, s);
                 round.tunnel = start.take_end();
                 let _ = tx.send(Box::new((round, s.proto()))).await;
                 return Step::Tunnel(start);
@@ -357,7 +375,7 @@ async fn burst(
         let had_jobs = !rb.jobs.is_empty();
         let written = std::mem::take(&mut rb.written);
         let keys = std::mem::take(&mut rb.keys);
-        let mut round = rb.send(s.ctx().backend.request_timeout, &s.inflight).await;
+        let mut round = sent!(rb, s);
         s.order.sent(
             &mut round,
             had_jobs,

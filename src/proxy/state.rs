@@ -382,6 +382,9 @@ pub enum Flow {
     /// this command: it takes another connection to its node (a script's lane,
     /// `Session::switch_lane`; WATCH's or a blocking command's own).
     Settle(Box<Pending>),
+    /// Wait (for a fill, a salted key's task, a subscription's connection), then go on
+    /// with the command where it stopped (`handle::resume`).
+    Wait(Box<super::handle::Paused>),
 }
 
 /// A classified command waiting for the session's earlier replies before it is decided.
