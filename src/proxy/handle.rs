@@ -10,8 +10,8 @@
 //! read's future was 13.4 kB (memmove was the first user-space symbol of a P16 profile,
 //! bench/README.md "One pass, no future per command").
 
-use super::local::queue_in_tx;
 use super::cost::Cost;
+use super::local::queue_in_tx;
 use super::mitigation::{cached_mget, cached_read, combine, invalidate_cached, wait_fills};
 use super::plan::{decide, observe, own_connection};
 use super::round::{Blocked, Merge, RoundBuilder, Slot};

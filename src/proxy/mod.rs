@@ -59,6 +59,7 @@ mod session;
 mod settle;
 mod sort;
 mod state;
+mod step;
 mod store;
 mod tracking;
 mod tunnel;

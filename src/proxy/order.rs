@@ -228,6 +228,11 @@ impl Order {
         }
     }
 
+    /// No combined write or task is pending (the common case: nothing to wait for).
+    pub fn no_writes_pending(&self) -> bool {
+        self.barrier.is_empty()
+    }
+
     /// No fill is pending (the common case: skip looking at the command's keys).
     pub fn no_fills(&self) -> bool {
         self.fills.is_empty()

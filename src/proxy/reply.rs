@@ -325,7 +325,10 @@ async fn write_round<W: AsyncWrite + Unpin>(
     let late = deadline.map(|d| d + LATE_GRACE);
     let n = round.slots.len() as u64;
     // Fast path: one job whose replies are exactly the round's, in order.
-    if replies.len() == 1 && direct_slots(&round) && write_direct(&round, &replies[0], ctx, &mut sink.buf) {
+    if replies.len() == 1
+        && direct_slots(&round)
+        && write_direct(&round, &replies[0], ctx, &mut sink.buf)
+    {
         sink.relieve(ctx, client).await?;
         return Ok(round.tunnel.take());
     }

@@ -16,11 +16,11 @@ use tokio::sync::{mpsc, watch};
 
 use super::ctx::Ctx;
 use super::end::{close, End};
-use super::handle::{act, handle, proceed, resume};
+
 use super::mitigation::wait_barrier;
 use super::round::{Queued, Round, RoundBuilder, Slot};
-use super::state::{err_bytes, Decided, Flow, Pending, Session};
-use super::{reply, settle, tunnel};
+use super::state::{err_bytes, Flow, Session};
+use super::{reply, settle, step, tunnel};
 use crate::command::{self};
 use crate::resp::{Request, RequestParser};
 
@@ -103,7 +103,11 @@ async fn read_loop(
                 return End::Closed;
             }
         }
-        if !Box::pin(settle::may_read(s, tx, &mut owing, &mut killed)).await {
+        // Boxed, and only when it may wait: the common read allocates nothing here.
+        let limit = s.ctx().max_output;
+        if (*owing.borrow() || (limit > 0 && s.inflight.over(limit)))
+            && !Box::pin(settle::may_read(s, tx, &mut owing, &mut killed)).await
+        {
             return End::Closed;
         }
         let proto = s.proto();
@@ -182,8 +186,9 @@ enum Step {
     Tunnel(tunnel::Start),
 }
 
-/// One read's commands: parse, then for each check -> decide -> observe -> act, and the
-/// round sent to the reply writer.
+/// One read's commands: parse, then for each check -> decide -> observe -> act (`step`),
+/// and the round sent to the reply writer. Every wait on the way is boxed, so this future
+/// (allocated per read) stays small.
 #[allow(clippy::too_many_arguments)]
 async fn burst(
     s: &mut Session,
@@ -196,15 +201,7 @@ async fn burst(
     ended: bool,
 ) -> Step {
     if buf.len() > s.ctx().max_pending {
-        let mut rb = RoundBuilder::new();
-        rb.slots.push(Slot::Ready(err_bytes(
-            "ERR Protocol error: client query buffer limit exceeded",
-        )));
-        let mut round = sent!(rb, s);
-        round.close_after = true;
-        s.ctx().metrics.protocol_errors.inc();
-        let _ = tx.send(Box::new((round, s.proto()))).await;
-        return Step::Closed;
+        return Box::pin(too_long(s, tx)).await;
     }
     s.begin_round();
     let monitored = s.ctx().monitors.active();
@@ -219,82 +216,22 @@ async fn burst(
     let mut reqs_iter = reqs.drain(..);
     let mut last = None;
     while let Some(req) = reqs_iter.next() {
-        // command: the request resolved once, for every phase after it.
-        let c = match command::classify(&req) {
-            Ok(c) => {
-                last = Some(c.spec);
-                c
-            }
-            Err(e) => {
-                let slot = s.refuse(err_bytes(&e.to_string()));
-                rb.slots.push(slot);
-                continue;
-            }
+        let Some((b, hook, shown)) = step::begin(s, req, &mut rb, &mut last, monitored) else {
+            continue;
         };
-        // admit
-        let (req, c, hook) = if s.admits() {
-            match super::admit::gate(s, req, c) {
-                super::admit::Gate::Done(slot, class) => {
-                    rb.count(class);
-                    rb.slots.push(slot);
-                    continue;
-                }
-                super::admit::Gate::Pass { req, c, hook, wait } => {
-                    if !wait.is_zero() {
-                        // What was read before it need not wait with it.
-                        if !rb.is_empty() && !Box::pin(settle::flush(s, &mut rb, tx)).await {
-                            return Step::Closed;
-                        }
-                        // The wait counts against the command's request_timeout_ms
-                        // (its round was read before it), so it is never longer.
-                        let timeout = s.ctx().backend.request_timeout.unwrap_or(wait);
-                        tokio::time::sleep(wait.min(timeout)).await;
-                    }
-                    (req, c, hook)
-                }
-            }
-        } else {
-            (req, c, None)
-        };
-        // Redis shows neither CMD_SKIP_MONITOR nor CMD_ADMIN commands to monitors.
-        if s.ctx().pause.holds(settle::writes(&c)).is_some()
-            && !Box::pin(settle::paused(s, &c, &mut rb, tx, killed)).await
-        {
-            return Step::Closed;
-        }
-        let monitor = (monitored
-            && !c
-                .spec
-                .has(command::flags::SKIP_MONITOR | command::flags::ADMIN))
-        .then(|| super::monitor::args(&req));
         let mut mark = rb.slots.len();
         let conn_state = (s.proto(), s.db());
-        let mut next = handle(s, req, c, &mut rb);
-        let flow = loop {
-            next = match next {
-                Flow::Settle(p) => {
-                    if !Box::pin(settle::settle(s, &mut rb, tx, s.proto())).await {
-                        return Step::Closed;
-                    }
-                    mark = 0;
-                    let Pending { req, c } = *p;
-                    proceed(s, req, c, true, &mut rb)
+        let flow = match step::now(s, b, &mut rb) {
+            Ok(flow) => flow,
+            Err(from) => {
+                match Box::pin(step::slow(s, from, &mut rb, tx, killed, &mut mark)).await {
+                    Some(flow) => flow,
+                    None => return Step::Closed,
                 }
-                Flow::Flush(p) => {
-                    if !Box::pin(settle::flush(s, &mut rb, tx)).await {
-                        return Step::Closed;
-                    }
-                    mark = 0;
-                    let Decided { req, c, action } = *p;
-                    act(s, req, c, action, &mut rb)
-                }
-                // Boxed: the rare waits keep their futures out of this one.
-                Flow::Wait(p) => Box::pin(resume(s, p, &mut rb)).await,
-                done => break done,
-            };
+            }
         };
         rb.commit_keys();
-        if let Some(args) = monitor {
+        if let Some(args) = shown {
             s.ctx().monitors.feed(s.db(), s.peer(), &args);
         }
         if let (Some(hook), Flow::Continue) = (hook, &flow) {
@@ -313,43 +250,17 @@ async fn burst(
         match flow {
             // A fresh round has no jobs, and the lane is switched, so this cannot
             // happen; answer rather than panic.
-            Flow::Flush(_) | Flow::Settle(_) | Flow::Wait(_) => rb.slots.push(Slot::Ready(err_bytes(
-                "ERR saltshaker: internal: command could not be ordered",
-            ))),
+            Flow::Flush(_) | Flow::Settle(_) | Flow::Wait(_) => rb.slots.push(Slot::Ready(
+                err_bytes("ERR saltshaker: internal: command could not be ordered"),
+            )),
             Flow::Continue => {}
             Flow::Close => {
                 close = true;
                 break;
             }
-            Flow::Monitor => {
-                // Whatever the client sent after MONITOR is not run, as on Redis.
-                let lines = s.ctx().monitors.subscribe();
-                s.order.wait_barrier().await;
-                let round = sent!(rb, s);
-                let _ = tx.send(Box::new((round, s.proto()))).await;
-                return Step::Monitor(lines);
-            }
-            Flow::Tunnel(mut start) => {
-                // CLIENT LIST shows cmd=subscribe, as tools look for it there.
-                if let Some(spec) = last {
-                    s.me.touched(rb.started, buf.capacity(), spec);
-                }
-                s.me.publish(super::clients::Shown {
-                    pubsub: true,
-                    ..s.me.shown()
-                });
-                // Everything the client sent after SUBSCRIBE goes straight to the node.
-                for rest in reqs_iter.by_ref() {
-                    start.pending.push(rest.wire());
-                }
-                start.pending.push(buf.split().freeze());
-                // The tunnel's commands take a connection of their own: nothing of
-                // the session may still be on its way.
-                s.order.wait_barrier().await;
-                let mut round = sent!(rb, s);
-                round.tunnel = start.take_end();
-                let _ = tx.send(Box::new((round, s.proto()))).await;
-                return Step::Tunnel(start);
+            Flow::Monitor => return Box::pin(monitor(s, rb, tx)).await,
+            Flow::Tunnel(start) => {
+                return Box::pin(tunnel(s, rb, tx, start, reqs_iter, buf, last)).await
             }
         }
     }
@@ -368,7 +279,9 @@ async fn burst(
         close = true;
     }
     if !rb.is_empty() || close {
-        wait_barrier(s, &rb).await;
+        if !rb.jobs.is_empty() && !s.order.no_writes_pending() {
+            Box::pin(wait_barrier(s, &rb)).await;
+        }
         let want_ack = rb.wrote_cached;
         // Only a round with jobs has commands a later task or combined write could
         // overtake.
@@ -385,7 +298,7 @@ async fn burst(
             keys,
         );
         round.close_after = close;
-        if tx.send(Box::new((round, s.proto()))).await.is_err() {
+        if !queue(tx, Box::new((round, s.proto()))).await {
             return Step::Closed;
         }
     }
@@ -393,4 +306,69 @@ async fn burst(
         return Step::Closed;
     }
     Step::Read
+}
+
+/// Hands a round to the writer: false when the writer is gone. Waits (boxed) only when
+/// the writer is 16 rounds behind.
+async fn queue(tx: &mpsc::Sender<Queued>, q: Queued) -> bool {
+    match tx.try_send(q) {
+        Ok(()) => true,
+        Err(mpsc::error::TrySendError::Closed(_)) => false,
+        Err(mpsc::error::TrySendError::Full(q)) => Box::pin(tx.send(q)).await.is_ok(),
+    }
+}
+
+/// A read past `limits.max_pending`: answered with an error, and the connection closed.
+async fn too_long(s: &mut Session, tx: &mpsc::Sender<Queued>) -> Step {
+    let mut rb = RoundBuilder::new();
+    rb.slots.push(Slot::Ready(err_bytes(
+        "ERR Protocol error: client query buffer limit exceeded",
+    )));
+    let mut round = sent!(rb, s);
+    round.close_after = true;
+    s.ctx().metrics.protocol_errors.inc();
+    let _ = tx.send(Box::new((round, s.proto()))).await;
+    Step::Closed
+}
+
+/// MONITOR: the round so far goes out, and the connection streams commands from now on.
+/// Whatever the client sent after MONITOR is not run, as on Redis.
+async fn monitor(s: &mut Session, rb: RoundBuilder, tx: &mpsc::Sender<Queued>) -> Step {
+    let lines = s.ctx().monitors.subscribe();
+    s.order.wait_barrier().await;
+    let round = sent!(rb, s);
+    let _ = tx.send(Box::new((round, s.proto()))).await;
+    Step::Monitor(lines)
+}
+
+/// SUBSCRIBE: the round so far goes out, and the client talks to the node from now on.
+async fn tunnel(
+    s: &mut Session,
+    rb: RoundBuilder,
+    tx: &mpsc::Sender<Queued>,
+    mut start: tunnel::Start,
+    rest: std::vec::Drain<'_, Request>,
+    buf: &mut BytesMut,
+    last: Option<&'static command::Spec>,
+) -> Step {
+    // CLIENT LIST shows cmd=subscribe, as tools look for it there.
+    if let Some(spec) = last {
+        s.me.touched(rb.started, buf.capacity(), spec);
+    }
+    s.me.publish(super::clients::Shown {
+        pubsub: true,
+        ..s.me.shown()
+    });
+    // Everything the client sent after SUBSCRIBE goes straight to the node.
+    for req in rest {
+        start.pending.push(req.wire());
+    }
+    start.pending.push(buf.split().freeze());
+    // The tunnel's commands take a connection of their own: nothing of the session may
+    // still be on its way.
+    s.order.wait_barrier().await;
+    let mut round = sent!(rb, s);
+    round.tunnel = start.take_end();
+    let _ = tx.send(Box::new((round, s.proto()))).await;
+    Step::Tunnel(start)
 }

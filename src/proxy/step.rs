@@ -1,0 +1,145 @@
+//! One command of a read, as `session::burst` walks them: `begin` (classify, admit),
+//! `now` (the whole path, when nothing has to wait), and `slow` (the waits: admission's
+//! pacing, CLIENT PAUSE, a settle, a flush, a paused plan), boxed by its caller.
+//!
+//! The split keeps the read's future small. It is allocated per read (an idle connection
+//! holds none), and as one `async fn` with every wait inline it was 5.7 kB, copied into
+//! its box on every read (bench/README.md, "One pass, no future per command").
+
+use std::time::Duration;
+
+use bytes::BytesMut;
+use tokio::sync::{mpsc, watch};
+
+use super::admit::{self, Gate, Hook};
+use super::handle::{act, handle, proceed, resume};
+use super::round::{Queued, RoundBuilder};
+use super::settle;
+use super::state::{err_bytes, Decided, Flow, Pending, Session};
+use crate::command::{self, Classified, Spec};
+use crate::resp::Request;
+
+/// A command classified and admitted, with the pacing admission asked for.
+pub(super) struct Begun {
+    req: Request,
+    c: Classified,
+    wait: Duration,
+}
+
+/// What a command that must wait goes on from.
+pub(super) enum Slow {
+    /// Before it is handled: admission's pacing or CLIENT PAUSE.
+    Before(Begun),
+    /// Handled, and its flow waits (`Flow::Settle`, `Flush`, `Wait`).
+    After(Flow),
+}
+
+/// classify -> admit. None when the command is answered already (refused, or admission
+/// answered it); else the command, the hook that sees its reply, and its MONITOR line.
+pub(super) fn begin(
+    s: &mut Session,
+    req: Request,
+    rb: &mut RoundBuilder,
+    last: &mut Option<&'static Spec>,
+    monitored: bool,
+) -> Option<(Begun, Option<Hook>, Option<BytesMut>)> {
+    // command: the request resolved once, for every phase after it.
+    let c = match command::classify(&req) {
+        Ok(c) => {
+            *last = Some(c.spec);
+            c
+        }
+        Err(e) => {
+            let slot = s.refuse(err_bytes(&e.to_string()));
+            rb.slots.push(slot);
+            return None;
+        }
+    };
+    // admit
+    let (req, c, hook, wait) = if s.admits() {
+        match admit::gate(s, req, c) {
+            Gate::Done(slot, class) => {
+                rb.count(class);
+                rb.slots.push(slot);
+                return None;
+            }
+            Gate::Pass { req, c, hook, wait } => (req, c, hook, wait),
+        }
+    } else {
+        (req, c, None, Duration::ZERO)
+    };
+    // Redis shows neither CMD_SKIP_MONITOR nor CMD_ADMIN commands to monitors.
+    let monitor = (monitored
+        && !c
+            .spec
+            .has(command::flags::SKIP_MONITOR | command::flags::ADMIN))
+    .then(|| super::monitor::args(&req));
+    Some((Begun { req, c, wait }, hook, monitor))
+}
+
+/// The command's whole path when nothing on it waits: its flow, or where to go on from.
+pub(super) fn now(s: &mut Session, b: Begun, rb: &mut RoundBuilder) -> Result<Flow, Slow> {
+    if !b.wait.is_zero() || s.ctx().pause.holds(settle::writes(&b.c)).is_some() {
+        return Err(Slow::Before(b));
+    }
+    match handle(s, b.req, b.c, rb) {
+        f @ (Flow::Settle(_) | Flow::Flush(_) | Flow::Wait(_)) => Err(Slow::After(f)),
+        f => Ok(f),
+    }
+}
+
+/// The waits of a command, and the rest of its path; `mark` is where its slots start in
+/// `rb` (a round sent ahead starts a fresh one). None when the client is gone.
+pub(super) async fn slow(
+    s: &mut Session,
+    from: Slow,
+    rb: &mut RoundBuilder,
+    tx: &mpsc::Sender<Queued>,
+    killed: &mut watch::Receiver<bool>,
+    mark: &mut usize,
+) -> Option<Flow> {
+    let mut next = match from {
+        Slow::Before(Begun { req, c, wait }) => {
+            if !wait.is_zero() {
+                // What was read before it need not wait with it.
+                if !rb.is_empty() && !settle::flush(s, rb, tx).await {
+                    return None;
+                }
+                // The wait counts against the command's request_timeout_ms (its round
+                // was read before it), so it is never longer.
+                let timeout = s.ctx().backend.request_timeout.unwrap_or(wait);
+                tokio::time::sleep(wait.min(timeout)).await;
+            }
+            if s.ctx().pause.holds(settle::writes(&c)).is_some()
+                && !settle::paused(s, &c, rb, tx, killed).await
+            {
+                return None;
+            }
+            *mark = rb.slots.len();
+            handle(s, req, c, rb)
+        }
+        Slow::After(flow) => flow,
+    };
+    loop {
+        next = match next {
+            Flow::Settle(p) => {
+                if !settle::settle(s, rb, tx, s.proto()).await {
+                    return None;
+                }
+                *mark = 0;
+                let Pending { req, c } = *p;
+                proceed(s, req, c, true, rb)
+            }
+            Flow::Flush(p) => {
+                if !settle::flush(s, rb, tx).await {
+                    return None;
+                }
+                *mark = 0;
+                let Decided { req, c, action } = *p;
+                act(s, req, c, action, rb)
+            }
+            Flow::Wait(p) => resume(s, p, rb).await,
+            done => return Some(done),
+        };
+    }
+}
