@@ -10,7 +10,6 @@
 //! read's future was 13.4 kB (memmove was the first user-space symbol of a P16 profile,
 //! bench/README.md "One pass, no future per command").
 
-use super::cost::Cost;
 use super::local::queue_in_tx;
 use super::mitigation::{cached_mget, cached_read, combine, invalidate_cached, wait_fills};
 use super::plan::{decide, observe, own_connection};
@@ -18,11 +17,11 @@ use super::round::{Blocked, Merge, RoundBuilder, Slot};
 use super::route::{
     all_nodes, forward_keyed, is_pubsub_command, keys_node, pubsub_node, push, scan_one, split,
 };
-use super::state::{blocking_worker, err_bytes, Decided, Flow, Pending, Session};
+use super::state::{blocking_worker, err_bytes, Decided, Flow, Paused, Pending, Session, Wait};
 use super::{local, tunnel};
 use crate::command::{Classified, Route};
 use crate::metrics::Class;
-use crate::policy::{self, Action, SaltPlan};
+use crate::policy::{self, Action};
 use crate::resp::Request;
 
 /// check -> decide -> observe -> act, for one classified command.
@@ -101,28 +100,6 @@ pub(super) fn proceed(
         return Flow::Flush(Box::new(Decided { req, c, action }));
     }
     act(s, req, c, action, rb)
-}
-
-/// A command stopped on its way by a wait (`Flow::Wait`), with what it goes on with.
-pub struct Paused {
-    req: Request,
-    c: Classified,
-    cost: Option<Cost>,
-    /// The round's slots before the command, for its cost note.
-    before: usize,
-    wait: Wait,
-}
-
-/// What a paused command waits for.
-enum Wait {
-    /// Fills of its keys in flight (a write after a cached read's miss): then the rest of
-    /// the write's path.
-    Fills(Action),
-    /// A salted key's plan, carried out with I/O of its own; `bridge` is what an
-    /// increment does when the plan hands it back (`policy::bridge`).
-    Salted(SaltPlan, Option<Action>),
-    /// A subscription: its own connection to the node, opened.
-    Subscribe(usize),
 }
 
 /// observe -> act: carries out the decided plan; a single-key read's reply is noted for

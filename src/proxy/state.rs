@@ -384,7 +384,29 @@ pub enum Flow {
     Settle(Box<Pending>),
     /// Wait (for a fill, a salted key's task, a subscription's connection), then go on
     /// with the command where it stopped (`handle::resume`).
-    Wait(Box<super::handle::Paused>),
+    Wait(Box<Paused>),
+}
+
+/// A command stopped on its way by a wait (`Flow::Wait`), with what it goes on with.
+pub struct Paused {
+    pub req: Request,
+    pub c: Classified,
+    pub cost: Option<super::cost::Cost>,
+    /// The round's slots before the command, for its cost note.
+    pub before: usize,
+    pub wait: Wait,
+}
+
+/// What a paused command waits for.
+pub enum Wait {
+    /// Fills of its keys in flight (a write after a cached read's miss): then the rest of
+    /// the write's path.
+    Fills(Action),
+    /// A salted key's plan, carried out with I/O of its own; `bridge` is what an
+    /// increment does when the plan hands it back (`policy::bridge`).
+    Salted(crate::policy::SaltPlan, Option<Action>),
+    /// A subscription: its own connection to the node, opened.
+    Subscribe(usize),
 }
 
 /// A classified command waiting for the session's earlier replies before it is decided.
