@@ -44,8 +44,10 @@ pub struct Cost {
     pub request: u32,
     /// The key of a single-key read (empty for an MGET).
     pub key: Bytes,
-    /// An MGET: its keys are its arguments, in the order of its reply's values.
-    pub mget: Option<Request>,
+    /// An MGET: its keys are its arguments, in the order of its reply's values. Boxed: a
+    /// cost entry is pushed for every single-key read, and a `Request` inline made it
+    /// 160 bytes, copied per GET.
+    pub mget: Option<Box<Request>>,
     /// A write (a big value): counted against its key, not in its node's read cost.
     pub write: bool,
 }
@@ -85,7 +87,7 @@ pub(super) fn candidate(
         slot: 0,
         request,
         key: Bytes::new(),
-        mget: Some(req.clone()),
+        mget: Some(Box::new(req.clone())),
         write: false,
     })
 }

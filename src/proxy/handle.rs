@@ -25,12 +25,19 @@ use crate::policy::{self, Action};
 use crate::resp::Request;
 
 /// check -> decide -> observe -> act, for one classified command.
-pub(super) fn handle(s: &mut Session, req: Request, c: Classified, rb: &mut RoundBuilder) -> Flow {
+/// The command is borrowed: it is moved (cloned) only onto the rare paths that keep it
+/// past this call (`Pending`, `Decided`, `Paused`).
+pub(super) fn handle(
+    s: &mut Session,
+    req: &Request,
+    c: &Classified,
+    rb: &mut RoundBuilder,
+) -> Flow {
     // The keys a combined write of this session must not overtake (see `Order`); a
     // command without keys that reaches a node may touch any.
     if s.tracks_keys() {
         let known = !c.keys.is_empty() || matches!(c.route, Route::Local);
-        rb.note_keys(&req, &c.keys, known);
+        rb.note_keys(req, &c.keys, known);
     }
     s.refresh_user();
     match s.user() {
@@ -40,7 +47,7 @@ pub(super) fn handle(s: &mut Session, req: Request, c: Classified, rb: &mut Roun
             return Flow::Continue;
         }
         Some(u) if !u.unrestricted() => {
-            if let Err(d) = u.check(&c, &req) {
+            if let Err(d) = u.check(c, req) {
                 let label = crate::metrics::DeniedLabel {
                     user: u.name.clone(),
                     reason: d.reason(),
@@ -51,7 +58,7 @@ pub(super) fn handle(s: &mut Session, req: Request, c: Classified, rb: &mut Roun
                     .acl_denied
                     .get_or_create(&label)
                     .inc();
-                s.log_refusal(d.reason(), d.object(&c), &u.name.clone());
+                s.log_refusal(d.reason(), d.object(c), &u.name.clone());
                 let slot = s.refuse(err_bytes(&d.message()));
                 rb.slots.push(slot);
                 return Flow::Continue;
@@ -66,8 +73,8 @@ pub(super) fn handle(s: &mut Session, req: Request, c: Classified, rb: &mut Roun
 /// out. `settled`: every earlier reply is in.
 pub(super) fn proceed(
     s: &mut Session,
-    req: Request,
-    c: Classified,
+    req: &Request,
+    c: &Classified,
     settled: bool,
     rb: &mut RoundBuilder,
 ) -> Flow {
@@ -85,19 +92,26 @@ pub(super) fn proceed(
                 | Route::Kill
         )
         && s.switch_lane(c.spec.name);
-    let switch = s.tracking.is_some() && super::client_cache::switches(s, &req, &c);
-    if !settled && (lane_change || switch || own_connection(s, &req, &c)) {
-        return Flow::Settle(Box::new(Pending { req, c }));
+    let switch = s.tracking.is_some() && super::client_cache::switches(s, req, c);
+    if !settled && (lane_change || switch || own_connection(s, req, c)) {
+        return Flow::Settle(Box::new(Pending {
+            req: req.clone(),
+            c: c.clone(),
+        }));
     }
     // decide
-    let action = decide(s, &req, &c);
+    let action = decide(s, req, c);
     let task = match &action {
         Action::Salted(p) => p.needs_flush(),
-        Action::Idempotent { .. } => super::salted::idempotent_is_task(s, &req),
+        Action::Idempotent { .. } => super::salted::idempotent_is_task(s, req),
         _ => false,
     };
     if task && !rb.jobs.is_empty() {
-        return Flow::Flush(Box::new(Decided { req, c, action }));
+        return Flow::Flush(Box::new(Decided {
+            req: req.clone(),
+            c: c.clone(),
+            action,
+        }));
     }
     act(s, req, c, action, rb)
 }
@@ -106,21 +120,21 @@ pub(super) fn proceed(
 /// detection by cost (`cost`).
 pub(super) fn act(
     s: &mut Session,
-    req: Request,
-    c: Classified,
+    req: &Request,
+    c: &Classified,
     action: Action,
     rb: &mut RoundBuilder,
 ) -> Flow {
-    let cost = super::cost::candidate(s.detects(), &req, &c, || s.ctx().rules.load().cost_floors());
+    let cost = super::cost::candidate(s.detects(), req, c, || s.ctx().rules.load().cost_floors());
     let before = rb.slots.len();
-    match carry_out(s, &req, &c, action, rb) {
+    match carry_out(s, req, c, action, rb) {
         Ok(flow) => {
             rb.note_cost(cost, before);
             flow
         }
         Err(wait) => Flow::Wait(Box::new(Paused {
-            req,
-            c,
+            req: req.clone(),
+            c: c.clone(),
             cost,
             before,
             wait,
@@ -142,7 +156,8 @@ pub(super) async fn resume(s: &mut Session, p: Box<Paused>, rb: &mut RoundBuilde
             wait_fills(s, &req, &c).await;
             after_fills(s, &req, &c, action, rb)
         }
-        Wait::Salted(plan, bridge) => {
+        Wait::Salted(salted) => {
+            let (plan, bridge) = *salted;
             match super::salted::act(s, &req, &c, plan, rb).await {
                 super::salted::Next::Done => Ok(Flow::Continue),
                 // Folded, or a write the base key takes: on as usual (it may be combined
@@ -239,7 +254,7 @@ fn on_base(
         }
         Action::Salted(plan) => {
             let bridge = policy::bridge(c, &plan);
-            Err(Wait::Salted(plan, bridge))
+            Err(Wait::Salted(Box::new((plan, bridge))))
         }
         action => plain(s, req, c, action, rb),
     }

@@ -403,8 +403,9 @@ pub enum Wait {
     /// the write's path.
     Fills(Action),
     /// A salted key's plan, carried out with I/O of its own; `bridge` is what an
-    /// increment does when the plan hands it back (`policy::bridge`).
-    Salted(crate::policy::SaltPlan, Option<Action>),
+    /// increment does when the plan hands it back (`policy::bridge`). Boxed: every
+    /// stage of the synchronous path returns a `Result<Flow, Wait>`.
+    Salted(Box<(crate::policy::SaltPlan, Option<Action>)>),
     /// A subscription: its own connection to the node, opened.
     Subscribe(usize),
 }

@@ -28,8 +28,9 @@ pub(super) struct Begun {
 
 /// What a command that must wait goes on from.
 pub(super) enum Slow {
-    /// Before it is handled: admission's pacing or CLIENT PAUSE.
-    Before(Begun),
+    /// Before it is handled: admission's pacing or CLIENT PAUSE. Boxed, so that the
+    /// common path's `Result<Flow, Slow>` stays small.
+    Before(Box<Begun>),
     /// Handled, and its flow waits (`Flow::Settle`, `Flush`, `Wait`).
     After(Flow),
 }
@@ -80,9 +81,9 @@ pub(super) fn begin(
 /// The command's whole path when nothing on it waits: its flow, or where to go on from.
 pub(super) fn now(s: &mut Session, b: Begun, rb: &mut RoundBuilder) -> Result<Flow, Slow> {
     if !b.wait.is_zero() || s.ctx().pause.holds(settle::writes(&b.c)).is_some() {
-        return Err(Slow::Before(b));
+        return Err(Slow::Before(Box::new(b)));
     }
-    match handle(s, b.req, b.c, rb) {
+    match handle(s, &b.req, &b.c, rb) {
         f @ (Flow::Settle(_) | Flow::Flush(_) | Flow::Wait(_)) => Err(Slow::After(f)),
         f => Ok(f),
     }
@@ -99,7 +100,8 @@ pub(super) async fn slow(
     mark: &mut usize,
 ) -> Option<Flow> {
     let mut next = match from {
-        Slow::Before(Begun { req, c, wait }) => {
+        Slow::Before(b) => {
+            let Begun { req, c, wait } = *b;
             if !wait.is_zero() {
                 // What was read before it need not wait with it.
                 if !rb.is_empty() && !settle::flush(s, rb, tx).await {
@@ -116,7 +118,7 @@ pub(super) async fn slow(
                 return None;
             }
             *mark = rb.slots.len();
-            handle(s, req, c, rb)
+            handle(s, &req, &c, rb)
         }
         Slow::After(flow) => flow,
     };
@@ -128,7 +130,7 @@ pub(super) async fn slow(
                 }
                 *mark = 0;
                 let Pending { req, c } = *p;
-                proceed(s, req, c, true, rb)
+                proceed(s, &req, &c, true, rb)
             }
             Flow::Flush(p) => {
                 if !settle::flush(s, rb, tx).await {
@@ -136,7 +138,7 @@ pub(super) async fn slow(
                 }
                 *mark = 0;
                 let Decided { req, c, action } = *p;
-                act(s, req, c, action, rb)
+                act(s, &req, &c, action, rb)
             }
             Flow::Wait(p) => resume(s, p, rb).await,
             done => return Some(done),
