@@ -84,13 +84,25 @@ impl ConnHandle {
         count: u32,
         deadline: Option<Instant>,
     ) -> Call {
-        let redo = match &self.who.cluster {
+        match self.try_start(data, count) {
+            Ok(call) => call,
+            // The queue is full: wait for room until the deadline.
+            Err(data) => {
+                let redo = self.redo(&data, count);
+                let mut call = self.start_direct(data, count, deadline).await;
+                call.redo = redo;
+                call
+            }
+        }
+    }
+
+    /// What a call needs to follow redirections: the commands, on a cluster node, for jobs
+    /// of one command per buffer.
+    fn redo(&self, data: &SmallVec<[Bytes; 4]>, count: u32) -> Option<Box<Redo>> {
+        match &self.who.cluster {
             Some(_) if data.len() == count as usize => Some(Box::new(data.clone())),
             _ => None,
-        };
-        let mut call = self.start_direct(data, count, deadline).await;
-        call.redo = redo;
-        call
+        }
     }
 
     /// `start` without waiting: the commands come back when the queue is full. The
@@ -101,10 +113,7 @@ impl ConnHandle {
         data: SmallVec<[Bytes; 4]>,
         count: u32,
     ) -> Result<Call, SmallVec<[Bytes; 4]>> {
-        let redo = match &self.who.cluster {
-            Some(_) if data.len() == count as usize => Some(Box::new(data.clone())),
-            _ => None,
-        };
+        let redo = self.redo(&data, count);
         let (tx, rx) = oneshot::channel();
         let (rx, failed) = match self.tx.try_send(Job::new(data, count, tx)) {
             Ok(()) => (Some(rx), None),

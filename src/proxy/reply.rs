@@ -188,10 +188,10 @@ pub async fn write_loop<W: AsyncWrite + Unpin>(
                 Some(call) => {
                     let replies = call.wait(round.deadline).await;
                     match write_direct(&round, &replies, &ctx, &mut out.buf) {
-                        true => match out.relieve(&ctx, client).await {
-                            Ok(()) => Ok(round.tunnel.take()),
-                            Err(e) => Err(e),
-                        },
+                        true => out
+                            .relieve(&ctx, client)
+                            .await
+                            .map(|()| round.tunnel.take()),
                         false => {
                             let replies = vec![replies];
                             Box::pin(write_round(round, replies, proto, &ctx, &mut out, client))
@@ -272,17 +272,14 @@ async fn resolve<W: AsyncWrite + Unpin>(
 
 /// The one call of a round whose slots are its replies in order, taken out of the round.
 fn direct(round: &mut Round) -> Option<crate::backend::Call> {
-    let one = !round.push && round.sent.len() == 1 && direct_slots(round);
+    let one = !round.push
+        && round.sent.len() == 1
+        && round
+            .slots
+            .iter()
+            .enumerate()
+            .all(|(i, s)| matches!(s, Slot::Reply(p) if p.job == 0 && p.idx as usize == i));
     one.then(|| round.sent.pop()).flatten()
-}
-
-/// Every slot is the reply of the round's only job at its own place.
-fn direct_slots(round: &Round) -> bool {
-    round
-        .slots
-        .iter()
-        .enumerate()
-        .all(|(i, s)| matches!(s, Slot::Reply(p) if p.job == 0 && p.idx as usize == i))
 }
 
 /// Writes a direct round's replies (see `direct`) when the node gave one per slot; false
@@ -312,7 +309,7 @@ fn write_direct(
 
 /// Appends a round's replies, its calls' `replies` in hand, to `sink`, in order.
 async fn write_round<W: AsyncWrite + Unpin>(
-    mut round: Round,
+    round: Round,
     replies: Vec<Result<Replies, BackendError>>,
     proto: Proto,
     ctx: &Ctx,
@@ -324,14 +321,8 @@ async fn write_round<W: AsyncWrite + Unpin>(
     // grace only catches a task that never answers, with the node's error given priority.
     let late = deadline.map(|d| d + LATE_GRACE);
     let n = round.slots.len() as u64;
-    // Fast path: one job whose replies are exactly the round's, in order.
-    if replies.len() == 1
-        && direct_slots(&round)
-        && write_direct(&round, &replies[0], ctx, &mut sink.buf)
-    {
-        sink.relieve(ctx, client).await?;
-        return Ok(round.tunnel.take());
-    }
+    // (A round of one job whose replies are exactly its slots never comes here when the
+    // node answered as asked: the writer's `direct` path took it.)
     // The reply of the slot before, when the next slot repeats it (`Slot::Again`).
     let mut again = Vec::new();
     let mut costs = round.costs.iter().peekable();
