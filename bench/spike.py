@@ -14,7 +14,12 @@ With `--bin-b` a second build runs the same rounds (rotating), for a before/afte
 With `--cluster` the nodes are a 3-master Redis Cluster (no replicas) instead of a pool.
 
 usage: bench/spike.py --saltshaker BIN [--bin-b BIN] [--proxies 2,8] [--rules default|salt]
-                      [--duration-ms 10000] [--rounds 1] [--cluster] [--shards 4]
+                      [--duration-ms 10000] [--rounds 1] [--cluster] [--shards 4] [--baseline]
+                      [--distribution ketama|modula]
+
+`--baseline` adds a row "uniform": build a under the same load without the hot key, which
+is what the placement of the uniform keys alone leaves on the busiest node (a 4-node ketama
+pool on random ports: 1.075 at the median, over 1.10 for a quarter of port draws).
 """
 
 import argparse
@@ -59,10 +64,12 @@ def quantile(buckets, q):
     return None
 
 
-def one_run(binary, nodes, proxies, rules, duration_ms, cluster):
+def one_run(binary, nodes, proxies, rules, duration_ms, cluster, workload="viral:counter:hot:0.3",
+            distribution="ketama"):
     procs, admins, ports = [], [], []
     node_list = ",".join(f"127.0.0.1:{p}" for p in nodes)
-    backend = ["--cluster", f"127.0.0.1:{nodes[0]}"] if cluster else ["--nodes", node_list]
+    backend = (["--cluster", f"127.0.0.1:{nodes[0]}"] if cluster
+               else ["--nodes", node_list, "--distribution", distribution])
     for p in nodes:
         subprocess.run(["redis-cli", "-p", str(p), "FLUSHALL"], capture_output=True)
     time.sleep(0.5)
@@ -90,7 +97,7 @@ def one_run(binary, nodes, proxies, rules, duration_ms, cluster):
         loads = [subprocess.Popen(
             [binary, "bench", "--target", f"127.0.0.1:{port}", "-c", "8", "-P", "16",
              "--duration-ms", str(duration_ms), "--keyspace", "100000",
-             "--workload", "viral:counter:hot:0.3", "--mix", "incr=100", "--json"],
+             "--workload", workload, "--mix", "incr=100", "--json"],
             stdout=subprocess.PIPE, text=True) for port in ports]
         reports = [json.loads(l.communicate()[0]) for l in loads]
         stop.set()
@@ -143,6 +150,10 @@ def main():
     ap.add_argument("--rules", default="default", choices=["default", "salt"])
     ap.add_argument("--duration-ms", type=int, default=10000)
     ap.add_argument("--rounds", type=int, default=1)
+    ap.add_argument("--distribution", default="ketama", choices=["ketama", "modula"],
+                    help="the pool's distribution: modula spreads 100k keys within 1%% of even")
+    ap.add_argument("--baseline", action="store_true",
+                    help="also run a uniform load (no hot key) through build a, as 'uniform'")
     ap.add_argument("--cluster", action="store_true")
     ap.add_argument("--shards", type=int, default=4, help="with --rules salt")
     args = ap.parse_args()
@@ -175,25 +186,31 @@ def main():
                     break
                 time.sleep(0.1)
         builds = [("a", args.saltshaker)] + ([("b", args.bin_b)] if args.bin_b else [])
+        if args.baseline:
+            # The same nodes and proxies under a uniform load: what the placement of the
+            # keys alone leaves on the busiest node, for the spike's figures to be read against.
+            builds.append(("uniform", args.saltshaker))
         rows = []
         for n in [int(x) for x in args.proxies.split(",")]:
             for r in range(args.rounds):
                 order = builds if r % 2 == 0 else builds[::-1]
                 for name, binary in order:
-                    res = one_run(binary, nodes, n, rules, args.duration_ms, args.cluster)
+                    wl = "uniform" if name == "uniform" else "viral:counter:hot:0.3"
+                    res = one_run(binary, nodes, n, rules, args.duration_ms, args.cluster, wl,
+                                  args.distribution)
                     rows.append((n, name, res))
                     print(n, name, json.dumps(res), flush=True)
     finally:
         stop_all(procs)
-    print(f"\n{'3-master cluster' if args.cluster else '4-node pool'}; rules: {args.rules}; {args.duration_ms} ms of INCR, 30% on one key, 8 clients x P16 per proxy")
+    print(f"\n{'3-master cluster' if args.cluster else '4-node pool, ' + args.distribution}; rules: {args.rules}; {args.duration_ms} ms of INCR, 30% on one key, 8 clients x P16 per proxy")
     print("| proxies | build | busiest/mean, whole run | per 100 ms, median | per 100 ms, max "
-          "| within 1.25x from | time to mitigate p50 / p99 (keys timed) | client ops/s |")
-    print("|---|---|---|---|---|---|---|---|")
+          "| within 1.25x from | time to mitigate p50 / p99 (keys timed) | salted at the end | client ops/s |")
+    print("|---|---|---|---|---|---|---|---|---|")
     for n, name, r in rows:
         ttm = "-" if r["ttm_p50"] is None else f"≤{r['ttm_p50']} s / ≤{r['ttm_p99']} s ({r['timed']:.0f})"
         even = "never" if r["even_from_ms"] is None else f"{r['even_from_ms']} ms"
         print(f"| {n} | {name} | {r['whole']:.2f} | {r['p50_100ms']:.2f} | {r['max_100ms']:.2f} "
-              f"| {even} | {ttm} | {r['ops_per_sec']:.0f} |")
+              f"| {even} | {ttm} | {'yes' if r['salted'] else 'no'} | {r['ops_per_sec']:.0f} |")
 
 
 if __name__ == "__main__":

@@ -3,7 +3,7 @@
 //! change, so a session's per-node state stays valid).
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, Weak};
 
 use super::cluster::Cluster;
@@ -109,6 +109,9 @@ pub struct Node {
     conns: ConnSets,
     /// The cluster this node belongs to, if any: its calls follow redirections.
     pub(super) cluster: OnceLock<Weak<Cluster>>,
+    /// The load this proxy sent the node over the last detection window, as f64 bits (see
+    /// `load`).
+    load: AtomicU64,
 }
 
 impl Node {
@@ -156,6 +159,19 @@ impl Node {
     pub fn is_up(&self) -> bool {
         self.conns(Proto::Resp2, 0).iter().any(|c| c.is_up())
     }
+
+    /// The load this proxy sent the node over the last detection window, per second: its
+    /// commands, plus the estimated node time of its costly reads in microseconds. Node
+    /// balance measures it (`mitigate::balance::run`, its only writer); the salt
+    /// coordinator reads it to see whether a combined key still leaves its node busier than
+    /// the others. 0 until the first window closes, and on a proxy with one node.
+    pub fn load(&self) -> f64 {
+        f64::from_bits(self.load.load(Ordering::Relaxed))
+    }
+
+    pub fn set_load(&self, per_sec: f64) {
+        self.load.store(per_sec.to_bits(), Ordering::Relaxed);
+    }
 }
 
 impl Node {
@@ -180,6 +196,7 @@ impl Node {
             per_node: cfg.connections_per_node,
             conns: Mutex::new(HashMap::new()),
             cluster: OnceLock::new(),
+            load: AtomicU64::new(0),
         }
     }
 }

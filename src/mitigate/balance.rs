@@ -327,6 +327,9 @@ pub async fn run(
             .zip(counts.iter().zip(&prev))
             .map(|(n, (c, p))| n.is_up().then(|| c.saturating_sub(*p) as f64 / secs))
             .collect();
+        for (n, l) in nodes.iter().zip(&loads) {
+            n.set_load(l.unwrap_or(0.0));
+        }
         prev = counts;
         last = now;
         let snap = snaps.borrow().clone();

@@ -432,7 +432,8 @@ impl crate::salt::Control for Ctx {
     ) -> crate::salt::Fut<'_, Result<crate::salt::record::Record, crate::salt::SaltError>> {
         Box::pin(async move {
             let policy = self.rules.load().resolve(&key).write.salt;
-            crate::salt::kinds::promote(&self.backend, &self.salt, &key, shards, true, policy).await
+            crate::salt::kinds::promote(&self.backend, &self.salt, &key, shards, true, policy, None)
+                .await
         })
     }
 

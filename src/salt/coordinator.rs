@@ -21,7 +21,7 @@ use super::names::{shard_name, spread_salts, Place, CHANNEL};
 use super::record::{boundary_after, Record, Step};
 use super::registry::{
     announce, cas, change_if_same, demote, get, live_proxies, load_all, node, pinning_rule,
-    wanted_shards,
+    wanted_shards, Nodes,
 };
 use super::{
     as_i64, call, early, fold, kinds, now_ms, ops, relocate, Salt, SaltError, SaltTable, Salted,
@@ -169,28 +169,50 @@ async fn tick(
     }
     let salted: HashMap<&[u8], &(Bytes, Record)> = records.iter().map(|r| (&r.0[..], r)).collect();
 
+    let loads = node_loads(backend, rules.balance());
+    // Balance is judged only on nodes busier than a write-hot key: a window with little load
+    // (the one before the load began holds the registry's own traffic alone) says nothing
+    // of placement.
+    let nodes_for = |key: &[u8], floor: f64| match &loads {
+        Some(l) if l.loads.iter().sum::<f64>() >= floor * l.loads.len() as f64 => {
+            let (nodes, busy) = balance_of(l, backend.node_for(key));
+            (Some(nodes), busy)
+        }
+        _ => (None, None),
+    };
     // Promotions: this proxy's hot keys (and pinned exact keys) whose rule salts them.
-    let mut want: Vec<(Vec<u8>, u32, bool, SaltPolicy)> = Vec::new();
+    let mut want: Vec<(Vec<u8>, u32, bool, SaltPolicy, Option<usize>)> = Vec::new();
     for k in &snap.keys {
         if k.write_state != Some(HotState::Hot) || salted.contains_key(&k.key[..]) {
             continue;
         }
         let r = rules.resolve(&k.key);
-        if let Some(n) = wanted_shards(&r.write, k.writes_per_sec, proxies) {
-            want.push((k.key.clone(), n, false, r.write.salt));
+        let (nodes, busy) = nodes_for(&k.key, r.write.hot_at_per_sec);
+        if let Some(n) = wanted_shards(&r.write, k.writes_per_sec, proxies, nodes) {
+            // Only `auto` salts for balance; the shards avoid the busy node when they fit on
+            // the others.
+            let skip = busy.filter(|_| {
+                r.write.strategy == crate::rules::Strategy::Auto
+                    && nodes.is_some_and(|x| n <= x.count)
+            });
+            want.push((k.key.clone(), n, false, r.write.salt, skip));
         }
     }
     for rule in rules.rules() {
         let pat = rule.pattern.as_str();
         if pinning_rule(&rules, pat.as_bytes()).is_some() && !salted.contains_key(pat.as_bytes()) {
-            if let Some(n) = wanted_shards(&rule.write, rule.write.salt.per_shard_per_sec * 2.0, 1)
-            {
-                want.push((pat.as_bytes().to_vec(), n, true, rule.write.salt));
+            if let Some(n) = wanted_shards(
+                &rule.write,
+                rule.write.salt.per_shard_per_sec * 2.0,
+                1,
+                None,
+            ) {
+                want.push((pat.as_bytes().to_vec(), n, true, rule.write.salt, None));
             }
         }
     }
-    for (key, n, pinned, policy) in want {
-        if let Err(e) = kinds::promote(backend, salt, &key, n, pinned, policy).await {
+    for (key, n, pinned, policy, skip) in want {
+        if let Err(e) = kinds::promote(backend, salt, &key, n, pinned, policy, skip).await {
             tracing::debug!(key = %String::from_utf8_lossy(&key), error = %e, "not salted");
         }
     }
@@ -208,7 +230,9 @@ async fn tick(
             // Still hot here: say so (at most twice an epoch), and grow N if it should.
             // A key partitioned by member keeps its shard count: more shards would move
             // every member.
-            let grow = wanted_shards(&r.write, rate, proxies)
+            // Grown by rate only: once salted for balance the nodes even out, and judged by
+            // balance again it would want the node it left out.
+            let grow = wanted_shards(&r.write, rate, proxies, None)
                 .filter(|&n| n > rec.target_n() && !kinds::of(rec.kind).partitioned());
             if rec.demote_ms.is_none()
                 && (now.saturating_sub(rec.hot_ms) > epoch / 2 || grow.is_some())
@@ -255,6 +279,55 @@ const COOL_EPOCHS: u64 = 2;
 const DWELL_EPOCHS: u64 = 2;
 
 /// `saltshaker_salted_keys_by_exactness`: every label set, so a tier with no key reads 0.
+/// The load this proxy sent each node that holds keys (a pool's nodes, a cluster's masters)
+/// over the last detection window (`Node::load`, measured by node balance).
+struct Loads {
+    masters: Vec<usize>,
+    loads: Vec<f64>,
+    band: f64,
+}
+
+/// None with balance off, on one node, or before balance's first window.
+fn node_loads(backend: &Backend, balance: &crate::rules::Balance) -> Option<Loads> {
+    let masters = backend.masters();
+    let loads: Vec<f64> = masters.iter().map(|&i| backend.node(i).load()).collect();
+    (balance.enabled && masters.len() >= 2 && loads.iter().sum::<f64>() > 0.0).then(|| Loads {
+        masters,
+        loads,
+        band: balance.over_mean_pct / 100.0,
+    })
+}
+
+/// The nodes for `wanted_shards`, for a key on node `home`, and the node its shards should
+/// avoid: of the other nodes, one over their mean by more than the band. The placement of
+/// the other keys made it busy, and a shard there would add to it. (The key's own node is
+/// not judged: its load holds the key's own writes, combined or not, which salting
+/// moves.) A ketama pool of 4 nodes on random ports puts its busiest at 1.075x the mean by
+/// placement alone at the median, and over 1.10x for a quarter of port draws
+/// (bench/spike.py's docstring).
+fn balance_of(l: &Loads, home: usize) -> (Nodes, Option<usize>) {
+    let count = l.masters.len();
+    let others: Vec<(usize, f64)> = l
+        .masters
+        .iter()
+        .zip(&l.loads)
+        .filter(|(&i, _)| i != home)
+        .map(|(&i, &load)| (i, load))
+        .collect();
+    let others_mean = others.iter().map(|o| o.1).sum::<f64>() / others.len().max(1) as f64;
+    let busy = others
+        .iter()
+        .max_by(|a, b| a.1.total_cmp(&b.1))
+        .filter(|o| count >= 3 && o.1 > others_mean * (1.0 + l.band))
+        .map(|o| o.0);
+    let nodes = Nodes {
+        count: (count - usize::from(busy.is_some())) as u32,
+        mean: l.loads.iter().sum::<f64>() / count as f64,
+        band: l.band,
+    };
+    (nodes, busy)
+}
+
 fn exactness(salt: &Salt, records: &[(Bytes, Record)], rules: &crate::rules::Rules) {
     use crate::metrics::ExactnessLabel;
     use crate::rules::{ReadTier, Strategy};

@@ -42,6 +42,33 @@ pub trait Place {
     }
 }
 
+/// A placement with one owner left out: a key salted for node balance gets no shard on the
+/// node that is busiest without it (`coordinator::balance_of`).
+pub struct Without<'a> {
+    pub place: &'a dyn Place,
+    pub node: usize,
+}
+
+impl Place for Without<'_> {
+    fn node_of(&self, key: &[u8]) -> usize {
+        self.place.node_of(key)
+    }
+    fn nodes(&self) -> usize {
+        self.place.nodes()
+    }
+    fn tag(&self) -> [u8; 2] {
+        self.place.tag()
+    }
+    fn by_slot(&self) -> bool {
+        self.place.by_slot()
+    }
+    fn owners(&self) -> Vec<usize> {
+        let mut o = self.place.owners();
+        o.retain(|&n| n != self.node);
+        o
+    }
+}
+
 /// `saltshaker:KIND:{H}:KEY`, a name in `like`'s slot: `H` is what Redis Cluster hashes of
 /// `like`, or, when that part holds a `}` (which a tag cannot carry: `x{}y` hashes whole),
 /// the smallest number whose slot is `like`'s (`slot_tag`).
@@ -270,6 +297,24 @@ mod tests {
         }
         fn by_slot(&self) -> bool {
             true
+        }
+    }
+
+    #[test]
+    fn a_placement_without_a_node_puts_no_shard_there() {
+        for key in [&b"likes:1"[..], b"votes", b"x"] {
+            for skip in 0..3 {
+                let p = Without {
+                    place: &Slots,
+                    node: skip,
+                };
+                let nodes: Vec<usize> = choose_salts(&p, key, &[], 2)
+                    .into_iter()
+                    .map(|s| Slots.node_of(&shard_name(key, s, *b"{}")))
+                    .collect();
+                assert!(!nodes.contains(&skip), "{nodes:?} holds {skip}");
+                assert_ne!(nodes[0], nodes[1]);
+            }
         }
     }
 

@@ -14,7 +14,7 @@ use std::sync::atomic::Ordering;
 
 use bytes::Bytes;
 
-use super::names::{choose_salts, CHANNEL, PREFIX, REGISTRY_KEY, SEEN};
+use super::names::{choose_salts, Without, CHANNEL, PREFIX, REGISTRY_KEY, SEEN};
 use super::record::{boundary_after, Kind, Record};
 use super::{as_i64, call, now_ms, Salt, SaltError};
 use crate::backend::{wire, Backend};
@@ -159,32 +159,67 @@ pub(super) async fn live_proxies(backend: &Backend) -> Result<usize, SaltError> 
     Ok((n.max(1)) as usize)
 }
 
+/// The nodes that hold keys as this proxy sees them, for `strategy: auto`'s balance test
+/// (`wanted_shards`).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Nodes {
+    /// How many nodes hold keys (a pool's nodes, a cluster's masters): a key salted for
+    /// balance gets a shard on each.
+    pub count: u32,
+    /// Their mean load over the last detection window, per second, as this proxy sent it
+    /// (`Node::load`).
+    pub mean: f64,
+    /// `balance.over_mean_pct` as a fraction.
+    pub band: f64,
+}
+
 /// How many shards a key writing `rate` per second on each of `proxies` proxies should have
-/// under `p`, or None when its rule does not salt it at that rate.
-pub fn wanted_shards(p: &WritePolicy, rate: f64, proxies: usize) -> Option<u32> {
+/// under `p`, or None when its rule does not salt it at that rate. `nodes` is None where
+/// node balance is off or there is one node.
+///
+/// `auto` combines first, and salts (combining per shard) when what combining leaves on the
+/// key's one node, summed over the fleet, is either more than a shard should carry
+/// (`salt.per_shard_per_sec`), or both a write-hot key's worth on its own
+/// (`write.hot_at_per_sec`) and more than `balance.over_mean_pct` of a node's mean load:
+/// then combining leaves the node busier than the others, and the key gets a shard on every
+/// node. One proxy with the default window never leaves more than 2000/s, the default
+/// threshold, so it salts only above `per_shard_per_sec` (bench/README.md, "A spike through
+/// a fleet": two proxies left a pool's busiest node at 1.13-1.20x the mean by combining).
+pub fn wanted_shards(
+    p: &WritePolicy,
+    rate: f64,
+    proxies: usize,
+    nodes: Option<Nodes>,
+) -> Option<u32> {
     let per_batch_max = 1e6 / (p.combine.window_us.max(1) as f64);
     let fleet = rate * proxies as f64;
     let combined = rate.min(per_batch_max) * proxies as f64;
-    let sized_on = match p.strategy {
+    let unbalanced = nodes.filter(|n| {
+        n.count >= 2 && combined > p.hot_at_per_sec && combined > n.band * n.mean * proxies as f64
+    });
+    let (sized_on, spread) = match p.strategy {
         Strategy::Off | Strategy::Combine => return None,
-        Strategy::Salt => fleet,
-        Strategy::SaltCombine => combined,
-        // combine first; salt only when what combining leaves is more than a shard carries.
-        Strategy::Auto if combined > p.salt.per_shard_per_sec => combined,
-        Strategy::Auto => return None,
+        Strategy::Salt => (fleet, 0),
+        Strategy::SaltCombine => (combined, 0),
+        // combine first; salt only when what combining leaves is more than a shard carries,
+        // or leaves the key's node busier than the others.
+        Strategy::Auto if combined > p.salt.per_shard_per_sec => {
+            (combined, unbalanced.map_or(0, |n| n.count))
+        }
+        Strategy::Auto => (combined, unbalanced?.count),
     };
     let max = p.salt.max_shards.max(1);
     Some(match p.salt.shards {
         Shards::Fixed(n) => n.clamp(1, max),
-        Shards::Auto => {
-            ((sized_on / p.salt.per_shard_per_sec.max(1.0)).ceil() as u32).clamp(2, max)
-        }
+        Shards::Auto => ((sized_on / p.salt.per_shard_per_sec.max(1.0)).ceil() as u32)
+            .max(spread)
+            .clamp(2, max),
     })
 }
 
 /// Records a promotion of `key`, of `kind` (`kinds::identify`), to `n` shards from the
-/// next safe boundary. Returns the record (the existing one if the key was already
-/// salted).
+/// next safe boundary, none of them on node `skip`. Returns the record (the existing one if
+/// the key was already salted).
 pub async fn promote(
     backend: &Backend,
     salt: &Salt,
@@ -192,6 +227,7 @@ pub async fn promote(
     kind: Kind,
     n: u32,
     pinned: bool,
+    skip: Option<usize>,
 ) -> Result<Record, SaltError> {
     if key.starts_with(PREFIX) {
         return Err(SaltError::Refused(
@@ -205,7 +241,18 @@ pub async fn promote(
     }
     let now = now_ms();
     let epoch = salt.epoch_ms.load(Ordering::Relaxed);
-    let salts = choose_salts(backend, key, &[], n.max(1) as usize);
+    let salts = match skip {
+        Some(node) => choose_salts(
+            &Without {
+                place: backend,
+                node,
+            },
+            key,
+            &[],
+            n.max(1) as usize,
+        ),
+        None => choose_salts(backend, key, &[], n.max(1) as usize),
+    };
     let mut rec = Record::new(kind, salts, boundary_after(now, epoch), now, &salt.id);
     rec.pinned = pinned;
     let new = rec.encode();
@@ -303,33 +350,69 @@ mod tests {
     fn salt_sizes_on_the_fleet_rate_and_auto_only_when_combining_is_not_enough() {
         let salt = policy(Strategy::Salt, Shards::Auto);
         // 100k/s on one proxy at 5000 per shard: 20 shards.
-        assert_eq!(wanted_shards(&salt, 100_000.0, 1), Some(20));
+        assert_eq!(wanted_shards(&salt, 100_000.0, 1, None), Some(20));
         // The same rate seen on each of 4 proxies is 400k/s: capped at max_shards.
-        assert_eq!(wanted_shards(&salt, 100_000.0, 4), Some(64));
+        assert_eq!(wanted_shards(&salt, 100_000.0, 4, None), Some(64));
         // Never fewer than two shards: one shard is the base key again.
-        assert_eq!(wanted_shards(&salt, 10.0, 1), Some(2));
+        assert_eq!(wanted_shards(&salt, 10.0, 1, None), Some(2));
         assert_eq!(
-            wanted_shards(&policy(Strategy::Salt, Shards::Fixed(8)), 1.0, 1),
+            wanted_shards(&policy(Strategy::Salt, Shards::Fixed(8)), 1.0, 1, None),
             Some(8)
         );
         assert_eq!(
-            wanted_shards(&policy(Strategy::Combine, Shards::Auto), 1e6, 9),
+            wanted_shards(&policy(Strategy::Combine, Shards::Auto), 1e6, 9, None),
             None
         );
         assert_eq!(
-            wanted_shards(&policy(Strategy::Off, Shards::Auto), 1e6, 9),
+            wanted_shards(&policy(Strategy::Off, Shards::Auto), 1e6, 9, None),
             None
         );
 
         // auto: one proxy's combined writes are at most one per 500 us window (2000/s),
         // under the 5000/s a shard carries: combining is enough.
         let auto = policy(Strategy::Auto, Shards::Auto);
-        assert_eq!(wanted_shards(&auto, 100_000.0, 1), None);
+        assert_eq!(wanted_shards(&auto, 100_000.0, 1, None), None);
         // Four proxies each combining to 2000/s put 8000/s on one node: salt, sized on
         // the combined rate.
-        assert_eq!(wanted_shards(&auto, 100_000.0, 4), Some(2));
-        assert_eq!(wanted_shards(&auto, 100_000.0, 16), Some(7));
+        assert_eq!(wanted_shards(&auto, 100_000.0, 4, None), Some(2));
+        assert_eq!(wanted_shards(&auto, 100_000.0, 16, None), Some(7));
         // A key below the window rate gains nothing from salting.
-        assert_eq!(wanted_shards(&auto, 1000.0, 4), None);
+        assert_eq!(wanted_shards(&auto, 1000.0, 4, None), None);
+    }
+
+    #[test]
+    fn auto_salts_over_every_node_when_combining_leaves_the_key_node_busier() {
+        let auto = policy(Strategy::Auto, Shards::Auto);
+        let pool = |mean| {
+            Some(Nodes {
+                count: 4,
+                mean,
+                band: 0.05,
+            })
+        };
+        // Two proxies each combining to 2000/s leave 4000/s on one node of a pool whose
+        // nodes take 12,000/s each from each proxy: more than 5% of the mean. Salted with a
+        // shard on every node, though 4000/s is under a shard's 5000/s.
+        assert_eq!(wanted_shards(&auto, 20_000.0, 2, pool(12_000.0)), Some(4));
+        // The same key on nodes a hundred times busier is within the margin: combined.
+        assert_eq!(wanted_shards(&auto, 20_000.0, 2, pool(1_200_000.0)), None);
+        // One proxy never leaves more than a write-hot key's worth (2000/s), however idle
+        // the other nodes: combining stays exact there.
+        assert_eq!(wanted_shards(&auto, 20_000.0, 1, pool(10.0)), None);
+        // Without balance (one node, or balance off) only the shard rate counts.
+        assert_eq!(wanted_shards(&auto, 20_000.0, 2, None), None);
+        // Over the shard rate, a busy pool still gets a shard on every node.
+        assert_eq!(wanted_shards(&auto, 20_000.0, 4, pool(12_000.0)), Some(4));
+        assert_eq!(wanted_shards(&auto, 20_000.0, 16, pool(12_000.0)), Some(7));
+        // A single node is no pool.
+        let one = Some(Nodes {
+            count: 1,
+            mean: 10.0,
+            band: 0.05,
+        });
+        assert_eq!(wanted_shards(&auto, 20_000.0, 2, one), None);
+        // A fixed shard count is kept.
+        let fixed = policy(Strategy::Auto, Shards::Fixed(3));
+        assert_eq!(wanted_shards(&fixed, 20_000.0, 2, pool(12_000.0)), Some(3));
     }
 }

@@ -49,9 +49,10 @@ pub async fn promote(
     n: u32,
     pinned: bool,
     policy: SaltPolicy,
+    skip: Option<usize>,
 ) -> Result<Record, SaltError> {
     let kind = identify(backend, key, &policy).await?;
-    registry::promote(backend, salt, key, kind, n, pinned).await
+    registry::promote(backend, salt, key, kind, n, pinned, skip).await
 }
 
 /// The kind `key` is salted as under `policy`: the first kind that takes its type, if its
