@@ -181,7 +181,8 @@ async fn tick(
         _ => (None, None),
     };
     // Promotions: this proxy's hot keys (and pinned exact keys) whose rule salts them.
-    let mut want: Vec<(Vec<u8>, u32, bool, SaltPolicy, Option<usize>)> = Vec::new();
+    // (key, shards, pinned, policy, node to avoid, salted for balance)
+    let mut want: Vec<(Vec<u8>, u32, bool, SaltPolicy, Option<usize>, bool)> = Vec::new();
     for k in &snap.keys {
         if k.write_state != Some(HotState::Hot) || salted.contains_key(&k.key[..]) {
             continue;
@@ -195,7 +196,8 @@ async fn tick(
                 r.write.strategy == crate::rules::Strategy::Auto
                     && nodes.is_some_and(|x| n <= x.count)
             });
-            want.push((k.key.clone(), n, false, r.write.salt, skip));
+            let balance = wanted_shards(&r.write, k.writes_per_sec, proxies, None).is_none();
+            want.push((k.key.clone(), n, false, r.write.salt, skip, balance));
         }
     }
     for rule in rules.rules() {
@@ -207,12 +209,29 @@ async fn tick(
                 1,
                 None,
             ) {
-                want.push((pat.as_bytes().to_vec(), n, true, rule.write.salt, None));
+                want.push((
+                    pat.as_bytes().to_vec(),
+                    n,
+                    true,
+                    rule.write.salt,
+                    None,
+                    false,
+                ));
             }
         }
     }
-    for (key, n, pinned, policy, skip) in want {
-        if let Err(e) = kinds::promote(backend, salt, &key, n, pinned, policy, skip).await {
+    for (key, n, pinned, policy, skip, balance) in want {
+        let done = kinds::promote(backend, salt, &key, n, pinned, policy, skip).await;
+        if done.is_ok() && balance {
+            tracing::info!(
+                key = %String::from_utf8_lossy(&key),
+                shards = n,
+                proxies,
+                avoided = ?skip.map(|i| &backend.node(i).addr),
+                "auto: combining left this key's node busier than the others; salted for node balance"
+            );
+        }
+        if let Err(e) = done {
             tracing::debug!(key = %String::from_utf8_lossy(&key), error = %e, "not salted");
         }
     }
