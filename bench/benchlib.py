@@ -1,17 +1,41 @@
 """Helpers the Python bench drivers share: loopback ports, waiting for a listener, a node's
 command count."""
 
+import random
 import socket
 import subprocess
 import time
 
 
-def free_port():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
+def free_port(below=None):
+    """A free loopback port; with `below`, one under it whose port + 10000 is free too (a
+    cluster node's bus port must fit under 65536)."""
+    while True:
+        s = socket.socket()
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+        s.close()
+        if below is None:
+            return port
+        if port < below:
+            try:
+                b = socket.socket()
+                b.bind(("127.0.0.1", port + 10000))
+                b.close()
+                return port
+            except OSError:
+                pass
+        port = random.randrange(20000, below)
+        try:
+            s = socket.socket()
+            s.bind(("127.0.0.1", port))
+            s.close()
+            b = socket.socket()
+            b.bind(("127.0.0.1", port + 10000))
+            b.close()
+            return port
+        except OSError:
+            continue
 
 
 def wait_port(port, timeout=10.0):

@@ -166,7 +166,7 @@ def main():
     nodes, procs = [], []
     try:
         for i in range(3 if args.cluster else 4):
-            p = free_port()
+            p = free_port(below=55536) if args.cluster else free_port()
             d = os.path.join(tmp, f"n{i}")
             os.makedirs(d)
             extra = ["--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf"] if args.cluster else []
