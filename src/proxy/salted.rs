@@ -263,7 +263,13 @@ fn combine(
         )));
         return;
     };
-    let (mut cmds, part) = ops::plan(&e, &op, args, now_ms(), false);
+    // The combine window this write falls in, counted from the process's start (so
+    // proxies started apart do not all take the same shard at once): every write of one
+    // window joins one shard's batch.
+    static START: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
+    let since = START.get_or_init(std::time::Instant::now).elapsed();
+    let turn = (since.as_micros() / window.as_micros().max(1)) as u64;
+    let (mut cmds, part) = ops::plan_in_turn(&e, &op, args, now_ms(), false, Some(turn));
     let (node, cmd) = cmds.remove(0);
     let conn = super::mitigation::combine_conn(s, node, 0, &e.parts[part]);
     let bk = BatchKey {

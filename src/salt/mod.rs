@@ -142,11 +142,21 @@ impl Salted {
         1 + self.rec.member_salt(member, now_ms())
     }
 
-    /// The shard index the next write goes to, if writers use shards now.
-    pub fn write_shard(&self, now_ms: u64) -> Option<usize> {
+    /// The shard index the next write goes to, if writers use shards now: each write the
+    /// next shard in turn, or with `turn`, the turn's shard.
+    ///
+    /// A combined write passes the number of the combine window it falls in, so every write
+    /// of one window joins one shard's batch and the next window's go to the next shard: one
+    /// proxy then sends about one batch per window over all the shards together. Each
+    /// write to the next shard would open a batch on every shard in every window, as many
+    /// commands as shards (bench/README.md, "Salted and combined: one batch per window").
+    pub fn write_shard(&self, now_ms: u64, turn: Option<u64>) -> Option<usize> {
         let step = self.rec.step_at(now_ms)?;
         let n = self.rec.writers(now_ms)? as usize;
-        let k = self.rr.fetch_add(1, Ordering::Relaxed) % n;
+        let k = match turn {
+            Some(t) => (t % n as u64) as usize,
+            None => self.rr.fetch_add(1, Ordering::Relaxed) % n,
+        };
         Some(match step.shards.get(k) {
             Some(&i) if (i as usize) < self.rec.salts.len() => i as usize,
             _ => k,

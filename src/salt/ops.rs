@@ -183,8 +183,20 @@ pub fn plan(
     now_ms: u64,
     careful: bool,
 ) -> (Vec<(usize, Bytes)>, usize) {
+    plan_in_turn(e, op, args, now_ms, careful, None)
+}
+
+/// `plan`, with a write sent to the shard of combine window `turn` (`Salted::write_shard`).
+pub fn plan_in_turn(
+    e: &Salted,
+    op: &Op,
+    args: &[Bytes],
+    now_ms: u64,
+    careful: bool,
+    turn: Option<u64>,
+) -> (Vec<(usize, Bytes)>, usize) {
     if let Op::Write { delta, field } = op {
-        let part = e.write_shard(now_ms).map_or(0, |i| i + 1);
+        let part = e.write_shard(now_ms, turn).map_or(0, |i| i + 1);
         let d = Bytes::from(delta.to_string());
         let shard = &e.parts[part];
         let cmd = match field {

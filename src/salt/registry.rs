@@ -179,12 +179,12 @@ pub struct Nodes {
 ///
 /// `auto` combines first, and salts (combining per shard) when what combining leaves on the
 /// key's one node, summed over the fleet, is either more than a shard should carry
-/// (`salt.per_shard_per_sec`), or both a write-hot key's worth on its own
-/// (`write.hot_at_per_sec`) and more than `balance.over_mean_pct` of a node's mean load:
+/// (`salt.per_shard_per_sec`), or both more than one proxy's combining can leave (one write
+/// per `combine.window_us`) and more than `balance.over_mean_pct` of a node's mean load:
 /// then combining leaves the node busier than the others, and the key gets a shard on every
-/// node. One proxy with the default window never leaves more than 2000/s, the default
-/// threshold, so it salts only above `per_shard_per_sec` (bench/README.md, "A spike through
-/// a fleet": two proxies left a pool's busiest node at 1.13-1.20x the mean by combining).
+/// node. So one proxy alone salts only above `per_shard_per_sec`, whatever the rules
+/// (bench/README.md, "A spike through a fleet": two proxies left a pool's busiest node at
+/// 1.13-1.20x the mean by combining).
 pub fn wanted_shards(
     p: &WritePolicy,
     rate: f64,
@@ -195,7 +195,7 @@ pub fn wanted_shards(
     let fleet = rate * proxies as f64;
     let combined = rate.min(per_batch_max) * proxies as f64;
     let unbalanced = nodes.filter(|n| {
-        n.count >= 2 && combined > p.hot_at_per_sec && combined > n.band * n.mean * proxies as f64
+        n.count >= 2 && combined > per_batch_max && combined > n.band * n.mean * proxies as f64
     });
     let (sized_on, spread) = match p.strategy {
         Strategy::Off | Strategy::Combine => return None,
@@ -396,7 +396,7 @@ mod tests {
         assert_eq!(wanted_shards(&auto, 20_000.0, 2, pool(12_000.0)), Some(4));
         // The same key on nodes a hundred times busier is within the margin: combined.
         assert_eq!(wanted_shards(&auto, 20_000.0, 2, pool(1_200_000.0)), None);
-        // One proxy never leaves more than a write-hot key's worth (2000/s), however idle
+        // One proxy never leaves more than one write per window (2000/s), however idle
         // the other nodes: combining stays exact there.
         assert_eq!(wanted_shards(&auto, 20_000.0, 1, pool(10.0)), None);
         // Without balance (one node, or balance off) only the shard rate counts.
