@@ -551,7 +551,7 @@ fn under_the_default_rules_two_proxies_salt_a_counter_whose_combined_writes_keep
     let rec = rec.unwrap_or_else(|| {
         panic!("counter:hot still only combined after 4.5 s of {ops:.0} INCR/s through two proxies")
     });
-    // A shard on every node, or on every node but one the placement made busy.
+    // As many shards as the margin needs, at most one per node.
     let shards = rec["shards"].as_u64().unwrap();
-    assert!((3..=4).contains(&shards), "{rec}");
+    assert!((2..=4).contains(&shards), "{rec}");
 }

@@ -181,8 +181,8 @@ pub struct Nodes {
 /// key's one node, summed over the fleet, is either more than a shard should carry
 /// (`salt.per_shard_per_sec`), or both more than one proxy's combining can leave (one write
 /// per `combine.window_us`) and more than `balance.over_mean_pct` of a node's mean load:
-/// then combining leaves the node busier than the others, and the key gets a shard on every
-/// node. So one proxy alone salts only above `per_shard_per_sec`, whatever the rules
+/// then combining leaves the node busier than the others, and the key gets a shard on as
+/// many nodes as bring each shard's share within that margin. So one proxy alone salts only above `per_shard_per_sec`, whatever the rules
 /// (bench/README.md, "A spike through a fleet": two proxies left a pool's busiest node at
 /// 1.13-1.20x the mean by combining).
 pub fn wanted_shards(
@@ -197,6 +197,13 @@ pub fn wanted_shards(
     let unbalanced = nodes.filter(|n| {
         n.count >= 2 && combined > per_batch_max && combined > n.band * n.mean * proxies as f64
     });
+    // Salted for balance: as many shards as bring each one's share of the key within the
+    // margin of a node's mean (a shard per node of a small pool; a few of a large cluster's
+    // masters, not all, whose reads would then merge every master), at most one per node.
+    let spread = |n: Nodes| {
+        let per_node = n.band * n.mean * proxies as f64;
+        ((combined / per_node.max(1.0)).ceil() as u32).clamp(2, n.count)
+    };
     let (sized_on, spread) = match p.strategy {
         Strategy::Off | Strategy::Combine => return None,
         Strategy::Salt => (fleet, 0),
@@ -204,9 +211,9 @@ pub fn wanted_shards(
         // combine first; salt only when what combining leaves is more than a shard carries,
         // or leaves the key's node busier than the others.
         Strategy::Auto if combined > p.salt.per_shard_per_sec => {
-            (combined, unbalanced.map_or(0, |n| n.count))
+            (combined, unbalanced.map_or(0, spread))
         }
-        Strategy::Auto => (combined, unbalanced?.count),
+        Strategy::Auto => (combined, spread(unbalanced?)),
     };
     let max = p.salt.max_shards.max(1);
     Some(match p.salt.shards {
@@ -391,9 +398,19 @@ mod tests {
             })
         };
         // Two proxies each combining to 2000/s leave 4000/s on one node of a pool whose
-        // nodes take 12,000/s each from each proxy: more than 5% of the mean. Salted with a
-        // shard on every node, though 4000/s is under a shard's 5000/s.
+        // nodes take 12,000/s each from each proxy: more than 5% of the mean (1200/s over
+        // both proxies). Salted with a shard on every node, though 4000/s is under a shard's
+        // 5000/s.
         assert_eq!(wanted_shards(&auto, 20_000.0, 2, pool(12_000.0)), Some(4));
+        // Nodes twice as busy need 2 shards for 4000/s to be within 5% (2400/s each).
+        assert_eq!(wanted_shards(&auto, 20_000.0, 2, pool(24_000.0)), Some(2));
+        // A cluster of 30 masters gets as many shards as the margin needs, not 30.
+        let big = Some(Nodes {
+            count: 30,
+            mean: 12_000.0,
+            band: 0.05,
+        });
+        assert_eq!(wanted_shards(&auto, 20_000.0, 2, big), Some(4));
         // The same key on nodes a hundred times busier is within the margin: combined.
         assert_eq!(wanted_shards(&auto, 20_000.0, 2, pool(1_200_000.0)), None);
         // One proxy never leaves more than one write per window (2000/s), however idle
