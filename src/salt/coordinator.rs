@@ -181,8 +181,7 @@ async fn tick(
         _ => (None, None),
     };
     // Promotions: this proxy's hot keys (and pinned exact keys) whose rule salts them.
-    // (key, shards, pinned, policy, node to avoid, salted for balance)
-    let mut want: Vec<(Vec<u8>, u32, bool, SaltPolicy, Option<usize>, bool)> = Vec::new();
+    let mut want: Vec<Want> = Vec::new();
     for k in &snap.keys {
         if k.write_state != Some(HotState::Hot) || salted.contains_key(&k.key[..]) {
             continue;
@@ -197,7 +196,14 @@ async fn tick(
                     && nodes.is_some_and(|x| n <= x.count)
             });
             let balance = wanted_shards(&r.write, k.writes_per_sec, proxies, None).is_none();
-            want.push((k.key.clone(), n, false, r.write.salt, skip, balance));
+            want.push(Want {
+                key: k.key.clone(),
+                n,
+                pinned: false,
+                policy: r.write.salt,
+                skip,
+                balance,
+            });
         }
     }
     for rule in rules.rules() {
@@ -209,18 +215,26 @@ async fn tick(
                 1,
                 None,
             ) {
-                want.push((
-                    pat.as_bytes().to_vec(),
+                want.push(Want {
+                    key: pat.as_bytes().to_vec(),
                     n,
-                    true,
-                    rule.write.salt,
-                    None,
-                    false,
-                ));
+                    pinned: true,
+                    policy: rule.write.salt,
+                    skip: None,
+                    balance: false,
+                });
             }
         }
     }
-    for (key, n, pinned, policy, skip, balance) in want {
+    for Want {
+        key,
+        n,
+        pinned,
+        policy,
+        skip,
+        balance,
+    } in want
+    {
         let done = kinds::promote(backend, salt, &key, n, pinned, policy, skip).await;
         if done.is_ok() && balance {
             tracing::info!(
@@ -297,7 +311,18 @@ async fn tick(
 const COOL_EPOCHS: u64 = 2;
 const DWELL_EPOCHS: u64 = 2;
 
-/// `saltshaker_salted_keys_by_exactness`: every label set, so a tier with no key reads 0.
+/// A promotion this tick asks for.
+struct Want {
+    key: Vec<u8>,
+    n: u32,
+    pinned: bool,
+    policy: SaltPolicy,
+    /// The node its shards avoid (`balance_of`).
+    skip: Option<usize>,
+    /// Salted for node balance alone (said in the log).
+    balance: bool,
+}
+
 /// The load this proxy sent each node that holds keys (a pool's nodes, a cluster's masters)
 /// over the last detection window (`Node::load`, measured by node balance).
 struct Loads {
@@ -347,6 +372,7 @@ fn balance_of(l: &Loads, home: usize) -> (Nodes, Option<usize>) {
     (nodes, busy)
 }
 
+/// `saltshaker_salted_keys_by_exactness`: every label set, so a tier with no key reads 0.
 fn exactness(salt: &Salt, records: &[(Bytes, Record)], rules: &crate::rules::Rules) {
     use crate::metrics::ExactnessLabel;
     use crate::rules::{ReadTier, Strategy};
