@@ -7,35 +7,29 @@ import subprocess
 import time
 
 
+def _bindable(port):
+    try:
+        s = socket.socket()
+        s.bind(("127.0.0.1", port))
+        s.close()
+        return True
+    except OSError:
+        return False
+
+
 def free_port(below=None):
     """A free loopback port; with `below`, one under it whose port + 10000 is free too (a
     cluster node's bus port must fit under 65536)."""
-    while True:
+    if below is None:
         s = socket.socket()
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
         s.close()
-        if below is None:
-            return port
-        if port < below:
-            try:
-                b = socket.socket()
-                b.bind(("127.0.0.1", port + 10000))
-                b.close()
-                return port
-            except OSError:
-                pass
+        return port
+    while True:
         port = random.randrange(20000, below)
-        try:
-            s = socket.socket()
-            s.bind(("127.0.0.1", port))
-            s.close()
-            b = socket.socket()
-            b.bind(("127.0.0.1", port + 10000))
-            b.close()
+        if _bindable(port) and _bindable(port + 10000):
             return port
-        except OSError:
-            continue
 
 
 def wait_port(port, timeout=10.0):
