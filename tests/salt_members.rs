@@ -944,3 +944,91 @@ fn a_removal_repeated_in_one_pipeline_on_a_salted_key_answers_as_redis_does() {
         assert_eq!(c.pipeline(&cmds), reference.pipeline(&cmds), "member {m}");
     }
 }
+
+/// A pin that cancels a demotion already in force sends writers back to the shards at
+/// once, while a proxy that has not heard of it yet still writes the base key. The other
+/// proxy must not conclude that the base key is empty before that one has heard: its
+/// ZINCRBY would then answer from the member's shard alone. Here proxy B is stopped
+/// (SIGSTOP) from the instant the demotion is in force until after A has cancelled it
+/// and had time to check the base key, and its first command after SIGCONT is a member
+/// write, handled before B rereads the registry.
+#[test]
+fn a_cancelled_demotion_does_not_let_a_proxy_trust_an_empty_base_key_too_soon() {
+    need_redis();
+    let (nodes, _dir, rules) = setup("zcancel");
+    let (a, b) = (proxy(&nodes, &rules, &[]), proxy(&nodes, &rules, &[]));
+    let (mut ca, mut cb) = (a.client(), b.client());
+    for round in 0..3 {
+        let (key, m) = (format!("lb:cancel{round}"), format!("m{round}"));
+        promote(&a, &key, 2);
+        wait_in_force(&[&a, &b], &key);
+        assert_eq!(ca.cmd(&["ZINCRBY", &key, "1", &m]).as_f64(), 1.0);
+        // Let A find the base key empty (a check a tick after the promotion is in force).
+        thread::sleep(Duration::from_millis(700));
+        let (code, body) =
+            a.admin_post(&format!("/hotkeys/demote?key={}", key.replace(':', "%3A")));
+        assert_eq!(code, 200, "{body}");
+        let mut demote_ms = 0;
+        wait_for(
+            "both proxies to know of the demotion",
+            Duration::from_secs(5),
+            || {
+                [&a, &b].iter().all(|p| {
+                    salted(p, &key).is_some_and(|e| {
+                        demote_ms = e["demote_ms"].as_u64().unwrap_or(0);
+                        demote_ms > 0
+                    })
+                })
+            },
+        );
+        // Writers use the base key from demote_ms; the fold starts an epoch later.
+        while now_ms() < demote_ms + 20 {
+            thread::sleep(Duration::from_millis(5));
+        }
+        b.signal("STOP");
+        promote(&a, &key, 2);
+        thread::sleep(Duration::from_millis(300));
+        cb.send_raw(&encode(&["ZINCRBY", &key, "5", &m]));
+        b.signal("CONT");
+        let via_b = cb.read_reply();
+        assert_eq!(via_b.as_f64(), 6.0, "round {round}: through B");
+        let via_a = ca.cmd(&["ZINCRBY", &key, "1", &m]);
+        assert_eq!(
+            via_a.as_f64(),
+            7.0,
+            "round {round}: A's ZINCRBY missed what B wrote to the base key"
+        );
+        assert_eq!(ca.cmd(&["ZSCORE", &key, &m]).as_f64(), 7.0);
+    }
+}
+
+/// A proxy that has not read the registry for an epoch writes a member to the base key
+/// (it might have missed a fold). The others ask a base key they found empty again each
+/// epoch, so their ZINCRBY replies count that write from then on.
+#[test]
+fn a_base_key_written_by_a_proxy_blind_to_the_registry_is_counted_within_an_epoch() {
+    need_redis();
+    let (nodes, _dir, rules) = setup("zblind");
+    let (a, b) = (proxy(&nodes, &rules, &[]), proxy(&nodes, &rules, &[]));
+    let (mut ca, mut cb) = (a.client(), b.client());
+    let key = "lb:blind";
+    promote(&a, key, 2);
+    wait_in_force(&[&a, &b], key);
+    assert_eq!(ca.cmd(&["ZINCRBY", key, "1", "m"]).as_f64(), 1.0);
+    thread::sleep(Duration::from_millis(500));
+    // Stopped for longer than an epoch (1000 ms): its first command after SIGCONT is
+    // handled before it rereads the registry, so it goes to the base key.
+    b.signal("STOP");
+    thread::sleep(Duration::from_millis(1300));
+    cb.send_raw(&encode(&["ZINCRBY", key, "5", "m"]));
+    b.signal("CONT");
+    assert_eq!(cb.read_reply().as_f64(), 6.0, "through B");
+    assert_eq!(
+        ca.cmd(&["ZSCORE", key, "m"]).as_f64(),
+        6.0,
+        "reads count every part"
+    );
+    // An epoch and two ticks (100 ms each) later, A's writes count the base key again.
+    thread::sleep(Duration::from_millis(1300));
+    assert_eq!(ca.cmd(&["ZINCRBY", key, "1", "m"]).as_f64(), 7.0);
+}

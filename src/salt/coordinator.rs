@@ -410,16 +410,23 @@ pub type Spawn = dyn Fn(Bytes) + Send + Sync;
 /// the base key, and moves a set's base-key members into its shards when they are not. A
 /// check counts only once the promotion has been in force for a tick: before that, other
 /// proxies still write the base key.
+///
+/// A base key found empty is asked again each epoch. A proxy that has not read the
+/// registry for an epoch (`Salt::fresh`) writes members to the base key; the others learn
+/// of it within an epoch and a tick, and until then their write replies (not their reads)
+/// may miss what it wrote.
 async fn check_bases(backend: &Backend, salt: &Salt, now: u64, spread: &Spawn) {
     let table = salt.table.load();
+    let epoch = salt.epoch_ms.load(Ordering::Relaxed);
     for e in table.iter() {
         let in_force = e.rec.steps.first().map_or(u64::MAX, |s| s.from_ms);
         if !kinds::of(e.rec.kind).partitioned()
-            || !e.base_maybe()
+            || (!e.base_maybe() && !e.base_recheck_due(now, epoch))
             || e.rec.demote_ms.is_some()
             || e.rec.fold.is_some()
             || now < in_force.saturating_add(salt.tick_ms())
             || now < e.rec.holds_until().saturating_add(salt.tick_ms())
+            || !e.base_checkable(now)
         {
             continue;
         }
@@ -429,7 +436,8 @@ async fn check_bases(backend: &Backend, salt: &Salt, now: u64, spread: &Spawn) {
             .await
             .map(|r| as_i64(&r[0]))
         {
-            Ok(Some(0)) => e.base_seen_empty(writes),
+            Ok(Some(0)) => e.base_seen_empty(writes, now),
+            Ok(Some(_)) if !e.base_maybe() => e.note_base_write(),
             Ok(Some(_)) if kinds::of(e.rec.kind).spreads_base() => {
                 let mut busy = salt.spreading.lock().unwrap_or_else(|p| p.into_inner());
                 if busy.insert(e.key.clone()) {
@@ -539,6 +547,15 @@ async fn refresh(
 
 /// Swaps in the table built from `records`, reusing entries whose record did not change
 /// (they keep their write rotation and last-known values).
+///
+/// A partitioned key whose record changed other than by a heartbeat asks its base key
+/// again, and not before an epoch and a tick have passed. A fold's claim and release
+/// change the record, and it may have moved members into the base key. A pin that cancels
+/// a demotion already in force sends writers back to the shards at once, but a proxy that
+/// has not heard of it yet still writes the base key; every fresh proxy (`Salt::fresh`)
+/// has heard within an epoch. Checking sooner let a proxy find the base key empty just
+/// before another wrote a member there, and its ZINCRBY replies then missed that member's
+/// score (`tests/differential.rs`, one run in CI).
 fn install(backend: &Backend, salt: &Salt, records: &[(Bytes, Record)], now: u64) {
     let old = salt.table.load();
     let mut keys = HashMap::with_capacity(records.len());
@@ -549,10 +566,8 @@ fn install(backend: &Backend, salt: &Salt, records: &[(Bytes, Record)], now: u64
             // rotation where it was, so writes stay even over the shards.
             Some(e) => {
                 let new = Salted::new(k.clone(), rec.clone(), backend as &dyn Place).continuing(e);
-                // A fold may have moved members into the base key (its claim and release
-                // change the record): ask the base key again until a check finds it empty.
-                if kinds::of(rec.kind).partitioned() {
-                    new.note_base_write();
+                if kinds::of(rec.kind).partitioned() && !e.rec.heartbeat_of(rec) {
+                    new.changed(now + salt.epoch_ms.load(Ordering::Relaxed) + salt.tick_ms());
                 }
                 Arc::new(new)
             }

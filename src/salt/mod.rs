@@ -119,6 +119,20 @@ impl Salted {
         self.base.empty_at.load(Ordering::Acquire) != self.base.writes.load(Ordering::Acquire) + 1
     }
 
+    /// The record changed at `now_ms` other than by a heartbeat: ask the base key again,
+    /// but not before `settle_ms` (see `coordinator::install`).
+    pub fn changed(&self, settle_ms: u64) {
+        self.note_base_write();
+        self.base
+            .check_from_ms
+            .fetch_max(settle_ms, Ordering::AcqRel);
+    }
+
+    /// Whether a check of the base key may start at `now_ms`.
+    pub fn base_checkable(&self, now_ms: u64) -> bool {
+        now_ms >= self.base.check_from_ms.load(Ordering::Acquire)
+    }
+
     /// This proxy sent a write to the base key.
     pub fn note_base_write(&self) {
         self.base.writes.fetch_add(1, Ordering::AcqRel);
@@ -131,8 +145,20 @@ impl Salted {
 
     /// A check that started after `writes` base-key writes found the base key empty: it
     /// stays known empty until this proxy writes it again.
-    pub fn base_seen_empty(&self, writes: u64) {
+    pub fn base_seen_empty(&self, writes: u64, now_ms: u64) {
         self.base.empty_at.store(writes + 1, Ordering::Release);
+        self.base.empty_ms.store(now_ms, Ordering::Release);
+    }
+
+    /// A base key known empty is asked again once an epoch has passed since it was found
+    /// so (a proxy without a fresh registry view writes it: `coordinator::check_bases`).
+    pub fn base_recheck_due(&self, now_ms: u64, epoch_ms: u64) -> bool {
+        now_ms
+            >= self
+                .base
+                .empty_ms
+                .load(Ordering::Acquire)
+                .saturating_add(epoch_ms)
     }
 
     /// The part (1 + shard index) that holds `member` of a partitioned key: a hash of the
@@ -204,6 +230,10 @@ impl Salted {
 struct BaseState {
     writes: AtomicU64,
     empty_at: AtomicU64,
+    /// No check of the base key before this instant (see `Salted::changed`).
+    check_from_ms: AtomicU64,
+    /// When a check last found the base key empty.
+    empty_ms: AtomicU64,
 }
 
 /// The salted keys this proxy knows of.
@@ -516,5 +546,47 @@ pub(crate) mod testing {
     /// A command line split on spaces.
     pub fn args(line: &str) -> Vec<Bytes> {
         line.split(' ').map(b).collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::record::{Kind, Record};
+    use super::*;
+
+    struct One;
+    impl Place for One {
+        fn node_of(&self, _: &[u8]) -> usize {
+            0
+        }
+        fn nodes(&self) -> usize {
+            1
+        }
+        fn tag(&self) -> [u8; 2] {
+            *b"{}"
+        }
+    }
+
+    #[test]
+    fn a_changed_record_asks_the_base_key_again_only_once_it_settles() {
+        let rec = Record::new(Kind::ZSet, vec![1, 2], 1000, 0, "p");
+        let e = Salted::new(Bytes::from_static(b"z"), rec.clone(), &One);
+        assert!(e.base_maybe() && e.base_checkable(0));
+        e.base_seen_empty(e.base_writes(), 0);
+        assert!(!e.base_maybe());
+        // A write this proxy sends to the base key: checkable again at once.
+        e.note_base_write();
+        assert!(e.base_maybe() && e.base_checkable(5000));
+        e.base_seen_empty(e.base_writes(), 0);
+        // The record changed (a pin cancelled a demotion): not before it settles.
+        let next = Salted::new(Bytes::from_static(b"z"), rec, &One).continuing(&e);
+        next.changed(9000);
+        assert!(
+            next.base_maybe() && e.base_maybe(),
+            "shared with the old entry"
+        );
+        assert!(!next.base_checkable(8999) && next.base_checkable(9000));
+        // Known empty since 0: asked again after an epoch.
+        assert!(!e.base_recheck_due(999, 1000) && e.base_recheck_due(1000, 1000));
     }
 }

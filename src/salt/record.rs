@@ -184,6 +184,15 @@ impl Record {
         }
     }
 
+    /// Whether `newer` differs from this record only by the time the key was last seen hot.
+    pub fn heartbeat_of(&self, newer: &Record) -> bool {
+        self.hot_ms != newer.hot_ms
+            && Record {
+                hot_ms: newer.hot_ms,
+                ..self.clone()
+            } == *newer
+    }
+
     /// Partitioned kinds: whether a write of `member` goes to the base key at `now_ms`
     /// because its shard is held (being emptied, or not yet known to every proxy).
     pub fn held(&self, member: &[u8], now_ms: u64) -> bool {
@@ -253,6 +262,24 @@ mod tests {
             let b = boundary_after(now, 1000);
             assert!(b >= now + 1000 && b % 1000 == 0, "{now} -> {b}");
         }
+    }
+
+    #[test]
+    fn a_heartbeat_is_told_apart_from_a_change_that_moves_writers() {
+        let r = Record::new(Kind::ZSet, vec![1, 2], 10_000, 0, "p");
+        let beat = Record {
+            hot_ms: 20_000,
+            ..r.clone()
+        };
+        assert!(r.heartbeat_of(&beat));
+        let mut demoted = beat.clone();
+        demoted.demote_ms = Some(30_000);
+        assert!(!r.heartbeat_of(&demoted));
+        // A pin cancelling the demotion: writers leave the base key at once.
+        let mut cancelled = demoted.clone();
+        cancelled.demote_ms = None;
+        cancelled.pinned = true;
+        assert!(!demoted.heartbeat_of(&cancelled));
     }
 
     #[test]
