@@ -14,11 +14,13 @@ saltshaker/node-behind-saltshaker. With --bin-b a second saltshaker build runs a
 fourth target in the same rounds (before/after a change).
 
 With --rules-b FILE the second build runs with that rules file: the same binary with
-`detection: { enabled: false }` measures what detection costs. The per-round ratio of
-saltshaker to saltshaker-b is printed last (median, min-max).
+`detection: { enabled: false }` measures what detection costs. With --threads-b T it runs
+with T threads: the same binary at `--threads-b 2` shows whether CPU per request grows with
+threads. The per-round ratio of saltshaker to saltshaker-b is printed last (median,
+min-max).
 
-usage: bench/cpu_per_request.py --saltshaker BIN [--bin-b BIN [--rules-b FILE]] [-n 400000]
-       [--rounds 3]
+usage: bench/cpu_per_request.py --saltshaker BIN [--bin-b BIN [--rules-b FILE]
+       [--threads-b T]] [-n 400000] [--rounds 3]
 """
 
 import argparse
@@ -51,6 +53,7 @@ def main():
     ap.add_argument("--tests", default="get,set")
     ap.add_argument("--pipelines", default="1,16")
     ap.add_argument("--threads", default="1")
+    ap.add_argument("--threads-b", help="threads of the saltshaker-b target (default: --threads)")
     ap.add_argument("-d", "--data-size", type=int, default=3,
                     help="SET value size in bytes (redis-benchmark -d); GET reads them back")
     args = ap.parse_args()
@@ -80,9 +83,10 @@ def main():
         for name, binary in bins:
             port = free_port()
             rules = ["--rules", args.rules_b] if name == "saltshaker-b" and args.rules_b else []
+            threads = args.threads_b if name == "saltshaker-b" and args.threads_b else args.threads
             p = subprocess.Popen(
                 [binary, "--listen", f"127.0.0.1:{port}", "--admin", f"127.0.0.1:{free_port()}",
-                 "--nodes", f"127.0.0.1:{rport}", "--threads", args.threads,
+                 "--nodes", f"127.0.0.1:{rport}", "--threads", threads,
                  "--log-level", "warn", *rules],
                 stdout=subprocess.DEVNULL, stderr=open(os.path.join(tmp, name + ".log"), "w"))
             procs.append(p)
@@ -114,7 +118,9 @@ def main():
                         cell.append((proxy * 1e6 / args.n, node * 1e6 / args.n))
         print(f"redis-benchmark -c 50 -r 100000 -n {args.n} -d {args.data_size} -t T -P P, "
               f"{args.rounds} rounds, "
-              f"saltshaker --threads {args.threads}; microseconds of CPU per request, "
+              f"saltshaker --threads {args.threads}"
+              + (f", saltshaker-b --threads {args.threads_b}" if args.threads_b else "")
+              + "; microseconds of CPU per request, "
               "median over rounds (min-max)")
         print("| test | target | proxy us/req | node us/req | proxy/nutcracker | proxy/node |")
         print("|---|---|---|---|---|---|")
