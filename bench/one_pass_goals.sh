@@ -14,7 +14,11 @@
 #   8. System calls per request, saltshaker against nutcracker (syscalls_per_request.sh).
 #   9. The kernel's share of each proxy's CPU at P1 and P16 (cpu_split.py).
 #
-# usage: bench/one_pass_goals.sh [--bin PATH] [-n REQUESTS] [--rounds R]
+# A driver that fails is reported and the next one runs.
+#
+# usage: bench/one_pass_goals.sh [--bin PATH] [-n REQUESTS] [--rounds R] [--only a,b]
+#   --only  the drivers to run, by the names above: cpu, throughput, cluster, latency,
+#           memory, salted_get, detection, syscalls, split (default: all)
 set -euo pipefail
 
 here=$(cd "$(dirname "$0")" && pwd)
@@ -22,11 +26,13 @@ root=$(cd "$here/.." && pwd)
 bin=""
 n=200000
 rounds=3
+only=""
 while [ $# -gt 0 ]; do
     case "$1" in
         --bin) bin=$2; shift 2 ;;
         -n) n=$2; shift 2 ;;
         --rounds) rounds=$2; shift 2 ;;
+        --only) only=$2; shift 2 ;;
         *) echo "unknown argument $1" >&2; exit 2 ;;
     esac
 done
@@ -41,12 +47,13 @@ echo "one_pass_goals: logs in $logs"
 run() {
     local name=$1
     shift
+    case ",${only:-$name}," in *",$name,"*) ;; *) return 0 ;; esac
     echo
     echo "=== $name: $*"
-    local t0
+    local t0 rc=0
     t0=$(date +%s)
-    (cd "$here" && "$@") 2>&1 | tee "$logs/$name.log"
-    echo "=== $name took $(($(date +%s) - t0)) s"
+    (cd "$here" && "$@") 2>&1 | tee "$logs/$name.log" || rc=$?
+    echo "=== $name took $(($(date +%s) - t0)) s (exit $rc)"
 }
 
 run cpu python3 cpu_per_request.py --saltshaker "$bin" --bin-b "$bin" --threads-b 2 \

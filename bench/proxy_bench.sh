@@ -191,5 +191,7 @@ if [ "$write_readme" -eq 1 ]; then
     echo "proxy_bench: table written to bench/README.md"
 else
     python3 "$here/bench_report.py" "$rows" "${meta[@]/#/--meta=}"
-    [ "$quick" -eq 1 ] && echo "proxy_bench: --quick run, bench/README.md left unchanged"
+    if [ "$quick" -eq 1 ]; then
+        echo "proxy_bench: --quick run, bench/README.md left unchanged"
+    fi
 fi

@@ -80,6 +80,48 @@ fn a_deep_pipeline_to_a_frozen_node_gets_every_error_within_the_timeout() {
     );
 }
 
+/// Each command gets its whole timeout, counted from when it was read, however the
+/// commands before it on the connection ended: one answered at once, one timed out. (A
+/// session keeps one deadline timer for its rounds, set to the oldest round's deadline;
+/// it must not time a later round out at an earlier round's deadline, nor late.)
+#[test]
+fn each_command_on_a_connection_times_out_after_its_own_full_timeout() {
+    need_redis();
+    let nodes = pool(2);
+    let refs: Vec<&Redis> = nodes.iter().collect();
+    let proxy = proxy_with_timeout(&refs, &[]);
+    let keys = spread_keys("own:", 40);
+    let mut c = proxy.client();
+    c.set_read_timeout(Duration::from_secs(10));
+    for k in &keys {
+        assert_eq!(c.cmd(&["SET", k, "v"]), Reply::ok());
+    }
+    let on = |n: usize| keys.iter().find(|k| owner(&nodes, k) == n).unwrap().clone();
+    let (live, frozen) = (on(0), on(1));
+    nodes[1].signal("STOP");
+    let _thaw = Thaw(&nodes[1]);
+    let timeout = Duration::from_millis(TIMEOUT_MS);
+    // Answered at once: its deadline passes while the next command waits.
+    assert_eq!(c.cmd(&["GET", &live]), Reply::bulk("v"));
+    thread::sleep(timeout * 6 / 10);
+    for round in 0..2 {
+        let t0 = Instant::now();
+        let r = c.cmd(&["GET", &frozen]);
+        let took = t0.elapsed();
+        assert!(
+            r.is_error() && r.err().contains("did not answer in time"),
+            "{r:?}"
+        );
+        assert!(
+            took >= timeout - Duration::from_millis(20)
+                && took < timeout + Duration::from_millis(500),
+            "round {round}: timed out after {took:?}, not its own {timeout:?}"
+        );
+        // The next one is sent while the timer still holds the last one's deadline.
+        thread::sleep(timeout * 3 / 10);
+    }
+}
+
 #[test]
 fn fifty_pipelining_clients_with_one_frozen_node_all_get_answers_in_time() {
     need_redis();

@@ -141,6 +141,9 @@ pub async fn write_loop<W: AsyncWrite + Unpin>(
         limit,
         owing,
     };
+    // The deadline timer of the common round's wait, kept from one round to the next
+    // (`Call::wait_by`): set about once per request timeout, not once per request.
+    let mut timer: Option<std::pin::Pin<Box<tokio::time::Sleep>>> = None;
     loop {
         out.compact();
         let next = if out.buf.is_empty() && out.unflushed {
@@ -186,7 +189,12 @@ pub async fn write_loop<W: AsyncWrite + Unpin>(
             // (bench/conn_memory.py).
             let resolved = match direct(&mut round) {
                 Some(call) => {
-                    let replies = call.wait(round.deadline).await;
+                    let timer = round.deadline.map(|d| {
+                        timer
+                            .get_or_insert_with(|| Box::pin(tokio::time::sleep_until(d)))
+                            .as_mut()
+                    });
+                    let replies = call.wait_by(round.deadline, timer).await;
                     match write_direct(&round, &replies, &ctx, &mut out.buf) {
                         true => out
                             .relieve(&ctx, client)
