@@ -158,20 +158,8 @@ pub(super) async fn resume(s: &mut Session, p: Box<Paused>, rb: &mut RoundBuilde
         }
         Wait::Salted(salted) => {
             let (plan, bridge) = *salted;
-            match super::salted::act(s, &req, &c, plan, rb).await {
-                super::salted::Next::Done => Ok(Flow::Continue),
-                // Folded, or a write the base key takes: on as usual (it may be combined
-                // or cached like any command on its key); an increment of a key whose
-                // promotion is not in force yet is combined (`policy::bridge`).
-                super::salted::Next::Forward => {
-                    let action = match (!s.txn().in_multi(), bridge) {
-                        (true, Some(bridge)) => bridge,
-                        (true, None) => policy::decide_plain(&c, &req, &s.ctx().hot.load()),
-                        (false, _) => Action::Forward,
-                    };
-                    plain(s, &req, &c, action, rb)
-                }
-            }
+            let next = super::salted::act(s, &req, &c, plan, rb).await;
+            after_salted(s, &req, &c, next, bridge, rb)
         }
         Wait::Subscribe(node) => {
             let mut hs = s.ctx().backend.node(node).handshake(s.proto(), s.db());
@@ -254,9 +242,40 @@ fn on_base(
         }
         Action::Salted(plan) => {
             let bridge = policy::bridge(c, &plan);
-            Err(Wait::Salted(Box::new((plan, bridge))))
+            match super::salted::act_now(s, req, c, plan, rb) {
+                Ok(next) => after_salted(s, req, c, next, bridge, rb),
+                Err(table) => Err(Wait::Salted(Box::new((
+                    policy::SaltPlan::Fold(table),
+                    bridge,
+                )))),
+            }
         }
         action => plain(s, req, c, action, rb),
+    }
+}
+
+/// What a salted command does after its plan: answered, or on as usual.
+fn after_salted(
+    s: &mut Session,
+    req: &Request,
+    c: &Classified,
+    next: super::salted::Next,
+    bridge: Option<Action>,
+    rb: &mut RoundBuilder,
+) -> Result<Flow, Wait> {
+    match next {
+        super::salted::Next::Done => Ok(Flow::Continue),
+        // Folded, or a write the base key takes: on as usual (it may be combined or cached
+        // like any command on its key); an increment of a key whose promotion is not in
+        // force yet is combined (`policy::bridge`).
+        super::salted::Next::Forward => {
+            let action = match (!s.txn().in_multi(), bridge) {
+                (true, Some(bridge)) => bridge,
+                (true, None) => policy::decide_plain(c, req, &s.ctx().hot.load()),
+                (false, _) => Action::Forward,
+            };
+            plain(s, req, c, action, rb)
+        }
     }
 }
 
