@@ -1,6 +1,7 @@
 """Helpers the Python bench drivers share: loopback ports, waiting for a listener, a node's
 command count."""
 
+import os
 import random
 import socket
 import subprocess
@@ -66,6 +67,21 @@ def start_nodes(n, tmp, procs):
         wait_port(port)
         ports.append(port)
     return ports
+
+
+def start_nutcracker(rport, tmp, procs):
+    """Starts nutcracker (one server connection) in front of the node on `rport` (added to
+    `procs`); returns (its port, the process)."""
+    nport = free_port()
+    conf = os.path.join(tmp, "nc.yml")
+    with open(conf, "w") as f:
+        f.write(f"pool:\n  listen: 127.0.0.1:{nport}\n  redis: true\n"
+                f"  server_connections: 1\n  servers:\n    - 127.0.0.1:{rport}:1\n")
+    nc = subprocess.Popen(["nutcracker", "-c", conf, "-s", str(free_port())],
+                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    procs.append(nc)
+    wait_port(nport)
+    return nport, nc
 
 
 def start_proxy(binary, ports, procs, *extra):

@@ -31,7 +31,7 @@ import subprocess
 import tempfile
 import time
 
-from benchlib import commands_processed, free_port, stop_all, wait_port
+from benchlib import commands_processed, free_port, start_nutcracker, stop_all, wait_port
 
 TICK = os.sysconf("SC_CLK_TCK")
 
@@ -67,15 +67,7 @@ def main():
         procs.append(redis)
         wait_port(rport)
         targets = {"direct": (rport, None)}
-        nport = free_port()
-        conf = os.path.join(tmp, "nc.yml")
-        with open(conf, "w") as f:
-            f.write(f"pool:\n  listen: 127.0.0.1:{nport}\n  redis: true\n"
-                    f"  server_connections: 1\n  servers:\n    - 127.0.0.1:{rport}:1\n")
-        nc = subprocess.Popen(["nutcracker", "-c", conf, "-s", str(free_port())],
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        procs.append(nc)
-        wait_port(nport)
+        nport, nc = start_nutcracker(rport, tmp, procs)
         targets["nutcracker"] = (nport, nc.pid)
         bins = [("saltshaker", args.saltshaker)]
         if args.bin_b:

@@ -10,12 +10,11 @@ usage: bench/latency.py --saltshaker BIN [--rounds 3] [--duration-ms 5000] [--co
 
 import argparse
 import json
-import os
 import statistics
 import subprocess
 import tempfile
 
-from benchlib import free_port, stop_all, wait_port
+from benchlib import free_port, start_nodes, start_nutcracker, stop_all, wait_port
 
 
 def run(binary, port, conns, ms):
@@ -39,18 +38,8 @@ def main():
     tmp = tempfile.mkdtemp(prefix="latency.")
     procs = []
     try:
-        rport = free_port()
-        procs.append(subprocess.Popen(
-            ["redis-server", "--port", str(rport), "--bind", "127.0.0.1", "--save", "",
-             "--appendonly", "no", "--dir", tmp], stdout=subprocess.DEVNULL))
-        wait_port(rport)
-        nport = free_port()
-        conf = os.path.join(tmp, "nc.yml")
-        with open(conf, "w") as f:
-            f.write(f"pool:\n  listen: 127.0.0.1:{nport}\n  redis: true\n"
-                    f"  server_connections: 1\n  servers:\n    - 127.0.0.1:{rport}:1\n")
-        procs.append(subprocess.Popen(["nutcracker", "-c", conf, "-s", str(free_port())],
-                                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+        [rport] = start_nodes(1, tmp, procs)
+        nport, _ = start_nutcracker(rport, tmp, procs)
         sport = free_port()
         procs.append(subprocess.Popen(
             [args.saltshaker, "--listen", f"127.0.0.1:{sport}", "--admin",
