@@ -156,9 +156,9 @@ pub(super) async fn resume(s: &mut Session, p: Box<Paused>, rb: &mut RoundBuilde
             wait_fills(s, &req, &c).await;
             after_fills(s, &req, &c, action, rb)
         }
-        Wait::Salted(salted) => {
-            let (plan, bridge) = *salted;
-            let next = super::salted::act(s, &req, &c, plan, rb).await;
+        Wait::Fold(fold) => {
+            let (table, bridge) = *fold;
+            let next = super::salted::fold_first(s, &req, &c, &table, rb).await;
             after_salted(s, &req, &c, next, bridge, rb)
         }
         Wait::Subscribe(node) => {
@@ -244,10 +244,7 @@ fn on_base(
             let bridge = policy::bridge(c, &plan);
             match super::salted::act_now(s, req, c, plan, rb) {
                 Ok(next) => after_salted(s, req, c, next, bridge, rb),
-                Err(table) => Err(Wait::Salted(Box::new((
-                    policy::SaltPlan::Fold(table),
-                    bridge,
-                )))),
+                Err(table) => Err(Wait::Fold(Box::new((table, bridge)))),
             }
         }
         action => plain(s, req, c, action, rb),

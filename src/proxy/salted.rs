@@ -61,7 +61,7 @@ pub(super) enum Next {
 }
 
 /// Carries out `plan` inside the round: every plan but a fold, whose table comes back for
-/// `act` to wait on. Synchronous, so that the common salted command (a merged read, a shard
+/// `fold_first` to wait on. Synchronous, so that the common salted command (a merged read, a shard
 /// write) takes the request path's synchronous step, as a plain command does. Going through
 /// the waiting step, each boxed its futures per command: a salted GET cost 1.5-1.9x a plain
 /// GET's proxy CPU at pipeline 16 (`bench/salted_get.sh`), against 1.3-1.4x for the build
@@ -110,15 +110,15 @@ pub(super) fn act_now(
             }
             // The base key takes it as a plain command: no reply here to count it by.
             e.rollup.stale();
-            return Ok(Next::Forward);
+            Ok(Next::Forward)
         }
         Plan::Display(e, op, ms) => {
             display(s, e, op, ms, &args, rb);
-            return Ok(Next::Done);
+            Ok(Next::Done)
         }
         Plan::Reject(msg) => {
             rb.slots.push(Slot::Ready(err_bytes(msg)));
-            return Ok(Next::Done);
+            Ok(Next::Done)
         }
         Plan::Inline(e, op) => {
             if same_read_as_last(rb, &e, &op) {
@@ -135,7 +135,7 @@ pub(super) fn act_now(
                 part,
                 ctx: write.then(|| s.ctx().clone()),
             })));
-            return Ok(Next::Done);
+            Ok(Next::Done)
         }
         Plan::Careful(e, op) => {
             let ctx = s.ctx().clone();
@@ -145,11 +145,11 @@ pub(super) fn act_now(
                     .await
                     .to_bytes(proto)
             });
-            return Ok(Next::Done);
+            Ok(Next::Done)
         }
         Plan::Combine(e, op, window) => {
             combine(s, e, op, window, &args, rb);
-            return Ok(Next::Done);
+            Ok(Next::Done)
         }
         Plan::Checked(e, op) => {
             let ctx = s.ctx().clone();
@@ -159,7 +159,7 @@ pub(super) fn act_now(
                     .await
                     .to_bytes(proto)
             });
-            return Ok(Next::Done);
+            Ok(Next::Done)
         }
         Plan::Members(e, m, careful) => {
             let ctx = s.ctx().clone();
@@ -171,7 +171,7 @@ pub(super) fn act_now(
                     .unwrap_or_else(|e| e)
                     .to_bytes(proto)
             });
-            return Ok(Next::Done);
+            Ok(Next::Done)
         }
         Plan::Quiet(e, m) => {
             let ctx = s.ctx().clone();
@@ -181,7 +181,7 @@ pub(super) fn act_now(
                     .await
                     .to_bytes(proto)
             });
-            return Ok(Next::Done);
+            Ok(Next::Done)
         }
         Plan::Task(table) => {
             let ctx = s.ctx().clone();
@@ -189,25 +189,21 @@ pub(super) fn act_now(
             later(s, rb, async move {
                 ops::multi(&ctx.backend, &ctx.salt, &table, &args, name, proto).await
             });
-            return Ok(Next::Done);
+            Ok(Next::Done)
         }
         Plan::Fold(table) => Err(table),
     }
 }
 
-/// Carries out `plan`: at once (`act_now`), or, for a command that needs its key's whole
-/// value, once the shards are folded into the base key.
-pub(super) async fn act(
+/// Folds the command's salted keys (those in `table`) into their base keys, after the
+/// session's earlier commands have landed: then the command goes on as usual.
+pub(super) async fn fold_first(
     s: &mut Session,
     req: &Request,
     c: &Classified,
-    plan: SaltPlan,
+    table: &crate::salt::SaltTable,
     rb: &mut RoundBuilder,
 ) -> Next {
-    let table = match act_now(s, req, c, plan, rb) {
-        Ok(next) => return next,
-        Err(table) => table,
-    };
     let name = c.spec.name;
     // Not mergeable (or inside MULTI): fold the shards into the base key, then run it.
     s.order.wait_all().await;

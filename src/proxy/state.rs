@@ -402,10 +402,11 @@ pub enum Wait {
     /// Fills of its keys in flight (a write after a cached read's miss): then the rest of
     /// the write's path.
     Fills(Action),
-    /// A salted key's plan, carried out with I/O of its own; `bridge` is what an
-    /// increment does when the plan hands it back (`policy::bridge`). Boxed: every
-    /// stage of the synchronous path returns a `Result<Flow, Wait>`.
-    Salted(Box<(crate::policy::SaltPlan, Option<Action>)>),
+    /// A fold of the salted keys in the table before a command that needs their whole
+    /// value (`salted::fold_first`); `bridge` is what an increment does when it goes on
+    /// (`policy::bridge`). Boxed: every stage of the synchronous path returns a
+    /// `Result<Flow, Wait>`.
+    Fold(Box<(Arc<crate::salt::SaltTable>, Option<Action>)>),
     /// A subscription: its own connection to the node, opened.
     Subscribe(usize),
 }

@@ -119,8 +119,8 @@ impl Salted {
         self.base.empty_at.load(Ordering::Acquire) != self.base.writes.load(Ordering::Acquire) + 1
     }
 
-    /// The record changed at `now_ms` other than by a heartbeat: ask the base key again,
-    /// but not before `settle_ms` (see `coordinator::install`).
+    /// The record changed other than by a heartbeat: ask the base key again, but not
+    /// before `settle_ms` (see `coordinator::install`).
     pub fn changed(&self, settle_ms: u64) {
         self.note_base_write();
         self.base
