@@ -182,9 +182,9 @@ pub struct Nodes {
 /// (`salt.per_shard_per_sec`), or both more than one proxy's combining can leave (one write
 /// per `combine.window_us`) and more than `balance.over_mean_pct` of a node's mean load:
 /// then combining leaves the node busier than the others, and the key gets a shard on as
-/// many nodes as bring each shard's share within that margin. So one proxy alone salts only above `per_shard_per_sec`, whatever the rules
-/// (bench/README.md, "A spike through a fleet": two proxies left a pool's busiest node at
-/// 1.13-1.20x the mean by combining).
+/// many nodes as bring each shard's share within that margin. So one proxy alone salts
+/// only above `per_shard_per_sec`, whatever the rules (bench/README.md, "A spike through a
+/// fleet": two proxies left a pool's busiest node at 1.13-1.20x the mean by combining).
 pub fn wanted_shards(
     p: &WritePolicy,
     rate: f64,
