@@ -103,7 +103,9 @@ impl Selector {
         match lower.as_str() {
             "allcommands" | "+@all" => self.set_all(true),
             "nocommands" | "-@all" => self.set_all(false),
-            "allkeys" => {
+            // `~*` is `allkeys` itself, again or not: Redis 7.0 answers OK to `~* ~*` and
+            // `allkeys ~*`. Any other pattern after either, `%RW~*` included, is an error.
+            "allkeys" | "~*" => {
                 self.keys.clear();
                 self.all_keys = true;
             }
@@ -121,12 +123,13 @@ impl Selector {
             }
             _ => {
                 if let Some(what) = rule.strip_prefix('&') {
-                    if self.all_channels {
-                        return Err(AFTER_ALL_CHANNELS);
-                    }
+                    // `&*` is `allchannels` itself, again or not (Redis 7.0 answers OK to
+                    // `&* &*`); any other pattern after either is an error.
                     if what == "*" {
                         self.channels.clear();
                         self.all_channels = true;
+                    } else if self.all_channels {
+                        return Err(AFTER_ALL_CHANNELS);
                     } else if !self.channels.iter().any(|c| c == what) {
                         self.channels.push(what.to_string());
                     }

@@ -71,6 +71,11 @@ impl Dedicated {
         })
     }
 
+    /// Whether the node closed this (idle) connection: see `Stream::peer_closed`.
+    pub fn peer_closed(&self) -> bool {
+        self.stream.peer_closed()
+    }
+
     /// The stream and any bytes already read past the last reply, for a pub/sub tunnel.
     pub fn into_parts(self) -> (Stream, BytesMut) {
         (self.stream, self.buf)

@@ -70,6 +70,19 @@ impl Stream {
         self.tcp().local_addr()
     }
 
+    /// Whether the peer has closed an idle connection (or it failed): a look at the
+    /// socket that takes nothing from it and does not wait. A connection kept open ahead of
+    /// use checks this before it is used.
+    pub fn peer_closed(&self) -> bool {
+        let mut one = [0u8; 1];
+        let mut rb = ReadBuf::new(&mut one);
+        let mut cx = Context::from_waker(std::task::Waker::noop());
+        matches!(
+            self.tcp().poll_peek(&mut cx, &mut rb),
+            Poll::Ready(Ok(0)) | Poll::Ready(Err(_))
+        )
+    }
+
     pub fn into_split(self) -> (ReadHalf, WriteHalf) {
         match self {
             Stream::Tcp(s) => {

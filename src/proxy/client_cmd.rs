@@ -1,6 +1,6 @@
 //! The CLIENT commands about the proxy's own clients: SETNAME, GETNAME, ID, INFO, LIST,
-//! KILL, PAUSE, UNPAUSE, UNBLOCK, and the ones that only answer OK (NO-EVICT, NO-TOUCH,
-//! SETINFO, REPLY ON); client-side caching's are `client_cache`'s.
+//! KILL, PAUSE, UNPAUSE, UNBLOCK, REPLY (the session drops the replies), and the ones that
+//! only answer OK (NO-EVICT, NO-TOUCH, SETINFO); client-side caching's are `client_cache`'s.
 
 use bytes::{Bytes, BytesMut};
 
@@ -97,17 +97,25 @@ pub fn handle(s: &mut Session, req: &Request, c: &Classified, rb: &mut RoundBuil
             return super::client_cache::command(s, req, c, rb)
         }
         "CLIENT NO-EVICT" | "CLIENT NO-TOUCH" | "CLIENT SETINFO" => encode_simple("OK", &mut out),
-        "CLIENT REPLY" => {
-            if upper(req.arg(2)) == "ON" {
+        // The session drops the replies (`Session::reply_quiet`); OFF and SKIP have none.
+        "CLIENT REPLY" => match upper(req.arg(2)).as_str() {
+            "ON" => {
+                s.set_reply_off(false);
                 encode_simple("OK", &mut out);
-            } else {
-                error(
-                    rb,
-                    "ERR saltshaker: CLIENT REPLY OFF|SKIP is not supported through the proxy",
-                );
+            }
+            "OFF" => {
+                s.set_reply_off(true);
                 return Flow::Continue;
             }
-        }
+            "SKIP" => {
+                s.skip_next_reply();
+                return Flow::Continue;
+            }
+            _ => {
+                error(rb, "ERR syntax error");
+                return Flow::Continue;
+            }
+        },
         other => {
             error(
                 rb,

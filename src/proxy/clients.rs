@@ -8,7 +8,7 @@
 //! connection opens or closes and when someone lists or kills.
 
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
@@ -103,7 +103,6 @@ pub struct Shown {
     pub multi: Option<usize>,
     /// Bytes those commands hold.
     pub multi_mem: usize,
-    pub pubsub: bool,
     /// CLIENT TRACKING is on: the client its invalidations go to (0: itself), and
     /// whether it broadcasts (BCAST).
     pub tracking: Option<(u64, bool)>,
@@ -128,6 +127,9 @@ pub struct Client {
     /// While blocked: the node and the node's id of the connection the command waits
     /// on (0 until known), for CLIENT UNBLOCK.
     blocked_on: Mutex<Option<(usize, Arc<AtomicU64>)>>,
+    /// Its subscriptions as its node counts them: channels, patterns, shard channels
+    /// (CLIENT LIST's `sub`, `psub`, `ssub`), kept by the pub/sub tunnel (`set_subs`).
+    subs: [AtomicU32; 3],
     kill: watch::Sender<bool>,
     /// Invalidations for it (client-side caching), pushed by its session.
     pub inbox: Inbox,
@@ -250,6 +252,7 @@ impl Clients {
             omem: AtomicUsize::new(0),
             blocked: AtomicBool::new(false),
             blocked_on: Mutex::new(None),
+            subs: Default::default(),
             kill,
             inbox: Inbox::default(),
         });
@@ -311,8 +314,8 @@ impl Client {
             && f.laddr.as_ref().is_none_or(|a| *a == self.laddr)
             && f.user.as_ref().is_none_or(|u| *u == shown.user)
             && f.kind.as_ref().is_none_or(|k| match k.as_str() {
-                "normal" => !shown.pubsub,
-                "pubsub" => shown.pubsub,
+                "normal" => !self.subscribed(),
+                "pubsub" => self.subscribed(),
                 _ => false,
             })
             && f.skip != Some(self.id)
@@ -344,6 +347,47 @@ impl Client {
         b.as_ref()
             .map(|(n, id)| (*n, id.load(Ordering::Acquire)))
             .filter(|(_, id)| *id != 0)
+    }
+
+    /// Where it is blocked: None when it is not; `Some(None)` in the proxy itself (CLIENT
+    /// PAUSE); `Some(Some((node, id)))` on a node's connection of that id (0 until known).
+    pub fn blocked_where(&self) -> Option<Option<(usize, u64)>> {
+        if !self.blocked.load(Ordering::Relaxed) {
+            return None;
+        }
+        let b = self.blocked_on.lock().unwrap_or_else(|p| p.into_inner());
+        Some(b.as_ref().map(|(n, id)| (*n, id.load(Ordering::Acquire))))
+    }
+
+    /// A subscription's confirmation from the node (`subscribe`, `unsubscribe`,
+    /// `psubscribe`, ... with the count it gives): the counts CLIENT LIST shows. Redis
+    /// gives channels and patterns together in one count, shard channels apart.
+    pub fn set_subs(&self, kind: &[u8], count: u32) {
+        let (sub, psub) = (&self.subs[0], &self.subs[1]);
+        match kind.to_ascii_lowercase().as_slice() {
+            b"subscribe" | b"unsubscribe" => sub.store(
+                count.saturating_sub(psub.load(Ordering::Relaxed)),
+                Ordering::Relaxed,
+            ),
+            b"psubscribe" | b"punsubscribe" => psub.store(
+                count.saturating_sub(sub.load(Ordering::Relaxed)),
+                Ordering::Relaxed,
+            ),
+            b"ssubscribe" | b"sunsubscribe" => self.subs[2].store(count, Ordering::Relaxed),
+            _ => return,
+        }
+        if count == 0
+            && !kind.eq_ignore_ascii_case(b"ssubscribe")
+            && !kind.eq_ignore_ascii_case(b"sunsubscribe")
+        {
+            sub.store(0, Ordering::Relaxed);
+            psub.store(0, Ordering::Relaxed);
+        }
+    }
+
+    /// Subscribed to anything: Redis's CLIENT_PUBSUB flag (`P`, `TYPE pubsub`).
+    pub fn subscribed(&self) -> bool {
+        self.subs.iter().any(|n| n.load(Ordering::Relaxed) > 0)
     }
 
     /// The reply bytes not yet written to the client.
@@ -395,7 +439,7 @@ impl Client {
                 flags.push('B');
             }
         }
-        if s.pubsub {
+        if self.subscribed() {
             flags.push('P');
         }
         if flags.is_empty() {
@@ -406,7 +450,7 @@ impl Client {
         let tot = PER_CONNECTION + rbs + omem + s.multi_mem;
         format!(
             "id={} addr={} laddr={} fd={} name={} age={age} idle={idle} flags={flags} db={} \
-             sub=0 psub=0 ssub=0 multi={} qbuf=0 qbuf-free={rbs} argv-mem=0 multi-mem={} \
+             sub={} psub={} ssub={} multi={} qbuf=0 qbuf-free={rbs} argv-mem=0 multi-mem={} \
              rbs={rbs} rbp={rbs} obl=0 oll=0 omem={omem} tot-mem={tot} events={} cmd={cmd} \
              user={} redir={} resp={}\n",
             self.id,
@@ -415,6 +459,9 @@ impl Client {
             self.fd,
             s.name,
             s.db,
+            self.subs[0].load(Ordering::Relaxed),
+            self.subs[1].load(Ordering::Relaxed),
+            self.subs[2].load(Ordering::Relaxed),
             s.multi.map_or(-1, |n| n as i64),
             s.multi_mem,
             if omem > 0 { "rw" } else { "r" },

@@ -24,7 +24,7 @@ use crate::metrics::Class;
 use crate::policy::{self, Action};
 use crate::resp::Request;
 
-/// check -> decide -> observe -> act, for one classified command.
+/// decide -> observe -> act, for one classified command that passed `check`.
 /// The command is borrowed: it is moved (cloned) only onto the rare paths that keep it
 /// past this call (`Pending`, `Decided`, `Paused`).
 pub(super) fn handle(
@@ -39,12 +39,19 @@ pub(super) fn handle(
         let known = !c.keys.is_empty() || matches!(c.route, Route::Local);
         rb.note_keys(req, &c.keys, known);
     }
+    proceed(s, req, c, false, rb)
+}
+
+/// The check phase: authentication, then the ACL. False when the command is refused (its
+/// error is in `rb`). It runs before admission, so a command the ACL refuses spends no
+/// token of its key's bucket (`step::begin`).
+pub(super) fn check(s: &mut Session, req: &Request, c: &Classified, rb: &mut RoundBuilder) -> bool {
     s.refresh_user();
     match s.user() {
         None if !matches!(c.spec.name, "AUTH" | "HELLO" | "QUIT" | "RESET") => {
             rb.slots
                 .push(Slot::Ready(err_bytes("NOAUTH Authentication required.")));
-            return Flow::Continue;
+            return false;
         }
         Some(u) if !u.unrestricted() => {
             if let Err(d) = u.check(c, req) {
@@ -61,12 +68,12 @@ pub(super) fn handle(
                 s.log_refusal(d.reason(), d.object(c), &u.name.clone());
                 let slot = s.refuse(err_bytes(&d.message()));
                 rb.slots.push(slot);
-                return Flow::Continue;
+                return false;
             }
         }
         _ => {}
     }
-    proceed(s, req, c, false, rb)
+    true
 }
 
 /// An allowed command: ordered against the session's earlier ones, decided once, carried
@@ -162,10 +169,11 @@ pub(super) async fn resume(s: &mut Session, p: Box<Paused>, rb: &mut RoundBuilde
             after_salted(s, &req, &c, next, bridge, rb)
         }
         Wait::Subscribe(node) => {
-            let mut hs = s.ctx().backend.node(node).handshake(s.proto(), s.db());
+            let n = s.ctx().backend.node(node).clone();
+            let mut hs = n.handshake(s.proto(), s.db());
             // The client talks to the node from now on: it keeps its name there.
             hs.name = s.name().cloned();
-            match tunnel::open(&hs, req.wire()).await {
+            match tunnel::open(&n, &hs, req.wire()).await {
                 Ok(start) => Ok(Flow::Tunnel(start)),
                 Err(e) => {
                     rb.slots

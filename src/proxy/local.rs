@@ -28,6 +28,16 @@ fn upper(b: &[u8]) -> String {
 pub fn handle(s: &mut Session, req: &Request, c: &Classified, rb: &mut RoundBuilder) -> Flow {
     let mut out = BytesMut::new();
     match c.spec.name {
+        // PING's table arity is -1; Redis's pingCommand refuses more than one argument.
+        "PING" if req.argc() > 2 => {
+            error(rb, "ERR wrong number of arguments for 'ping' command");
+            return Flow::Continue;
+        }
+        // AUTH's table arity is -2; Redis's authCommand refuses more than two arguments.
+        "AUTH" if req.argc() > 3 => {
+            error(rb, "ERR syntax error");
+            return Flow::Continue;
+        }
         "PING" => {
             if req.argc() > 1 {
                 encode_bulk(req.arg(1), &mut out);
@@ -100,12 +110,14 @@ pub fn handle(s: &mut Session, req: &Request, c: &Classified, rb: &mut RoundBuil
                 .map(|n| n.addr.clone())
                 .collect();
             let proxy = proxy_info(s);
+            let (blocked, blocked_asks) = blocked_clients(s, rb);
             rb.slots.push(Slot::Merge(Box::new(Merge::Info {
                 proxy,
                 parts,
                 addrs,
                 clients: s.ctx().metrics.client_connections.get(),
-                blocked: s.ctx().blocked.load(std::sync::atomic::Ordering::Relaxed),
+                blocked,
+                blocked_asks,
                 tracking: (s.ctx().tracking.clients(), s.ctx().tracking.keys()),
             })));
             return Flow::Continue;
@@ -133,6 +145,39 @@ pub fn handle(s: &mut Session, req: &Request, c: &Classified, rb: &mut RoundBuil
         rb.slots.push(Slot::Ready(out.freeze()));
     }
     Flow::Continue
+}
+
+/// INFO's `blocked_clients`: a client counts once its command is blocked where it waits.
+/// Tools and test suites wait for the count to rise and then act (Redis's stream tests
+/// DEL the key a `XREADGROUP ... BLOCK 0` waits on), so a client whose command is on its
+/// way to its node must not count yet. Clients held by CLIENT PAUSE in the proxy count at
+/// once; for the others, each node that holds one is asked which of their connections
+/// it has blocked (`CLIENT LIST ID ...`, its `b` flag): the parts that `Merge::Info`
+/// reads. INFO is rare; it pays for that.
+fn blocked_clients(s: &mut Session, rb: &mut RoundBuilder) -> (i64, Vec<super::round::Part>) {
+    let mut here = 0;
+    let mut on_nodes: Vec<(usize, Vec<String>)> = Vec::new();
+    for c in s.ctx().clients.select(&super::clients::Filter::default()) {
+        match c.blocked_where() {
+            Some(None) => here += 1,
+            Some(Some((node, id))) if id != 0 => {
+                match on_nodes.iter_mut().find(|(n, _)| *n == node) {
+                    Some((_, ids)) => ids.push(id.to_string()),
+                    None => on_nodes.push((node, vec![id.to_string()])),
+                }
+            }
+            _ => {}
+        }
+    }
+    let asks = on_nodes
+        .into_iter()
+        .map(|(node, ids)| {
+            let mut args = vec!["CLIENT", "LIST", "ID"];
+            args.extend(ids.iter().map(String::as_str));
+            push(s, rb, node, crate::backend::wire(&args))
+        })
+        .collect();
+    (here, asks)
 }
 
 fn check_auth(s: &mut Session, user: Option<&[u8]>, pass: &[u8]) -> Result<(), &'static str> {
@@ -332,14 +377,37 @@ fn exec(s: &mut Session, rb: &mut RoundBuilder) {
     // The transaction's writes drop their keys' cached replies, as a write outside MULTI
     // does, and this session's next reads of them wait for EXEC's reply.
     super::mitigation::invalidate_keys(s, &tx.writes, rb);
+    // What the proxy answers itself runs now, in queue order: it touches only this
+    // connection's state, so running it before the node runs the rest changes no reply.
+    let locals: Vec<(usize, Bytes)> = tx
+        .locals
+        .iter()
+        .map(|(at, req)| (*at, run_queued_local(s, req)))
+        .collect();
     let count = tx.wires.len() + 2;
     let mut wires = Vec::with_capacity(count);
     wires.push(crate::backend::wire(&["MULTI"]));
     wires.extend(tx.wires);
     wires.push(crate::backend::wire(&["EXEC"]));
+    // A SELECT inside the transaction changes its connection's database: the transaction
+    // then runs on a connection of its own (the watch's, or one that closes after it),
+    // never on a shared one.
+    let watch = match (watch, tx.select) {
+        (None, Some(_)) => {
+            let node = tx.node.unwrap_or_else(|| s.ctx().backend.any_node());
+            let hs = s.ctx().backend.node(node).handshake(s.proto(), s.db());
+            Some(DedicatedWorker::spawn(hs, s.gone(), false))
+        }
+        (w, _) => w,
+    };
     match watch {
         Some(w) => {
-            rb.slots.push(Slot::Later(w.call(wires, count)));
+            let rx = w.call(wires, count);
+            rb.slots.push(if locals.is_empty() {
+                Slot::Later(rx)
+            } else {
+                Slot::LaterThen(rx, Box::new(move |b| super::txn::splice(b, &locals)))
+            });
             // What the session sends next, on the shared connections, runs after EXEC.
             s.settle_next();
         }
@@ -350,23 +418,72 @@ fn exec(s: &mut Session, rb: &mut RoundBuilder) {
                 buf.extend_from_slice(w);
             }
             let part = push_n(s, rb, node, buf.freeze(), count as u32);
-            rb.slots.push(Slot::Merge(Box::new(Merge::Exec(part))));
+            rb.slots
+                .push(Slot::Merge(Box::new(Merge::Exec(part, locals))));
         }
+    }
+    if let Some(db) = tx.select {
+        set_db(s, db);
     }
     let _ = ready_later;
 }
 
+/// A command the proxy answers itself, queued in MULTI, run at EXEC: its one reply.
+fn run_queued_local(s: &mut Session, req: &Request) -> Bytes {
+    let c = match crate::command::classify(req) {
+        Ok(c) => c,
+        Err(e) => return err_bytes(&e.to_string()),
+    };
+    let mut scratch = RoundBuilder::new();
+    let flow = handle(s, req, &c, &mut scratch);
+    if matches!(flow, Flow::Continue) && scratch.jobs.is_empty() && scratch.slots.len() == 1 {
+        if let Some(Slot::Ready(b)) = scratch.slots.pop() {
+            return b;
+        }
+    }
+    err_bytes(&format!(
+        "ERR saltshaker: {} cannot run inside MULTI through the proxy",
+        c.spec.fullname()
+    ))
+}
+
 /// Inside MULTI: check and queue; the client sees +QUEUED (or the error Redis would give).
+/// What the proxy answers itself (CLIENT SETNAME, CLIENT ID, AUTH, ...) is queued in the
+/// proxy and run at EXEC in its turn, as Redis runs it; a SELECT goes to the node, so the
+/// commands after it run in its database there, and moves the client at EXEC.
 pub(super) fn queue_in_tx(s: &mut Session, req: &Request, c: &Classified) -> Slot {
+    const QUEUED: &[u8] = b"+QUEUED\r\n";
+    // Redis's own refusal (SAVE, SHUTDOWN, SYNC, PSYNC), which aborts the EXEC.
+    if c.spec.has(flags::NO_MULTI) {
+        return s.refuse(err_bytes("ERR Command not allowed inside a transaction"));
+    }
     let single = s.ctx().backend.is_single();
+    if c.spec.name == "SELECT" && single {
+        // Checked as Redis checks it at EXEC: an index out of range is that command's
+        // error in EXEC's reply, and the client stays where it is.
+        let db = std::str::from_utf8(req.arg(1))
+            .ok()
+            .and_then(|d| d.parse::<u32>().ok())
+            .filter(|&d| d < s.ctx().backend.databases());
+        if let Some(db) = db {
+            s.txn_mut().select_after(db);
+        }
+    } else if matches!(c.route, Route::Local)
+        && !matches!(c.spec.name, "PING" | "ECHO" | "INFO" | "DEBUG" | "MONITOR")
+    {
+        s.txn_mut().queue_local(req.clone());
+        return Slot::Ready(Bytes::from_static(QUEUED));
+    }
     let allowed = match c.route {
         Route::Keyed | Route::Blocking | Route::Split(_) | Route::AnyNode => true,
         Route::AllNodes(_) | Route::RandomKey | Route::Scan => single,
+        // UNWATCH runs on the transaction's node: a watch there ends with EXEC anyway.
+        Route::Transaction => c.spec.name == "UNWATCH",
         // INFO goes to the transaction's node, which answers it in EXEC's reply.
         // So does DEBUG ERROR (a node started without enable-debug-command refuses it
         // when it is queued there, and EXEC then aborts, as on that node).
         Route::Local => {
-            matches!(c.spec.name, "PING" | "ECHO" | "INFO")
+            matches!(c.spec.name, "PING" | "ECHO" | "INFO" | "SELECT")
                 || (c.spec.name == "DEBUG"
                     && req.argc() == 3
                     && req.arg(1).eq_ignore_ascii_case(b"ERROR"))
@@ -392,7 +509,7 @@ pub(super) fn queue_in_tx(s: &mut Session, req: &Request, c: &Classified) -> Slo
     let writes = c.keys.iter().map(|&k| req.arg_bytes(k as usize));
     let writes = writes.filter(|_| c.spec.flags & flags::WRITE != 0);
     match s.txn_mut().queue(keyed, req.wire(), writes) {
-        Ok(()) => Slot::Ready(Bytes::from_static(b"+QUEUED\r\n")),
+        Ok(()) => Slot::Ready(Bytes::from_static(QUEUED)),
         Err(m) => {
             let msg = format!(
                 "ERR saltshaker: MULTI across nodes is not supported (keys on {} and {})",

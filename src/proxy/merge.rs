@@ -38,6 +38,28 @@ pub(super) fn part(
     }
 }
 
+/// The connections the nodes list as blocked (flag `b`) in their `CLIENT LIST ID ...`
+/// replies.
+fn blocked_on_nodes(replies: &[Result<Replies, BackendError>], asks: &[Part]) -> i64 {
+    let mut n = 0;
+    for p in asks {
+        let Ok(raw) = part(replies, *p) else { continue };
+        let Ok(Some((Value::Bulk(b) | Value::Verbatim(b), _))) = parse_value(&raw) else {
+            continue;
+        };
+        let text = String::from_utf8_lossy(b.strip_prefix(b"txt:").unwrap_or(&b[..])).into_owned();
+        n += text
+            .lines()
+            .filter(|l| {
+                l.split(' ')
+                    .find_map(|f| f.strip_prefix("flags="))
+                    .is_some_and(|f| f.contains('b'))
+            })
+            .count() as i64;
+    }
+    n
+}
+
 pub fn backend_error(e: &BackendError, out: &mut BytesMut) {
     encode_error(&format!("ERR saltshaker: {e}"), out);
 }
@@ -201,9 +223,9 @@ pub(super) fn merge(
             crate::salt::idem::finish(&salt, entry.as_deref(), to, delta, &v).encode(proto, out);
             Ok(())
         }
-        Merge::Exec(p) => match part(replies, p) {
+        Merge::Exec(p, locals) => match part(replies, p) {
             Ok(b) => {
-                out.extend_from_slice(&b);
+                out.extend_from_slice(&super::txn::splice(b, &locals));
                 Ok(())
             }
             Err(e) => {
@@ -323,9 +345,11 @@ pub(super) fn merge(
             addrs,
             clients,
             blocked,
+            blocked_asks,
             tracking: (tracking_clients, tracking_keys),
         } => {
             let mut text = proxy;
+            let blocked = blocked + blocked_on_nodes(replies, &blocked_asks);
             let bodies: Vec<String> = parts
                 .iter()
                 .map(|p| {

@@ -179,6 +179,12 @@ impl Listen for StdListener {
 /// finish, up to `drain`.
 async fn serve_worker<L: Listen>(listeners: Vec<L>, ctx: Arc<Ctx>, drain: Duration) {
     let mut shutdown = ctx.shutdown.clone();
+    // Over one node or a pool, channels live on the first node: a connection waits there
+    // for this worker's first subscriber (`Node::take_spare`). A cluster's pub/sub node
+    // varies; its spares are opened by the first subscription to each.
+    if !ctx.backend.by_slot() && ctx.backend.len() > 0 {
+        ctx.backend.node(0).warm_spare(crate::resp::Proto::Resp2);
+    }
     let mut accepts = Vec::new();
     for l in listeners {
         match l.listener() {

@@ -338,6 +338,10 @@ async fn write_round<W: AsyncWrite + Unpin>(
     let mut slots = round.slots.into_iter().enumerate().peekable();
     while let Some((i, slot)) = slots.next() {
         let start = sink.buf.len();
+        let (slot, quiet) = match slot {
+            Slot::Quiet(inner) => (*inner, true),
+            slot => (slot, false),
+        };
         let (slot, hook) = match slot {
             Slot::Seen(inner, hook) => (*inner, Some(hook)),
             slot => (slot, None),
@@ -357,6 +361,9 @@ async fn write_round<W: AsyncWrite + Unpin>(
         }
         if let Some(c) = costs.next_if(|c| c.slot as usize == i) {
             count_cost(ctx, &mut floors, c, &sink.buf[start..], from_node);
+        }
+        if quiet {
+            sink.buf.truncate(start);
         }
         // A round of many large replies is written as it is resolved, not gathered whole.
         sink.relieve(ctx, client).await?;
@@ -398,6 +405,11 @@ async fn write_slot(
         Slot::Again => {}
         Slot::Seen(inner, _) => {
             return Box::pin(write_slot(*inner, replies, proto, late, out)).await
+        }
+        Slot::Quiet(inner) => {
+            let at = out.len();
+            Box::pin(write_slot(*inner, replies, proto, late, out)).await?;
+            out.truncate(at);
         }
     }
     Ok(())

@@ -95,12 +95,18 @@ pub enum Merge {
         parts: Vec<Part>,
         addrs: Vec<String>,
         clients: i64,
+        /// Clients blocked in the proxy itself (CLIENT PAUSE), and the nodes' `CLIENT
+        /// LIST ID ...` of the connections the other blocked clients wait on: those
+        /// flagged `b` count too.
         blocked: i64,
+        blocked_asks: Vec<Part>,
         /// Clients with CLIENT TRACKING on, and the keys remembered for them.
         tracking: (usize, usize),
     },
-    /// MULTI ... EXEC sent as one unit: the client wants EXEC's reply, the last one.
-    Exec(Part),
+    /// MULTI ... EXEC sent as one unit: the client wants EXEC's reply, the last one, with
+    /// the replies of the commands the proxy ran itself put in their places
+    /// (`txn::splice`).
+    Exec(Part, Vec<(usize, Bytes)>),
     /// A command on a salted key: the replies of its parts (base first, or the one shard
     /// written) merged by `salt::ops`.
     Salted {
@@ -152,6 +158,9 @@ pub enum Slot {
     /// to the one before it in the round (both read before the round was sent) is merged
     /// once and written twice.
     Again,
+    /// Another slot whose reply is awaited in its turn but not written: CLIENT REPLY OFF,
+    /// or the command after CLIENT REPLY SKIP.
+    Quiet(Box<Slot>),
 }
 
 /// One client waiting in a blocking command: counted while it lives (INFO's

@@ -216,7 +216,14 @@ async fn burst(
     let mut reqs_iter = reqs.drain(..);
     let mut last = None;
     while let Some(req) = reqs_iter.next() {
+        // CLIENT REPLY OFF or SKIP: this command's replies are awaited but not written.
+        let quiet = s.reply_quiet();
+        let first = rb.slots.len();
         let Some((b, hook, shown)) = step::begin(s, req, &mut rb, &mut last, monitored) else {
+            if quiet {
+                hush(&mut rb, first);
+            }
+            s.reply_ran();
             continue;
         };
         let mut mark = rb.slots.len();
@@ -240,6 +247,10 @@ async fn burst(
                 rb.slots.push(Slot::Seen(Box::new(slot), hook));
             }
         }
+        if quiet {
+            hush(&mut rb, mark);
+        }
+        s.reply_ran();
         let settle_after = s.take_settle();
         if ((s.proto(), s.db()) != conn_state || settle_after)
             && matches!(flow, Flow::Continue)
@@ -308,6 +319,14 @@ async fn burst(
     Step::Read
 }
 
+/// CLIENT REPLY: the slots from `from` on are written as nothing.
+fn hush(rb: &mut RoundBuilder, from: usize) {
+    for slot in &mut rb.slots[from..] {
+        let inner = std::mem::replace(slot, Slot::Again);
+        *slot = Slot::Quiet(Box::new(inner));
+    }
+}
+
 /// Hands a round to the writer: false when the writer is gone. Waits (boxed) only when
 /// the writer is 16 rounds behind.
 async fn queue(tx: &mpsc::Sender<Queued>, q: Queued) -> bool {
@@ -355,10 +374,6 @@ async fn tunnel(
     if let Some(spec) = last {
         s.me.touched(rb.started, buf.capacity(), spec);
     }
-    s.me.publish(super::clients::Shown {
-        pubsub: true,
-        ..s.me.shown()
-    });
     // Everything the client sent after SUBSCRIBE goes straight to the node.
     for req in rest {
         start.pending.push(req.wire());

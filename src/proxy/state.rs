@@ -71,6 +71,8 @@ pub struct Session {
     /// The command just handled went on a connection of its own (WATCH, EXEC under
     /// WATCH): the next one waits until its reply is in (`settle_next`).
     settle_after: bool,
+    /// CLIENT REPLY: which replies the client is not sent (`Quiet`).
+    quiet: Quiet,
     /// The commands sent whose replies the writer has not taken (`round::Inflight`).
     pub(super) inflight: Arc<super::round::Inflight>,
     /// This connection as CLIENT LIST shows it, and what was last published there.
@@ -78,6 +80,17 @@ pub struct Session {
     shown: ShownKey,
     /// CLIENT TRACKING, when on (`client_cache`).
     pub(super) tracking: Option<Box<super::tracking::Tracking>>,
+}
+
+/// CLIENT REPLY's state, as Redis keeps it in the client's flags.
+#[derive(Default, Clone, Copy)]
+struct Quiet {
+    /// CLIENT REPLY OFF.
+    off: bool,
+    /// CLIENT REPLY SKIP was the command just run.
+    skip_next: bool,
+    /// The command now running is the one after CLIENT REPLY SKIP.
+    skip_this: bool,
 }
 
 /// What CLIENT LIST shows of a session that changes rarely, compared cheaply once per
@@ -123,6 +136,7 @@ impl Session {
             admit: false,
             track: false,
             settle_after: false,
+            quiet: Quiet::default(),
             inflight: Arc::default(),
         }
     }
@@ -243,7 +257,6 @@ impl Session {
                 .map_or_else(|| "default".to_string(), |u| u.name.clone()),
             multi: self.txn.queued().map(|q| q.0),
             multi_mem: self.txn.queued().map_or(0, |q| q.1),
-            pubsub: false,
             tracking: self
                 .tracking
                 .as_ref()
@@ -334,6 +347,34 @@ impl Session {
     /// its reply is in.
     pub fn settle_next(&mut self) {
         self.settle_after = true;
+    }
+
+    /// CLIENT REPLY OFF (`off`) or ON: from the next command on, replies are dropped or
+    /// written again.
+    pub fn set_reply_off(&mut self, off: bool) {
+        self.quiet.off = off;
+        if !off {
+            self.quiet.skip_this = false;
+            self.quiet.skip_next = false;
+        }
+    }
+
+    /// CLIENT REPLY SKIP: the next command's reply is dropped.
+    pub fn skip_next_reply(&mut self) {
+        // Redis ignores SKIP while replies are OFF.
+        self.quiet.skip_next = !self.quiet.off;
+    }
+
+    /// Whether the command about to run has its reply dropped (CLIENT REPLY OFF, or the
+    /// command after CLIENT REPLY SKIP).
+    pub fn reply_quiet(&self) -> bool {
+        self.quiet.off || self.quiet.skip_this
+    }
+
+    /// A command ran: a SKIP it asked for applies to the next command, and one that
+    /// applied to it is spent (Redis's CLIENT_REPLY_SKIP_NEXT and CLIENT_REPLY_SKIP).
+    pub fn reply_ran(&mut self) {
+        self.quiet.skip_this = std::mem::take(&mut self.quiet.skip_next);
     }
 
     /// Whether the command before asked the next one to wait (`settle_next`); clears it.

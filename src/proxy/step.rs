@@ -1,4 +1,4 @@
-//! One command of a read, as `session::burst` walks them: `begin` (classify, admit),
+//! One command of a read, as `session::burst` walks them: `begin` (classify, check, admit),
 //! `now` (the whole path, when nothing has to wait), and `slow` (the waits: admission's
 //! pacing, CLIENT PAUSE, a settle, a flush, a paused plan), boxed by its caller.
 //!
@@ -12,7 +12,7 @@ use bytes::BytesMut;
 use tokio::sync::{mpsc, watch};
 
 use super::admit::{self, Gate, Hook};
-use super::handle::{act, handle, proceed, resume};
+use super::handle::{act, check, handle, proceed, resume};
 use super::round::{Queued, RoundBuilder};
 use super::settle;
 use super::state::{err_bytes, Decided, Flow, Pending, Session};
@@ -35,7 +35,7 @@ pub(super) enum Slow {
     After(Flow),
 }
 
-/// classify -> admit. None when the command is answered already (refused, or admission
+/// classify -> check (auth, ACL) -> admit. None when the command is answered already (refused, or admission
 /// answered it); else the command, the hook that sees its reply, and its MONITOR line.
 pub(super) fn begin(
     s: &mut Session,
@@ -56,6 +56,11 @@ pub(super) fn begin(
             return None;
         }
     };
+    // check: a command the ACL refuses spends no admission token, and is not shown to
+    // monitors (Redis feeds MONITOR only what it runs).
+    if !check(s, &req, &c, rb) {
+        return None;
+    }
     // admit
     let (req, c, hook, wait) = if s.admits() {
         match admit::gate(s, req, c) {
@@ -69,12 +74,11 @@ pub(super) fn begin(
     } else {
         (req, c, None, Duration::ZERO)
     };
-    // Redis shows neither CMD_SKIP_MONITOR nor CMD_ADMIN commands to monitors.
-    let monitor = (monitored
-        && !c
-            .spec
-            .has(command::flags::SKIP_MONITOR | command::flags::ADMIN))
-    .then(|| super::monitor::args(&req));
+    // Redis shows no CMD_ADMIN command to monitors. The scripts (EVAL, EVALSHA, FCALL and
+    // their _RO forms) are CMD_SKIP_MONITOR only because Redis writes their line itself,
+    // in evalCommand and fcallCommand, before the script runs: so they are shown here.
+    let monitor =
+        (monitored && !c.spec.has(command::flags::ADMIN)).then(|| super::monitor::args(&req));
     Some((Begun { req, c, wait }, hook, monitor))
 }
 

@@ -16,8 +16,12 @@ use bytes::{Bytes, BytesMut};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use super::clients::Client;
-use crate::backend::{BackendError, Dedicated, Handshake};
-use crate::resp::{Proto, ReplyFramer};
+use std::sync::Arc;
+
+use crate::backend::{BackendError, Dedicated, Handshake, Node};
+use crate::resp::{
+    encode_command, parse_value, Limits, Proto, ReplyFramer, Request, RequestParser, Value,
+};
 
 /// The reader's end: the node's write half and what still has to be sent to it.
 pub struct Start {
@@ -38,19 +42,36 @@ impl Start {
 pub struct TunnelEnd {
     backend_r: ReadHalf,
     leftover: BytesMut,
+    /// Replies of the proxy's own commands at the start (CLIENT SETNAME), not passed on.
+    skip: usize,
 }
 
-/// Opens a tunnel on a dedicated connection made with `hs`; `first` (the SUBSCRIBE) is
-/// the first thing sent on it.
-pub async fn open(hs: &Handshake, first: Bytes) -> Result<Start, BackendError> {
-    let (stream, leftover) = Dedicated::open(hs).await?.into_parts();
+/// Opens a tunnel to `node` on a connection made with `hs`; `first` (the SUBSCRIBE) is
+/// the first thing sent on it. A connection the node opened ahead (`Node::take_spare`)
+/// is taken when the client is in database 0, so the SUBSCRIBE leaves at once; a name
+/// the client gave itself is then set on it first, its reply not passed on.
+pub async fn open(node: &Arc<Node>, hs: &Handshake, first: Bytes) -> Result<Start, BackendError> {
+    let spare = (hs.db == 0).then(|| node.take_spare(hs.proto)).flatten();
+    let (conn, pending, skip) = match spare {
+        Some(d) => match &hs.name {
+            Some(name) => {
+                let mut setname = BytesMut::new();
+                encode_command(&[b"CLIENT".as_slice(), b"SETNAME", name], &mut setname);
+                (d, vec![setname.freeze(), first], 1)
+            }
+            None => (d, vec![first], 0),
+        },
+        None => (Dedicated::open(hs).await?, vec![first], 0),
+    };
+    let (stream, leftover) = conn.into_parts();
     let (backend_r, backend_w) = stream.into_split();
     Ok(Start {
         backend_w,
-        pending: vec![first],
+        pending,
         end: Some(TunnelEnd {
             backend_r,
             leftover,
+            skip,
         }),
         proto: hs.proto,
         max_bulk: hs.max_reply_bulk,
@@ -76,13 +97,26 @@ pub async fn pump(
     let TunnelEnd {
         mut backend_r,
         leftover,
+        mut skip,
     } = end;
     let up = async {
+        // The client's bytes go on as they come; a copy is parsed only to show the last
+        // command in CLIENT LIST (`cmd=unsubscribe`), which tools wait for.
+        let mut names = Names::new();
         for p in pending {
+            names.feed(&p, me);
             backend_w.write_all(&p).await?;
         }
         backend_w.flush().await?;
-        tokio::io::copy(&mut client_r, &mut backend_w).await?;
+        let mut chunk = BytesMut::with_capacity(16 * 1024);
+        loop {
+            chunk.clear();
+            if client_r.read_buf(&mut chunk).await? == 0 {
+                break;
+            }
+            names.feed(&chunk, me);
+            backend_w.write_all(&chunk).await?;
+        }
         backend_w.shutdown().await
     };
     let down = async {
@@ -94,7 +128,15 @@ pub async fn pump(
         loop {
             while whole < buf.len() {
                 match framer.next_len(&buf[whole..]) {
-                    Ok(Some(n)) => whole += n,
+                    // The first replies are the skipped ones, so `whole` is 0 here.
+                    Ok(Some(n)) if skip > 0 => {
+                        let _ = buf.split_to(whole + n);
+                        skip -= 1;
+                    }
+                    Ok(Some(n)) => {
+                        confirmed(&buf[whole..whole + n], me);
+                        whole += n;
+                    }
                     Ok(None) => break,
                     // Not RESP as we know it: pass it on as it is.
                     Err(_) => whole = buf.len(),
@@ -124,5 +166,65 @@ pub async fn pump(
     tokio::select! {
         _ = up => {}
         _ = down => {}
+    }
+}
+
+/// The commands a subscribed client sends, parsed from a copy of its bytes for CLIENT
+/// LIST's `cmd=`. A client that sends what does not parse is passed on all the same; its
+/// commands are no longer shown.
+struct Names {
+    parser: RequestParser,
+    buf: BytesMut,
+    reqs: Vec<Request>,
+    broken: bool,
+}
+
+impl Names {
+    fn new() -> Names {
+        Names {
+            parser: RequestParser::new(Limits::default()),
+            buf: BytesMut::new(),
+            reqs: Vec::new(),
+            broken: false,
+        }
+    }
+
+    fn feed(&mut self, bytes: &[u8], me: &Client) {
+        if self.broken {
+            return;
+        }
+        self.buf.extend_from_slice(bytes);
+        if self.parser.parse(&mut self.buf, &mut self.reqs).is_err() {
+            self.broken = true;
+            self.buf = BytesMut::new();
+        }
+        if let Some(c) = self
+            .reqs
+            .iter()
+            .rev()
+            .find_map(|r| crate::command::classify(r).ok())
+        {
+            me.touched(std::time::Instant::now(), self.buf.capacity(), c.spec);
+        }
+        self.reqs.clear();
+    }
+}
+
+/// A reply from the node: a subscription's confirmation (`subscribe`, `unsubscribe`, ...
+/// with its count) updates what CLIENT LIST shows of the client.
+fn confirmed(reply: &[u8], me: &Client) {
+    // Confirmations are arrays (RESP2) or pushes (RESP3) of three; a message is too, but
+    // its kind is `message`, `pmessage` or `smessage`, which `set_subs` ignores.
+    let head = &reply[..reply.len().min(24)];
+    if !matches!(reply.first(), Some(b'*' | b'>'))
+        || reply.len() > 1024
+        || !head.windows(8).any(|w| w.eq_ignore_ascii_case(b"ubscribe"))
+    {
+        return;
+    }
+    if let Ok(Some((Value::Array(items) | Value::Push(items), _))) = parse_value(reply) {
+        if let [Value::Bulk(kind), _, Value::Integer(n)] = items.as_slice() {
+            me.set_subs(kind, (*n).clamp(0, u32::MAX as i64) as u32);
+        }
     }
 }

@@ -4,9 +4,10 @@
 //! command aborts the EXEC (`abort`, the one place that marks it); EXEC and DISCARD end
 //! both the queue and the watch.
 
-use bytes::Bytes;
+use bytes::{Bytes, BytesMut};
 
 use super::dedicated::DedicatedWorker;
+use crate::resp::{ReplyFramer, Request};
 
 /// The commands of a MULTI, queued.
 pub struct Queued {
@@ -18,6 +19,13 @@ pub struct Queued {
     pub writes: Vec<Bytes>,
     /// A command was refused: EXEC answers EXECABORT.
     pub dirty: bool,
+    /// Commands the proxy answers itself (CLIENT SETNAME, CLIENT ID, ...), run at EXEC in
+    /// their turn, with their place among all the queued commands: their replies go into
+    /// EXEC's reply there (`splice`).
+    pub locals: Vec<(usize, Request)>,
+    /// The database a queued SELECT moves the client to once EXEC has run (the SELECT
+    /// itself goes to the node, so the commands after it run in that database there).
+    pub select: Option<u32>,
 }
 
 /// MULTI and WATCH of one connection.
@@ -40,9 +48,12 @@ impl Txn {
 
     /// How many commands are queued (CLIENT LIST's `multi`), and their size.
     pub fn queued(&self) -> Option<(usize, usize)> {
-        self.multi
-            .as_ref()
-            .map(|q| (q.wires.len(), q.wires.iter().map(|w| w.len()).sum()))
+        self.multi.as_ref().map(|q| {
+            (
+                q.wires.len() + q.locals.len(),
+                q.wires.iter().map(|w| w.len()).sum(),
+            )
+        })
     }
 
     /// MULTI. False when one is open already (Redis refuses to nest them).
@@ -55,6 +66,8 @@ impl Txn {
             node: self.watch.as_ref().map(|w| w.0),
             writes: Vec::new(),
             dirty: false,
+            locals: Vec::new(),
+            select: None,
         });
         true
     }
@@ -84,6 +97,23 @@ impl Txn {
         q.wires.push(wire);
         q.writes.extend(writes);
         Ok(())
+    }
+
+    /// Queues a command the proxy answers itself, run at EXEC in its turn.
+    pub fn queue_local(&mut self, req: Request) {
+        let q = self
+            .multi
+            .as_mut()
+            .expect("queue_local() inside MULTI only");
+        q.locals.push((q.wires.len() + q.locals.len(), req));
+    }
+
+    /// A queued SELECT of `db` (sent to the node in its turn): the client is in `db` after
+    /// EXEC.
+    pub fn select_after(&mut self, db: u32) {
+        if let Some(q) = self.multi.as_mut() {
+            q.select = Some(db);
+        }
     }
 
     /// DISCARD: drops the queue and the watch. False without MULTI.
@@ -130,5 +160,69 @@ impl Txn {
     /// ones, so it goes (the queue, if any, stays).
     pub fn forget_watch(&mut self) {
         self.watch = None;
+    }
+}
+
+/// EXEC's reply from the node with the replies of the commands the proxy ran itself put in
+/// their places (`Queued::locals`). A reply that is not an array (EXEC's nil when a watched
+/// key changed, an error) is returned as it is.
+pub fn splice(exec: Bytes, locals: &[(usize, Bytes)]) -> Bytes {
+    if locals.is_empty() || exec.first() != Some(&b'*') {
+        return exec;
+    }
+    let Some(end) = exec.iter().position(|&b| b == b'\n') else {
+        return exec;
+    };
+    let Some(n) = std::str::from_utf8(&exec[1..end.saturating_sub(1)])
+        .ok()
+        .and_then(|n| n.parse::<usize>().ok())
+    else {
+        return exec;
+    };
+    let mut out = BytesMut::with_capacity(exec.len() + 64);
+    out.extend_from_slice(format!("*{}\r\n", n + locals.len()).as_bytes());
+    let mut framer = ReplyFramer::new(usize::MAX);
+    let (mut at, mut from_node, mut local) = (end + 1, 0, locals.iter().peekable());
+    for place in 0..n + locals.len() {
+        if let Some((_, b)) = local.next_if(|(p, _)| *p == place) {
+            out.extend_from_slice(b);
+            continue;
+        }
+        if from_node == n {
+            break;
+        }
+        match framer.next_len(&exec[at..]) {
+            Ok(Some(len)) => {
+                out.extend_from_slice(&exec[at..at + len]);
+                at += len;
+                from_node += 1;
+            }
+            _ => return exec,
+        }
+    }
+    out.freeze()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_proxys_own_replies_go_into_execs_reply_in_their_places() {
+        let exec = Bytes::from_static(b"*2\r\n+OK\r\n$1\r\nx\r\n");
+        let locals = [
+            (0, Bytes::from_static(b":7\r\n")),
+            (2, Bytes::from_static(b"+OK\r\n")),
+            (4, Bytes::from_static(b"$2\r\nnm\r\n")),
+        ];
+        assert_eq!(
+            &splice(exec, &locals)[..],
+            b"*5\r\n:7\r\n+OK\r\n+OK\r\n$1\r\nx\r\n$2\r\nnm\r\n"
+        );
+        // A transaction that a changed watched key aborted keeps its nil.
+        let nil = Bytes::from_static(b"*-1\r\n");
+        assert_eq!(&splice(nil.clone(), &locals)[..], &nil[..]);
+        let abort = Bytes::from_static(b"-EXECABORT x\r\n");
+        assert_eq!(&splice(abort.clone(), &locals)[..], &abort[..]);
     }
 }
