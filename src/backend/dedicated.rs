@@ -16,6 +16,7 @@ pub struct Dedicated {
     stream: Stream,
     buf: BytesMut,
     framer: ReplyFramer,
+    max_reply_bulk: usize,
 }
 
 impl Dedicated {
@@ -29,6 +30,7 @@ impl Dedicated {
             stream,
             buf: BytesMut::with_capacity(16 * 1024),
             framer: ReplyFramer::new(max_reply_bulk),
+            max_reply_bulk,
         }
     }
 
@@ -69,6 +71,11 @@ impl Dedicated {
             buf: self.buf.split_to(pos).freeze(),
             ends,
         })
+    }
+
+    /// The largest bulk reply its framer takes.
+    pub fn max_reply_bulk(&self) -> usize {
+        self.max_reply_bulk
     }
 
     /// Whether the node closed this (idle) connection: see `Stream::peer_closed`.

@@ -145,18 +145,16 @@ impl Node {
     /// the node. Opening one per subscription made the SUBSCRIBE wait for a connect and a
     /// handshake while a PUBLISH sent right after it by another client went out at once
     /// on a shared connection, and 83 such messages in 100 were lost, against none
-    /// directly (tests/client_suites.rs). Each take opens the next one; None when none
-    /// is open (the first subscription of a worker, or one the node closed).
-    pub fn take_spare(self: &Arc<Self>, proto: Proto) -> Option<super::Dedicated> {
+    /// directly (tests/client_suites.rs). The taker opens the next one (`warm_spare`)
+    /// once its SUBSCRIBE is out. None when none is open (the first subscription to a
+    /// cluster node, or one the node closed).
+    pub fn take_spare(&self, proto: Proto) -> Option<super::Dedicated> {
         let key = (proto == Proto::Resp3, worker());
-        let got = self
-            .spares
+        self.spares
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .remove(&key)
-            .filter(|d| !d.peer_closed());
-        self.warm_spare(proto);
-        got
+            .filter(|d| !d.peer_closed())
     }
 
     /// Opens the spare connection `take_spare` gives, in the background, on this worker

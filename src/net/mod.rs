@@ -83,6 +83,15 @@ impl Stream {
         )
     }
 
+    /// Writes what the socket takes now, without waiting: over TLS nothing (`WouldBlock`),
+    /// as the record layer needs the async path.
+    pub fn try_write(&self, buf: &[u8]) -> io::Result<usize> {
+        match self {
+            Stream::Tcp(s) => s.try_write(buf),
+            Stream::Tls(_) => Err(io::ErrorKind::WouldBlock.into()),
+        }
+    }
+
     pub fn into_split(self) -> (ReadHalf, WriteHalf) {
         match self {
             Stream::Tcp(s) => {

@@ -173,7 +173,8 @@ pub(super) async fn resume(s: &mut Session, p: Box<Paused>, rb: &mut RoundBuilde
             let mut hs = n.handshake(s.proto(), s.db());
             // The client talks to the node from now on: it keeps its name there.
             hs.name = s.name().cloned();
-            match tunnel::open(&n, &hs, req.wire()).await {
+            let now = rb.jobs.is_empty();
+            match tunnel::open(&n, &hs, req.wire(), now).await {
                 Ok(start) => Ok(Flow::Tunnel(start)),
                 Err(e) => {
                     rb.slots
@@ -368,7 +369,17 @@ fn plain(
         Route::Local => return Ok(local::handle(s, req, c, rb)),
         Route::Transaction => return Ok(local::transaction(s, req, c, rb)),
         Route::Subscribe => match pubsub_node(s, req) {
-            Ok(node) => return Err(Wait::Subscribe(node)),
+            Ok(node) => {
+                // Nothing read before it is still to send: the SUBSCRIBE leaves now, on a
+                // connection opened ahead, if one waits (`tunnel::open_now`).
+                if rb.jobs.is_empty() && s.db() == 0 {
+                    let n = s.ctx().backend.node(node).clone();
+                    if let Some(start) = tunnel::open_now(&n, s.proto(), s.name(), req.wire()) {
+                        return Ok(Flow::Tunnel(start));
+                    }
+                }
+                return Err(Wait::Subscribe(node));
+            }
             Err(e) => rb.slots.push(Slot::Ready(e)),
         },
         Route::Unsupported(why) => rb

@@ -217,10 +217,10 @@ async fn burst(
     let mut last = None;
     while let Some(req) = reqs_iter.next() {
         // CLIENT REPLY OFF or SKIP: this command's replies are awaited but not written.
-        let quiet = s.reply_quiet();
+        // As on Redis, that is decided once the command ran (CLIENT REPLY ON is answered).
         let first = rb.slots.len();
         let Some((b, hook, shown)) = step::begin(s, req, &mut rb, &mut last, monitored) else {
-            if quiet {
+            if s.reply_quiet() {
                 hush(&mut rb, first);
             }
             s.reply_ran();
@@ -247,7 +247,7 @@ async fn burst(
                 rb.slots.push(Slot::Seen(Box::new(slot), hook));
             }
         }
-        if quiet {
+        if s.reply_quiet() {
             hush(&mut rb, mark);
         }
         s.reply_ran();

@@ -46,12 +46,74 @@ pub struct TunnelEnd {
     skip: usize,
 }
 
+/// A tunnel on the connection `node` opened ahead (`Node::take_spare`), with the SUBSCRIBE
+/// (`first`) written at once, in the step that read it: None when no connection waits.
+/// For a client in database 0 with nothing read before it still to send: a PUBLISH that
+/// another client sends right after the SUBSCRIBE then finds the subscription in place,
+/// as it would directly. A name the client gave itself is set first, its reply not
+/// passed on.
+pub fn open_now(
+    node: &Arc<Node>,
+    proto: Proto,
+    name: Option<&Bytes>,
+    first: Bytes,
+) -> Option<Start> {
+    let spare = node.take_spare(proto)?;
+    let mut wires = Vec::with_capacity(2);
+    if let Some(name) = name {
+        let mut setname = BytesMut::new();
+        encode_command(&[b"CLIENT".as_slice(), b"SETNAME", name], &mut setname);
+        wires.push(setname.freeze());
+    }
+    let skip = wires.len();
+    wires.push(first);
+    let max_bulk = spare.max_reply_bulk();
+    let (stream, leftover) = spare.into_parts();
+    // What the socket does not take now (over TLS, all of it) the pump writes first.
+    let mut pending = Vec::new();
+    for w in wires {
+        if !pending.is_empty() {
+            pending.push(w);
+            continue;
+        }
+        match stream.try_write(&w) {
+            Ok(n) if n == w.len() => {}
+            Ok(n) => pending.push(w.slice(n..)),
+            Err(_) => pending.push(w),
+        }
+    }
+    let (backend_r, backend_w) = stream.into_split();
+    node.warm_spare(proto);
+    Some(Start {
+        backend_w,
+        pending,
+        end: Some(TunnelEnd {
+            backend_r,
+            leftover,
+            skip,
+        }),
+        proto,
+        max_bulk,
+    })
+}
+
 /// Opens a tunnel to `node` on a connection made with `hs`; `first` (the SUBSCRIBE) is
 /// the first thing sent on it. A connection the node opened ahead (`Node::take_spare`)
 /// is taken when the client is in database 0, so the SUBSCRIBE leaves at once; a name
 /// the client gave itself is then set on it first, its reply not passed on.
-pub async fn open(node: &Arc<Node>, hs: &Handshake, first: Bytes) -> Result<Start, BackendError> {
+///
+/// `now`: nothing the session read before the SUBSCRIBE is still to be sent, so it is
+/// written to the node here, at once, rather than when the writer hands over the client's
+/// connection: a PUBLISH another client sends right after it then finds the subscription
+/// in place, as it would directly.
+pub async fn open(
+    node: &Arc<Node>,
+    hs: &Handshake,
+    first: Bytes,
+    now: bool,
+) -> Result<Start, BackendError> {
     let spare = (hs.db == 0).then(|| node.take_spare(hs.proto)).flatten();
+    node.warm_spare(hs.proto);
     let (conn, pending, skip) = match spare {
         Some(d) => match &hs.name {
             Some(name) => {
@@ -63,7 +125,20 @@ pub async fn open(node: &Arc<Node>, hs: &Handshake, first: Bytes) -> Result<Star
         },
         None => (Dedicated::open(hs).await?, vec![first], 0),
     };
-    let (stream, leftover) = conn.into_parts();
+    let (mut stream, leftover) = conn.into_parts();
+    let mut pending = pending;
+    if now {
+        for p in pending.drain(..) {
+            stream
+                .write_all(&p)
+                .await
+                .map_err(|e| BackendError::Io(e.to_string()))?;
+        }
+        stream
+            .flush()
+            .await
+            .map_err(|e| BackendError::Io(e.to_string()))?;
+    }
     let (backend_r, backend_w) = stream.into_split();
     Ok(Start {
         backend_w,
