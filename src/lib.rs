@@ -29,8 +29,8 @@
 //! |            | Redis Cluster (slot map kept current, MOVED/ASK followed in the call)  |
 //! | `net`      | streams plain or TLS behind one type; client and node TLS (rustls)     |
 //! | `proxy`    | listener and worker threads, session (read, a round per read), step    |
-//! |            | (classify once, admit), handle (decide, observe, act: synchronous, the |
-//! |            | waits boxed), reply; the clients as CLIENT LIST shows                  |
+//! |            | (classify once, check the ACL, admit), handle (decide, observe, act:   |
+//! |            | synchronous, the waits boxed), reply; the clients as CLIENT LIST shows |
 //! |            | them, the ACL commands,                                                |
 //! |            | client-side caching (CLIENT TRACKING, invalidate pushes)               |
 //! | `admin`    | HTTP: /metrics /healthz /readyz /hotkeys /rules                        |

@@ -173,9 +173,34 @@ impl Selector {
         Ok(())
     }
 
+    /// Whether the selector's command rules allow `spec`. A command learned from the
+    /// nodes has no bit: the rules are replayed over it in order (`+@all`, its categories,
+    /// its name), the last one that names it deciding, as Redis decides for a command
+    /// added after the rules were set.
+    fn allows_command(&self, spec: &'static Spec) -> bool {
+        if let Some(i) = index(spec) {
+            return self.bit(i);
+        }
+        let mut on = self.all_cmds;
+        let name = spec.fullname();
+        for r in &self.rules {
+            let (plus, what) = (r.starts_with('+'), &r[1..]);
+            let names_it = what == "@all"
+                || what == name
+                || what
+                    .strip_prefix('@')
+                    .and_then(cat::by_name)
+                    .is_some_and(|bit| spec.cats & bit != 0);
+            if names_it {
+                on = plus;
+            }
+        }
+        on
+    }
+
     /// Does this selector allow `c` with these arguments?
     fn allows<A: Args + ?Sized>(&self, c: &Classified, args: &A) -> Result<(), Denied> {
-        if !c.spec.has(flags::NO_AUTH) && !self.bit(index(c.spec)) {
+        if !c.spec.has(flags::NO_AUTH) && !self.allows_command(c.spec) {
             return Err(Denied::Command(c.spec.fullname()));
         }
         if c.route == command::Route::Subscribe && !self.unrestricted() {
@@ -301,7 +326,8 @@ fn picked(what: &str) -> Result<Vec<usize>, &'static str> {
     if what.contains('|') && spec.name.contains(' ') != what.contains('|') {
         return Err(UNKNOWN);
     }
-    let mut v = vec![index(spec)];
+    // A learned command has no bit: `allows_command` replays the rule that names it.
+    let mut v: Vec<usize> = index(spec).into_iter().collect();
     if spec.is_container() {
         let prefix = format!("{} ", spec.name);
         v.extend((0..specs.len()).filter(|&i| specs[i].name.starts_with(&prefix)));
@@ -309,12 +335,15 @@ fn picked(what: &str) -> Result<Vec<usize>, &'static str> {
     Ok(v)
 }
 
-/// The position of a spec in `command::all()`.
-fn index(spec: &'static Spec) -> usize {
+/// The position of a spec in `command::all()`; None for one learned from the nodes.
+fn index(spec: &'static Spec) -> Option<usize> {
+    if command::is_learned(spec) {
+        return None;
+    }
     let base = command::all().as_ptr() as usize;
     let i = (spec as *const Spec as usize - base) / std::mem::size_of::<Spec>();
     debug_assert!(std::ptr::eq(&command::all()[i], spec));
-    i
+    Some(i)
 }
 
 /// Why a command was refused.

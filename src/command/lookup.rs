@@ -1,5 +1,6 @@
 //! Case-insensitive name lookup without allocation: two open-addressing indexes over the
-//! generated table (commands, and "PARENT SUB" subcommands), built at compile time.
+//! generated table (commands, and "PARENT SUB" subcommands), built at compile time. A
+//! name they lack is looked for among the commands learned from the nodes (`learned`).
 
 use super::table::SPECS;
 use super::Spec;
@@ -109,12 +110,19 @@ fn probe<const N: usize>(
 /// A top-level command (never a subcommand, even if `name` holds a space).
 #[inline]
 pub(super) fn top(name: &[u8]) -> Option<&'static Spec> {
-    if name.len() > MAX_NAME {
+    if name.len() <= MAX_NAME {
+        let found = probe(&TOP, hash(FNV_OFFSET, name), |spec| {
+            spec.name.as_bytes().eq_ignore_ascii_case(name)
+        });
+        if found.is_some() {
+            return found;
+        }
+    }
+    // Not built in: one the nodes taught us, if any (`learned`).
+    if name.contains(&b' ') {
         return None;
     }
-    probe(&TOP, hash(FNV_OFFSET, name), |spec| {
-        spec.name.as_bytes().eq_ignore_ascii_case(name)
-    })
+    super::learned::get(name)
 }
 
 /// A subcommand of `parent`, which comes from the table.
@@ -123,12 +131,22 @@ pub(super) fn sub(parent: &'static Spec, sub_name: &[u8]) -> Option<&'static Spe
     if sub_name.len() > MAX_NAME {
         return None;
     }
-    let h = hash(hash(hash(FNV_OFFSET, p), b" "), sub_name);
-    probe(&SUB, h, |spec| {
-        let n = spec.name.as_bytes();
-        n.len() == p.len() + 1 + sub_name.len()
-            && n.starts_with(p)
-            && n[p.len()] == b' '
-            && n[p.len() + 1..].eq_ignore_ascii_case(sub_name)
-    })
+    if !super::learned::is_learned(parent) {
+        let h = hash(hash(hash(FNV_OFFSET, p), b" "), sub_name);
+        let found = probe(&SUB, h, |spec| {
+            let n = spec.name.as_bytes();
+            n.len() == p.len() + 1 + sub_name.len()
+                && n.starts_with(p)
+                && n[p.len()] == b' '
+                && n[p.len() + 1..].eq_ignore_ascii_case(sub_name)
+        });
+        if found.is_some() {
+            return found;
+        }
+    }
+    // A learned container's, or one a newer node added to a built-in container.
+    let mut full = p.to_vec();
+    full.push(b' ');
+    full.extend_from_slice(sub_name);
+    super::learned::get(&full)
 }

@@ -8,11 +8,15 @@
 
 mod error;
 mod keys;
+mod learned;
 mod lookup;
 mod table;
 
 pub use error::CommandError;
 pub use keys::sort_patterns;
+pub use learned::{
+    is_learned, learn, learn_arity, learned, BeginSearch, FindKeys, KeySpecInfo, Learned,
+};
 pub use lookup::{all, lookup, lookup_sub};
 
 use smallvec::SmallVec;
@@ -90,6 +94,9 @@ pub mod flags {
     pub const COUNTER: u32 = 1 << 24;
     /// The proxy's: a container whose second argument names a subcommand (CLIENT, CONFIG..).
     pub const CONTAINER: u32 = 1 << 25;
+    /// The proxy's: a command learned from the nodes whose keys its key specs do not
+    /// give; only a node can place it (one node: forwarded; a pool or cluster: refused).
+    pub const UNPLACED: u32 = 1 << 26;
 }
 
 /// Redis's ACL categories (`ACL CAT`), one bit each, as `COMMAND INFO` gives them per
@@ -333,7 +340,7 @@ pub fn classify<A: Args + ?Sized>(args: &A) -> Result<Classified, CommandError> 
             None => return Err(CommandError::unknown_subcommand(args)),
         };
     }
-    if !spec.arity_accepts(argc) {
+    if !spec.arity_accepts(argc) && !learned::accepts(spec, argc) {
         return Err(CommandError::Arity(spec));
     }
     let mut keys = SmallVec::new();

@@ -1,4 +1,5 @@
-//! One command of a session: check (auth, ACL) -> order (another connection, a task) ->
+//! One command of a session: `check` (auth, ACL; `step::begin` runs it before admission)
+//! -> order (another connection, a task) ->
 //! decide (`plan::decide`, once) -> observe (`plan::observe`) -> act: the plan carried out
 //! into the read's round. `session` calls it for each command it reads.
 //!
@@ -345,6 +346,16 @@ fn plain(
         }
         Route::Split(kind) => split(s, req, c, kind, rb),
         Route::AllNodes(agg) => all_nodes(s, req, c, agg, rb),
+        // A command learned from the nodes whose keys the proxy cannot find: one node
+        // places them itself; over several, its keys' node is unknown.
+        Route::AnyNode
+            if c.spec.has(crate::command::flags::UNPLACED) && !s.ctx().backend.is_single() =>
+        {
+            rb.slots.push(Slot::Ready(err_bytes(&format!(
+                "ERR saltshaker: {} is known to the nodes, but its key specs do not say where its keys are: it is served over one node only",
+                c.spec.fullname()
+            ))))
+        }
         Route::AnyNode => {
             let node = if is_pubsub_command(c.spec.name) {
                 pubsub_node(s, req)

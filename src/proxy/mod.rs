@@ -28,9 +28,10 @@
 //!   and its kin, and which keys a tracking client is told about), `end` (how a
 //!   connection's read phase hands over or closes), `local` (commands answered here,
 //!   transactions);
-//! - top: `handle` (one command: check, order, decide once, observe, act; synchronous, a
-//!   wait comes back as `Flow::Wait`), `step` (one command of a read: classify, admit, the
-//!   whole path when nothing waits, the waits boxed), `session` (the read loop: read, parse,
+//! - top: `handle` (one command: the ACL check that `step` runs first, then order,
+//!   decide once, observe, act; synchronous, a wait comes back as `Flow::Wait`), `step`
+//!   (one command of a read: classify, check the ACL, admit, the whole path when nothing
+//!   waits, the waits boxed), `session` (the read loop: read, parse,
 //!   a round per read; each read's handling a small boxed future, so an idle connection
 //!   holds little), `reply` (the writer), and this file (the listener, the worker threads
 //!   and the background tasks).

@@ -1,9 +1,12 @@
 //! Pub/sub: once a client subscribes, its connection becomes a tunnel to the pub/sub node.
 //!
 //! Over a pool, every channel lives on the first node (PUBLISH goes there too), so a
-//! message published through any proxy reaches every subscriber. The tunnel opens a
-//! dedicated connection in the client's protocol, forwards the SUBSCRIBE and everything
-//! the client sends after it, and copies the node's bytes back until either side closes.
+//! message published through any proxy reaches every subscriber. The tunnel takes a
+//! connection of its own in the client's protocol (one the node's worker opened ahead,
+//! `open_now`, else a new one), forwards the SUBSCRIBE and everything the client sends
+//! after it, and copies the node's bytes back until either side closes. On the way it
+//! reads the subscriptions' confirmations and the client's commands for CLIENT LIST
+//! (`sub`, `psub`, `ssub`, the `P` flag, `cmd`).
 //! Replies to commands sent before SUBSCRIBE are written first: the writer hands over the
 //! client's write half only after the round that holds SUBSCRIBE.
 //!

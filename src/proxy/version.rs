@@ -1,5 +1,9 @@
-//! The Redis version the proxy reports in HELLO: the lowest `redis_version` among its
-//! nodes, read from `INFO server` before the proxy serves and again every minute.
+//! What the proxy learns of its nodes before it serves and again every minute: the Redis
+//! version it reports in HELLO (the lowest `redis_version` among them, from `INFO
+//! server`), and the commands they know that its table lacks (`COMMAND LIST`, then
+//! `COMMAND INFO` of those alone, `command::learn`). A node upgraded in a rolling upgrade
+//! teaches its new commands within a minute; until then that node's clients get `unknown
+//! command` from the proxy, as from an older node.
 //!
 //! A client may turn features on by that version: redis-py's client-side cache, for one,
 //! starts only when HELLO says 7.4 or later. So the proxy never reports a version that some
@@ -69,13 +73,17 @@ pub async fn learn(backend: &Backend, version: &NodeVersion) -> bool {
     for node in &nodes {
         let (backend, ask, index) = (backend.clone(), ask.clone(), node.index);
         asks.spawn(async move {
-            match crate::salt::call(&backend, &[(index, ask)])
+            let v = match crate::salt::call(&backend, &[(index, ask)])
                 .await
                 .as_deref()
             {
                 Ok([Value::Bulk(b)]) => parse(b),
                 _ => None,
+            };
+            if v.is_some() {
+                learn_commands(&backend, index).await;
             }
+            v
         });
     }
     let (mut lowest, mut answered) = (None::<String>, 0);
@@ -95,6 +103,141 @@ pub async fn learn(backend: &Backend, version: &NodeVersion) -> bool {
         version.0.store(Arc::new(v));
     }
     answered == nodes.len()
+}
+
+/// Learns the commands node `index` lists that the table lacks, and the arity it gives
+/// the ones the table has (a form a newer node accepts is not refused). The names are
+/// asked in groups, so one reply stays small.
+async fn learn_commands(backend: &Backend, index: usize) {
+    let list = crate::backend::wire(&["COMMAND", "LIST"]);
+    let names: Vec<String> = match crate::salt::call(backend, &[(index, list)])
+        .await
+        .as_deref()
+    {
+        Ok([Value::Array(names)]) => names.iter().filter_map(text).collect(),
+        _ => return,
+    };
+    for group in names.chunks(32) {
+        let mut args = vec!["COMMAND", "INFO"];
+        args.extend(group.iter().map(String::as_str));
+        let ask = crate::backend::wire(&args);
+        let Ok(replies) = crate::salt::call(backend, &[(index, ask)]).await else {
+            return;
+        };
+        let Some(Value::Array(infos)) = replies.first() else {
+            return;
+        };
+        for info in infos.iter().filter_map(learned_of) {
+            if crate::command::lookup(info.name.as_bytes()).is_some() {
+                crate::command::learn_arity(&info.name, info.arity);
+                for sub in &info.subcommands {
+                    crate::command::learn_arity(&sub.name, sub.arity);
+                }
+                continue;
+            }
+            if crate::command::learn(&info) {
+                tracing::info!(command = %info.name, node = %backend.node(index).addr, "learned a command from a node");
+            }
+        }
+    }
+}
+
+/// A string of a reply: a bulk or simple string.
+fn text(v: &Value) -> Option<String> {
+    match v {
+        Value::Bulk(b) | Value::Simple(b) => Some(String::from_utf8_lossy(b).into_owned()),
+        _ => None,
+    }
+}
+
+fn int(v: &Value) -> Option<i64> {
+    match v {
+        Value::Integer(n) => Some(*n),
+        _ => None,
+    }
+}
+
+/// The value of `key` in a map reply (RESP2's flat array of pairs, or RESP3's map).
+fn field<'a>(v: &'a Value, key: &str) -> Option<&'a Value> {
+    match v {
+        Value::Array(items) => items
+            .chunks(2)
+            .find(|kv| text(&kv[0]).is_some_and(|k| k == key))
+            .and_then(|kv| kv.get(1)),
+        Value::Map(pairs) => pairs
+            .iter()
+            .find(|(k, _)| text(k).is_some_and(|k| k == key))
+            .map(|(_, v)| v),
+        _ => None,
+    }
+}
+
+fn texts(v: Option<&Value>) -> Vec<String> {
+    match v {
+        Some(Value::Array(a) | Value::Set(a)) => a.iter().filter_map(text).collect(),
+        _ => Vec::new(),
+    }
+}
+
+/// One entry of a `COMMAND INFO` reply (Redis 7's ten fields); None for a nil entry.
+fn learned_of(v: &Value) -> Option<crate::command::Learned> {
+    use crate::command::{BeginSearch, FindKeys, KeySpecInfo, Learned};
+    let Value::Array(f) = v else { return None };
+    let name = text(f.first()?)?;
+    let arity = int(f.get(1)?)?;
+    let spec_of = |ks: &Value| {
+        let begin = field(ks, "begin_search")?;
+        let spec = field(begin, "spec")?;
+        let begin = match text(field(begin, "type")?)?.as_str() {
+            "index" => BeginSearch::Index(int(field(spec, "index")?)?),
+            "keyword" => BeginSearch::Keyword {
+                keyword: text(field(spec, "keyword")?)?,
+                startfrom: int(field(spec, "startfrom")?)?,
+            },
+            _ => BeginSearch::Unknown,
+        };
+        let find = field(ks, "find_keys")?;
+        let spec = field(find, "spec")?;
+        let find = match text(field(find, "type")?)?.as_str() {
+            "range" => FindKeys::Range {
+                lastkey: int(field(spec, "lastkey")?)?,
+                keystep: int(field(spec, "keystep")?)?,
+                limit: int(field(spec, "limit")?)?,
+            },
+            "keynum" => FindKeys::Keynum {
+                keynumidx: int(field(spec, "keynumidx")?)?,
+                firstkey: int(field(spec, "firstkey")?)?,
+                keystep: int(field(spec, "keystep")?)?,
+            },
+            _ => FindKeys::Unknown,
+        };
+        Some(KeySpecInfo { begin, find })
+    };
+    let key_specs = match f.get(8) {
+        // A spec that cannot be read leaves the keys unknown (an Unknown search).
+        Some(Value::Array(specs)) => specs
+            .iter()
+            .map(|ks| {
+                spec_of(ks).unwrap_or(KeySpecInfo {
+                    begin: BeginSearch::Unknown,
+                    find: FindKeys::Unknown,
+                })
+            })
+            .collect(),
+        _ => Vec::new(),
+    };
+    let subcommands = match f.get(9) {
+        Some(Value::Array(subs)) => subs.iter().filter_map(learned_of).collect(),
+        _ => Vec::new(),
+    };
+    Some(Learned {
+        name,
+        arity: i32::try_from(arity).ok()?,
+        flags: texts(f.get(2)),
+        cats: texts(f.get(6)),
+        key_specs,
+        subcommands,
+    })
 }
 
 #[cfg(test)]

@@ -34,6 +34,11 @@ impl RedisCluster {
     /// `masters` masters with `replicas` replicas each, every slot assigned, every node
     /// agreeing that the cluster is ok.
     pub fn start(masters: usize, replicas: usize) -> RedisCluster {
+        RedisCluster::start_bin("redis-server", masters, replicas)
+    }
+
+    /// `start`, with the server binary `bin` (`redis8()`).
+    pub fn start_bin(bin: &str, masters: usize, replicas: usize) -> RedisCluster {
         need_redis();
         need_tool("redis-cli");
         let nodes: Vec<Redis> = (0..masters * (1 + replicas))
@@ -41,7 +46,7 @@ impl RedisCluster {
             // the keyspace served while a master fails over set it, and the failure tests
             // need it. repl-diskless-sync-delay 0: a replica syncs at once (the default
             // waits 5 s for more replicas), so a master killed early can fail over.
-            .map(|_| Redis::start_on(&Self::node_args(), cluster_port))
+            .map(|_| Redis::start_bin(bin, &Self::node_args(), cluster_port))
             .collect();
         let addrs: Vec<String> = nodes.iter().map(|n| n.addr()).collect();
         let out = Command::new("redis-cli")

@@ -137,6 +137,21 @@ pub struct Redis {
     dir: PathBuf,
     args: Vec<String>,
     child: Option<Child>,
+    /// The server binary: `redis-server` on the PATH, or another version's (`redis8`).
+    bin: String,
+}
+
+/// Redis 8's `redis-server`, which `scripts/install-deps.sh` builds; the test fails
+/// naming it when it is missing.
+pub fn redis8() -> String {
+    let dir = std::env::var("SALTSHAKER_REDIS_NEW_DIR")
+        .unwrap_or_else(|_| "/usr/local/lib/saltshaker-test/redis-8.0.2".into());
+    let bin = format!("{dir}/redis-server");
+    assert!(
+        std::path::Path::new(&bin).exists(),
+        "redis-server 8.0.2 is missing ({bin}): run scripts/install-deps.sh"
+    );
+    bin
 }
 
 impl Redis {
@@ -150,12 +165,18 @@ impl Redis {
 
     /// `start_with`, taking ports from `port` (a cluster node needs port + 10000 free).
     pub fn start_on(args: &[&str], port: fn() -> u16) -> Redis {
+        Redis::start_bin("redis-server", args, port)
+    }
+
+    /// A server from the binary `bin` (`redis8()`).
+    pub fn start_bin(bin: &str, args: &[&str], port: fn() -> u16) -> Redis {
         let dir = temp_dir("redis");
         let mut r = Redis {
             port: 0,
             dir,
             args: args.iter().map(|s| s.to_string()).collect(),
             child: None,
+            bin: bin.to_string(),
         };
         // A port picked by free_port() can be taken by a parallel test before
         // redis-server binds it: pick again rather than fail.
@@ -175,7 +196,7 @@ impl Redis {
     fn spawn(&mut self) -> bool {
         let port = self.port.to_string();
         let dir = self.dir.to_string_lossy().to_string();
-        let mut cmd = Command::new("redis-server");
+        let mut cmd = Command::new(&self.bin);
         cmd.args([
             "--port",
             &port,

@@ -1,0 +1,432 @@
+//! Commands learned from the nodes: what a node lists in `COMMAND LIST` and the built-in
+//! table lacks (Redis 8's vector sets, Valkey 9's DELIFEQ and MSETEX, a module's commands)
+//! becomes a `Spec` of its own, from the node's `COMMAND INFO`: arity, flags, ACL
+//! categories and key positions (its key specs). The built-in table stays the authority
+//! for every command it has; a learned one is looked up only when it has none
+//! (`lookup::top`), so the request path of a built-in command is unchanged.
+//!
+//! A learned spec is leaked once and lives as long as the process, as the built-in ones
+//! are `'static`: a node lists a few hundred commands at most, and a name is learned once.
+//! `backend::learn` reads the replies and calls `learn`; this module parses nothing.
+
+use std::collections::HashMap;
+use std::sync::{OnceLock, RwLock};
+
+use super::{cat, flags, KeySpec, Route, Spec};
+
+/// What a node's `COMMAND INFO` says of one command.
+#[derive(Debug, Clone, Default)]
+pub struct Learned {
+    /// As the node gives it (any case); a subcommand's is `parent|sub`.
+    pub name: String,
+    pub arity: i32,
+    /// Flag names: `write`, `readonly`, `blocking`, `movablekeys`, ...
+    pub flags: Vec<String>,
+    /// ACL categories, with or without their `@`.
+    pub cats: Vec<String>,
+    pub key_specs: Vec<KeySpecInfo>,
+    pub subcommands: Vec<Learned>,
+}
+
+/// One key spec of `COMMAND INFO` (Redis 7+).
+#[derive(Debug, Clone)]
+pub struct KeySpecInfo {
+    pub begin: BeginSearch,
+    pub find: FindKeys,
+}
+
+#[derive(Debug, Clone)]
+pub enum BeginSearch {
+    /// The first key's argument index.
+    Index(i64),
+    /// After this keyword, searched from `startfrom` (negative: from the end).
+    Keyword {
+        keyword: String,
+        startfrom: i64,
+    },
+    Unknown,
+}
+
+#[derive(Debug, Clone)]
+pub enum FindKeys {
+    /// `lastkey` relative to the first key (negative: from the end), every `keystep`.
+    Range {
+        lastkey: i64,
+        keystep: i64,
+        limit: i64,
+    },
+    /// The key count at `keynumidx`, the first key at `firstkey`, both relative to the
+    /// first key's index.
+    Keynum {
+        keynumidx: i64,
+        firstkey: i64,
+        keystep: i64,
+    },
+    Unknown,
+}
+
+/// Learned specs by upper-case name (`VADD`, `FT.SEARCH`, `PARENT SUB`).
+fn table() -> &'static RwLock<HashMap<Vec<u8>, &'static Spec>> {
+    static T: OnceLock<RwLock<HashMap<Vec<u8>, &'static Spec>>> = OnceLock::new();
+    T.get_or_init(RwLock::default)
+}
+
+/// The arity a node gives a built-in command when it differs from the table's (Redis
+/// 7.2's `ZRANK key member WITHSCORE` made ZRANK's -3 where 7.0 had 3), by name.
+fn arities() -> &'static RwLock<HashMap<&'static str, i32>> {
+    static A: OnceLock<RwLock<HashMap<&'static str, i32>>> = OnceLock::new();
+    A.get_or_init(RwLock::default)
+}
+
+/// A built-in command's arity as a node gives it: a form the node accepts and the table's
+/// arity does not is then let through (keys found as the table finds them). The widest
+/// any node gave is kept, so a form that some node accepts is never refused by the proxy;
+/// a node that lacks it answers for itself.
+pub fn learn_arity(name: &str, arity: i32) {
+    let Some(spec) = super::lookup(name.replace('|', " ").as_bytes()) else {
+        return;
+    };
+    if is_learned(spec) || spec.arity == arity || covers(spec.arity, arity) {
+        return;
+    }
+    let mut a = arities().write().unwrap_or_else(|p| p.into_inner());
+    let keep = match a.get(spec.name) {
+        Some(&old) if covers(old, arity) => old,
+        _ => arity,
+    };
+    a.insert(spec.name, keep);
+}
+
+/// Whether arity `a` accepts every count that arity `b` accepts.
+fn covers(a: i32, b: i32) -> bool {
+    match (a < 0, b < 0) {
+        (true, true) => -a <= -b,
+        (true, false) => b >= -a,
+        (false, false) => a == b,
+        (false, true) => false,
+    }
+}
+
+/// Whether a node's arity for the built-in `spec` takes `argc` arguments.
+pub(super) fn accepts(spec: &Spec, argc: usize) -> bool {
+    let a = arities().read().unwrap_or_else(|p| p.into_inner());
+    a.get(spec.name).is_some_and(|&arity| {
+        if arity >= 0 {
+            argc == arity as usize
+        } else {
+            argc >= (-arity) as usize
+        }
+    })
+}
+
+/// Most commands learned: a node that lists more is not believed past this.
+const MAX_LEARNED: usize = 4096;
+
+/// Learns a command the built-in table lacks (and its subcommands). False when it is
+/// known already, or the table is full.
+pub fn learn(info: &Learned) -> bool {
+    let name = info.name.to_ascii_uppercase();
+    if let Some((parent, sub)) = name.split_once('|') {
+        return learn_sub(parent, sub, info);
+    }
+    if name.is_empty() || name.len() > 64 || super::lookup::top(name.as_bytes()).is_some() {
+        return false;
+    }
+    let mut t = table().write().unwrap_or_else(|p| p.into_inner());
+    if t.contains_key(name.as_bytes()) || t.len() >= MAX_LEARNED {
+        return false;
+    }
+    let container = !info.subcommands.is_empty();
+    t.insert(name.clone().into_bytes(), leak(&name, info, container));
+    for sub in &info.subcommands {
+        let sub_name = sub
+            .name
+            .rsplit('|')
+            .next()
+            .unwrap_or_default()
+            .to_ascii_uppercase();
+        let full = format!("{name} {sub_name}");
+        if !sub_name.is_empty() && !t.contains_key(full.as_bytes()) {
+            t.insert(full.clone().into_bytes(), leak(&full, sub, false));
+        }
+    }
+    true
+}
+
+/// A subcommand the nodes list (Redis 7.2+ list them as `parent|sub`) of a built-in
+/// container that the table lacks (`OBJECT`, `MEMORY`, `XINFO`, ... of a newer node).
+/// The containers the proxy answers itself (CLIENT, CLUSTER, ACL) keep their own
+/// answers: a subcommand of theirs is never sent to a node.
+fn learn_sub(parent: &str, sub: &str, info: &Learned) -> bool {
+    let Some(p) = super::lookup::top(parent.as_bytes()) else {
+        return false;
+    };
+    if !p.is_container() || p.route == Route::Local || is_learned(p) || sub.is_empty() {
+        return false;
+    }
+    if super::lookup::sub(p, sub.as_bytes()).is_some() {
+        return false;
+    }
+    let full = format!("{} {sub}", p.name);
+    let mut t = table().write().unwrap_or_else(|p| p.into_inner());
+    if t.len() >= MAX_LEARNED {
+        return false;
+    }
+    t.insert(full.clone().into_bytes(), leak(&full, info, false));
+    true
+}
+
+/// A learned command by name (any case; `PARENT SUB` for a subcommand).
+pub(super) fn get(name: &[u8]) -> Option<&'static Spec> {
+    if name.len() > 130 {
+        return None;
+    }
+    let upper = name.to_ascii_uppercase();
+    table()
+        .read()
+        .unwrap_or_else(|p| p.into_inner())
+        .get(&upper)
+        .copied()
+}
+
+/// Every learned command and subcommand, by name.
+pub fn learned() -> Vec<&'static Spec> {
+    let t = table().read().unwrap_or_else(|p| p.into_inner());
+    let mut v: Vec<&'static Spec> = t.values().copied().collect();
+    v.sort_by_key(|s| s.name);
+    v
+}
+
+/// Whether `spec` is a learned one (not in the built-in table).
+pub fn is_learned(spec: &Spec) -> bool {
+    let all = super::all();
+    let base = all.as_ptr() as usize;
+    let at = spec as *const Spec as usize;
+    !(at >= base && at < base + std::mem::size_of_val(all))
+}
+
+fn leak(name: &str, info: &Learned, container: bool) -> &'static Spec {
+    Box::leak(Box::new(spec_of(
+        Box::leak(name.to_string().into_boxed_str()),
+        info,
+        container,
+    )))
+}
+
+/// The spec of a learned command.
+fn spec_of(name: &'static str, info: &Learned, container: bool) -> Spec {
+    let mut bits = 0;
+    for f in &info.flags {
+        bits |= flag_bit(&f.to_ascii_lowercase());
+    }
+    if container {
+        bits |= flags::CONTAINER;
+    }
+    let mut cats = 0;
+    for c in &info.cats {
+        cats |= cat::by_name(c.trim_start_matches('@')).unwrap_or(0);
+    }
+    let keys = keys_of(&info.key_specs);
+    let (keys, route) = match keys {
+        Some(KeySpec::None) if bits & flags::MOVABLE_KEYS == 0 => (KeySpec::None, Route::AnyNode),
+        Some(KeySpec::None) | None => {
+            // Keys the proxy cannot find from the specs: the node alone can place them.
+            bits |= flags::UNPLACED;
+            (KeySpec::None, Route::AnyNode)
+        }
+        Some(k) if bits & flags::BLOCKING != 0 => (k, Route::Blocking),
+        Some(k) => (k, Route::Keyed),
+    };
+    Spec {
+        name,
+        arity: info.arity,
+        flags: bits,
+        cats,
+        keys,
+        route,
+    }
+}
+
+/// The key positions of a command's key specs, when one spec of the kinds the table
+/// knows gives them all: None when they cannot be found without the node.
+fn keys_of(specs: &[KeySpecInfo]) -> Option<KeySpec> {
+    let [one] = specs else {
+        return specs.is_empty().then_some(KeySpec::None);
+    };
+    let BeginSearch::Index(at) = one.begin else {
+        return None;
+    };
+    let small = |n: i64| u8::try_from(n).ok();
+    match one.find {
+        FindKeys::Range {
+            lastkey,
+            keystep,
+            limit,
+        } if limit <= 1 => {
+            let first = small(at)?;
+            let last = if lastkey >= 0 {
+                i16::try_from(at + lastkey).ok()?
+            } else {
+                i16::try_from(lastkey).ok()?
+            };
+            Some(KeySpec::Range {
+                first,
+                last,
+                step: small(keystep.max(1))?,
+            })
+        }
+        FindKeys::Keynum {
+            keynumidx,
+            firstkey,
+            keystep,
+        } if firstkey > keynumidx => Some(KeySpec::NumKeys {
+            at: small(at + keynumidx)?,
+            first: small(firstkey - keynumidx)?,
+            step: small(keystep.max(1))?,
+        }),
+        _ => None,
+    }
+}
+
+fn flag_bit(name: &str) -> u32 {
+    match name {
+        "write" => flags::WRITE,
+        "readonly" => flags::READ,
+        "denyoom" => flags::DENYOOM,
+        "admin" => flags::ADMIN,
+        "pubsub" => flags::PUBSUB,
+        "noscript" => flags::NOSCRIPT,
+        "blocking" => flags::BLOCKING,
+        "loading" => flags::LOADING,
+        "stale" => flags::STALE,
+        "skip_monitor" => flags::SKIP_MONITOR,
+        "skip_slowlog" => flags::SKIP_SLOWLOG,
+        "asking" => flags::ASKING,
+        "fast" => flags::FAST,
+        "no_auth" => flags::NO_AUTH,
+        "may_replicate" => flags::MAY_REPLICATE,
+        "no_mandatory_keys" => flags::NO_MANDATORY_KEYS,
+        "no_async_loading" => flags::NO_ASYNC_LOADING,
+        "no_multi" => flags::NO_MULTI,
+        "movablekeys" => flags::MOVABLE_KEYS,
+        "allow_busy" => flags::ALLOW_BUSY,
+        _ => 0,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn range(at: i64, lastkey: i64) -> KeySpecInfo {
+        KeySpecInfo {
+            begin: BeginSearch::Index(at),
+            find: FindKeys::Range {
+                lastkey,
+                keystep: 1,
+                limit: 0,
+            },
+        }
+    }
+
+    #[test]
+    fn a_learned_command_is_looked_up_and_classified_like_a_built_in_one() {
+        let vadd = Learned {
+            name: "vaddtest".into(),
+            arity: -1,
+            flags: vec!["write".into(), "denyoom".into(), "module".into()],
+            cats: vec![],
+            key_specs: vec![range(1, 0)],
+            subcommands: vec![],
+        };
+        assert!(learn(&vadd));
+        assert!(!learn(&vadd), "learned once");
+        let c = super::super::classify(&[b"VAddTest".as_slice(), b"k", b"1"][..]).unwrap();
+        assert_eq!(c.spec.name, "VADDTEST");
+        assert_eq!(c.route, Route::Keyed);
+        assert_eq!(&c.keys[..], &[1]);
+        assert!(c.spec.is_write());
+        assert!(is_learned(c.spec));
+        // A built-in command is never replaced.
+        assert!(!learn(&Learned {
+            name: "get".into(),
+            ..vadd.clone()
+        }));
+        assert!(!is_learned(super::super::lookup(b"GET").unwrap()));
+    }
+
+    #[test]
+    fn a_wider_arity_from_a_node_lets_its_forms_through() {
+        let zrank = [b"ZRANK".as_slice(), b"z", b"m", b"WITHSCORE"];
+        assert!(
+            super::super::classify(&zrank[..]).is_err(),
+            "7.0's arity is 3"
+        );
+        learn_arity("zrank", -3);
+        assert!(super::super::classify(&zrank[..]).is_ok());
+        assert!(
+            super::super::classify(&zrank[..2]).is_err(),
+            "too few still"
+        );
+        assert!(covers(-3, 3) && covers(-2, -3) && !covers(3, -3) && !covers(-4, 3));
+    }
+
+    #[test]
+    fn key_specs_become_the_tables_key_positions() {
+        assert_eq!(
+            keys_of(&[range(1, -1)]),
+            Some(KeySpec::Range {
+                first: 1,
+                last: -1,
+                step: 1
+            })
+        );
+        let keynum = KeySpecInfo {
+            begin: BeginSearch::Index(1),
+            find: FindKeys::Keynum {
+                keynumidx: 0,
+                firstkey: 1,
+                keystep: 2,
+            },
+        };
+        assert_eq!(
+            keys_of(&[keynum]),
+            Some(KeySpec::NumKeys {
+                at: 1,
+                first: 1,
+                step: 2
+            })
+        );
+        let keyword = KeySpecInfo {
+            begin: BeginSearch::Keyword {
+                keyword: "STREAMS".into(),
+                startfrom: 1,
+            },
+            find: FindKeys::Unknown,
+        };
+        assert_eq!(keys_of(&[keyword]), None);
+        assert_eq!(keys_of(&[range(1, 0), range(2, 0)]), None);
+        assert_eq!(keys_of(&[]), Some(KeySpec::None));
+    }
+
+    #[test]
+    fn a_learned_container_has_its_subcommands() {
+        let sub = Learned {
+            name: "ctest|get".into(),
+            arity: 3,
+            flags: vec!["readonly".into()],
+            key_specs: vec![range(2, 0)],
+            ..Learned::default()
+        };
+        assert!(learn(&Learned {
+            name: "CTEST".into(),
+            arity: -2,
+            subcommands: vec![sub],
+            ..Learned::default()
+        }));
+        let c = super::super::classify(&[b"ctest".as_slice(), b"get", b"k"][..]).unwrap();
+        assert_eq!(c.spec.name, "CTEST GET");
+        assert_eq!(&c.keys[..], &[2]);
+        assert!(super::super::classify(&[b"ctest".as_slice(), b"nosuch"][..]).is_err());
+    }
+}

@@ -1,0 +1,161 @@
+//! Commands the nodes know and the proxy's built-in table (Redis 7.0's) lacks: learned from
+//! the nodes' `COMMAND INFO` at startup, then served like built-in ones. Checked against
+//! real Redis 8.0.2 nodes (vector sets, hash field expiry, ZRANK ... WITHSCORE) over one
+//! node, a pool and a Redis Cluster.
+
+mod support;
+
+use std::time::{Duration, Instant};
+use support::cluster::RedisCluster;
+use support::*;
+
+fn unknown(r: &Reply) -> bool {
+    r.is_error() && r.err().contains("unknown command")
+}
+
+/// Waits until the proxy at `addr` serves VCARD, a Redis 8 command it learns.
+fn wait_learned(addr: &str) {
+    let end = Instant::now() + Duration::from_secs(10);
+    let mut c = Client::connect(addr);
+    loop {
+        let r = c.cmd(&["VCARD", "probe:{x}"]);
+        if !unknown(&r) {
+            return;
+        }
+        assert!(
+            Instant::now() < end,
+            "VCARD still unknown through the proxy: {r:?}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// Every command a Redis 8.0.2 node lists in `COMMAND LIST` reaches it through the proxy
+/// (or gets one of the documented refusals): none is `unknown command`. The ones the
+/// built-in table lacks answer exactly as a node of their own answers them.
+#[test]
+fn no_command_a_redis_8_node_lists_is_unknown_through_the_proxy() {
+    need_redis();
+    let bin = redis8();
+    let node = Redis::start_bin(&bin, &[], free_port);
+    let other = Redis::start_bin(&bin, &[], free_port);
+    let proxy = Proxy::start(&[&node], &[]);
+    wait_learned(&proxy.addr());
+    let names = other.client().cmd(&["COMMAND", "LIST"]).strings();
+    assert!(names.len() > 240, "{} commands", names.len());
+    let new: Vec<String> = {
+        // The ones redis-server 7.0 does not know: those the proxy learned.
+        let old = Redis::start();
+        let mut o = old.client();
+        names
+            .iter()
+            .filter(|n| o.cmd(&["COMMAND", "INFO", n.as_str()]).as_array()[0].is_nil())
+            .cloned()
+            .collect()
+    };
+    assert!(new.iter().any(|n| n == "VADD"), "{new:?}");
+    let mut refused = Vec::new();
+    for name in &names {
+        let mut c = proxy.client();
+        c.set_read_timeout(Duration::from_secs(3));
+        // A subcommand (`parent|sub`, as Redis 7.2+ lists them) is sent as PARENT SUB.
+        let cmd: Vec<&str> = name.split('|').collect();
+        let r = c.try_cmd(&cmd).unwrap_or_else(|e| panic!("{name}: {e}"));
+        // The containers the proxy answers itself keep their own subcommands (README).
+        let own = ["client", "cluster", "acl"].contains(&cmd[0]);
+        assert!(
+            !unknown(&r) && !(r.is_error() && r.err().contains("unknown subcommand") && !own),
+            "{name}: {r:?}"
+        );
+        if r.is_error() && r.err().starts_with("ERR saltshaker:") {
+            refused.push(name.clone());
+        }
+        if new.contains(name) && !own {
+            let direct = other.client().cmd(&cmd);
+            assert_eq!(r, direct, "{name}, without arguments");
+        }
+    }
+    eprintln!("learned {}: {new:?}", new.len());
+    eprintln!("refused through the proxy: {refused:?}");
+    // Forms newer than 7.0 of commands the table has: ZRANK ... WITHSCORE (7.2).
+    let mut c = proxy.client();
+    let mut d = other.client();
+    for cmd in [
+        vec!["ZADD", "z", "1", "a", "2", "b"],
+        vec!["ZRANK", "z", "b", "WITHSCORE"],
+        vec!["ZREVRANK", "z", "b", "WITHSCORE"],
+        vec!["HSETEX", "h", "EX", "100", "FIELDS", "1", "f", "v"],
+        vec!["HGETEX", "h", "PERSIST", "FIELDS", "1", "f"],
+        vec!["HGETDEL", "h", "FIELDS", "1", "f"],
+        vec!["VADD", "v", "VALUES", "2", "1", "0", "a"],
+        vec!["VADD", "v", "VALUES", "2", "0", "1", "b"],
+        vec!["VCARD", "v"],
+        vec!["VDIM", "v"],
+        vec!["VSIM", "v", "VALUES", "2", "1", "0", "COUNT", "1"],
+        vec!["VISMEMBER", "v", "a"],
+        vec!["VREM", "v", "a"],
+        vec!["VCARD", "v"],
+    ] {
+        assert_eq!(c.cmd(&cmd), d.cmd(&cmd), "{cmd:?}");
+    }
+    // The keys went to the node, and a learned write is counted as a write by detection.
+    assert_eq!(node.client().cmd(&["VCARD", "v"]), Reply::Int(1));
+}
+
+/// Vector sets over a pool whose keys are on different nodes, and over a Redis Cluster:
+/// each key reaches its own node, and a command over keys of two nodes gets the usual
+/// cross-node error.
+#[test]
+fn vector_sets_reach_each_keys_node_over_a_pool_and_a_cluster() {
+    need_redis();
+    let bin = redis8();
+    let nodes: Vec<Redis> = (0..2)
+        .map(|_| Redis::start_bin(&bin, &[], free_port))
+        .collect();
+    let refs: Vec<&Redis> = nodes.iter().collect();
+    let proxy = Proxy::start(&refs, &[]);
+    wait_learned(&proxy.addr());
+    let keys = spread_keys("vec:", 2);
+    let mut c = proxy.client();
+    for (i, k) in keys.iter().enumerate() {
+        let x = (i + 1).to_string();
+        assert_eq!(
+            c.cmd(&["VADD", k, "VALUES", "2", &x, "0", "m"]),
+            Reply::Int(1)
+        );
+        assert_eq!(c.cmd(&["VCARD", k]), Reply::Int(1));
+        let owner = owner(&nodes, k);
+        assert_eq!(
+            nodes[owner].client().cmd(&["VCARD", k]),
+            Reply::Int(1),
+            "{k}"
+        );
+        assert_eq!(
+            nodes[1 - owner].client().cmd(&["VCARD", k]),
+            Reply::Int(0),
+            "{k}"
+        );
+    }
+
+    let cluster = RedisCluster::start_bin(&bin, 3, 1);
+    let proxy = Proxy::start_cluster(&cluster.seeds(), &[]);
+    wait_learned(&proxy.addr());
+    let mut c = proxy.client();
+    let mut masters = std::collections::HashSet::new();
+    for i in 0..12 {
+        let k = format!("cvec:{i}");
+        assert_eq!(
+            c.cmd(&["VADD", &k, "VALUES", "2", "1", "1", "m"]),
+            Reply::Int(1)
+        );
+        assert_eq!(c.cmd(&["VISMEMBER", &k, "m"]), Reply::Int(1));
+        let m = cluster.master_of(&k);
+        masters.insert(m);
+        assert_eq!(
+            cluster.nodes[m].client().cmd(&["VCARD", &k]),
+            Reply::Int(1),
+            "{k}"
+        );
+    }
+    assert!(masters.len() > 1, "the keys span masters");
+}
