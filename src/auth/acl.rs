@@ -173,29 +173,21 @@ impl Selector {
         Ok(())
     }
 
-    /// Whether the selector's command rules allow `spec`. A command learned from the
-    /// nodes has no bit: the rules are replayed over it in order (`+@all`, its categories,
-    /// its name), the last one that names it deciding, as Redis decides for a command
-    /// added after the rules were set.
+    /// Whether the command rules allow `spec`. A command learned from the nodes has no
+    /// bit: the rules are replayed over it in order (`@all`, its categories, its name).
     fn allows_command(&self, spec: &'static Spec) -> bool {
         if let Some(i) = index(spec) {
             return self.bit(i);
         }
-        let mut on = self.all_cmds;
         let name = spec.fullname();
-        for r in &self.rules {
-            let (plus, what) = (r.starts_with('+'), &r[1..]);
-            let names_it = what == "@all"
+        let names = |what: &str| {
+            what == "@all"
                 || what == name
-                || what
-                    .strip_prefix('@')
-                    .and_then(cat::by_name)
-                    .is_some_and(|bit| spec.cats & bit != 0);
-            if names_it {
-                on = plus;
-            }
-        }
-        on
+                || (what.strip_prefix('@').and_then(cat::by_name))
+                    .is_some_and(|b| spec.cats & b != 0)
+        };
+        let last = self.rules.iter().rev().find(|r| names(&r[1..]));
+        last.map_or(self.all_cmds, |r| r.starts_with('+'))
     }
 
     /// Does this selector allow `c` with these arguments?

@@ -7,7 +7,8 @@
 //!
 //! A learned spec is leaked once and lives as long as the process, as the built-in ones
 //! are `'static`: a node lists a few hundred commands at most, and a name is learned once.
-//! `backend::learn` reads the replies and calls `learn`; this module parses nothing.
+//! `proxy::version` reads the nodes' replies and `lookup::learn` decides what is learned;
+//! this module parses nothing.
 
 use std::collections::HashMap;
 use std::sync::{OnceLock, RwLock};
@@ -78,15 +79,21 @@ fn arities() -> &'static RwLock<HashMap<&'static str, i32>> {
     A.get_or_init(RwLock::default)
 }
 
-/// A built-in command's arity as a node gives it: a form the node accepts and the table's
-/// arity does not is then let through (keys found as the table finds them). The widest
-/// any node gave is kept, so a form that some node accepts is never refused by the proxy;
-/// a node that lacks it answers for itself.
-pub fn learn_arity(name: &str, arity: i32) {
-    let Some(spec) = super::lookup(name.replace('|', " ").as_bytes()) else {
-        return;
-    };
-    if is_learned(spec) || spec.arity == arity || covers(spec.arity, arity) {
+/// Adds `spec` under `name` (upper case); false when the name is taken or the table is
+/// full. `lookup` decides what may be learned (`lookup::learn`).
+pub(super) fn insert(name: &str, info: &Learned, container: bool) -> bool {
+    let mut t = table().write().unwrap_or_else(|p| p.into_inner());
+    if t.contains_key(name.as_bytes()) || t.len() >= MAX_LEARNED {
+        return false;
+    }
+    t.insert(name.as_bytes().to_vec(), leak(name, info, container));
+    true
+}
+
+/// Keeps `arity` for the built-in `spec`, unless the one kept already takes every count
+/// it takes (the widest any node gave is kept).
+pub(super) fn set_arity(spec: &'static Spec, arity: i32) {
+    if spec.arity == arity || covers(spec.arity, arity) {
         return;
     }
     let mut a = arities().write().unwrap_or_else(|p| p.into_inner());
@@ -121,60 +128,6 @@ pub(super) fn accepts(spec: &Spec, argc: usize) -> bool {
 
 /// Most commands learned: a node that lists more is not believed past this.
 const MAX_LEARNED: usize = 4096;
-
-/// Learns a command the built-in table lacks (and its subcommands). False when it is
-/// known already, or the table is full.
-pub fn learn(info: &Learned) -> bool {
-    let name = info.name.to_ascii_uppercase();
-    if let Some((parent, sub)) = name.split_once('|') {
-        return learn_sub(parent, sub, info);
-    }
-    if name.is_empty() || name.len() > 64 || super::lookup::top(name.as_bytes()).is_some() {
-        return false;
-    }
-    let mut t = table().write().unwrap_or_else(|p| p.into_inner());
-    if t.contains_key(name.as_bytes()) || t.len() >= MAX_LEARNED {
-        return false;
-    }
-    let container = !info.subcommands.is_empty();
-    t.insert(name.clone().into_bytes(), leak(&name, info, container));
-    for sub in &info.subcommands {
-        let sub_name = sub
-            .name
-            .rsplit('|')
-            .next()
-            .unwrap_or_default()
-            .to_ascii_uppercase();
-        let full = format!("{name} {sub_name}");
-        if !sub_name.is_empty() && !t.contains_key(full.as_bytes()) {
-            t.insert(full.clone().into_bytes(), leak(&full, sub, false));
-        }
-    }
-    true
-}
-
-/// A subcommand the nodes list (Redis 7.2+ list them as `parent|sub`) of a built-in
-/// container that the table lacks (`OBJECT`, `MEMORY`, `XINFO`, ... of a newer node).
-/// The containers the proxy answers itself (CLIENT, CLUSTER, ACL) keep their own
-/// answers: a subcommand of theirs is never sent to a node.
-fn learn_sub(parent: &str, sub: &str, info: &Learned) -> bool {
-    let Some(p) = super::lookup::top(parent.as_bytes()) else {
-        return false;
-    };
-    if !p.is_container() || p.route == Route::Local || is_learned(p) || sub.is_empty() {
-        return false;
-    }
-    if super::lookup::sub(p, sub.as_bytes()).is_some() {
-        return false;
-    }
-    let full = format!("{} {sub}", p.name);
-    let mut t = table().write().unwrap_or_else(|p| p.into_inner());
-    if t.len() >= MAX_LEARNED {
-        return false;
-    }
-    t.insert(full.clone().into_bytes(), leak(&full, info, false));
-    true
-}
 
 /// A learned command by name (any case; `PARENT SUB` for a subcommand).
 pub(super) fn get(name: &[u8]) -> Option<&'static Spec> {
@@ -339,8 +292,8 @@ mod tests {
             key_specs: vec![range(1, 0)],
             subcommands: vec![],
         };
-        assert!(learn(&vadd));
-        assert!(!learn(&vadd), "learned once");
+        assert!(super::super::learn(&vadd));
+        assert!(!super::super::learn(&vadd), "learned once");
         let c = super::super::classify(&[b"VAddTest".as_slice(), b"k", b"1"][..]).unwrap();
         assert_eq!(c.spec.name, "VADDTEST");
         assert_eq!(c.route, Route::Keyed);
@@ -348,7 +301,7 @@ mod tests {
         assert!(c.spec.is_write());
         assert!(is_learned(c.spec));
         // A built-in command is never replaced.
-        assert!(!learn(&Learned {
+        assert!(!super::super::learn(&Learned {
             name: "get".into(),
             ..vadd.clone()
         }));
@@ -362,7 +315,7 @@ mod tests {
             super::super::classify(&zrank[..]).is_err(),
             "7.0's arity is 3"
         );
-        learn_arity("zrank", -3);
+        super::super::learn_arity("zrank", -3);
         assert!(super::super::classify(&zrank[..]).is_ok());
         assert!(
             super::super::classify(&zrank[..2]).is_err(),
@@ -418,7 +371,7 @@ mod tests {
             key_specs: vec![range(2, 0)],
             ..Learned::default()
         };
-        assert!(learn(&Learned {
+        assert!(super::super::learn(&Learned {
             name: "CTEST".into(),
             arity: -2,
             subcommands: vec![sub],

@@ -2,8 +2,9 @@
 //! generated table (commands, and "PARENT SUB" subcommands), built at compile time. A
 //! name they lack is looked for among the commands learned from the nodes (`learned`).
 
+use super::learned::{self, Learned};
 use super::table::SPECS;
-use super::Spec;
+use super::{Route, Spec};
 
 /// Every command and subcommand the proxy knows, sorted by name.
 pub fn all() -> &'static [Spec] {
@@ -122,7 +123,7 @@ pub(super) fn top(name: &[u8]) -> Option<&'static Spec> {
     if name.contains(&b' ') {
         return None;
     }
-    super::learned::get(name)
+    learned::get(name)
 }
 
 /// A subcommand of `parent`, which comes from the table.
@@ -131,7 +132,7 @@ pub(super) fn sub(parent: &'static Spec, sub_name: &[u8]) -> Option<&'static Spe
     if sub_name.len() > MAX_NAME {
         return None;
     }
-    if !super::learned::is_learned(parent) {
+    if !learned::is_learned(parent) {
         let h = hash(hash(hash(FNV_OFFSET, p), b" "), sub_name);
         let found = probe(&SUB, h, |spec| {
             let n = spec.name.as_bytes();
@@ -148,5 +149,59 @@ pub(super) fn sub(parent: &'static Spec, sub_name: &[u8]) -> Option<&'static Spe
     let mut full = p.to_vec();
     full.push(b' ');
     full.extend_from_slice(sub_name);
-    super::learned::get(&full)
+    learned::get(&full)
+}
+
+/// Learns a command the built-in table lacks, with its subcommands (`learned`); a
+/// `parent|sub` name (Redis 7.2+ list subcommands so) is a subcommand of a built-in
+/// container. False when it is known already, or the learned table is full.
+pub fn learn(info: &Learned) -> bool {
+    let name = info.name.to_ascii_uppercase();
+    if let Some((parent, sub_name)) = name.split_once('|') {
+        return learn_sub(parent, sub_name, info);
+    }
+    if name.is_empty() || name.len() > 64 || top(name.as_bytes()).is_some() {
+        return false;
+    }
+    if !learned::insert(&name, info, !info.subcommands.is_empty()) {
+        return false;
+    }
+    for s in &info.subcommands {
+        let sub_name = s.name.rsplit('|').next().unwrap_or_default();
+        if !sub_name.is_empty() {
+            learned::insert(
+                &format!("{name} {}", sub_name.to_ascii_uppercase()),
+                s,
+                false,
+            );
+        }
+    }
+    true
+}
+
+/// A subcommand a newer node added to a built-in container (`OBJECT`, `MEMORY`, `XINFO`,
+/// ...). The containers the proxy answers itself (CLIENT, CLUSTER, ACL) keep their own
+/// answers: a subcommand of theirs is never sent to a node.
+fn learn_sub(parent: &str, sub_name: &str, info: &Learned) -> bool {
+    let Some(p) = top(parent.as_bytes()) else {
+        return false;
+    };
+    if !p.is_container() || p.route == Route::Local || learned::is_learned(p) {
+        return false;
+    }
+    if sub_name.is_empty() || sub(p, sub_name.as_bytes()).is_some() {
+        return false;
+    }
+    learned::insert(&format!("{} {sub_name}", p.name), info, false)
+}
+
+/// A built-in command's arity as a node gives it: a form the node accepts and the table's
+/// arity does not is then let through (keys found as the table finds them). A node that
+/// lacks the form answers for itself.
+pub fn learn_arity(name: &str, arity: i32) {
+    if let Some(spec) = lookup(name.replace('|', " ").as_bytes()) {
+        if !learned::is_learned(spec) {
+            learned::set_arity(spec, arity);
+        }
+    }
 }

@@ -14,10 +14,8 @@ mod table;
 
 pub use error::CommandError;
 pub use keys::sort_patterns;
-pub use learned::{
-    is_learned, learn, learn_arity, learned, BeginSearch, FindKeys, KeySpecInfo, Learned,
-};
-pub use lookup::{all, lookup, lookup_sub};
+pub use learned::{is_learned, learned, BeginSearch, FindKeys, KeySpecInfo, Learned};
+pub use lookup::{all, learn, learn_arity, lookup, lookup_sub};
 
 use smallvec::SmallVec;
 
