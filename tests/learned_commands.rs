@@ -13,12 +13,12 @@ fn unknown(r: &Reply) -> bool {
     r.is_error() && r.err().contains("unknown command")
 }
 
-/// Waits until the proxy at `addr` serves VCARD, a Redis 8 command it learns.
-fn wait_learned(addr: &str) {
+/// Waits until the proxy at `addr` serves `probe`, a command it learns from its nodes.
+fn wait_learned(addr: &str, probe: &str) {
     let end = Instant::now() + Duration::from_secs(10);
     let mut c = Client::connect(addr);
     loop {
-        let r = c.cmd(&["VCARD", "probe:{x}"]);
+        let r = c.cmd(&[probe, "probe:{x}"]);
         if !unknown(&r) {
             return;
         }
@@ -36,11 +36,23 @@ fn wait_learned(addr: &str) {
 #[test]
 fn no_command_a_redis_8_node_lists_is_unknown_through_the_proxy() {
     need_redis();
-    let bin = redis8();
-    let node = Redis::start_bin(&bin, &[], free_port);
-    let other = Redis::start_bin(&bin, &[], free_port);
+    every_listed_command_is_served(&redis8(), "VCARD");
+}
+
+/// The same for Valkey 9.1.2, with its own commands (DELIFEQ, MSETEX, COMMANDLOG, ...).
+#[test]
+fn no_command_a_valkey_9_node_lists_is_unknown_through_the_proxy() {
+    need_redis();
+    every_listed_command_is_served(&valkey9(), "DELIFEQ");
+}
+
+/// Sends every command a node of `bin` lists, without arguments, through a proxy in front
+/// of one such node, once the proxy has learned `probe`.
+fn every_listed_command_is_served(bin: &str, probe: &str) -> Vec<String> {
+    let node = Redis::start_bin(bin, &[], free_port);
+    let other = Redis::start_bin(bin, &[], free_port);
     let proxy = Proxy::start(&[&node], &[]);
-    wait_learned(&proxy.addr());
+    wait_learned(&proxy.addr(), probe);
     let names = other.client().cmd(&["COMMAND", "LIST"]).strings();
     assert!(names.len() > 240, "{} commands", names.len());
     let new: Vec<String> = {
@@ -53,7 +65,10 @@ fn no_command_a_redis_8_node_lists_is_unknown_through_the_proxy() {
             .cloned()
             .collect()
     };
-    assert!(new.iter().any(|n| n == "VADD"), "{new:?}");
+    assert!(
+        new.iter().any(|n| n.eq_ignore_ascii_case(probe)),
+        "{probe} is not new: {new:?}"
+    );
     let mut refused = Vec::new();
     for name in &names {
         let mut c = proxy.client();
@@ -75,8 +90,21 @@ fn no_command_a_redis_8_node_lists_is_unknown_through_the_proxy() {
             assert_eq!(r, direct, "{name}, without arguments");
         }
     }
-    eprintln!("learned {}: {new:?}", new.len());
-    eprintln!("refused through the proxy: {refused:?}");
+    eprintln!("{bin}: new since 7.0 ({}): {new:?}", new.len());
+    eprintln!("{bin}: refused through the proxy: {refused:?}");
+    new
+}
+
+/// Redis 8's commands and forms through the proxy, reply for reply as a node of its own
+/// gives them.
+#[test]
+fn redis_8_commands_and_forms_answer_as_the_node_does() {
+    need_redis();
+    let bin = redis8();
+    let node = Redis::start_bin(&bin, &[], free_port);
+    let other = Redis::start_bin(&bin, &[], free_port);
+    let proxy = Proxy::start(&[&node], &[]);
+    wait_learned(&proxy.addr(), "VCARD");
     // Forms newer than 7.0 of commands the table has: ZRANK ... WITHSCORE (7.2).
     let mut c = proxy.client();
     let mut d = other.client();
@@ -114,7 +142,7 @@ fn vector_sets_reach_each_keys_node_over_a_pool_and_a_cluster() {
         .collect();
     let refs: Vec<&Redis> = nodes.iter().collect();
     let proxy = Proxy::start(&refs, &[]);
-    wait_learned(&proxy.addr());
+    wait_learned(&proxy.addr(), "VCARD");
     let keys = spread_keys("vec:", 2);
     let mut c = proxy.client();
     for (i, k) in keys.iter().enumerate() {
@@ -139,7 +167,7 @@ fn vector_sets_reach_each_keys_node_over_a_pool_and_a_cluster() {
 
     let cluster = RedisCluster::start_bin(&bin, 3, 1);
     let proxy = Proxy::start_cluster(&cluster.seeds(), &[]);
-    wait_learned(&proxy.addr());
+    wait_learned(&proxy.addr(), "VCARD");
     let mut c = proxy.client();
     let mut masters = std::collections::HashSet::new();
     for i in 0..12 {
@@ -158,4 +186,68 @@ fn vector_sets_reach_each_keys_node_over_a_pool_and_a_cluster() {
         );
     }
     assert!(masters.len() > 1, "the keys span masters");
+}
+
+/// Valkey 9's DELIFEQ and MSETEX over one node, a pool (keys on different nodes) and a
+/// cluster: each key on its own node, MSETEX's keys together or the cross-node error.
+#[test]
+fn valkey_9_delifeq_and_msetex_over_one_node_a_pool_and_a_cluster() {
+    need_redis();
+    let bin = valkey9();
+    let nodes: Vec<Redis> = (0..2)
+        .map(|_| Redis::start_bin(&bin, &[], free_port))
+        .collect();
+    let refs: Vec<&Redis> = nodes.iter().collect();
+    for (i, proxy) in [Proxy::start(&refs[..1], &[]), Proxy::start(&refs, &[])]
+        .into_iter()
+        .enumerate()
+    {
+        wait_learned(&proxy.addr(), "DELIFEQ");
+        let mut c = proxy.client();
+        // Two keys, on two nodes over the pool.
+        let mut keys = spread_keys(&format!("vk{i}:"), 8);
+        for k in &keys {
+            assert_eq!(c.cmd(&["SET", k, "x"]), Reply::ok());
+        }
+        if i == 1 {
+            let first = owner(&nodes, &keys[0]);
+            let other = keys.iter().position(|k| owner(&nodes, k) != first).unwrap();
+            keys.swap(1, other);
+        }
+        keys.truncate(2);
+        for k in &keys {
+            assert_eq!(c.cmd(&["SET", k, "v1"]), Reply::ok());
+            assert_eq!(c.cmd(&["DELIFEQ", k, "other"]), Reply::Int(0));
+            assert_eq!(c.cmd(&["DELIFEQ", k, "v1"]), Reply::Int(1));
+            assert!(c.cmd(&["GET", k]).is_nil());
+        }
+        let r = c.cmd(&["MSETEX", "2", "{t}a", "1", "{t}b", "2", "EX", "100"]);
+        assert_eq!(r, Reply::Int(1), "{r:?}");
+        assert_eq!(c.cmd(&["GET", "{t}b"]), Reply::bulk("2"));
+        let r = c.cmd(&["MSETEX", "2", &keys[0], "1", &keys[1], "2", "EX", "100"]);
+        if i == 1 {
+            assert!(r.is_error() && r.err().contains("different nodes"), "{r:?}");
+        } else {
+            assert_eq!(r, Reply::Int(1));
+        }
+    }
+
+    let cluster = RedisCluster::start_bin(&bin, 3, 1);
+    let proxy = Proxy::start_cluster(&cluster.seeds(), &[]);
+    wait_learned(&proxy.addr(), "DELIFEQ");
+    let mut c = proxy.client();
+    for i in 0..8 {
+        let k = format!("cvk:{i}");
+        assert_eq!(c.cmd(&["SET", &k, "x"]), Reply::ok());
+        assert_eq!(c.cmd(&["DELIFEQ", &k, "x"]), Reply::Int(1));
+        let m = cluster.master_of(&k);
+        assert_eq!(
+            cluster.nodes[m].client().cmd(&["EXISTS", &k]),
+            Reply::Int(0)
+        );
+    }
+    let r = c.cmd(&["MSETEX", "2", "{c}a", "1", "{c}b", "2", "PX", "100000"]);
+    assert_eq!(r, Reply::Int(1), "{r:?}");
+    let r = c.cmd(&["MSETEX", "2", "a{1}", "1", "b{2}", "2"]);
+    assert!(r.is_error() && r.err().starts_with("CROSSSLOT"), "{r:?}");
 }

