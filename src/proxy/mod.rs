@@ -300,13 +300,16 @@ pub fn spawn_memory_trim(ctx: Arc<Ctx>) {
 
 /// Learns the nodes' Redis version (what HELLO reports) before the first client is served,
 /// waiting at most `wait` (a node that is down or mute does not hold the proxy back), then
-/// every second until every node has answered, and every minute after that.
+/// every second until every node has answered, and every minute after that; and, in the
+/// background, the commands of each node seen at a new version (`version`).
 pub async fn learn_node_version(ctx: Arc<Ctx>, wait: Duration) {
     let learn = version::learn(&ctx.backend, &ctx.version);
     let mut all = tokio::time::timeout(wait, learn).await.unwrap_or(false);
     let mut shutdown = ctx.shutdown.clone();
     tokio::spawn(async move {
         loop {
+            // The commands of a node seen at a new version (at start: every node).
+            version::learn_commands_of_new_versions(&ctx.backend, &ctx.version).await;
             let pause = if all { version::EVERY } else { version::RETRY };
             tokio::select! {
                 _ = tokio::time::sleep(pause) => {}

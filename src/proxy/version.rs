@@ -1,9 +1,10 @@
-//! What the proxy learns of its nodes before it serves and again every minute: the Redis
-//! version it reports in HELLO (the lowest `redis_version` among them, from `INFO
-//! server`), and the commands they know that its table lacks (`COMMAND LIST`, then
-//! `COMMAND INFO` of those alone, `command::learn`). A node upgraded in a rolling upgrade
-//! teaches its new commands within a minute; until then that node's clients get `unknown
-//! command` from the proxy, as from an older node.
+//! What the proxy learns of its nodes: the Redis version it reports in HELLO (the lowest
+//! `redis_version` among them, from `INFO server`, before the proxy serves and again
+//! every minute), and the commands they know that its table lacks (`COMMAND LIST`, then
+//! `COMMAND INFO`, `command::learn`), in the background once the proxy serves and again
+//! whenever a node's version changes. A node upgraded in a rolling upgrade teaches its
+//! new commands within a minute; until then the proxy answers them `unknown command`, as
+//! an older node would.
 //!
 //! A client may turn features on by that version: redis-py's client-side cache, for one,
 //! starts only when HELLO says 7.4 or later. So the proxy never reports a version that some
@@ -26,12 +27,19 @@ pub const EVERY: Duration = Duration::from_secs(60);
 /// How soon they are asked again while some node has not answered.
 pub const RETRY: Duration = Duration::from_secs(1);
 
-/// The version HELLO reports.
-pub struct NodeVersion(ArcSwap<String>);
+/// The version HELLO reports; and each node's last version, with the one its commands
+/// were learned at (they are learned again only when it changes: an upgrade).
+pub struct NodeVersion(
+    ArcSwap<String>,
+    std::sync::Mutex<std::collections::HashMap<usize, (String, Option<String>)>>,
+);
 
 impl Default for NodeVersion {
     fn default() -> Self {
-        NodeVersion(ArcSwap::from_pointee(FALLBACK.to_string()))
+        NodeVersion(
+            ArcSwap::from_pointee(FALLBACK.to_string()),
+            Default::default(),
+        )
     }
 }
 
@@ -80,16 +88,16 @@ pub async fn learn(backend: &Backend, version: &NodeVersion) -> bool {
                 Ok([Value::Bulk(b)]) => parse(b),
                 _ => None,
             };
-            if v.is_some() {
-                learn_commands(&backend, index).await;
-            }
-            v
+            v.map(|v| (index, v))
         });
     }
     let (mut lowest, mut answered) = (None::<String>, 0);
     while let Some(v) = asks.join_next().await {
-        if let Ok(Some(v)) = v {
+        if let Ok(Some((index, v))) = v {
             answered += 1;
+            let mut seen = version.1.lock().unwrap_or_else(|p| p.into_inner());
+            seen.entry(index).or_insert((String::new(), None)).0 = v.clone();
+            drop(seen);
             lowest = Some(match lowest {
                 Some(l) => lower(l, v),
                 None => v,
@@ -105,27 +113,53 @@ pub async fn learn(backend: &Backend, version: &NodeVersion) -> bool {
     answered == nodes.len()
 }
 
+/// Learns the commands of every node whose version is new since its commands were last
+/// learned (at start, and after an upgrade); each node at once. A node that fails is
+/// asked again next time.
+pub async fn learn_commands_of_new_versions(backend: &Backend, version: &NodeVersion) {
+    let due: Vec<(usize, String)> = {
+        let seen = version.1.lock().unwrap_or_else(|p| p.into_inner());
+        seen.iter()
+            .filter(|(_, (v, at))| at.as_ref() != Some(v))
+            .map(|(i, (v, _))| (*i, v.clone()))
+            .collect()
+    };
+    let mut asks = tokio::task::JoinSet::new();
+    for (index, v) in due {
+        let backend = backend.clone();
+        asks.spawn(async move { learn_commands(&backend, index).await.then_some((index, v)) });
+    }
+    while let Some(done) = asks.join_next().await {
+        if let Ok(Some((index, v))) = done {
+            let mut seen = version.1.lock().unwrap_or_else(|p| p.into_inner());
+            if let Some(e) = seen.get_mut(&index) {
+                e.1 = Some(v);
+            }
+        }
+    }
+}
+
 /// Learns the commands node `index` lists that the table lacks, and the arity it gives
 /// the ones the table has (a form a newer node accepts is not refused). The names are
 /// asked in groups, so one reply stays small.
-async fn learn_commands(backend: &Backend, index: usize) {
+async fn learn_commands(backend: &Backend, index: usize) -> bool {
     let list = crate::backend::wire(&["COMMAND", "LIST"]);
     let names: Vec<String> = match crate::salt::call(backend, &[(index, list)])
         .await
         .as_deref()
     {
         Ok([Value::Array(names)]) => names.iter().filter_map(text).collect(),
-        _ => return,
+        _ => return false,
     };
     for group in names.chunks(32) {
         let mut args = vec!["COMMAND", "INFO"];
         args.extend(group.iter().map(String::as_str));
         let ask = crate::backend::wire(&args);
         let Ok(replies) = crate::salt::call(backend, &[(index, ask)]).await else {
-            return;
+            return false;
         };
         let Some(Value::Array(infos)) = replies.first() else {
-            return;
+            return false;
         };
         for info in infos.iter().filter_map(learned_of) {
             if crate::command::lookup(info.name.as_bytes()).is_some() {
@@ -140,6 +174,7 @@ async fn learn_commands(backend: &Backend, index: usize) {
             }
         }
     }
+    true
 }
 
 /// A string of a reply: a bulk or simple string.
