@@ -490,3 +490,46 @@ fn bursty_client_on_several_threads_is_counted_at_its_real_rate() {
         "300/s shown as {rates:?}"
     );
 }
+
+/// `redis-cli --hotkeys` (SCAN, then OBJECT FREQ of each key) through the proxy finds a
+/// key read 10,000 times, though the nodes run without an LFU eviction policy (where the
+/// node itself refuses OBJECT FREQ): the proxy answers OBJECT FREQ from its sketches.
+#[test]
+fn redis_cli_hotkeys_through_the_proxy_finds_a_key_read_10000_times() {
+    need_tool("redis-cli");
+    let (nodes, proxy) = pool_and_proxy(&[]);
+    let direct = nodes[0].client().cmd(&["OBJECT", "FREQ", "x"]);
+    assert!(direct.is_error() || direct.is_nil(), "{direct:?}");
+    let mut c = proxy.client();
+    for i in 0..200 {
+        assert_eq!(c.cmd(&["SET", &format!("cold:{i}"), "v"]), Reply::ok());
+    }
+    assert_eq!(c.cmd(&["SET", "hot:one", "v"]), Reply::ok());
+    for _ in 0..50 {
+        let gets: Vec<[&str; 2]> = (0..200).map(|_| ["GET", "hot:one"]).collect();
+        c.pipeline(&gets);
+    }
+    let freq = c.cmd(&["OBJECT", "FREQ", "hot:one"]).as_int();
+    assert!(freq > 5, "OBJECT FREQ of the hot key: {freq}");
+    assert_eq!(c.cmd(&["OBJECT", "FREQ", "cold:1"]), Reply::Int(0));
+    let (host, port) = proxy
+        .addr()
+        .rsplit_once(':')
+        .map(|(h, p)| (h.to_string(), p.to_string()))
+        .unwrap();
+    let out = std::process::Command::new("redis-cli")
+        .args(["-h", &host, "-p", &port, "--hotkeys"])
+        .output()
+        .expect("run redis-cli --hotkeys");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{text}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let found = text
+        .lines()
+        .find(|l| l.starts_with("hot key found with counter"))
+        .unwrap_or_else(|| panic!("no hot key found:\n{text}"));
+    assert!(found.contains("\"hot:one\""), "{found}");
+}

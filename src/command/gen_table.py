@@ -116,6 +116,9 @@ route("RESTORE-ASKING",
 # The proxy presents itself as a one-node cluster (`proxy::as_cluster`).
 route("ASKING, CLUSTER INFO, CLUSTER KEYSLOT, CLUSTER MYID, CLUSTER NODES, CLUSTER SHARDS, "
       "CLUSTER SLOTS", "Route::Local")
+# OBJECT FREQ is answered from the proxy's own sketches, whatever the nodes' eviction
+# policy, so that `redis-cli --hotkeys` works through the proxy (`proxy::local`).
+route("OBJECT FREQ", "Route::Local")
 # Client-side caching, answered by the proxy for its own clients (`proxy::client_cache`).
 route("CLIENT TRACKING, CLIENT CACHING, CLIENT GETREDIR, CLIENT TRACKINGINFO", "Route::Local")
 # Whole families, by container name.

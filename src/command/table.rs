@@ -252,7 +252,7 @@ pub(super) const SPECS: [Spec; 383] = [
     s("MULTI", 1, NOSCRIPT | LOADING | STALE | FAST | ALLOW_BUSY, cat::FAST | cat::TRANSACTION, KeySpec::None, Route::Transaction),
     s("OBJECT", -2, CONTAINER, cat::SLOW, KeySpec::None, Route::AnyNode),
     s("OBJECT ENCODING", 3, READ, cat::KEYSPACE | cat::READ | cat::SLOW, KeySpec::Range { first: 2, last: 2, step: 1 }, Route::Keyed),
-    s("OBJECT FREQ", 3, READ, cat::KEYSPACE | cat::READ | cat::SLOW, KeySpec::Range { first: 2, last: 2, step: 1 }, Route::Keyed),
+    s("OBJECT FREQ", 3, READ, cat::KEYSPACE | cat::READ | cat::SLOW, KeySpec::Range { first: 2, last: 2, step: 1 }, Route::Local),
     s("OBJECT HELP", 2, LOADING | STALE, cat::KEYSPACE | cat::SLOW, KeySpec::None, Route::AnyNode),
     s("OBJECT IDLETIME", 3, READ, cat::KEYSPACE | cat::READ | cat::SLOW, KeySpec::Range { first: 2, last: 2, step: 1 }, Route::Keyed),
     s("OBJECT REFCOUNT", 3, READ, cat::KEYSPACE | cat::READ | cat::SLOW, KeySpec::Range { first: 2, last: 2, step: 1 }, Route::Keyed),

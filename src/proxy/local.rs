@@ -9,7 +9,9 @@ use super::round::{Merge, RoundBuilder, Slot};
 use super::route::{keys_node, push, push_n};
 use super::state::{err_bytes, ready_later, reset_dedicated, Flow, Session};
 use crate::command::{flags, Classified, Route};
-use crate::resp::{encode_bulk, encode_map_header, encode_simple, Proto, Request, Value};
+use crate::resp::{
+    encode_bulk, encode_int, encode_map_header, encode_simple, Proto, Request, Value,
+};
 
 const OK: &[u8] = b"+OK\r\n";
 
@@ -136,6 +138,7 @@ pub fn handle(s: &mut Session, req: &Request, c: &Classified, rb: &mut RoundBuil
             ready(rb, b"+OK\r\n");
             return Flow::Monitor;
         }
+        "OBJECT FREQ" => encode_int(object_freq(s, req.arg(2)), &mut out),
         other => error(
             rb,
             &format!("ERR saltshaker: {other} is not supported through the proxy"),
@@ -178,6 +181,32 @@ fn blocked_clients(s: &mut Session, rb: &mut RoundBuilder) -> (i64, Vec<super::r
         })
         .collect();
     (here, asks)
+}
+
+/// `OBJECT FREQ key` from the proxy's own sketches, on Redis's LFU scale: a key counted
+/// N times has a counter of about 5 + sqrt(N / 5) with the default `lfu-log-factor` 10,
+/// and N here is the key's reads and writes per second over the last window, times 60. A
+/// key the detector does not list gets 0. Unsampled, and whatever the nodes' eviction
+/// policy, so `redis-cli --hotkeys` (SCAN, then OBJECT FREQ of each key) ranks keys as the
+/// proxy sees them.
+fn object_freq(s: &Session, key: &[u8]) -> i64 {
+    let snap = s.ctx().detector.snapshot();
+    let rate = snap
+        .keys
+        .iter()
+        .find(|k| k.key == key)
+        .map(|k| k.reads_per_sec + k.writes_per_sec)
+        .or_else(|| {
+            snap.read_rates
+                .iter()
+                .find(|(k, _)| &k[..] == key)
+                .map(|(_, r)| *r)
+        })
+        .unwrap_or(0.0);
+    if rate <= 0.0 {
+        return 0;
+    }
+    (5.0 + (rate * 60.0 / 5.0).sqrt()).min(255.0) as i64
 }
 
 fn check_auth(s: &mut Session, user: Option<&[u8]>, pass: &[u8]) -> Result<(), &'static str> {
