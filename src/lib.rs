@@ -7,7 +7,8 @@
 //! |------------|------------------------------------------------------------------------|
 //! | `resp`     | the wire: request parser, reply framer, value tree and encoders         |
 //! | `command`  | the command table, and the typed command made once per request: key   |
-//! |            | positions, access class, ACL categories, route, a counter's delta      |
+//! |            | positions, access class, ACL categories, route, a counter's delta;     |
+//! |            | the commands learned from the nodes (`COMMAND INFO`) beside it         |
 //! | `hotkey`   | Count-Min sketch, top-k, windows, aggregation, per kind: reads, writes |
 //! |            | and what reads cost (bytes, node time); knows nothing of Redis         |
 //! | `rules`    | hot-key rules (YAML): thresholds, strategies, live reload              |

@@ -533,3 +533,76 @@ fn redis_cli_hotkeys_through_the_proxy_finds_a_key_read_10000_times() {
         .unwrap_or_else(|| panic!("no hot key found:\n{text}"));
     assert!(found.contains("\"hot:one\""), "{found}");
 }
+
+/// HOTKEYS (Redis 8.6) through the proxy, answered from its own detector in Redis's reply
+/// format: nil before START; after START and a viral key's load, GET lists that key first
+/// by CPU time, as `/hotkeys` lists it; STOP keeps the data (`tracking-active` 0), RESET
+/// drops it. Redis's own refusals for a second START and a bad METRICS list.
+#[test]
+fn hotkeys_get_through_the_proxy_lists_the_keys_hotkeys_lists() {
+    need_redis();
+    let _serial = one_at_a_time();
+    let (_nodes, p) = pool_and_proxy(&[]);
+    let mut c = p.client();
+    assert!(c.cmd(&["HOTKEYS", "GET"]).is_nil());
+    assert!(c
+        .cmd(&["HOTKEYS", "START", "METRICS", "1", "FOO"])
+        .is_error());
+    assert_eq!(
+        c.cmd(&["HOTKEYS", "START", "METRICS", "2", "CPU", "NET", "COUNT", "5"]),
+        Reply::ok()
+    );
+    assert!(c
+        .cmd(&["HOTKEYS", "START", "METRICS", "1", "CPU"])
+        .is_error());
+    let load = bench_in_thread(mixed(&p.addr(), 4, 15_000, 2_500, 0.5));
+    wait_for("the viral key on /hotkeys", Duration::from_secs(5), || {
+        entry(&hotkeys(&p), VIRAL).is_some()
+    });
+    load.join().expect("load");
+    std::thread::sleep(Duration::from_millis(1_200));
+    let get = c.cmd(&["HOTKEYS", "GET"]);
+    let fields: Vec<(String, Reply)> = get
+        .as_array()
+        .chunks(2)
+        .map(|kv| (kv[0].as_str(), kv[1].clone()))
+        .collect();
+    let names: Vec<&str> = fields.iter().map(|(k, _)| k.as_str()).collect();
+    assert_eq!(
+        names,
+        [
+            "tracking-active",
+            "sample-ratio",
+            "selected-slots",
+            "all-commands-all-slots-us",
+            "net-bytes-all-commands-all-slots",
+            "collection-start-time-unix-ms",
+            "collection-duration-ms",
+            "total-cpu-time-user-ms",
+            "total-cpu-time-sys-ms",
+            "by-cpu-time-us",
+            "total-net-bytes",
+            "by-net-bytes"
+        ]
+    );
+    let field = |n: &str| fields.iter().find(|(k, _)| k == n).unwrap().1.clone();
+    assert_eq!(field("tracking-active"), Reply::Int(1));
+    assert!(field("collection-duration-ms").as_int() >= 2_500);
+    let by_cpu = field("by-cpu-time-us");
+    let top = by_cpu.as_array();
+    assert!(!top.is_empty() && top.len() <= 10, "{by_cpu:?}");
+    assert_eq!(top[0].as_str(), VIRAL, "{by_cpu:?}");
+    // The viral key took half of about 37,500 commands: its estimate is of that order.
+    let us = top[1].as_int();
+    assert!((5_000..=60_000).contains(&us), "{us} us");
+    assert!(field("all-commands-all-slots-us").as_int() >= us);
+    assert_eq!(c.cmd(&["HOTKEYS", "STOP"]), Reply::ok());
+    let get = c.cmd(&["HOTKEYS", "GET"]);
+    assert_eq!(
+        get.as_array()[1],
+        Reply::Int(0),
+        "tracking-active after STOP"
+    );
+    assert_eq!(c.cmd(&["HOTKEYS", "RESET"]), Reply::ok());
+    assert!(c.cmd(&["HOTKEYS", "GET"]).is_nil());
+}

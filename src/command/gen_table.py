@@ -119,6 +119,8 @@ route("ASKING, CLUSTER INFO, CLUSTER KEYSLOT, CLUSTER MYID, CLUSTER NODES, CLUST
 # OBJECT FREQ is answered from the proxy's own sketches, whatever the nodes' eviction
 # policy, so that `redis-cli --hotkeys` works through the proxy (`proxy::local`).
 route("OBJECT FREQ", "Route::Local")
+# HOTKEYS, answered from the proxy's own sketches (`proxy::hotkeys_cmd`).
+route("HOTKEYS, HOTKEYS START, HOTKEYS STOP, HOTKEYS GET, HOTKEYS RESET", "Route::Local")
 # Client-side caching, answered by the proxy for its own clients (`proxy::client_cache`).
 route("CLIENT TRACKING, CLIENT CACHING, CLIENT GETREDIR, CLIENT TRACKINGINFO", "Route::Local")
 # Whole families, by container name.
@@ -148,6 +150,12 @@ EXTRAS = [
     ("HGETDEL", -5, "write fast", (1, 1, 1), "8.0", "write hash fast"),
     ("HGETEX", -5, "write fast", (1, 1, 1), "8.0", "write hash fast"),
     ("HSETEX", -6, "write denyoom fast", (1, 1, 1), "8.0", "write hash fast"),
+    # HOTKEYS (8.6) is answered from the proxy's own sketches (`proxy::hotkeys_cmd`).
+    ("HOTKEYS", -2, "container", None, "8.6", "slow"),
+    ("HOTKEYS GET", 2, "admin noscript", None, "8.6", "admin slow dangerous"),
+    ("HOTKEYS RESET", 2, "admin noscript", None, "8.6", "admin slow dangerous"),
+    ("HOTKEYS START", -4, "admin noscript", None, "8.6", "admin slow dangerous"),
+    ("HOTKEYS STOP", 2, "admin noscript", None, "8.6", "admin slow dangerous"),
     # saltshaker's own: an increment applied once per increment ID (`salt::idem`).
     ("SALTSHAKER.INCRBY", 4, "write denyoom fast", (1, 1, 1), "saltshaker", "write string fast"),
 ]
@@ -272,8 +280,11 @@ def rows_from_server(port):
             continue
         keys = "KeySpec::None" if rng is None else (
             "KeySpec::Range { first: %d, last: %d, step: %d }" % rng)
-        out.append((name, arity, flags.split(), cats.split(), keys,
-                    route_of(name, flags.split(), keys), []))
+        flags = flags.split()
+        extra = ["CONTAINER"] if "container" in flags else []
+        flags = [f for f in flags if f != "container"]
+        out.append((name, arity, flags, cats.split(), keys,
+                    route_of(name, flags, keys), extra))
     return sorted(out, key=lambda r: r[0])
 
 

@@ -28,7 +28,7 @@ const fn s(
 /// lookup.rs keeps the one static copy.
 #[rustfmt::skip]
 #[allow(clippy::large_const_arrays)]
-pub(super) const SPECS: [Spec; 383] = [
+pub(super) const SPECS: [Spec; 388] = [
     s("ACL", -2, CONTAINER, cat::SLOW, KeySpec::None, Route::Local),
     s("ACL CAT", -2, NOSCRIPT | LOADING | STALE, cat::SLOW, KeySpec::None, Route::AnyNode),
     s("ACL DELUSER", -3, ADMIN | NOSCRIPT | LOADING | STALE, cat::ADMIN | cat::SLOW | cat::DANGEROUS, KeySpec::None, Route::Local),
@@ -188,6 +188,11 @@ pub(super) const SPECS: [Spec; 383] = [
     s("HLEN", 2, READ | FAST, cat::READ | cat::HASH | cat::FAST, KeySpec::Range { first: 1, last: 1, step: 1 }, Route::Keyed),
     s("HMGET", -3, READ | FAST, cat::READ | cat::HASH | cat::FAST, KeySpec::Range { first: 1, last: 1, step: 1 }, Route::Keyed),
     s("HMSET", -4, WRITE | DENYOOM | FAST, cat::WRITE | cat::HASH | cat::FAST, KeySpec::Range { first: 1, last: 1, step: 1 }, Route::Keyed),
+    s("HOTKEYS", -2, CONTAINER, cat::SLOW, KeySpec::None, Route::Local),
+    s("HOTKEYS GET", 2, ADMIN | NOSCRIPT, cat::ADMIN | cat::SLOW | cat::DANGEROUS, KeySpec::None, Route::Local),
+    s("HOTKEYS RESET", 2, ADMIN | NOSCRIPT, cat::ADMIN | cat::SLOW | cat::DANGEROUS, KeySpec::None, Route::Local),
+    s("HOTKEYS START", -4, ADMIN | NOSCRIPT, cat::ADMIN | cat::SLOW | cat::DANGEROUS, KeySpec::None, Route::Local),
+    s("HOTKEYS STOP", 2, ADMIN | NOSCRIPT, cat::ADMIN | cat::SLOW | cat::DANGEROUS, KeySpec::None, Route::Local),
     s("HPERSIST", -5, WRITE | FAST, cat::WRITE | cat::HASH | cat::FAST, KeySpec::Range { first: 1, last: 1, step: 1 }, Route::Keyed),
     s("HPEXPIRE", -6, WRITE | DENYOOM | FAST, cat::WRITE | cat::HASH | cat::FAST, KeySpec::Range { first: 1, last: 1, step: 1 }, Route::Keyed),
     s("HPEXPIREAT", -6, WRITE | DENYOOM | FAST, cat::WRITE | cat::HASH | cat::FAST, KeySpec::Range { first: 1, last: 1, step: 1 }, Route::Keyed),

@@ -61,6 +61,8 @@ pub struct Ctx {
     pub(super) acl_log: crate::auth::Log,
     /// The Redis version HELLO reports: the lowest of the nodes'.
     pub(super) version: super::version::NodeVersion,
+    /// HOTKEYS's session, from the detector's windows.
+    pub(super) hotkeys: super::hotkeys_cmd::Hotkeys,
 }
 
 impl Ctx {
@@ -127,6 +129,7 @@ impl Ctx {
             acl_log: crate::auth::Log::default(),
             pause: super::clients::Pause::default(),
             version: Default::default(),
+            hotkeys: Default::default(),
         }
     }
 }

@@ -139,6 +139,9 @@ pub fn handle(s: &mut Session, req: &Request, c: &Classified, rb: &mut RoundBuil
             return Flow::Monitor;
         }
         "OBJECT FREQ" => encode_int(object_freq(s, req.arg(2)), &mut out),
+        name if name.starts_with("HOTKEYS ") => {
+            out.extend_from_slice(&s.ctx().hotkeys.command(name, req, s.proto()))
+        }
         other => error(
             rb,
             &format!("ERR saltshaker: {other} is not supported through the proxy"),

@@ -27,7 +27,7 @@
 //!   proxy's users), `client_cmd` (the CLIENT commands), `client_cache` (CLIENT TRACKING
 //!   and its kin, and which keys a tracking client is told about), `end` (how a
 //!   connection's read phase hands over or closes), `local` (commands answered here,
-//!   transactions);
+//!   transactions), `hotkeys_cmd` (HOTKEYS, from the detector's windows);
 //! - top: `handle` (one command: the ACL check that `step` runs first, then order,
 //!   decide once, observe, act; synchronous, a wait comes back as `Flow::Wait`), `step`
 //!   (one command of a read: classify, check the ACL, admit, the whole path when nothing
@@ -47,6 +47,7 @@ mod ctx;
 mod dedicated;
 mod end;
 mod handle;
+mod hotkeys_cmd;
 mod local;
 mod merge;
 mod mitigation;
@@ -330,6 +331,9 @@ pub fn spawn_hot_updater(ctx: Arc<Ctx>) {
         let mut mitigated: std::collections::HashSet<Vec<u8>> = Default::default();
         loop {
             let snap = snaps.borrow_and_update().clone();
+            let by_slot = ctx.backend.by_slot();
+            ctx.hotkeys
+                .add_window(&snap, |k| by_slot.then(|| ctx.backend.group_of(k).0 as u16));
             let hot = HotSet::build(&snap, ctx.rules.load());
             time_to_mitigate(&ctx, &snap, &hot, &mut mitigated);
             let m = &ctx.metrics.mitigated_keys;
