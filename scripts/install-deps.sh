@@ -55,6 +55,8 @@ have_all() {
     fi
     [ -x "$REDIS_NEW_DIR/redis-server" ] \
         || { echo "install-deps: missing redis-server $REDIS_NEW_VERSION (in $REDIS_NEW_DIR)"; ok=1; }
+    [ -f "$REDIS_NEW_DIR/keyspecs.so" ] \
+        || { echo "install-deps: missing Redis $REDIS_NEW_VERSION's keyspecs test module (in $REDIS_NEW_DIR)"; ok=1; }
     [ -x "$VALKEY_DIR/valkey-server" ] \
         || { echo "install-deps: missing valkey-server $VALKEY_VERSION (in $VALKEY_DIR)"; ok=1; }
     return "$ok"
@@ -68,21 +70,45 @@ debian_mirror() {
     echo "${uri%/}"
 }
 
-install_redis_new() {
-    [ -x "$REDIS_NEW_DIR/redis-server" ] && return 0
-    local mirror tmp tarball
+# Fetches Debian 13's upstream tarball of Redis REDIS_NEW_VERSION into the directory $1,
+# from this machine's own Debian mirror, checked against the sha256 Debian publishes; prints
+# the source directory.
+fetch_redis_new_source() {
+    local mirror tarball
     mirror=$(debian_mirror)
     [ -n "$mirror" ] || { echo "install-deps: no Debian mirror in the apt sources" >&2; return 1; }
-    tmp=$(mktemp -d)
-    tarball="$tmp/redis_$REDIS_NEW_VERSION.orig.tar.gz"
-    echo "install-deps: building redis-server $REDIS_NEW_VERSION from Debian's source package"
+    tarball="$1/redis_$REDIS_NEW_VERSION.orig.tar.gz"
     curl -fsS --retry 3 -o "$tarball" "$mirror/pool/main/r/redis/redis_$REDIS_NEW_VERSION.orig.tar.gz" || return 1
-    echo "$REDIS_NEW_SHA256  $tarball" | sha256sum -c --quiet || { echo "install-deps: checksum mismatch" >&2; return 1; }
-    tar -xzf "$tarball" -C "$tmp"
-    make -C "$tmp/redis-$REDIS_NEW_VERSION" -j"$(nproc)" BUILD_TLS=no >"$tmp/build.log" 2>&1 \
+    echo "$REDIS_NEW_SHA256  $tarball" | sha256sum -c --quiet >&2 || { echo "install-deps: checksum mismatch" >&2; return 1; }
+    tar -xzf "$tarball" -C "$1"
+    echo "$1/redis-$REDIS_NEW_VERSION"
+}
+
+install_redis_new() {
+    [ -x "$REDIS_NEW_DIR/redis-server" ] && return 0
+    local tmp src
+    tmp=$(mktemp -d)
+    echo "install-deps: building redis-server $REDIS_NEW_VERSION from Debian's source package"
+    src=$(fetch_redis_new_source "$tmp") || return 1
+    make -C "$src" -j"$(nproc)" BUILD_TLS=no >"$tmp/build.log" 2>&1 \
         || { tail -n 30 "$tmp/build.log" >&2; return 1; }
     mkdir -p "$REDIS_NEW_DIR"
-    install -m 0755 "$tmp/redis-$REDIS_NEW_VERSION/src/redis-server" "$REDIS_NEW_DIR/redis-server"
+    install -m 0755 "$src/src/redis-server" "$REDIS_NEW_DIR/redis-server"
+    rm -rf "$tmp"
+}
+
+# Redis's own test module of key specs (`tests/modules/keyspecs.c` of the same tarball),
+# built with the system C compiler beside redis-server 8: real module commands, each
+# with key specs of another kind, for the tests of commands learned from the nodes.
+install_test_module() {
+    [ -f "$REDIS_NEW_DIR/keyspecs.so" ] && return 0
+    local tmp src
+    tmp=$(mktemp -d)
+    echo "install-deps: building Redis $REDIS_NEW_VERSION's keyspecs test module"
+    src=$(fetch_redis_new_source "$tmp") || return 1
+    mkdir -p "$REDIS_NEW_DIR"
+    gcc -fPIC -shared -std=gnu99 -O2 -I "$src/src" -o "$REDIS_NEW_DIR/keyspecs.so" \
+        "$src/tests/modules/keyspecs.c" || return 1
     rm -rf "$tmp"
 }
 
@@ -153,6 +179,7 @@ else
         apt-get install -y -qq --no-install-recommends "${packages[@]}" >/dev/null
     fi
     install_redis_new
+    install_test_module
     install_valkey
     have_all
 fi

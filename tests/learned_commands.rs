@@ -258,3 +258,62 @@ fn valkey_9_delifeq_and_msetex_over_one_node_a_pool_and_a_cluster() {
     let r = c.cmd(&["MSETEX", "2", "a{1}", "1", "b{2}", "2"]);
     assert!(r.is_error() && r.err().starts_with("CROSSSLOT"), "{r:?}");
 }
+
+/// A module's commands, from Redis's own test module of key specs (`keyspecs.c`): one
+/// whose keys a single range spec gives (`kspec.none`, keys at 1, 3, 5, ...) goes to its
+/// keys' node over a pool, or gets the cross-node error; ones whose specs do not say where
+/// the keys are (two ranges, a keyword search) are served over one node and refused over
+/// a pool with a clear error. Over one node every one answers as the node does.
+#[test]
+fn a_modules_commands_are_learned_from_their_key_specs() {
+    need_redis();
+    let bin = redis8();
+    let module = keyspecs_module();
+    let args = ["--loadmodule", module.as_str()];
+    let nodes: Vec<Redis> = (0..2).map(|_| Redis::start_bin(&bin, &args, free_port)).collect();
+    let other = Redis::start_bin(&bin, &args, free_port);
+    let commands = [
+        "kspec.none",
+        "kspec.nonewithgetkeys",
+        "kspec.tworanges",
+        "kspec.tworangeswithgap",
+        "kspec.keyword",
+        "kspec.complex1",
+        "kspec.complex2",
+    ];
+    let one = Proxy::start(&[&nodes[0]], &[]);
+    for name in commands {
+        wait_learned(&one.addr(), name);
+    }
+    let mut c = one.client();
+    let mut d = other.client();
+    for name in commands {
+        for argv in [vec![name, "k1", "v1", "k2", "v2"], vec![name, "k1", "KEYS", "k2", "k3"]] {
+            assert_eq!(c.cmd(&argv), d.cmd(&argv), "{argv:?} over one node");
+        }
+    }
+
+    let refs: Vec<&Redis> = nodes.iter().collect();
+    let pool = Proxy::start(&refs, &[]);
+    for name in commands {
+        wait_learned(&pool.addr(), name);
+    }
+    let mut c = pool.client();
+    let keys = spread_keys("mod:", 8);
+    for k in &keys {
+        assert_eq!(c.cmd(&["SET", k, "x"]), Reply::ok());
+    }
+    let owners: Vec<usize> = keys.iter().map(|k| owner(&nodes, k)).collect();
+    let on = |n: usize| keys.iter().zip(&owners).filter(|(_, &o)| o == n).map(|(k, _)| k.as_str()).collect::<Vec<_>>();
+    let (zero, first) = (on(0), on(1));
+    assert!(!zero.is_empty() && !first.is_empty(), "keys on both nodes: {owners:?}");
+    let before = calls(&nodes[1], "kspec.none");
+    assert_eq!(c.cmd(&["kspec.none", first[0], "v"]), Reply::Simple("OK".into()));
+    assert_eq!(calls(&nodes[1], "kspec.none"), before + 1, "it ran on its key's node");
+    let r = c.cmd(&["kspec.none", zero[0], "v", first[0], "v"]);
+    assert!(r.is_error() && r.err().contains("different nodes"), "{r:?}");
+    for name in ["kspec.tworanges", "kspec.keyword", "kspec.complex1"] {
+        let r = c.cmd(&[name, zero[0], "v", first[0], "v"]);
+        assert!(r.is_error() && r.err().contains("served over one node only"), "{name}: {r:?}");
+    }
+}

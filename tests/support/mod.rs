@@ -154,6 +154,18 @@ pub fn valkey9() -> String {
     bin
 }
 
+/// Redis 8.0.2's `tests/modules/keyspecs.c`, built by `scripts/install-deps.sh` beside
+/// its redis-server; the test fails naming it when it is missing.
+pub fn keyspecs_module() -> String {
+    let bin = redis8();
+    let so = format!("{}/keyspecs.so", bin.trim_end_matches("/redis-server"));
+    assert!(
+        std::path::Path::new(&so).exists(),
+        "Redis 8.0.2's keyspecs test module is missing ({so}): run scripts/install-deps.sh"
+    );
+    so
+}
+
 /// Redis 8's `redis-server`, which `scripts/install-deps.sh` builds; the test fails
 /// naming it when it is missing.
 pub fn redis8() -> String {
