@@ -12,6 +12,9 @@ Through one node and a 4-node pool:
   each seen by the next reads within 100 ms (the expiry within 200 ms of its TTL's end:
   Redis expires an unread key in its active cycle, ten times a second).
 
+Also Redis 8's vector sets (VADD, VSIM, ...), which the proxy learns from the nodes, through
+redis-py over one node and the pool.
+
 Prints "redis-py client cache: N passed, N failed" and exits 0 only if every test passed."""
 
 import hashlib
@@ -182,8 +185,37 @@ def setup(c):
             scenario(pool, pool_b, new, key)
         assert len(owners) >= 3, (owners, seen)
 
+    def redis_py_runs_redis_8_vector_sets_through_the_proxy_over_one_node_and_a_pool():
+        # The proxy's own table is Redis 7.0's: VADD and its kin are learned from the
+        # nodes (COMMAND INFO) in the background once it serves.
+        for run, (port, nodes) in enumerate(((single, new[:1]), (pool, new))):
+            r = redis.Redis(port=port)
+            deadline = time.monotonic() + 10
+            while True:
+                try:
+                    r.execute_command("VCARD", "vprobe")
+                    break
+                except redis.exceptions.ResponseError as e:
+                    assert "unknown command" in str(e), e
+                    assert time.monotonic() < deadline, "VCARD still unknown"
+                    time.sleep(0.05)
+            owners = set()
+            for i in range(12):
+                key = f"{hashlib.md5(str(i).encode()).hexdigest()[:8]}:vec{run}"
+                assert r.execute_command("VADD", key, "VALUES", 2, 1, 0, "a") == 1
+                assert r.execute_command("VADD", key, "VALUES", 2, 0, 1, "b") == 1
+                assert r.execute_command("VCARD", key) == 2
+                assert r.execute_command("VDIM", key) == 2
+                near = r.execute_command("VSIM", key, "VALUES", 2, 1, 0, "COUNT", 1)
+                assert near == [b"a"], near
+                owner = [p for p in nodes if redis.Redis(port=p).execute_command("VCARD", key)]
+                assert len(owner) == 1, owner
+                owners.add(owner[0])
+            assert len(owners) == len(nodes) or len(owners) >= 3, owners
+
     return [
         hello_reports_the_lowest_version_of_the_nodes,
+        redis_py_runs_redis_8_vector_sets_through_the_proxy_over_one_node_and_a_pool,
         redis_py_refuses_to_cache_over_an_old_node_as_it_does_directly,
         redis_py_caches_the_same_directly_on_the_node,
         redis_py_caches_through_the_proxy_over_one_node,
