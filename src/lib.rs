@@ -171,7 +171,7 @@ pub async fn run(
     let ctx = Arc::new(ctx);
     let wait = std::time::Duration::from_millis(cfg.backend.connect_timeout_ms.min(500));
     proxy::learn_node_version(ctx.clone(), wait).await;
-    proxy::spawn_hot_updater(ctx.clone());
+    proxy::spawn_hot_updater(ctx.clone(), cfg.hotkeys.hash_names);
     proxy::spawn_memory_trim(ctx.clone());
     proxy::spawn_salt_coordinator(ctx.clone());
     proxy::spawn_admission_sync(ctx.clone());
@@ -208,6 +208,10 @@ pub async fn run(
         salt: Some(ctx.clone() as Arc<dyn salt::Control>),
         balance: Some(balance.clone()),
         admit: Some(ctx.admit.clone()),
+        not_cached: Some({
+            let ctx = ctx.clone();
+            Arc::new(move |k: &[u8]| ctx.hot.load().not_cached(k))
+        }),
         token,
     });
     if let Some(path) = &cfg.upgrade_socket {

@@ -352,3 +352,85 @@ fn combined_increments_hold_back_cached_reads_of_their_own_key_only() {
     assert!(hit >= 45.0, "{hit} cache hits for 50 reads of celeb:2");
     assert!(node_gets <= 60, "{node_gets} GETs reached the node");
 }
+
+/// A key written about as often as it is read is not cached: every write would drop its
+/// entries and the next read fill them again, so the node would serve the write, the fill
+/// and the tracking invalidation where it served one read. `/hotkeys` says why,
+/// `saltshaker_cache_declined_total` counts it, and its reads reach the node. A key that is
+/// only read, as hot, is cached, with exact replies throughout.
+#[test]
+fn a_key_written_as_often_as_it_is_read_is_not_cached_and_hotkeys_says_why() {
+    need_redis();
+    let node = Redis::start();
+    let dir = TempDir::new("cache-pays");
+    let path = dir.0.join("rules.yaml");
+    std::fs::write(
+        &path,
+        "version: 1\ndefaults:\n  read: { hot_at_per_sec: 300, cool_below_per_sec: 100, cache: { ttl_ms: 10000 } }\n  write: { hot_at_per_sec: 1000000, cool_below_per_sec: 500000 }\n",
+    )
+    .unwrap();
+    let p = Proxy::start(&[&node], &["--rules", &path_str(&path)]);
+    let mut c = p.client();
+    assert_eq!(c.cmd(&["SET", "churn", "0"]), Reply::ok());
+    assert_eq!(c.cmd(&["SET", "steady", "s"]), Reply::ok());
+    let end = Instant::now() + Duration::from_secs(4);
+    let mut n = 0u64;
+    let mut churn_seen = None;
+    let mut steady_seen = false;
+    while Instant::now() < end {
+        // 100 reads and 100 writes of `churn`, 100 reads of `steady`, per round.
+        let mut cmds: Vec<Vec<String>> = Vec::new();
+        for i in 0..100 {
+            n += 1;
+            cmds.push(vec!["SET".into(), "churn".into(), n.to_string()]);
+            cmds.push(vec!["GET".into(), "churn".into()]);
+            cmds.push(vec!["GET".into(), "steady".into()]);
+            let _ = i;
+        }
+        let r = c.pipeline(&cmds);
+        // Exact: each GET sees the SET just before it.
+        assert_eq!(r[r.len() - 2], Reply::bulk(&n.to_string()));
+        assert_eq!(r[r.len() - 1], Reply::bulk("s"));
+        let hk = p.hotkeys();
+        let keys = hk["keys"].as_array().cloned().unwrap_or_default();
+        if let Some(e) = keys.iter().find(|e| e["key"] == "churn") {
+            if e["not_cached"].is_string() {
+                churn_seen = Some(e.clone());
+            }
+        }
+        if let Some(e) = keys.iter().find(|e| e["key"] == "steady") {
+            assert!(e["not_cached"].is_null(), "a key only read is cached: {e}");
+            steady_seen = true;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let e = churn_seen.expect("/hotkeys never said why churn is not cached");
+    assert!(
+        e["not_cached"]
+            .as_str()
+            .unwrap()
+            .starts_with("writes would turn"),
+        "{e}"
+    );
+    assert!(p.metric("saltshaker_cache_declined_total") >= 1.0);
+    assert!(steady_seen, "steady was never listed read-hot");
+    // Now the node serves every read of churn, and the cache serves steady's.
+    let gets = |r: &Redis| calls(r, "get");
+    let before = gets(&node);
+    let hits_before = p.metric("saltshaker_cache_hits_total");
+    // The same mix as before (a key's writes go on as they did).
+    let mut cmds: Vec<Vec<&str>> = Vec::new();
+    for _ in 0..200 {
+        cmds.push(vec!["SET", "churn", "x"]);
+        cmds.push(vec!["GET", "churn"]);
+        cmds.push(vec!["GET", "steady"]);
+    }
+    c.pipeline(&cmds);
+    let to_node = gets(&node) - before;
+    let hits = p.metric("saltshaker_cache_hits_total") - hits_before;
+    assert!(
+        to_node >= 200,
+        "churn's reads reach the node: {to_node} GETs"
+    );
+    assert!(hits >= 150.0, "steady's reads are cache hits: {hits}");
+}

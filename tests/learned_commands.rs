@@ -270,7 +270,9 @@ fn a_modules_commands_are_learned_from_their_key_specs() {
     let bin = redis8();
     let module = keyspecs_module();
     let args = ["--loadmodule", module.as_str()];
-    let nodes: Vec<Redis> = (0..2).map(|_| Redis::start_bin(&bin, &args, free_port)).collect();
+    let nodes: Vec<Redis> = (0..2)
+        .map(|_| Redis::start_bin(&bin, &args, free_port))
+        .collect();
     let other = Redis::start_bin(&bin, &args, free_port);
     let commands = [
         "kspec.none",
@@ -288,7 +290,10 @@ fn a_modules_commands_are_learned_from_their_key_specs() {
     let mut c = one.client();
     let mut d = other.client();
     for name in commands {
-        for argv in [vec![name, "k1", "v1", "k2", "v2"], vec![name, "k1", "KEYS", "k2", "k3"]] {
+        for argv in [
+            vec![name, "k1", "v1", "k2", "v2"],
+            vec![name, "k1", "KEYS", "k2", "k3"],
+        ] {
             assert_eq!(c.cmd(&argv), d.cmd(&argv), "{argv:?} over one node");
         }
     }
@@ -304,16 +309,35 @@ fn a_modules_commands_are_learned_from_their_key_specs() {
         assert_eq!(c.cmd(&["SET", k, "x"]), Reply::ok());
     }
     let owners: Vec<usize> = keys.iter().map(|k| owner(&nodes, k)).collect();
-    let on = |n: usize| keys.iter().zip(&owners).filter(|(_, &o)| o == n).map(|(k, _)| k.as_str()).collect::<Vec<_>>();
+    let on = |n: usize| {
+        keys.iter()
+            .zip(&owners)
+            .filter(|(_, &o)| o == n)
+            .map(|(k, _)| k.as_str())
+            .collect::<Vec<_>>()
+    };
     let (zero, first) = (on(0), on(1));
-    assert!(!zero.is_empty() && !first.is_empty(), "keys on both nodes: {owners:?}");
+    assert!(
+        !zero.is_empty() && !first.is_empty(),
+        "keys on both nodes: {owners:?}"
+    );
     let before = calls(&nodes[1], "kspec.none");
-    assert_eq!(c.cmd(&["kspec.none", first[0], "v"]), Reply::Simple("OK".into()));
-    assert_eq!(calls(&nodes[1], "kspec.none"), before + 1, "it ran on its key's node");
+    assert_eq!(
+        c.cmd(&["kspec.none", first[0], "v"]),
+        Reply::Simple("OK".into())
+    );
+    assert_eq!(
+        calls(&nodes[1], "kspec.none"),
+        before + 1,
+        "it ran on its key's node"
+    );
     let r = c.cmd(&["kspec.none", zero[0], "v", first[0], "v"]);
     assert!(r.is_error() && r.err().contains("different nodes"), "{r:?}");
     for name in ["kspec.tworanges", "kspec.keyword", "kspec.complex1"] {
         let r = c.cmd(&[name, zero[0], "v", first[0], "v"]);
-        assert!(r.is_error() && r.err().contains("served over one node only"), "{name}: {r:?}");
+        assert!(
+            r.is_error() && r.err().contains("served over one node only"),
+            "{name}: {r:?}"
+        );
     }
 }

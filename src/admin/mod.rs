@@ -37,6 +37,10 @@ pub struct AdminState {
     pub token: Option<String>,
     /// Admission state, to mark keys sampled or refused lately; None in unit tests.
     pub admit: Option<Arc<crate::admit::Admission>>,
+    /// Why a read-hot key is not cached (the share of its reads its writes would turn
+    /// into fills), from the hot set in force; None in unit tests.
+    #[allow(clippy::type_complexity)]
+    pub not_cached: Option<Arc<dyn Fn(&[u8]) -> Option<f64> + Send + Sync>>,
 }
 
 impl AdminState {
@@ -335,6 +339,9 @@ fn hotkeys_json(state: &AdminState, snap: &HotSnapshot) -> String {
                 "since": k.since_unix_ms,
                 "read_hot_by": read_hot_by(state, k),
                 "admission": admission_mark(state, &k.key),
+                "not_cached": state.not_cached.as_ref().and_then(|f| f(&k.key)).map(|share| {
+                    format!("writes would turn {:.0}% of its reads into cache fills", share * 100.0)
+                }),
             })
         })
         .collect();
@@ -369,6 +376,7 @@ mod tests {
             balance: None,
             token: None,
             admit: None,
+            not_cached: None,
         }
     }
 

@@ -43,6 +43,33 @@ pub struct CacheMetrics {
     pub node_seconds_saved: Counter<f64, std::sync::atomic::AtomicU64>,
     pub bytes: Gauge,
     pub entries: Gauge,
+    /// Read-hot keys not cached because their cache would not pay (their writes would
+    /// refill it too often), and keys cached again after that.
+    pub declined: Counter,
+    pub readmitted: Counter,
+    /// Read-hot keys not cached now for that reason.
+    pub not_cached_keys: Gauge,
+}
+
+impl CacheMetrics {
+    /// Registers the figures of whether caching a key pays (`policy::DECLINE_FILL_SHARE`).
+    pub fn register_pays(&self, r: &mut prometheus_client::registry::Registry) {
+        r.register(
+            "cache_declined",
+            "Read-hot keys not cached: writes would turn a third or more of their reads into fills",
+            self.declined.clone(),
+        );
+        r.register(
+            "cache_readmitted",
+            "Read-hot keys cached again: their writes fell under a quarter of their reads",
+            self.readmitted.clone(),
+        );
+        r.register(
+            "cache_not_cached_keys",
+            "Read-hot keys not cached now because their cache would not pay",
+            self.not_cached_keys.clone(),
+        );
+    }
 }
 
 /// Metric handles of salting.

@@ -455,6 +455,7 @@ impl Metrics {
             "Cache misses that waited for a fill already in flight",
             c.coalesced.clone(),
         );
+        c.register_pays(r);
         r.register(
             "cache_stale_served",
             "Expired replies served while one refresh ran",

@@ -18,6 +18,26 @@ mod salted;
 use crate::hotkey::{HotSnapshot, HotState};
 use crate::rules::{CachePolicy, ClientCacheKeys, Rules, Strategy, WritePolicy};
 
+/// Caching a key pays while its hits are at least twice its fills. Every write to a
+/// cached key (through any proxy, or directly) drops its entries, and the next read
+/// fills them again: with reads R and writes W per second, about min(W, R) of the reads
+/// are fills, and for each the node serves the write, the fill and the tracking
+/// invalidation, where without the cache it served the read alone. A key whose writes
+/// would make a third of its reads fills is not cached (measured: on a 50% SET workload
+/// the cache added 10-15% of node CPU, issue #45); it is cached again only below a quarter,
+/// so a key near the line does not flap.
+pub const DECLINE_FILL_SHARE: f64 = 1.0 / 3.0;
+/// See `DECLINE_FILL_SHARE`.
+pub const READMIT_FILL_SHARE: f64 = 0.25;
+
+/// The share of a key's reads that its writes would turn into cache fills.
+pub fn fill_share(reads_per_sec: f64, writes_per_sec: f64) -> f64 {
+    if reads_per_sec <= 0.0 {
+        return 0.0;
+    }
+    writes_per_sec.min(reads_per_sec) / reads_per_sec
+}
+
 /// What to do with one command.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Action {
@@ -94,6 +114,9 @@ pub struct HotSet {
     read: HashMap<Bytes, CachePolicy>,
     /// Every read-hot key, cached or not (client-side caching's `hot_only`).
     read_hot: std::collections::HashSet<Bytes>,
+    /// Read-hot keys whose rule caches but whose cache would not pay (`fill_share`): the
+    /// share of their reads that writes would turn into fills.
+    not_cached: HashMap<Bytes, f64>,
     rules: Option<Arc<Rules>>,
     has_pins: bool,
 }
@@ -102,16 +125,34 @@ impl HotSet {
     /// Write-hot keys (hot or cooling) whose rule allows combining, from a detector
     /// snapshot and the rules; pinned patterns count as hot from the first request.
     pub fn build(snap: &HotSnapshot, rules: Arc<Rules>) -> HotSet {
+        HotSet::build_after(snap, rules, None)
+    }
+
+    /// `build`, knowing the set before it: a key whose cache was declined there is cached
+    /// again only once its writes are well under the line (`READMIT_FILL_SHARE`).
+    pub fn build_after(snap: &HotSnapshot, rules: Arc<Rules>, prev: Option<&HotSet>) -> HotSet {
         let mut write = HashMap::new();
         let mut read = HashMap::new();
         let mut read_hot = std::collections::HashSet::new();
+        let mut not_cached = HashMap::new();
         for k in &snap.keys {
             // Read-hot by rate, or by what its reads cost (bytes, node time).
             if k.read_hot_state().is_some() {
                 read_hot.insert(Bytes::copy_from_slice(&k.key));
                 let p = rules.resolve(&k.key).read.cache;
                 if p.enabled {
-                    read.insert(Bytes::copy_from_slice(&k.key), p);
+                    let share = fill_share(k.reads_per_sec, k.writes_per_sec);
+                    let declined = prev.is_some_and(|h| h.not_cached.contains_key(&k.key[..]));
+                    let line = if declined {
+                        READMIT_FILL_SHARE
+                    } else {
+                        DECLINE_FILL_SHARE
+                    };
+                    if share >= line {
+                        not_cached.insert(Bytes::copy_from_slice(&k.key), share);
+                    } else {
+                        read.insert(Bytes::copy_from_slice(&k.key), p);
+                    }
                 }
             }
             if !matches!(k.write_state, Some(HotState::Hot) | Some(HotState::Cooling)) {
@@ -127,6 +168,7 @@ impl HotSet {
             write,
             read,
             read_hot,
+            not_cached,
             rules: Some(rules),
             has_pins,
         }
@@ -162,6 +204,35 @@ impl HotSet {
 
     pub fn read_keys(&self) -> usize {
         self.read.len()
+    }
+
+    /// How many read-hot keys are not cached because their cache would not pay.
+    pub fn not_cached_count(&self) -> usize {
+        self.not_cached.len()
+    }
+
+    /// Why a read-hot key is not cached, if its cache would not pay: the share of its
+    /// reads that its writes would turn into fills.
+    pub fn not_cached(&self, key: &[u8]) -> Option<f64> {
+        self.not_cached.get(key).copied()
+    }
+
+    /// The keys declined here that `prev` cached or did not list (newly declined), and the
+    /// keys `prev` declined that this set caches again.
+    pub fn cache_changes(&self, prev: &HotSet) -> (Vec<(Bytes, f64)>, Vec<Bytes>) {
+        let declined = self
+            .not_cached
+            .iter()
+            .filter(|(k, _)| !prev.not_cached.contains_key(*k))
+            .map(|(k, s)| (k.clone(), *s))
+            .collect();
+        let again = prev
+            .not_cached
+            .keys()
+            .filter(|k| self.read.contains_key(*k))
+            .cloned()
+            .collect();
+        (declined, again)
     }
 
     /// Whether any key may be served from the cache now (read-hot keys, or pins).
@@ -349,6 +420,46 @@ mod tests {
                 .collect(),
             ..Default::default()
         }
+    }
+
+    fn read_hot(key: &str, reads: f64, writes: f64) -> HotSnapshot {
+        HotSnapshot {
+            window_ms: 1000,
+            keys: vec![HotKey {
+                key: key.as_bytes().to_vec(),
+                reads_per_sec: reads,
+                writes_per_sec: writes,
+                state: HotState::Hot,
+                read_state: Some(HotState::Hot),
+                ..Default::default()
+            }],
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn a_cache_that_writes_would_keep_refilling_is_declined_then_taken_again_with_hysteresis() {
+        let rules = Arc::new(Rules::default());
+        let cached = |h: &HotSet| h.read_hot(b"k").is_some();
+        let a = HotSet::build(&read_hot("k", 10_000.0, 1_000.0), rules.clone());
+        assert!(cached(&a) && a.not_cached(b"k").is_none());
+        // Writes make 40% of the reads fills: declined.
+        let b = HotSet::build_after(&read_hot("k", 10_000.0, 4_000.0), rules.clone(), Some(&a));
+        assert!(!cached(&b));
+        assert_eq!(b.not_cached(b"k"), Some(0.4));
+        assert_eq!(b.cache_changes(&a).0.len(), 1);
+        // 30%: under the line to decline, over the line to take it again.
+        let c = HotSet::build_after(&read_hot("k", 10_000.0, 3_000.0), rules.clone(), Some(&b));
+        assert!(!cached(&c));
+        assert!(
+            HotSet::build_after(&read_hot("k", 10_000.0, 3_000.0), rules.clone(), Some(&a))
+                .read_hot(b"k")
+                .is_some()
+        );
+        // 20%: cached again.
+        let d = HotSet::build_after(&read_hot("k", 10_000.0, 2_000.0), rules, Some(&c));
+        assert!(cached(&d));
+        assert_eq!(d.cache_changes(&c).1.len(), 1);
     }
 
     fn act(line: &str, hot: &HotSet) -> Action {

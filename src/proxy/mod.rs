@@ -322,7 +322,7 @@ pub async fn learn_node_version(ctx: Arc<Ctx>, wait: Duration) {
 }
 
 /// Rebuilds the hot set whenever the detector publishes a snapshot or the rules change.
-pub fn spawn_hot_updater(ctx: Arc<Ctx>) {
+pub fn spawn_hot_updater(ctx: Arc<Ctx>, hash_names: bool) {
     let mut snaps = ctx.detector.subscribe();
     let mut gens = ctx.rules.subscribe();
     let mut shutdown = ctx.shutdown.clone();
@@ -334,7 +334,9 @@ pub fn spawn_hot_updater(ctx: Arc<Ctx>) {
             let by_slot = ctx.backend.by_slot();
             ctx.hotkeys
                 .add_window(&snap, |k| by_slot.then(|| ctx.backend.group_of(k).0 as u16));
-            let hot = HotSet::build(&snap, ctx.rules.load());
+            let prev = ctx.hot.load_full();
+            let hot = HotSet::build_after(&snap, ctx.rules.load(), Some(&prev));
+            cache_decisions(&ctx, &hot, &prev, hash_names);
             time_to_mitigate(&ctx, &snap, &hot, &mut mitigated);
             let m = &ctx.metrics.mitigated_keys;
             m.get_or_create(&crate::metrics::HotKindLabel { kind: "write" })
@@ -349,6 +351,29 @@ pub fn spawn_hot_updater(ctx: Arc<Ctx>) {
             }
         }
     });
+}
+
+/// Counts and logs each read-hot key whose cache was declined because it would not pay
+/// (`policy::DECLINE_FILL_SHARE`), and each cached again.
+fn cache_decisions(ctx: &Ctx, hot: &HotSet, prev: &HotSet, hash_names: bool) {
+    let show = |k: &[u8]| {
+        if hash_names {
+            format!("h:{:016x}", xxhash_rust::xxh3::xxh3_64(k))
+        } else {
+            String::from_utf8_lossy(k).into_owned()
+        }
+    };
+    let (declined, again) = hot.cache_changes(prev);
+    let m = &ctx.metrics.cache;
+    for (k, share) in declined {
+        m.declined.inc();
+        tracing::info!(key = %show(&k), fills_pct = (share * 100.0).round(), "not caching a read-hot key: its writes would refill the cache for this share of its reads");
+    }
+    for k in again {
+        m.readmitted.inc();
+        tracing::info!(key = %show(&k), "caching a read-hot key again: its writes fell under a quarter of its reads");
+    }
+    m.not_cached_keys.set(hot.not_cached_count() as i64);
 }
 
 /// Observes `saltshaker_time_to_mitigate_seconds` for each key that is combined from now
