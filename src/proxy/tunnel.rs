@@ -62,14 +62,7 @@ pub fn open_now(
     first: Bytes,
 ) -> Option<Start> {
     let spare = node.take_spare(proto)?;
-    let mut wires = Vec::with_capacity(2);
-    if let Some(name) = name {
-        let mut setname = BytesMut::new();
-        encode_command(&[b"CLIENT".as_slice(), b"SETNAME", name], &mut setname);
-        wires.push(setname.freeze());
-    }
-    let skip = wires.len();
-    wires.push(first);
+    let (wires, skip) = first_wires(name, first);
     let max_bulk = spare.max_reply_bulk();
     let (stream, leftover) = spare.into_parts();
     // What the socket does not take now (over TLS, all of it) the pump writes first.
@@ -85,9 +78,34 @@ pub fn open_now(
             Err(_) => pending.push(w),
         }
     }
-    let (backend_r, backend_w) = stream.into_split();
     node.warm_spare(proto);
-    Some(Start {
+    Some(start(stream, leftover, pending, skip, proto, max_bulk))
+}
+
+/// What a tunnel sends first: CLIENT SETNAME when it takes a connection opened ahead for a
+/// client that named itself (its reply is skipped: the count), then the SUBSCRIBE.
+fn first_wires(name: Option<&Bytes>, first: Bytes) -> (Vec<Bytes>, usize) {
+    let mut wires = Vec::with_capacity(2);
+    if let Some(name) = name {
+        let mut setname = BytesMut::new();
+        encode_command(&[b"CLIENT".as_slice(), b"SETNAME", name], &mut setname);
+        wires.push(setname.freeze());
+    }
+    let skip = wires.len();
+    wires.push(first);
+    (wires, skip)
+}
+
+fn start(
+    stream: crate::net::Stream,
+    leftover: BytesMut,
+    pending: Vec<Bytes>,
+    skip: usize,
+    proto: Proto,
+    max_bulk: usize,
+) -> Start {
+    let (backend_r, backend_w) = stream.into_split();
+    Start {
         backend_w,
         pending,
         end: Some(TunnelEnd {
@@ -97,7 +115,7 @@ pub fn open_now(
         }),
         proto,
         max_bulk,
-    })
+    }
 }
 
 /// Opens a tunnel to `node` on a connection made with `hs`; `first` (the SUBSCRIBE) is
@@ -117,19 +135,12 @@ pub async fn open(
 ) -> Result<Start, BackendError> {
     let spare = (hs.db == 0).then(|| node.take_spare(hs.proto)).flatten();
     node.warm_spare(hs.proto);
-    let (conn, pending, skip) = match spare {
-        Some(d) => match &hs.name {
-            Some(name) => {
-                let mut setname = BytesMut::new();
-                encode_command(&[b"CLIENT".as_slice(), b"SETNAME", name], &mut setname);
-                (d, vec![setname.freeze(), first], 1)
-            }
-            None => (d, vec![first], 0),
-        },
-        None => (Dedicated::open(hs).await?, vec![first], 0),
+    let (conn, (mut pending, skip)) = match spare {
+        Some(d) => (d, first_wires(hs.name.as_ref(), first)),
+        // A new connection sets the name in its handshake.
+        None => (Dedicated::open(hs).await?, (vec![first], 0)),
     };
     let (mut stream, leftover) = conn.into_parts();
-    let mut pending = pending;
     if now {
         for p in pending.drain(..) {
             stream
@@ -142,18 +153,14 @@ pub async fn open(
             .await
             .map_err(|e| BackendError::Io(e.to_string()))?;
     }
-    let (backend_r, backend_w) = stream.into_split();
-    Ok(Start {
-        backend_w,
+    Ok(start(
+        stream,
+        leftover,
         pending,
-        end: Some(TunnelEnd {
-            backend_r,
-            leftover,
-            skip,
-        }),
-        proto: hs.proto,
-        max_bulk: hs.max_reply_bulk,
-    })
+        skip,
+        hs.proto,
+        hs.max_reply_bulk,
+    ))
 }
 
 /// Copies both ways until either side closes; `me`'s invalidations go between the node's
