@@ -49,8 +49,6 @@ pub struct Ctx {
     pub(super) next_id: AtomicU64,
     /// What the clients with CLIENT TRACKING on read (client-side caching).
     pub(super) tracking: Arc<super::tracking::ClientTracking>,
-    /// Clients waiting in a blocking command now (INFO's `blocked_clients`).
-    pub(super) blocked: Arc<std::sync::atomic::AtomicI64>,
     /// Every client connection, for CLIENT LIST, CLIENT INFO and CLIENT KILL.
     pub(super) clients: Arc<super::clients::Clients>,
     /// The clients in MONITOR.
@@ -123,7 +121,6 @@ impl Ctx {
             started: Instant::now(),
             next_id: AtomicU64::new(1),
             tracking,
-            blocked: Arc::default(),
             clients,
             monitors,
             acl_log: crate::auth::Log::default(),

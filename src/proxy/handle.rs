@@ -338,7 +338,7 @@ fn plain(
                     let w = blocking_worker(s, node);
                     let rx = w.call(vec![req.wire()], 1);
                     let on = Some((node, w.node_id()));
-                    Slot::Blocking(rx, Blocked::new(&s.ctx().blocked, &s.me, on))
+                    Slot::Blocking(rx, Blocked::new(&s.me, on))
                 }
                 Err(e) => Slot::Ready(e),
             };

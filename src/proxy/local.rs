@@ -70,24 +70,12 @@ pub fn handle(s: &mut Session, req: &Request, c: &Classified, rb: &mut RoundBuil
         }
         "HELLO" => return hello(s, req, rb),
         "SELECT" => {
-            let db = std::str::from_utf8(req.arg(1))
-                .ok()
-                .and_then(|d| d.parse::<u32>().ok());
-            match db {
-                None => error(rb, "ERR value is not an integer or out of range"),
-                Some(0) => {
-                    set_db(s, 0);
+            match select_index(s, req.arg(1)) {
+                Ok(d) => {
+                    set_db(s, d);
                     ready(rb, OK);
                 }
-                Some(d) if s.ctx().backend.is_single() => {
-                    if d >= s.ctx().backend.databases() {
-                        error(rb, "ERR DB index is out of range");
-                    } else {
-                        set_db(s, d);
-                        ready(rb, OK);
-                    }
-                }
-                Some(_) => error(rb, "ERR saltshaker: SELECT is not supported over a pool of nodes (only database 0)"),
+                Err(e) => error(rb, e),
             }
             return Flow::Continue;
         }
@@ -227,6 +215,23 @@ fn check_auth(s: &mut Session, user: Option<&[u8]>, pass: &[u8]) -> Result<(), &
             }
             Err(e)
         }
+    }
+}
+
+/// The database `SELECT arg` selects, or Redis's error (the proxy's over a pool, which
+/// serves database 0 only).
+fn select_index(s: &Session, arg: &[u8]) -> Result<u32, &'static str> {
+    let db = std::str::from_utf8(arg)
+        .ok()
+        .and_then(|d| d.parse::<u32>().ok())
+        .ok_or("ERR value is not an integer or out of range")?;
+    match db {
+        0 => Ok(0),
+        _ if !s.ctx().backend.is_single() => {
+            Err("ERR saltshaker: SELECT is not supported over a pool of nodes (only database 0)")
+        }
+        d if d >= s.ctx().backend.databases() => Err("ERR DB index is out of range"),
+        d => Ok(d),
     }
 }
 
@@ -493,11 +498,7 @@ pub(super) fn queue_in_tx(s: &mut Session, req: &Request, c: &Classified) -> Slo
     if c.spec.name == "SELECT" && single {
         // Checked as Redis checks it at EXEC: an index out of range is that command's
         // error in EXEC's reply, and the client stays where it is.
-        let db = std::str::from_utf8(req.arg(1))
-            .ok()
-            .and_then(|d| d.parse::<u32>().ok())
-            .filter(|&d| d < s.ctx().backend.databases());
-        if let Some(db) = db {
+        if let Ok(db) = select_index(s, req.arg(1)) {
             s.txn_mut().select_after(db);
         }
     } else if matches!(c.route, Route::Local)

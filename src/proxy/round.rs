@@ -163,32 +163,25 @@ pub enum Slot {
     Quiet(Box<Slot>),
 }
 
-/// One client waiting in a blocking command: counted while it lives (INFO's
-/// `blocked_clients` through the proxy, which tools and test suites poll), and flagged `b`
-/// in its CLIENT LIST line.
-pub struct Blocked(
-    std::sync::Arc<std::sync::atomic::AtomicI64>,
-    std::sync::Arc<super::clients::Client>,
-);
+/// One client waiting in a blocking command: flagged `b` in its CLIENT LIST line while it
+/// lives, and asked about by INFO's `blocked_clients` (`local::blocked_clients`).
+pub struct Blocked(std::sync::Arc<super::clients::Client>);
 
 impl Blocked {
     /// `on`: the node and the node's id of the connection the command waits on, for
-    /// CLIENT UNBLOCK (None while paused by CLIENT PAUSE, which it cannot end).
+    /// CLIENT UNBLOCK and INFO (None while paused by CLIENT PAUSE, which it cannot end).
     pub fn new(
-        count: &std::sync::Arc<std::sync::atomic::AtomicI64>,
         client: &std::sync::Arc<super::clients::Client>,
         on: Option<(usize, std::sync::Arc<std::sync::atomic::AtomicU64>)>,
     ) -> Blocked {
-        count.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         client.set_blocked(true, on);
-        Blocked(count.clone(), client.clone())
+        Blocked(client.clone())
     }
 }
 
 impl Drop for Blocked {
     fn drop(&mut self) {
-        self.0.fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
-        self.1.set_blocked(false, None);
+        self.0.set_blocked(false, None);
     }
 }
 

@@ -60,7 +60,7 @@ pub(super) async fn paused(
     if !rb.is_empty() && !flush(s, rb, tx).await {
         return false;
     }
-    let _paused = super::round::Blocked::new(&s.ctx().blocked, &s.me, None);
+    let _paused = super::round::Blocked::new(&s.me, None);
     tokio::select! {
         _ = s.ctx().pause.wait(writes(c)) => true,
         _ = killed.wait_for(|k| *k) => false,
