@@ -104,7 +104,9 @@ fn redis_8_commands_and_forms_answer_as_the_node_does() {
     let node = Redis::start_bin(&bin, &[], free_port);
     let other = Redis::start_bin(&bin, &[], free_port);
     let proxy = Proxy::start(&[&node], &[]);
-    wait_learned(&proxy.addr(), "VCARD");
+    for cmd in ["VADD", "VCARD", "VDIM", "VSIM", "VISMEMBER", "VREM"] {
+        wait_learned(&proxy.addr(), cmd);
+    }
     // Forms newer than 7.0 of commands the table has: ZRANK ... WITHSCORE (7.2), learned
     // in the same pass, which may end a little after VCARD's.
     let mut c = proxy.client();
@@ -149,7 +151,9 @@ fn vector_sets_reach_each_keys_node_over_a_pool_and_a_cluster() {
         .collect();
     let refs: Vec<&Redis> = nodes.iter().collect();
     let proxy = Proxy::start(&refs, &[]);
-    wait_learned(&proxy.addr(), "VCARD");
+    for cmd in ["VADD", "VCARD", "VISMEMBER"] {
+        wait_learned(&proxy.addr(), cmd);
+    }
     let keys = spread_keys("vec:", 2);
     let mut c = proxy.client();
     for (i, k) in keys.iter().enumerate() {
@@ -174,7 +178,9 @@ fn vector_sets_reach_each_keys_node_over_a_pool_and_a_cluster() {
 
     let cluster = RedisCluster::start_bin(&bin, 3, 1);
     let proxy = Proxy::start_cluster(&cluster.seeds(), &[]);
-    wait_learned(&proxy.addr(), "VCARD");
+    for cmd in ["VADD", "VCARD", "VISMEMBER"] {
+        wait_learned(&proxy.addr(), cmd);
+    }
     let mut c = proxy.client();
     let mut masters = std::collections::HashSet::new();
     for i in 0..12 {
@@ -210,6 +216,8 @@ fn valkey_9_delifeq_and_msetex_over_one_node_a_pool_and_a_cluster() {
         .enumerate()
     {
         wait_learned(&proxy.addr(), "DELIFEQ");
+        wait_learned(&proxy.addr(), "MSETEX");
+        wait_learned(&proxy.addr(), "MSETEX");
         let mut c = proxy.client();
         // Two keys, on two nodes over the pool.
         let mut keys = spread_keys(&format!("vk{i}:"), 8);
@@ -242,6 +250,7 @@ fn valkey_9_delifeq_and_msetex_over_one_node_a_pool_and_a_cluster() {
     let cluster = RedisCluster::start_bin(&bin, 3, 1);
     let proxy = Proxy::start_cluster(&cluster.seeds(), &[]);
     wait_learned(&proxy.addr(), "DELIFEQ");
+    wait_learned(&proxy.addr(), "MSETEX");
     let mut c = proxy.client();
     for i in 0..8 {
         let k = format!("cvk:{i}");

@@ -141,7 +141,8 @@ pub async fn learn_commands_of_new_versions(backend: &Backend, version: &NodeVer
 
 /// Learns the commands node `index` lists that the table lacks, and the arity it gives
 /// the ones the table has (a form a newer node accepts is not refused). The names are
-/// asked in groups, so one reply stays small.
+/// asked in groups, so one reply stays small; every reply is in before any command is
+/// learned, so a node's new commands become known together, not one group at a time.
 async fn learn_commands(backend: &Backend, index: usize) -> bool {
     let list = crate::backend::wire(&["COMMAND", "LIST"]);
     let names: Vec<String> = match crate::salt::call(backend, &[(index, list)])
@@ -151,27 +152,24 @@ async fn learn_commands(backend: &Backend, index: usize) -> bool {
         Ok([Value::Array(names)]) => names.iter().filter_map(text).collect(),
         _ => return false,
     };
+    let mut infos = Vec::with_capacity(names.len());
     for group in names.chunks(32) {
         let mut args = vec!["COMMAND", "INFO"];
         args.extend(group.iter().map(String::as_str));
         let ask = crate::backend::wire(&args);
-        let Ok(replies) = crate::salt::call(backend, &[(index, ask)]).await else {
-            return false;
-        };
-        let Some(Value::Array(infos)) = replies.first() else {
-            return false;
-        };
-        for info in infos.iter().filter_map(learned_of) {
-            if crate::command::lookup(info.name.as_bytes()).is_some() {
-                crate::command::learn_arity(&info.name, info.arity);
-                for sub in &info.subcommands {
-                    crate::command::learn_arity(&sub.name, sub.arity);
-                }
-                continue;
+        match crate::salt::call(backend, &[(index, ask)]).await.as_deref() {
+            Ok([Value::Array(group)]) => infos.extend(group.iter().filter_map(learned_of)),
+            _ => return false,
+        }
+    }
+    for info in infos {
+        if crate::command::lookup(info.name.as_bytes()).is_some() {
+            crate::command::learn_arity(&info.name, info.arity);
+            for sub in &info.subcommands {
+                crate::command::learn_arity(&sub.name, sub.arity);
             }
-            if crate::command::learn(&info) {
-                tracing::info!(command = %info.name, node = %backend.node(index).addr, "learned a command from a node");
-            }
+        } else if crate::command::learn(&info) {
+            tracing::info!(command = %info.name, node = %backend.node(index).addr, "learned a command from a node");
         }
     }
     true

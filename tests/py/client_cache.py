@@ -193,7 +193,12 @@ def setup(c):
             deadline = time.monotonic() + 10
             while True:
                 try:
-                    r.execute_command("VCARD", "vprobe")
+                    for cmd in ("VADD", "VCARD", "VDIM", "VSIM"):
+                        try:
+                            r.execute_command(cmd, "vprobe")
+                        except redis.exceptions.ResponseError as e:
+                            if "unknown command" in str(e):
+                                raise
                     break
                 except redis.exceptions.ResponseError as e:
                     assert "unknown command" in str(e), e
