@@ -30,6 +30,8 @@ fn modules(dir: &Path) -> BTreeMap<Module, PathBuf> {
                     .components()
                     .map(|c| c.as_os_str().to_string_lossy().into_owned())
                     .collect();
+                // `lib.rs` is the crate root; `main.rs` is a crate of its own and keeps
+                // its name, so both are checked.
                 if matches!(m.last().map(String::as_str), Some("mod" | "lib" | "main")) {
                     m.pop();
                 }
@@ -73,7 +75,8 @@ fn paths_after(src: &str, prefix: &str) -> Vec<Vec<String>> {
     while let Some(i) = src[at..].find(prefix) {
         let start = at + i;
         at = start + prefix.len();
-        if src[..start].chars().next_back().is_some_and(ident) {
+        if src[..start].chars().next_back().is_some_and(ident) || src[..start].ends_with("(in ") {
+            // `pub(in crate::proxy)` is a visibility, not an import.
             continue;
         }
         let rest = &src[at..];
@@ -353,6 +356,32 @@ fn problems(dir: &Path) -> Vec<String> {
             out.push(format!("import cycle in {folder}/: {}", c.join(" -> ")));
         }
     }
+    // proxy/'s rooms (its folders) import one way too: a file's imports of another
+    // room's files make an arrow between the rooms.
+    let mut rooms: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    let in_room = |m: &Module| m[0] == "proxy" && (m.len() >= 3 || mods[m].ends_with("mod.rs"));
+    for (m, to) in imp.iter().filter(|(m, _)| m.len() >= 2 && in_room(m)) {
+        let deps = rooms.entry(m[1].clone()).or_default();
+        for t in to {
+            if t.len() >= 2 && in_room(t) && t[1] != m[1] {
+                deps.insert(t[1].clone());
+            }
+        }
+    }
+    for (m, p) in &mods {
+        if m.len() == 2 && m[0] == "proxy" && !p.ends_with("mod.rs") {
+            out.push(format!(
+                "{} lies in proxy/ outside its rooms (a folder each)",
+                show(m)
+            ));
+        }
+    }
+    if let Some(c) = cycle(&rooms) {
+        out.push(format!(
+            "import cycle between proxy/'s rooms: {}",
+            c.join(" -> ")
+        ));
+    }
     // A salt kind imports no other kind; the engine imports no kind.
     let kind_of = |m: &Module| (m.len() >= 3 && m[..2] == ["salt", "kinds"]).then(|| m[2].clone());
     let engine = [
@@ -446,6 +475,15 @@ fn a_tree_that_breaks_the_rules_is_caught() {
             "//\n".repeat(601)
         ),
     );
+    // Two rooms of proxy/ whose files import each other's (no file cycle).
+    write("proxy/x/mod.rs", "pub mod one;\npub mod two;\n");
+    write("proxy/x/one.rs", "pub struct One;\n");
+    write("proxy/x/two.rs", "use crate::proxy::y::four::Four;\n");
+    write("proxy/y/mod.rs", "pub mod three;\npub mod four;\n");
+    write("proxy/y/three.rs", "use crate::proxy::x::one::One;\n");
+    write("proxy/y/four.rs", "pub(in crate::proxy) struct Four;\n");
+    // main.rs is checked as well as lib.rs.
+    write("main.rs", &"//\n".repeat(601));
     let p = problems(&dir).join("\n");
     let _ = std::fs::remove_dir_all(&dir);
     for want in [
@@ -453,6 +491,9 @@ fn a_tree_that_breaks_the_rules_is_caught() {
         "the leaf resp imports salt",
         "import cycle between folders",
         "import cycle in proxy/",
+        "import cycle between proxy/'s rooms: x -> y -> x",
+        "main.rs has 601 lines",
+        "proxy/a lies in proxy/ outside its rooms",
         "import cycle between files: rules/a -> rules/b -> rules/a",
         "11 `Result<_, String>` in the code (at most 10)",
         "the salt kind salt/kinds/set imports salt/kinds/hll",
@@ -460,7 +501,7 @@ fn a_tree_that_breaks_the_rules_is_caught() {
     ] {
         assert!(p.contains(want), "not caught: {want}\nfound:\n{p}");
     }
-    for not in ["salt/kinds/hll names", "ErrorKind"] {
+    for not in ["salt/kinds/hll names", "ErrorKind", "proxy/y/four -> proxy"] {
         assert!(!p.contains(not), "wrongly caught: {not}\nfound:\n{p}");
     }
 }

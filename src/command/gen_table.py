@@ -119,7 +119,7 @@ route("ASKING, CLUSTER INFO, CLUSTER KEYSLOT, CLUSTER MYID, CLUSTER NODES, CLUST
 # OBJECT FREQ is answered from the proxy's own sketches, whatever the nodes' eviction
 # policy, so that `redis-cli --hotkeys` works through the proxy (`proxy::local`).
 route("OBJECT FREQ", "Route::Local")
-# HOTKEYS, answered from the proxy's own sketches (`proxy::hotkeys_cmd`).
+# HOTKEYS, answered from the proxy's own sketches (`proxy::registry::hotkeys`).
 route("HOTKEYS, HOTKEYS START, HOTKEYS STOP, HOTKEYS GET, HOTKEYS RESET", "Route::Local")
 # Client-side caching, answered by the proxy for its own clients (`proxy::client_cache`).
 route("CLIENT TRACKING, CLIENT CACHING, CLIENT GETREDIR, CLIENT TRACKINGINFO", "Route::Local")
@@ -150,7 +150,7 @@ EXTRAS = [
     ("HGETDEL", -5, "write fast", (1, 1, 1), "8.0", "write hash fast"),
     ("HGETEX", -5, "write fast", (1, 1, 1), "8.0", "write hash fast"),
     ("HSETEX", -6, "write denyoom fast", (1, 1, 1), "8.0", "write hash fast"),
-    # HOTKEYS (8.6) is answered from the proxy's own sketches (`proxy::hotkeys_cmd`).
+    # HOTKEYS (8.6) is answered from the proxy's own sketches (`proxy::registry::hotkeys`).
     ("HOTKEYS", -2, "container", None, "8.6", "slow"),
     ("HOTKEYS GET", 2, "admin noscript", None, "8.6", "admin slow dangerous"),
     ("HOTKEYS RESET", 2, "admin noscript", None, "8.6", "admin slow dangerous"),

@@ -27,7 +27,7 @@
 //!   proxy's users), `client_cmd` (the CLIENT commands), `client_cache` (CLIENT TRACKING
 //!   and its kin, and which keys a tracking client is told about), `end` (how a
 //!   connection's read phase hands over or closes), `local` (commands answered here,
-//!   transactions), `hotkeys_cmd` (HOTKEYS, from the detector's windows);
+//!   transactions), `hotkeys` (HOTKEYS, from the detector's windows);
 //! - top: `handle` (one command: the ACL check that `step` runs first, then order,
 //!   decide once, observe, act; synchronous, a wait comes back as `Flow::Wait`), `step`
 //!   (one command of a read: classify, check the ACL, admit, the whole path when nothing
@@ -36,45 +36,17 @@
 //!   holds little), `reply` (the writer), and this file (the listener, the worker threads
 //!   and the background tasks).
 
-mod acl;
-mod admit;
-mod as_cluster;
-mod client_cache;
-mod client_cmd;
-mod clients;
-mod cost;
-mod ctx;
-mod dedicated;
-mod end;
-mod handle;
-mod hotkeys_cmd;
-mod local;
-mod merge;
-mod mitigation;
-mod monitor;
-mod order;
-mod plan;
-mod reply;
-mod round;
-mod route;
-mod salted;
-mod scan;
+mod act;
+mod answer;
+mod conn;
+mod registry;
 mod session;
-mod settle;
-mod sort;
-mod state;
-mod step;
-mod store;
-mod tracking;
-mod tunnel;
-mod txn;
-mod version;
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-pub use ctx::{CacheLayer, Ctx};
+pub use conn::ctx::{CacheLayer, Ctx};
 
 use tokio::net::TcpListener;
 
@@ -304,19 +276,23 @@ pub fn spawn_memory_trim(ctx: Arc<Ctx>) {
 /// every second until every node has answered, and every minute after that; and, in the
 /// background, the commands of each node seen at a new version (`version`).
 pub async fn learn_node_version(ctx: Arc<Ctx>, wait: Duration) {
-    let learn = version::learn(&ctx.backend, &ctx.version);
+    let learn = registry::version::learn(&ctx.backend, &ctx.version);
     let mut all = tokio::time::timeout(wait, learn).await.unwrap_or(false);
     let mut shutdown = ctx.shutdown.clone();
     tokio::spawn(async move {
         loop {
             // The commands of a node seen at a new version (at start: every node).
-            version::learn_commands_of_new_versions(&ctx.backend, &ctx.version).await;
-            let pause = if all { version::EVERY } else { version::RETRY };
+            registry::version::learn_commands_of_new_versions(&ctx.backend, &ctx.version).await;
+            let pause = if all {
+                registry::version::EVERY
+            } else {
+                registry::version::RETRY
+            };
             tokio::select! {
                 _ = tokio::time::sleep(pause) => {}
                 _ = async { let _ = shutdown.wait_for(|v| *v).await; } => return,
             }
-            all = version::learn(&ctx.backend, &ctx.version).await;
+            all = registry::version::learn(&ctx.backend, &ctx.version).await;
         }
     });
 }

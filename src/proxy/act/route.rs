@@ -5,10 +5,10 @@
 use bytes::Bytes;
 use smallvec::SmallVec;
 
-use super::round::{Merge, Part, RoundBuilder, Slot};
-use super::scan;
-use super::state::{err_bytes, Session};
 use crate::command::{Access, Agg, Classified, Split};
+use crate::proxy::conn::round::{Merge, Part, RoundBuilder, Slot};
+use crate::proxy::conn::scan;
+use crate::proxy::conn::state::{err_bytes, Session};
 use crate::resp::Request;
 
 /// The node of every key of a keyed command, or the error a client sees when they span
@@ -78,7 +78,7 @@ fn sort_patterns_on(s: &Session, req: &Request, c: &Classified, node: usize) -> 
 
 /// SORT or SORT_RO on a pool whose BY/GET patterns or STORE destination name keys on other
 /// nodes than the sorted key's: the proxy runs it across the nodes (`sort`).
-pub(super) fn sort_spans_nodes(s: &Session, req: &Request, c: &Classified) -> bool {
+pub(in crate::proxy) fn sort_spans_nodes(s: &Session, req: &Request, c: &Classified) -> bool {
     let b = &s.ctx().backend;
     if !matches!(c.spec.name, "SORT" | "SORT_RO") || b.placement().is_none() {
         return false;
@@ -92,7 +92,11 @@ pub(super) fn sort_spans_nodes(s: &Session, req: &Request, c: &Classified) -> bo
 
 /// A storing command on a pool whose sources share a node and whose destination is on
 /// another: the result moves there (`store`). The destination's place among the keys.
-pub(super) fn store_spans_nodes(s: &Session, req: &Request, c: &Classified) -> Option<usize> {
+pub(in crate::proxy) fn store_spans_nodes(
+    s: &Session,
+    req: &Request,
+    c: &Classified,
+) -> Option<usize> {
     let b = &s.ctx().backend;
     if b.placement().is_none() || b.random() {
         return None;
@@ -109,7 +113,12 @@ fn reads_only(c: &Classified) -> bool {
     c.access == Access::Read
 }
 
-pub(super) fn forward_keyed(s: &mut Session, req: &Request, c: &Classified, rb: &mut RoundBuilder) {
+pub(in crate::proxy) fn forward_keyed(
+    s: &mut Session,
+    req: &Request,
+    c: &Classified,
+    rb: &mut RoundBuilder,
+) {
     if sort_spans_nodes(s, req, c) {
         return super::sort::across(s, req, c, rb);
     }
@@ -149,7 +158,7 @@ pub fn push_n(
     rb.push(node, || s.conn(node), wire, count)
 }
 
-pub(super) fn split(
+pub(in crate::proxy) fn split(
     s: &mut Session,
     req: &Request,
     c: &Classified,
@@ -216,7 +225,11 @@ pub(super) fn split(
 }
 
 /// The command as it came, once to every master: the parts to merge.
-pub(super) fn to_masters(s: &mut Session, req: &Request, rb: &mut RoundBuilder) -> Vec<Part> {
+pub(in crate::proxy) fn to_masters(
+    s: &mut Session,
+    req: &Request,
+    rb: &mut RoundBuilder,
+) -> Vec<Part> {
     s.ctx()
         .backend
         .masters()
@@ -225,7 +238,7 @@ pub(super) fn to_masters(s: &mut Session, req: &Request, rb: &mut RoundBuilder) 
         .collect()
 }
 
-pub(super) fn all_nodes(
+pub(in crate::proxy) fn all_nodes(
     s: &mut Session,
     req: &Request,
     _c: &Classified,
@@ -260,7 +273,7 @@ pub(super) fn all_nodes(
 
 /// SCAN walks the nodes that hold the keys (a cluster's masters) one after another; the
 /// cursor carries the place in that list.
-pub(super) fn scan_one(s: &mut Session, req: &Request, rb: &mut RoundBuilder) {
+pub(in crate::proxy) fn scan_one(s: &mut Session, req: &Request, rb: &mut RoundBuilder) {
     let masters = s.ctx().backend.masters();
     let nodes = masters.len().max(1);
     let cursor = std::str::from_utf8(req.arg(1))
@@ -289,7 +302,7 @@ pub(super) fn scan_one(s: &mut Session, req: &Request, rb: &mut RoundBuilder) {
 /// its own, because a node running a script answers its shared connections only once the
 /// script ends. The reply is what one node would say: OK if a node killed something, else
 /// the first refusal other than NOTBUSY (UNKILLABLE: the script wrote), else NOTBUSY.
-pub(super) fn kill(s: &mut Session, req: &Request, rb: &mut RoundBuilder) {
+pub(in crate::proxy) fn kill(s: &mut Session, req: &Request, rb: &mut RoundBuilder) {
     let wire = req.wire();
     let timeout = s.ctx().backend.request_timeout;
     let handshakes: Vec<_> = s
@@ -347,7 +360,7 @@ fn kill_reply(replies: Vec<Result<Bytes, crate::backend::BackendError>>) -> Byte
         .unwrap_or_else(|| err_bytes("ERR saltshaker: no node to send the command to"))
 }
 
-pub(super) fn is_pubsub_command(name: &str) -> bool {
+pub(in crate::proxy) fn is_pubsub_command(name: &str) -> bool {
     name == "PUBLISH" || name == "SPUBLISH" || name.starts_with("PUBSUB")
 }
 
@@ -355,7 +368,7 @@ pub(super) fn is_pubsub_command(name: &str) -> bool {
 /// proxy's subscribers meet every publisher there. A cluster broadcasts PUBLISH to every
 /// node, so any master will do; its shard channels (SPUBLISH, SSUBSCRIBE) live on the
 /// master of the channel's slot, and one SSUBSCRIBE names one slot.
-pub(super) fn pubsub_node(s: &Session, req: &Request) -> Result<usize, Bytes> {
+pub(in crate::proxy) fn pubsub_node(s: &Session, req: &Request) -> Result<usize, Bytes> {
     let b = &s.ctx().backend;
     if !b.by_slot() {
         return Ok(0);

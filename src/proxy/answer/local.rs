@@ -4,11 +4,11 @@
 use bytes::{Bytes, BytesMut};
 
 use super::as_cluster;
-use super::dedicated::DedicatedWorker;
-use super::round::{Merge, RoundBuilder, Slot};
-use super::route::{keys_node, push, push_n};
-use super::state::{err_bytes, ready_later, reset_dedicated, Flow, Session};
 use crate::command::{flags, Classified, Route};
+use crate::proxy::act::route::{keys_node, push, push_n};
+use crate::proxy::conn::dedicated::DedicatedWorker;
+use crate::proxy::conn::round::{Merge, RoundBuilder, Slot};
+use crate::proxy::conn::state::{err_bytes, ready_later, reset_dedicated, Flow, Session};
 use crate::resp::{
     encode_bulk, encode_int, encode_map_header, encode_simple, Proto, Request, Value,
 };
@@ -148,10 +148,17 @@ pub fn handle(s: &mut Session, req: &Request, c: &Classified, rb: &mut RoundBuil
 /// once; for the others, each node that holds one is asked which of their connections
 /// it has blocked (`CLIENT LIST ID ...`, its `b` flag): the parts that `Merge::Info`
 /// reads. INFO is rare; it pays for that.
-fn blocked_clients(s: &mut Session, rb: &mut RoundBuilder) -> (i64, Vec<super::round::Part>) {
+fn blocked_clients(
+    s: &mut Session,
+    rb: &mut RoundBuilder,
+) -> (i64, Vec<crate::proxy::conn::round::Part>) {
     let mut here = 0;
     let mut on_nodes: Vec<(usize, Vec<String>)> = Vec::new();
-    for c in s.ctx().clients.select(&super::clients::Filter::default()) {
+    for c in s
+        .ctx()
+        .clients
+        .select(&crate::proxy::registry::clients::Filter::default())
+    {
         match c.blocked_where() {
             Some(None) => here += 1,
             Some(Some((node, id))) if id != 0 => {
@@ -413,7 +420,7 @@ fn exec(s: &mut Session, rb: &mut RoundBuilder) {
     }
     // The transaction's writes drop their keys' cached replies, as a write outside MULTI
     // does, and this session's next reads of them wait for EXEC's reply.
-    super::mitigation::invalidate_keys(s, &tx.writes, rb);
+    crate::proxy::act::mitigation::invalidate_keys(s, &tx.writes, rb);
     // What the proxy answers itself runs now, in queue order: it touches only this
     // connection's state, so running it before the node runs the rest changes no reply.
     let locals: Vec<(usize, Bytes)> = tx
@@ -443,7 +450,10 @@ fn exec(s: &mut Session, rb: &mut RoundBuilder) {
             rb.slots.push(if locals.is_empty() {
                 Slot::Later(rx)
             } else {
-                Slot::LaterThen(rx, Box::new(move |b| super::txn::splice(b, &locals)))
+                Slot::LaterThen(
+                    rx,
+                    Box::new(move |b| crate::proxy::conn::txn::splice(b, &locals)),
+                )
             });
             // What the session sends next, on the shared connections, runs after EXEC.
             s.settle_next();
@@ -488,7 +498,7 @@ fn run_queued_local(s: &mut Session, req: &Request) -> Bytes {
 /// What the proxy answers itself (CLIENT SETNAME, CLIENT ID, AUTH, ...) is queued in the
 /// proxy and run at EXEC in its turn, as Redis runs it; a SELECT goes to the node, so the
 /// commands after it run in its database there, and moves the client at EXEC.
-pub(super) fn queue_in_tx(s: &mut Session, req: &Request, c: &Classified) -> Slot {
+pub(in crate::proxy) fn queue_in_tx(s: &mut Session, req: &Request, c: &Classified) -> Slot {
     const QUEUED: &[u8] = b"+QUEUED\r\n";
     // Redis's own refusal (SAVE, SHUTDOWN, SYNC, PSYNC), which aborts the EXEC.
     if c.spec.has(flags::NO_MULTI) {

@@ -4,10 +4,10 @@
 
 use bytes::{Bytes, BytesMut};
 
-use super::clients;
-use super::round::{RoundBuilder, Slot};
-use super::state::{err_bytes, Flow, Session};
 use crate::command::Classified;
+use crate::proxy::conn::round::{RoundBuilder, Slot};
+use crate::proxy::conn::state::{err_bytes, Flow, Session};
+use crate::proxy::registry::clients;
 use crate::resp::{encode_bulk, encode_int, encode_simple, Proto, Request, Value};
 
 fn error(rb: &mut RoundBuilder, msg: &str) -> Flow {
@@ -209,7 +209,7 @@ fn unblock(s: &mut Session, req: &Request, rb: &mut RoundBuilder) -> Flow {
     };
     let id = node_id.to_string();
     let wire = Request::from_args(&[&b"CLIENT"[..], b"UNBLOCK", id.as_bytes(), mode]).wire();
-    let part = super::route::push(s, rb, node, wire);
+    let part = crate::proxy::act::route::push(s, rb, node, wire);
     rb.slots.push(Slot::Reply(part));
     Flow::Continue
 }

@@ -17,12 +17,12 @@ use std::sync::Arc;
 use bytes::Bytes;
 use tokio::sync::oneshot;
 
-use super::round::{Keys, Merge, RoundBuilder, Slot};
 use super::route::push;
-use super::state::{err_bytes, Session};
 use crate::command::Classified;
 use crate::mitigate::combine::BatchKey;
 use crate::policy::{SaltPlan, SaltPlan as Plan};
+use crate::proxy::conn::round::{Keys, Merge, RoundBuilder, Slot};
+use crate::proxy::conn::state::{err_bytes, Session};
 use crate::resp::{Proto, Request};
 use crate::salt::kind::{is_write, only_reads, Op};
 use crate::salt::kinds;
@@ -53,7 +53,7 @@ fn count(s: &Session, plan: &SaltPlan) {
 }
 
 /// What the session does next.
-pub(super) enum Next {
+pub(in crate::proxy) enum Next {
     /// Answered (in the round, by a task, or with an error).
     Done,
     /// Go on with the usual path (the key's shards are folded in if that was needed).
@@ -67,7 +67,7 @@ pub(super) enum Next {
 /// GET's proxy CPU at pipeline 16 (`bench/salted_get.sh`), against 1.3-1.4x for the build
 /// that answered them before the one-pass work, where `perf` put 7% of the samples in
 /// `memmove` and 8% in malloc and free.
-pub(super) fn act_now(
+pub(in crate::proxy) fn act_now(
     s: &mut Session,
     req: &Request,
     c: &Classified,
@@ -197,7 +197,7 @@ pub(super) fn act_now(
 
 /// Folds the command's salted keys (those in `table`) into their base keys, after the
 /// session's earlier commands have landed: then the command goes on as usual.
-pub(super) async fn fold_first(
+pub(in crate::proxy) async fn fold_first(
     s: &mut Session,
     req: &Request,
     c: &Classified,
@@ -319,7 +319,12 @@ fn combine(
 /// `SALTSHAKER.INCRBY key delta id`: one script in the round, like any command, or, when
 /// the ID must be looked up elsewhere first, a task like any salted command that leaves
 /// the round (once the session's earlier commands have landed, before its later ones).
-pub(super) fn idempotent(s: &mut Session, req: &Request, delta: i64, rb: &mut RoundBuilder) {
+pub(in crate::proxy) fn idempotent(
+    s: &mut Session,
+    req: &Request,
+    delta: i64,
+    rb: &mut RoundBuilder,
+) {
     let refuse = if s.db() != 0 {
         Some("ERR saltshaker: SALTSHAKER.INCRBY works in database 0 only")
     } else if !s.ctx().salt.enabled {
@@ -370,7 +375,7 @@ pub(super) fn idempotent(s: &mut Session, req: &Request, delta: i64, rb: &mut Ro
 }
 
 /// Whether `SALTSHAKER.INCRBY` of `req` runs as a task (the round built so far goes first).
-pub(super) fn idempotent_is_task(s: &Session, req: &Request) -> bool {
+pub(in crate::proxy) fn idempotent_is_task(s: &Session, req: &Request) -> bool {
     let key = req.arg(1);
     let Some(e) = s.ctx().salt.table.load().get(key).cloned() else {
         return false;

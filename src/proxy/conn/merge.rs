@@ -12,7 +12,7 @@ use crate::resp::{
 };
 
 /// A task's reply, or the error text for a task that gave up or ran past `deadline`.
-pub(super) async fn later(
+pub(in crate::proxy) async fn later(
     rx: oneshot::Receiver<Bytes>,
     deadline: Option<tokio::time::Instant>,
 ) -> Result<Bytes, &'static str> {
@@ -25,7 +25,7 @@ pub(super) async fn later(
     r.map_err(|_| "ERR saltshaker: internal error (request abandoned)")
 }
 
-pub(super) fn part(
+pub(in crate::proxy) fn part(
     replies: &[Result<Replies, BackendError>],
     p: Part,
 ) -> Result<Bytes, &BackendError> {
@@ -93,7 +93,7 @@ fn values(replies: &[Result<Replies, BackendError>], parts: &[Part]) -> Result<V
 /// key's element as it is, except WRONGTYPE, which MGET answers with nil. The node's
 /// failure or another error reply (a failed fill) answers the whole command, as it would
 /// a plain MGET.
-pub(super) async fn mget_per_key(
+pub(in crate::proxy) async fn mget_per_key(
     m: MgetPerKey,
     replies: &[Result<Replies, BackendError>],
     proto: Proto,
@@ -134,7 +134,7 @@ pub(super) async fn mget_per_key(
     out.extend_from_slice(&items);
 }
 
-pub(super) fn merge(
+pub(in crate::proxy) fn merge(
     m: Merge,
     replies: &[Result<Replies, BackendError>],
     proto: Proto,

@@ -8,18 +8,18 @@ use crate::metrics::Class;
 use crate::policy::{self, Action};
 use crate::resp::Request;
 
-use super::state::Session;
+use crate::proxy::conn::state::Session;
 
 /// Whether the command goes on a connection of the session's own (WATCH, EXEC under
 /// WATCH, a blocking command) or runs as a task across nodes (SORT with patterns on other
 /// nodes, a STORE destination on another node): it leaves once every earlier reply is in.
-pub(super) fn own_connection(s: &Session, req: &Request, c: &Classified) -> bool {
+pub(in crate::proxy) fn own_connection(s: &Session, req: &Request, c: &Classified) -> bool {
     match c.route {
         Route::Blocking => !s.txn().in_multi(),
         Route::Keyed => {
             !s.txn().in_multi()
-                && (super::route::sort_spans_nodes(s, req, c)
-                    || super::route::store_spans_nodes(s, req, c).is_some())
+                && (crate::proxy::act::route::sort_spans_nodes(s, req, c)
+                    || crate::proxy::act::route::store_spans_nodes(s, req, c).is_some())
         }
         Route::Transaction => match c.spec.name {
             "WATCH" => !s.txn().in_multi(),
@@ -32,7 +32,7 @@ pub(super) fn own_connection(s: &Session, req: &Request, c: &Classified) -> bool
 
 /// The decide phase: what the rules, the hot set and the salt table say to do with the
 /// command (`policy::decide`, pure).
-pub(super) fn decide(s: &Session, req: &Request, c: &Classified) -> Action {
+pub(in crate::proxy) fn decide(s: &Session, req: &Request, c: &Classified) -> Action {
     let hot = s.ctx().hot.load();
     let table = s.ctx().salt.table.load();
     // No salted key (the common case): the plan looks no further, so skip the clock.
@@ -55,7 +55,7 @@ pub(super) fn decide(s: &Session, req: &Request, c: &Classified) -> Action {
 }
 
 /// The observe phase: every key of every command feeds the hot-key detector.
-pub(super) fn observe(s: &Session, req: &Request, c: &Classified) -> Class {
+pub(in crate::proxy) fn observe(s: &Session, req: &Request, c: &Classified) -> Class {
     let (kind, class) = match c.access {
         Access::Write => (Kind::Write, Class::Write),
         Access::Read => (Kind::Read, Class::Read),

@@ -13,21 +13,21 @@ use tokio::sync::{mpsc, watch};
 
 use super::admit::{self, Gate, Hook};
 use super::handle::{act, check, handle, proceed, resume};
-use super::round::{Queued, RoundBuilder};
 use super::settle;
-use super::state::{err_bytes, Decided, Flow, Pending, Session};
 use crate::command::{self, Classified, Spec};
+use crate::proxy::conn::round::{Queued, RoundBuilder};
+use crate::proxy::conn::state::{err_bytes, Decided, Flow, Pending, Session};
 use crate::resp::Request;
 
 /// A command classified and admitted, with the pacing admission asked for.
-pub(super) struct Begun {
+pub(in crate::proxy) struct Begun {
     req: Request,
     c: Classified,
     wait: Duration,
 }
 
 /// What a command that must wait goes on from.
-pub(super) enum Slow {
+pub(in crate::proxy) enum Slow {
     /// Before it is handled: admission's pacing or CLIENT PAUSE. Boxed, so that the
     /// common path's `Result<Flow, Slow>` stays small.
     Before(Box<Begun>),
@@ -37,7 +37,7 @@ pub(super) enum Slow {
 
 /// classify -> check (auth, ACL) -> admit. None when the command is answered already (refused, or admission
 /// answered it); else the command, the hook that sees its reply, and its MONITOR line.
-pub(super) fn begin(
+pub(in crate::proxy) fn begin(
     s: &mut Session,
     req: Request,
     rb: &mut RoundBuilder,
@@ -77,13 +77,17 @@ pub(super) fn begin(
     // Redis shows no CMD_ADMIN command to monitors. The scripts (EVAL, EVALSHA, FCALL and
     // their _RO forms) are CMD_SKIP_MONITOR only because Redis writes their line itself,
     // in evalCommand and fcallCommand, before the script runs: so they are shown here.
-    let monitor =
-        (monitored && !c.spec.has(command::flags::ADMIN)).then(|| super::monitor::args(&req));
+    let monitor = (monitored && !c.spec.has(command::flags::ADMIN))
+        .then(|| crate::proxy::registry::monitor::args(&req));
     Some((Begun { req, c, wait }, hook, monitor))
 }
 
 /// The command's whole path when nothing on it waits: its flow, or where to go on from.
-pub(super) fn now(s: &mut Session, b: Begun, rb: &mut RoundBuilder) -> Result<Flow, Slow> {
+pub(in crate::proxy) fn now(
+    s: &mut Session,
+    b: Begun,
+    rb: &mut RoundBuilder,
+) -> Result<Flow, Slow> {
     if !b.wait.is_zero() || s.ctx().pause.holds(settle::writes(&b.c)).is_some() {
         return Err(Slow::Before(Box::new(b)));
     }
@@ -95,7 +99,7 @@ pub(super) fn now(s: &mut Session, b: Begun, rb: &mut RoundBuilder) -> Result<Fl
 
 /// The waits of a command, and the rest of its path; `mark` is where its slots start in
 /// `rb` (a round sent ahead starts a fresh one). None when the client is gone.
-pub(super) async fn slow(
+pub(in crate::proxy) async fn slow(
     s: &mut Session,
     from: Slow,
     rb: &mut RoundBuilder,

@@ -7,7 +7,6 @@ use std::sync::Arc;
 use bytes::{Bytes, BytesMut};
 use tokio::sync::{oneshot, watch};
 
-use super::clients::{Client, Shown};
 use super::ctx::Ctx;
 use super::dedicated::DedicatedWorker;
 use super::order::Order;
@@ -15,6 +14,7 @@ use super::tunnel;
 use crate::backend::{ConnHandle, Lane};
 use crate::command::Classified;
 use crate::policy::Action;
+use crate::proxy::registry::clients::{Client, Shown};
 use crate::resp::{encode_error, Proto, Request};
 
 use super::txn::Txn;
@@ -58,7 +58,7 @@ pub struct Session {
     /// one of their own.
     lane: Lane,
     /// What must be done before the session's next command leaves (see `order`).
-    pub(super) order: Order,
+    pub(in crate::proxy) order: Order,
     gone: watch::Receiver<bool>,
     /// `detection.enabled` of the rules, read once per round rather than per command
     /// (`begin_round`).
@@ -74,12 +74,12 @@ pub struct Session {
     /// CLIENT REPLY: which replies the client is not sent (`Quiet`).
     quiet: Quiet,
     /// The commands sent whose replies the writer has not taken (`round::Inflight`).
-    pub(super) inflight: Arc<super::round::Inflight>,
+    pub(in crate::proxy) inflight: Arc<super::round::Inflight>,
     /// This connection as CLIENT LIST shows it, and what was last published there.
-    pub(super) me: Arc<Client>,
+    pub(in crate::proxy) me: Arc<Client>,
     shown: ShownKey,
     /// CLIENT TRACKING, when on (`client_cache`).
-    pub(super) tracking: Option<Box<super::tracking::Tracking>>,
+    pub(in crate::proxy) tracking: Option<Box<crate::proxy::registry::tracking::Tracking>>,
 }
 
 /// CLIENT REPLY's state, as Redis keeps it in the client's flags.
@@ -192,7 +192,7 @@ impl Session {
         let ctx = &self.ctx;
         // A tracking client's commands go where the node tracks its reads for the proxy.
         // (Broadcasting clients are told of writes, not reads: theirs go as anyone's.)
-        let pushes = |t: &super::tracking::Tracking| {
+        let pushes = |t: &crate::proxy::registry::tracking::Tracking| {
             t.prefixes.is_none() && (proto == Proto::Resp3 || t.redirect != 0)
         };
         if self.tracking.as_deref().is_some_and(pushes) {
@@ -472,7 +472,7 @@ pub fn err_bytes(msg: &str) -> Bytes {
 }
 
 /// The session's dedicated connection to `node` for blocking commands, opened on first use.
-pub(super) fn blocking_worker(s: &mut Session, node: usize) -> &DedicatedWorker {
+pub(in crate::proxy) fn blocking_worker(s: &mut Session, node: usize) -> &DedicatedWorker {
     if let Some(i) = s.blocking.iter().position(|(n, _)| *n == node) {
         return &s.blocking[i].1;
     }

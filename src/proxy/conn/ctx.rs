@@ -46,21 +46,21 @@ pub struct Ctx {
     pub salt: Arc<crate::salt::Salt>,
     /// Per-key admission limits (rules' `admit:` sections).
     pub admit: Arc<crate::admit::Admission>,
-    pub(super) next_id: AtomicU64,
+    pub(in crate::proxy) next_id: AtomicU64,
     /// What the clients with CLIENT TRACKING on read (client-side caching).
-    pub(super) tracking: Arc<super::tracking::ClientTracking>,
+    pub(in crate::proxy) tracking: Arc<crate::proxy::registry::tracking::ClientTracking>,
     /// Every client connection, for CLIENT LIST, CLIENT INFO and CLIENT KILL.
-    pub(super) clients: Arc<super::clients::Clients>,
+    pub(in crate::proxy) clients: Arc<crate::proxy::registry::clients::Clients>,
     /// The clients in MONITOR.
-    pub(super) monitors: super::monitor::Monitors,
+    pub(in crate::proxy) monitors: crate::proxy::registry::monitor::Monitors,
     /// CLIENT PAUSE over this proxy's clients.
-    pub(super) pause: super::clients::Pause,
+    pub(in crate::proxy) pause: crate::proxy::registry::clients::Pause,
     /// ACL LOG: the commands and logins this proxy refused.
-    pub(super) acl_log: crate::auth::Log,
+    pub(in crate::proxy) acl_log: crate::auth::Log,
     /// The Redis version HELLO reports: the lowest of the nodes'.
-    pub(super) version: super::version::NodeVersion,
+    pub(in crate::proxy) version: crate::proxy::registry::version::NodeVersion,
     /// HOTKEYS's session, from the detector's windows.
-    pub(super) hotkeys: super::hotkeys_cmd::Hotkeys,
+    pub(in crate::proxy) hotkeys: crate::proxy::registry::hotkeys::Hotkeys,
 }
 
 impl Ctx {
@@ -84,9 +84,9 @@ impl Ctx {
         let combiner = Combiner::new(metrics.combine.clone(), backend.request_timeout);
         let salt = Arc::new(crate::salt::Salt::new(&backend, metrics.salt.clone()));
         let admit = Arc::new(crate::admit::Admission::new(metrics.admission.clone()));
-        let monitors = super::monitor::Monitors::new(metrics.monitor.clone());
-        let clients: Arc<super::clients::Clients> = Arc::default();
-        let tracking = super::tracking::ClientTracking::new(
+        let monitors = crate::proxy::registry::monitor::Monitors::new(metrics.monitor.clone());
+        let clients: Arc<crate::proxy::registry::clients::Clients> = Arc::default();
+        let tracking = crate::proxy::registry::tracking::ClientTracking::new(
             TRACKING_MAX_KEYS,
             clients.clone(),
             metrics.tracking.clone(),
@@ -124,7 +124,7 @@ impl Ctx {
             clients,
             monitors,
             acl_log: crate::auth::Log::default(),
-            pause: super::clients::Pause::default(),
+            pause: crate::proxy::registry::clients::Pause::default(),
             version: Default::default(),
             hotkeys: Default::default(),
         }

@@ -7,8 +7,8 @@
 
 use bytes::{Bytes, BytesMut};
 
-use super::state::{err_bytes, Session};
 use crate::backend::slots::{slot_of, SLOTS};
+use crate::proxy::conn::state::{err_bytes, Session};
 use crate::resp::{encode_bulk, encode_int, encode_simple, Proto, Request};
 
 /// A stable node id (40 hex digits) for the address clients reach the proxy at.

@@ -1,10 +1,35 @@
-//! One client connection: read -> parse -> admit -> classify -> decide -> observe -> act, then the
-//! reply writer (`reply`) answers in request order.
+//! The pipeline of one client connection: the read loop (this file) and the steps each
+//! command of a read goes through. Read, parse, then per command: classify, check the
+//! ACL, admit, order, decide, observe, act; the reply writer (`conn::reply`) answers in
+//! request order. The one drawing of that route is in docs/architecture.md, "The
+//! request's route".
+//!
+//! May touch every other room: `answer`, `act`, `conn`, `registry`. Nothing stands on
+//! this room but `proxy/mod.rs`, which runs a session per accepted connection.
+//!
+//! - this file: the read loop: read, parse, a round per read; each read's handling a
+//!   small boxed future, so an idle connection holds little;
+//! - `step`: one command of a read: classify, check the ACL, admit, the whole path when
+//!   nothing waits, the waits boxed;
+//! - `admit`: the admit phase (per-key limits);
+//! - `handle`: one command: order, decide once, observe, act; synchronous, a wait comes
+//!   back as `Flow::Wait`;
+//! - `plan`: the decide and observe phases of one command;
+//! - `settle`: a round sent ahead of a command; the wait at a change of database,
+//!   protocol or lane;
+//! - `end`: how a connection's read phase hands over or closes.
 //!
 //! The reader task owns the connection's state (protocol, database, auth, transaction,
 //! WATCH) and walks each read's commands in order, so a state change (HELLO 3, SELECT)
 //! applies to the very next command of the same pipeline. Every command becomes a slot in
 //! the round; commands for the same node share one job.
+
+mod admit;
+mod end;
+mod handle;
+mod plan;
+mod settle;
+mod step;
 
 use std::sync::Arc;
 
@@ -14,14 +39,15 @@ use tokio::io::AsyncReadExt;
 use crate::net::{ReadHalf, Stream};
 use tokio::sync::{mpsc, watch};
 
-use super::ctx::Ctx;
-use super::end::{close, End};
+use crate::proxy::conn::ctx::Ctx;
+use end::{close, End};
 
-use super::mitigation::wait_barrier;
-use super::round::{Queued, Round, RoundBuilder, Slot};
-use super::state::{err_bytes, Flow, Session};
-use super::{reply, settle, step, tunnel};
 use crate::command::{self};
+use crate::proxy::act::mitigation::wait_barrier;
+use crate::proxy::conn::reply;
+use crate::proxy::conn::round::{Queued, Round, RoundBuilder, Slot};
+use crate::proxy::conn::state::{err_bytes, Flow, Session};
+use crate::proxy::conn::tunnel;
 use crate::resp::{Request, RequestParser};
 
 /// The round with its jobs queued (`RoundBuilder::send_now`). The wait for a full queue is
@@ -147,7 +173,7 @@ async fn read_loop(
                 _ = tx.closed() => return End::Closed,
                 // CLIENT KILL chose this connection.
                 _ = killed.wait_for(|k| *k) => return End::Closed,
-                _ = super::client_cache::invalidated(&me, proto) => continue,
+                _ = crate::proxy::answer::client_cache::invalidated(&me, proto) => continue,
                 _ = shutdown.wait_for(|v| *v) => {
                     tracing::debug!(client = s.id(), "draining on shutdown");
                     draining = true;

@@ -124,7 +124,7 @@ pub async fn write_loop<W: AsyncWrite + Unpin>(
     w: W,
     mut rounds: mpsc::Receiver<Queued>,
     ctx: Arc<Ctx>,
-    me: Arc<super::clients::Client>,
+    me: Arc<crate::proxy::registry::clients::Client>,
     owing: watch::Sender<bool>,
 ) -> (W, Option<super::tunnel::TunnelEnd>) {
     let client = me.id;

@@ -4,15 +4,15 @@
 use tokio::io::AsyncReadExt;
 use tokio::sync::watch;
 
-use super::tunnel;
 use crate::net::{ReadHalf, WriteHalf};
+use crate::proxy::conn::tunnel;
 
 /// After the read phase: hand over to the pub/sub tunnel, or close politely.
 pub async fn close(
     end: End,
     writer: tokio::task::JoinHandle<(WriteHalf, Option<tunnel::TunnelEnd>)>,
     mut killed: watch::Receiver<bool>,
-    me: std::sync::Arc<super::clients::Client>,
+    me: std::sync::Arc<crate::proxy::registry::clients::Client>,
 ) {
     let (mut w, tunnel_end): (WriteHalf, _) = match writer.await {
         Ok(x) => x,
@@ -26,7 +26,7 @@ pub async fn close(
             _ = killed.wait_for(|k| *k) => {}
         },
         (End::Monitor(r, lines), None) => tokio::select! {
-            _ = super::monitor::pump(r, w, lines) => {}
+            _ = crate::proxy::registry::monitor::pump(r, w, lines) => {}
             _ = killed.wait_for(|k| *k) => {}
         },
         (End::Drained(mut r), _) => {

@@ -9,17 +9,17 @@ use std::time::Duration;
 
 use bytes::Bytes;
 
-use super::round::Slot;
-use super::state::{err_bytes, Session};
 use crate::admit::{Admission, NodeLoad, Verdict};
 use crate::command::{self, Access, Classified, Counter};
 use crate::metrics::Class;
+use crate::proxy::conn::round::Slot;
+use crate::proxy::conn::state::{err_bytes, Session};
 use crate::resp::Request;
 
 /// Shown the reply of an admitted increment: admission remembers what the key showed.
-pub(super) type Hook = super::round::SeenHook;
+pub(in crate::proxy) type Hook = crate::proxy::conn::round::SeenHook;
 
-pub(super) enum Gate {
+pub(in crate::proxy) enum Gate {
     /// Go on with this command (rewritten when sampled), after `wait`, and show its reply
     /// to `hook`.
     Pass {
@@ -32,7 +32,7 @@ pub(super) enum Gate {
     Done(Slot, Class),
 }
 
-pub(super) fn gate(s: &mut Session, req: Request, c: Classified) -> Gate {
+pub(in crate::proxy) fn gate(s: &mut Session, req: Request, c: Classified) -> Gate {
     // Who may not run the command at all is told so by the auth check, with no token spent.
     if s.user().is_none() || c.keys.is_empty() {
         return Gate::Pass {

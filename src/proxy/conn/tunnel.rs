@@ -18,7 +18,7 @@ use crate::net::{ReadHalf, WriteHalf};
 use bytes::{Bytes, BytesMut};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-use super::clients::Client;
+use crate::proxy::registry::clients::Client;
 use std::sync::Arc;
 
 use crate::backend::{BackendError, Dedicated, Handshake, Node};

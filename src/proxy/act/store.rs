@@ -16,14 +16,14 @@ use bytes::Bytes;
 use smallvec::smallvec;
 use tokio::time::Instant;
 
-use super::round::{RoundBuilder, Slot};
-use super::state::{err_bytes, Session};
 use crate::backend::ConnHandle;
 use crate::command::Classified;
+use crate::proxy::conn::round::{RoundBuilder, Slot};
+use crate::proxy::conn::state::{err_bytes, Session};
 use crate::resp::{parse_value, Request, Value};
 
 /// Where the destination is among a storing command's keys: first or last.
-pub(super) fn destination(c: &Classified) -> Option<usize> {
+pub(in crate::proxy) fn destination(c: &Classified) -> Option<usize> {
     match c.spec.name {
         "SUNIONSTORE" | "SINTERSTORE" | "SDIFFSTORE" | "ZUNIONSTORE" | "ZINTERSTORE"
         | "ZDIFFSTORE" | "ZRANGESTORE" | "GEOSEARCHSTORE" | "BITOP" => Some(0),
@@ -45,7 +45,7 @@ fn temp_key(s: &Session, node: usize) -> Option<Bytes> {
 }
 
 /// Runs the command across the two nodes (see the module doc); the reply comes from a task.
-pub(super) fn across(
+pub(in crate::proxy) fn across(
     s: &mut Session,
     req: &Request,
     c: &Classified,

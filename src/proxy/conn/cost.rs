@@ -54,7 +54,7 @@ pub struct Cost {
 
 /// The cost entry of a single-key read, when detection is on (`detects`); its slot is
 /// set by `RoundBuilder::note_cost` once the command is acted on.
-pub(super) fn candidate(
+pub(in crate::proxy) fn candidate(
     detects: bool,
     req: &Request,
     c: &Classified,

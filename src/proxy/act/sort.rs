@@ -17,10 +17,10 @@ use tokio::time::Instant;
 use bytes::Bytes;
 use smallvec::smallvec;
 
-use super::round::{RoundBuilder, Slot};
-use super::state::{err_bytes, Session};
 use crate::backend::ConnHandle;
 use crate::command::Classified;
+use crate::proxy::conn::round::{RoundBuilder, Slot};
+use crate::proxy::conn::state::{err_bytes, Session};
 use crate::resp::{parse_value, Request, Value};
 
 /// SORT's options, as Redis reads them.
@@ -100,7 +100,12 @@ fn substitute(pattern: &[u8], elem: &[u8]) -> Option<Named> {
 }
 
 /// Sends SORT across the nodes (see the module doc); the reply comes from a task.
-pub(super) fn across(s: &mut Session, req: &Request, c: &Classified, rb: &mut RoundBuilder) {
+pub(in crate::proxy) fn across(
+    s: &mut Session,
+    req: &Request,
+    c: &Classified,
+    rb: &mut RoundBuilder,
+) {
     let sort = match parse(req, c.spec.name == "SORT_RO") {
         Ok(x) => x,
         Err(e) => return rb.slots.push(Slot::Ready(err_bytes(e))),

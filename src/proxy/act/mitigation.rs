@@ -7,21 +7,21 @@ use tokio::sync::oneshot;
 
 use smallvec::SmallVec;
 
-use super::ctx::CacheLayer;
-use super::round::{CachedGet, Keys, MgetFrom, MgetPerKey, RoundBuilder, Slot};
 use super::route::push;
-use super::state::{err_bytes, Session};
 use crate::backend::ConnHandle;
 use crate::command::Classified;
 use crate::mitigate::cache::Cause;
 use crate::mitigate::cache::FillReply;
 use crate::mitigate::combine::BatchKey;
 use crate::policy::HotSet;
+use crate::proxy::conn::ctx::CacheLayer;
+use crate::proxy::conn::round::{CachedGet, Keys, MgetFrom, MgetPerKey, RoundBuilder, Slot};
+use crate::proxy::conn::state::{err_bytes, Session};
 use crate::resp::{Proto, Request};
 use crate::rules::CachePolicy;
 
 /// Sends a write-hot increment through the key's combine batch.
-pub(super) fn combine(
+pub(in crate::proxy) fn combine(
     s: &mut Session,
     req: &Request,
     c: &Classified,
@@ -57,21 +57,21 @@ pub(super) fn combine(
 ///
 /// Only in a round whose keys were kept from its start (`Session::track`): a key that
 /// turned hot in the middle of a read may follow a command of its own round.
-pub(super) fn may_combine_now(s: &mut Session, rb: &RoundBuilder, key: &[u8]) -> bool {
+pub(in crate::proxy) fn may_combine_now(s: &mut Session, rb: &RoundBuilder, key: &[u8]) -> bool {
     let hash = Keys::hash(key);
     s.tracks_keys() && !rb.keys.may_hold(hash) && s.order.may_combine(hash)
 }
 
 /// The connection a key's combine batches use: always the same one for a key, so two
 /// batches of one key reach the node in the order they were sent.
-pub(super) fn combine_conn(s: &Session, node: usize, db: u32, key: &[u8]) -> ConnHandle {
+pub(in crate::proxy) fn combine_conn(s: &Session, node: usize, db: u32, key: &[u8]) -> ConnHandle {
     let conns = s.ctx().backend.node(node).conns(Proto::Resp2, db);
     crate::backend::pick(&conns, xxhash_rust::xxh3::xxh3_64(key) as usize)
 }
 
 /// A write drops the key's cached replies at once (a fill that raced with it is discarded
 /// by the cache's versioning), and a FLUSHALL/FLUSHDB drops everything.
-pub(super) fn invalidate_cached(
+pub(in crate::proxy) fn invalidate_cached(
     s: &mut Session,
     req: &Request,
     c: &Classified,
@@ -102,7 +102,7 @@ pub(super) fn invalidate_cached(
 
 /// EXEC of a transaction that wrote `keys`: their cached replies are dropped, as for a
 /// write outside MULTI.
-pub(super) fn invalidate_keys(s: &Session, keys: &[Bytes], rb: &mut RoundBuilder) {
+pub(in crate::proxy) fn invalidate_keys(s: &Session, keys: &[Bytes], rb: &mut RoundBuilder) {
     let Some(layer) = s.ctx().cache.as_ref() else {
         return;
     };
@@ -121,7 +121,7 @@ pub(super) fn invalidate_keys(s: &Session, keys: &[Bytes], rb: &mut RoundBuilder
 /// tracked fill connection. Returns false when the read must go to the node as usual:
 /// RESP3 or another database (cached replies are RESP2 from database 0), this session's own
 /// write to a cached key not yet acknowledged, or tracking not in force for the node.
-pub(super) fn cached_read(
+pub(in crate::proxy) fn cached_read(
     s: &mut Session,
     req: &Request,
     c: &Classified,
@@ -149,7 +149,7 @@ pub(super) fn cached_read(
 /// as a `GET` of it (so MGET and GET share entries), the other keys by one MGET per node;
 /// the reply keeps the request's order. Returns false (plain MGET) in the cases where
 /// `cached_read` does.
-pub(super) fn cached_mget(
+pub(in crate::proxy) fn cached_mget(
     s: &mut Session,
     req: &Request,
     c: &Classified,
@@ -201,7 +201,7 @@ pub(super) fn cached_mget(
 
 /// Whether this session wrote `key` in this round or in one whose replies are not all in:
 /// then its read goes to the node, in order with the write.
-pub(super) fn written_pending(s: &mut Session, rb: &RoundBuilder, key: &[u8]) -> bool {
+pub(in crate::proxy) fn written_pending(s: &mut Session, rb: &RoundBuilder, key: &[u8]) -> bool {
     rb.written.iter().any(|k| &k[..] == key)
         || s.order.unacked_write(key)
         || s.order.combining(Keys::hash(key))
@@ -258,7 +258,7 @@ fn from_cache(
 
 /// Before a write leaves, this session's cache fills of the keys it writes must have read
 /// the node: a read before a write in one pipeline never sees that write.
-pub(super) async fn wait_fills(s: &mut Session, req: &Request, c: &Classified) {
+pub(in crate::proxy) async fn wait_fills(s: &mut Session, req: &Request, c: &Classified) {
     if s.order.no_fills() {
         return;
     }
@@ -279,7 +279,7 @@ async fn fetch(conn: ConnHandle, wire: Bytes, timeout: Option<std::time::Duratio
 
 /// Before this session's next jobs leave, its combined writes of the keys they hold (and
 /// every salted-key task) must have reached their node.
-pub(super) async fn wait_barrier(s: &mut Session, rb: &RoundBuilder) {
+pub(in crate::proxy) async fn wait_barrier(s: &mut Session, rb: &RoundBuilder) {
     if !rb.jobs.is_empty() {
         s.order.wait_for(&rb.keys).await;
     }

@@ -4,13 +4,13 @@
 
 use bytes::{Bytes, BytesMut};
 
-use super::clients::Client;
-use super::round::{RoundBuilder, Slot};
-use super::state::{err_bytes, Flow, Session};
-use super::tracking::{Mode, Tracking};
 use crate::command::{flags, Classified, Route};
 use crate::metrics::Class;
 use crate::policy::Action;
+use crate::proxy::conn::round::{RoundBuilder, Slot};
+use crate::proxy::conn::state::{err_bytes, Flow, Session};
+use crate::proxy::registry::clients::Client;
+use crate::proxy::registry::tracking::{Mode, Tracking};
 use crate::resp::{encode_int, encode_simple, Proto, Request, Value};
 
 /// A refusal's error text (most are fixed; a prefix overlap names the prefixes).

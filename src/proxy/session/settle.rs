@@ -6,16 +6,16 @@
 
 use tokio::sync::{mpsc, watch};
 
-use super::mitigation::wait_barrier;
-use super::round::{Queued, RoundBuilder};
-use super::state::Session;
+use crate::proxy::act::mitigation::wait_barrier;
+use crate::proxy::conn::round::{Queued, RoundBuilder};
+use crate::proxy::conn::state::Session;
 use crate::resp::Proto;
 
 /// Before a read of the client: the writer may say it owes more than the output limit
 /// (read none of its commands, TCP pushes back, until it has read enough or is given up),
 /// and the replies already asked for may pass that limit (`round::Inflight`: read
 /// nothing more until the writer takes some). False when the connection is to end.
-pub(super) async fn may_read(
+pub(in crate::proxy) async fn may_read(
     s: &Session,
     tx: &mpsc::Sender<Queued>,
     owing: &mut watch::Receiver<bool>,
@@ -42,7 +42,7 @@ pub(super) async fn may_read(
 
 /// Whether CLIENT PAUSE WRITE holds `c`: it writes or may (EVAL, PUBLISH), or is EXEC,
 /// whatever it queued.
-pub(super) fn writes(c: &crate::command::Classified) -> bool {
+pub(in crate::proxy) fn writes(c: &crate::command::Classified) -> bool {
     use crate::command::flags::{MAY_REPLICATE, WRITE};
     c.spec.has(WRITE | MAY_REPLICATE) || c.spec.name == "EXEC"
 }
@@ -50,7 +50,7 @@ pub(super) fn writes(c: &crate::command::Classified) -> bool {
 /// A command CLIENT PAUSE holds: the commands read before it go first, as on Redis; it
 /// waits until the pause ends, counted in blocked_clients. False when the client is gone
 /// or killed meanwhile.
-pub(super) async fn paused(
+pub(in crate::proxy) async fn paused(
     s: &mut Session,
     c: &crate::command::Classified,
     rb: &mut RoundBuilder,
@@ -60,7 +60,7 @@ pub(super) async fn paused(
     if !rb.is_empty() && !flush(s, rb, tx).await {
         return false;
     }
-    let _paused = super::round::Blocked::new(&s.me, None);
+    let _paused = crate::proxy::conn::round::Blocked::new(&s.me, None);
     tokio::select! {
         _ = s.ctx().pause.wait(writes(c)) => true,
         _ = killed.wait_for(|k| *k) => false,
@@ -69,7 +69,7 @@ pub(super) async fn paused(
 
 /// Sends the round built so far, before a command that must not join it; false when the
 /// client is gone.
-pub(super) async fn flush(
+pub(in crate::proxy) async fn flush(
     s: &mut Session,
     rb: &mut RoundBuilder,
     tx: &mpsc::Sender<Queued>,
@@ -87,7 +87,7 @@ pub(super) async fn flush(
 /// database its client had selected when it sent it, and after everything it sent before.
 /// A client changes database rarely (once, after connecting, when nothing is in flight),
 /// so the wait costs nothing on the common path. False when the client is gone.
-pub(super) async fn settle(
+pub(in crate::proxy) async fn settle(
     s: &mut Session,
     rb: &mut RoundBuilder,
     tx: &mpsc::Sender<Queued>,

@@ -11,24 +11,29 @@
 //! read's future was 13.4 kB (memmove was the first user-space symbol of a P16 profile,
 //! bench/README.md "One pass, no future per command").
 
-use super::local::queue_in_tx;
-use super::mitigation::{cached_mget, cached_read, combine, invalidate_cached, wait_fills};
 use super::plan::{decide, observe, own_connection};
-use super::round::{Blocked, Merge, RoundBuilder, Slot};
-use super::route::{
-    all_nodes, forward_keyed, is_pubsub_command, keys_node, pubsub_node, push, scan_one, split,
-};
-use super::state::{blocking_worker, err_bytes, Decided, Flow, Paused, Pending, Session, Wait};
-use super::{local, tunnel};
 use crate::command::{Classified, Route};
 use crate::metrics::Class;
 use crate::policy::{self, Action};
+use crate::proxy::act::mitigation::{
+    cached_mget, cached_read, combine, invalidate_cached, wait_fills,
+};
+use crate::proxy::act::route::{
+    all_nodes, forward_keyed, is_pubsub_command, keys_node, pubsub_node, push, scan_one, split,
+};
+use crate::proxy::answer::local;
+use crate::proxy::answer::local::queue_in_tx;
+use crate::proxy::conn::round::{Blocked, Merge, RoundBuilder, Slot};
+use crate::proxy::conn::state::{
+    blocking_worker, err_bytes, Decided, Flow, Paused, Pending, Session, Wait,
+};
+use crate::proxy::conn::tunnel;
 use crate::resp::Request;
 
 /// decide -> observe -> act, for one classified command that passed `check`.
 /// The command is borrowed: it is moved (cloned) only onto the rare paths that keep it
 /// past this call (`Pending`, `Decided`, `Paused`).
-pub(super) fn handle(
+pub(in crate::proxy) fn handle(
     s: &mut Session,
     req: &Request,
     c: &Classified,
@@ -46,7 +51,12 @@ pub(super) fn handle(
 /// The check phase: authentication, then the ACL. False when the command is refused (its
 /// error is in `rb`). It runs before admission, so a command the ACL refuses spends no
 /// token of its key's bucket (`step::begin`).
-pub(super) fn check(s: &mut Session, req: &Request, c: &Classified, rb: &mut RoundBuilder) -> bool {
+pub(in crate::proxy) fn check(
+    s: &mut Session,
+    req: &Request,
+    c: &Classified,
+    rb: &mut RoundBuilder,
+) -> bool {
     s.refresh_user();
     match s.user() {
         None if !matches!(c.spec.name, "AUTH" | "HELLO" | "QUIT" | "RESET") => {
@@ -79,7 +89,7 @@ pub(super) fn check(s: &mut Session, req: &Request, c: &Classified, rb: &mut Rou
 
 /// An allowed command: ordered against the session's earlier ones, decided once, carried
 /// out. `settled`: every earlier reply is in.
-pub(super) fn proceed(
+pub(in crate::proxy) fn proceed(
     s: &mut Session,
     req: &Request,
     c: &Classified,
@@ -100,7 +110,7 @@ pub(super) fn proceed(
                 | Route::Kill
         )
         && s.switch_lane(c.spec.name);
-    let switch = s.tracking.is_some() && super::client_cache::switches(s, req, c);
+    let switch = s.tracking.is_some() && crate::proxy::answer::client_cache::switches(s, req, c);
     if !settled && (lane_change || switch || own_connection(s, req, c)) {
         return Flow::Settle(Box::new(Pending {
             req: req.clone(),
@@ -111,7 +121,7 @@ pub(super) fn proceed(
     let action = decide(s, req, c);
     let task = match &action {
         Action::Salted(p) => p.needs_flush(),
-        Action::Idempotent { .. } => super::salted::idempotent_is_task(s, req),
+        Action::Idempotent { .. } => crate::proxy::act::salted::idempotent_is_task(s, req),
         _ => false,
     };
     if task && !rb.jobs.is_empty() {
@@ -126,14 +136,16 @@ pub(super) fn proceed(
 
 /// observe -> act: carries out the decided plan; a single-key read's reply is noted for
 /// detection by cost (`cost`).
-pub(super) fn act(
+pub(in crate::proxy) fn act(
     s: &mut Session,
     req: &Request,
     c: &Classified,
     action: Action,
     rb: &mut RoundBuilder,
 ) -> Flow {
-    let cost = super::cost::candidate(s.detects(), req, c, || s.ctx().rules.load().cost_floors());
+    let cost = crate::proxy::conn::cost::candidate(s.detects(), req, c, || {
+        s.ctx().rules.load().cost_floors()
+    });
     let before = rb.slots.len();
     match carry_out(s, req, c, action, rb) {
         Ok(flow) => {
@@ -151,7 +163,11 @@ pub(super) fn act(
 }
 
 /// The wait of a paused command, then the rest of its path (which may pause again).
-pub(super) async fn resume(s: &mut Session, p: Box<Paused>, rb: &mut RoundBuilder) -> Flow {
+pub(in crate::proxy) async fn resume(
+    s: &mut Session,
+    p: Box<Paused>,
+    rb: &mut RoundBuilder,
+) -> Flow {
     let Paused {
         req,
         c,
@@ -166,7 +182,7 @@ pub(super) async fn resume(s: &mut Session, p: Box<Paused>, rb: &mut RoundBuilde
         }
         Wait::Fold(fold) => {
             let (table, bridge) = *fold;
-            let next = super::salted::fold_first(s, &req, &c, &table, rb).await;
+            let next = crate::proxy::act::salted::fold_first(s, &req, &c, &table, rb).await;
             after_salted(s, &req, &c, next, bridge, rb)
         }
         Wait::Subscribe(node) => {
@@ -212,7 +228,7 @@ fn carry_out(
     let class = observe(s, req, c);
     rb.count(class);
     if s.tracking.is_some() {
-        super::client_cache::note(s, req, c, class, &mut action);
+        crate::proxy::answer::client_cache::note(s, req, c, class, &mut action);
     }
     if class != Class::Write {
         return on_base(s, req, c, action, rb);
@@ -247,12 +263,12 @@ fn on_base(
 ) -> Result<Flow, Wait> {
     match action {
         Action::Idempotent { delta } => {
-            super::salted::idempotent(s, req, delta, rb);
+            crate::proxy::act::salted::idempotent(s, req, delta, rb);
             Ok(Flow::Continue)
         }
         Action::Salted(plan) => {
             let bridge = policy::bridge(c, &plan);
-            match super::salted::act_now(s, req, c, plan, rb) {
+            match crate::proxy::act::salted::act_now(s, req, c, plan, rb) {
                 Ok(next) => after_salted(s, req, c, next, bridge, rb),
                 Err(table) => Err(Wait::Fold(Box::new((table, bridge)))),
             }
@@ -266,16 +282,16 @@ fn after_salted(
     s: &mut Session,
     req: &Request,
     c: &Classified,
-    next: super::salted::Next,
+    next: crate::proxy::act::salted::Next,
     bridge: Option<Action>,
     rb: &mut RoundBuilder,
 ) -> Result<Flow, Wait> {
     match next {
-        super::salted::Next::Done => Ok(Flow::Continue),
+        crate::proxy::act::salted::Next::Done => Ok(Flow::Continue),
         // Folded, or a write the base key takes: on as usual (it may be combined or cached
         // like any command on its key); an increment of a key whose promotion is not in
         // force yet is combined (`policy::bridge`).
-        super::salted::Next::Forward => {
+        crate::proxy::act::salted::Next::Forward => {
             let action = match (!s.txn().in_multi(), bridge) {
                 (true, Some(bridge)) => bridge,
                 (true, None) => policy::decide_plain(c, req, &s.ctx().hot.load()),
@@ -302,7 +318,7 @@ fn plain(
         } => {
             // A batch leaves on its own schedule: only when nothing of this session is
             // still on its way, or it could overtake it (then: a plain command).
-            if super::mitigation::may_combine_now(s, rb, req.arg(c.keys[0] as usize)) {
+            if crate::proxy::act::mitigation::may_combine_now(s, rb, req.arg(c.keys[0] as usize)) {
                 combine(s, req, c, delta, field, window, rb);
                 return Ok(Flow::Continue);
             }
@@ -371,9 +387,9 @@ fn plain(
             }
         }
         Route::Scan => scan_one(s, req, rb),
-        Route::Kill => super::route::kill(s, req, rb),
+        Route::Kill => crate::proxy::act::route::kill(s, req, rb),
         Route::RandomKey => {
-            let parts = super::route::to_masters(s, req, rb);
+            let parts = crate::proxy::act::route::to_masters(s, req, rb);
             rb.slots
                 .push(Slot::Merge(Box::new(Merge::FirstNonNil(parts))));
         }

@@ -5,11 +5,11 @@
 
 use bytes::{Bytes, BytesMut};
 
-use super::clients::Filter;
-use super::round::{RoundBuilder, Slot};
-use super::state::{err_bytes, Flow, Session};
 use crate::auth::{Selector, User};
 use crate::command::{self, Spec};
+use crate::proxy::conn::round::{RoundBuilder, Slot};
+use crate::proxy::conn::state::{err_bytes, Flow, Session};
+use crate::proxy::registry::clients::Filter;
 use crate::resp::{Proto, Request, Value};
 
 fn bulk(s: &str) -> Value {

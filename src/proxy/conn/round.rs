@@ -165,13 +165,13 @@ pub enum Slot {
 
 /// One client waiting in a blocking command: flagged `b` in its CLIENT LIST line while it
 /// lives, and asked about by INFO's `blocked_clients` (`local::blocked_clients`).
-pub struct Blocked(std::sync::Arc<super::clients::Client>);
+pub struct Blocked(std::sync::Arc<crate::proxy::registry::clients::Client>);
 
 impl Blocked {
     /// `on`: the node and the node's id of the connection the command waits on, for
     /// CLIENT UNBLOCK and INFO (None while paused by CLIENT PAUSE, which it cannot end).
     pub fn new(
-        client: &std::sync::Arc<super::clients::Client>,
+        client: &std::sync::Arc<crate::proxy::registry::clients::Client>,
         on: Option<(usize, std::sync::Arc<std::sync::atomic::AtomicU64>)>,
     ) -> Blocked {
         client.set_blocked(true, on);
@@ -236,7 +236,7 @@ pub struct Round {
     /// Close the connection once this round's replies are written (QUIT, protocol error).
     pub close_after: bool,
     /// Hand the connection over to a pub/sub tunnel after this round.
-    pub tunnel: Option<crate::proxy::tunnel::TunnelEnd>,
+    pub tunnel: Option<super::tunnel::TunnelEnd>,
     /// Fired once every reply of this round has arrived (the session's barrier after a
     /// write to a cached key).
     pub acked: Vec<oneshot::Sender<()>>,
