@@ -32,7 +32,9 @@ fn modules(dir: &Path) -> BTreeMap<Module, PathBuf> {
                     .collect();
                 // `lib.rs` is the crate root; `main.rs` is a crate of its own and keeps
                 // its name, so both are checked.
-                if matches!(m.last().map(String::as_str), Some("mod" | "lib" | "main")) {
+                if matches!(m.last().map(String::as_str), Some("mod"))
+                    || m.as_slice() == ["lib".to_string()]
+                {
                     m.pop();
                 }
                 out.insert(m, p);

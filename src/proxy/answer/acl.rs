@@ -46,17 +46,35 @@ pub fn handle(s: &mut Session, req: &Request, spec: &'static Spec, rb: &mut Roun
         "ACL GENPASS" => gen_pass(req),
         "ACL LOG" => log(s, req),
         "ACL HELP" => Ok(Value::Array(HELP.iter().map(|l| bulk(l)).collect())),
-        other => Err(format!(
+        other => Err(Refusal(format!(
             "ERR saltshaker: {other} is not supported through the proxy"
-        )),
+        ))),
     };
     let mut out = BytesMut::new();
     match reply {
         Ok(v) => v.encode(s.proto(), &mut out),
-        Err(e) => return push(rb, err_bytes(&e)),
+        Err(Refusal(e)) => return push(rb, err_bytes(&e)),
     }
     push(rb, out.freeze())
 }
+
+/// An ACL command's error reply, in Redis's words.
+struct Refusal(String);
+
+impl From<String> for Refusal {
+    fn from(s: String) -> Self {
+        Refusal(s)
+    }
+}
+
+impl From<&str> for Refusal {
+    fn from(s: &str) -> Self {
+        Refusal(s.to_string())
+    }
+}
+
+/// What an ACL command answers.
+type Answer = Result<Value, Refusal>;
 
 fn push(rb: &mut RoundBuilder, b: Bytes) -> Flow {
     rb.slots.push(Slot::Ready(b));
@@ -68,7 +86,7 @@ fn ok() -> Value {
 }
 
 /// ACL SETUSER name rule...: all of the rules or none.
-fn set_user(s: &mut Session, req: &Request) -> Result<Value, String> {
+fn set_user(s: &mut Session, req: &Request) -> Answer {
     let name = req.arg(2);
     if name.iter().any(|b| b.is_ascii_whitespace() || *b == 0) {
         return Err("ERR Usernames can't contain spaces or null characters".into());
@@ -85,7 +103,7 @@ fn set_user(s: &mut Session, req: &Request) -> Result<Value, String> {
 }
 
 /// ACL DELUSER name...: the clients logged in as a deleted user are closed, as in Redis.
-fn del_user(s: &mut Session, req: &Request) -> Result<Value, String> {
+fn del_user(s: &mut Session, req: &Request) -> Answer {
     let names: Vec<&[u8]> = (2..req.argc()).map(|i| req.arg(i)).collect();
     if names.iter().any(|n| *n == b"default") {
         return Err("ERR The 'default' user cannot be removed".into());
@@ -135,7 +153,7 @@ fn get_user(u: &User) -> Value {
 }
 
 /// ACL DRYRUN user command arg...: OK, or why the user may not.
-fn dry_run(s: &mut Session, req: &Request) -> Result<Value, String> {
+fn dry_run(s: &mut Session, req: &Request) -> Answer {
     let user = s
         .ctx()
         .users
@@ -143,7 +161,7 @@ fn dry_run(s: &mut Session, req: &Request) -> Result<Value, String> {
         .ok_or_else(|| format!("ERR User '{}' not found", text(req.arg(2))))?;
     let args: Vec<&[u8]> = (3..req.argc()).map(|i| req.arg(i)).collect();
     if command::lookup(args[0]).is_none() {
-        return Err(format!("ERR Command '{}' not found", text(args[0])));
+        return Err(format!("ERR Command '{}' not found", text(args[0])).into());
     }
     let c = command::classify(args.as_slice()).map_err(|e| e.to_string())?;
     Ok(match user.check(&c, args.as_slice()) {
@@ -153,7 +171,7 @@ fn dry_run(s: &mut Session, req: &Request) -> Result<Value, String> {
 }
 
 /// ACL GENPASS [bits]: random hex, 256 bits unless asked.
-fn gen_pass(req: &Request) -> Result<Value, String> {
+fn gen_pass(req: &Request) -> Answer {
     let bits = match req.argc() {
         2 => 256,
         _ => match crate::resp::parse_i64(req.arg(2)) {
@@ -171,7 +189,7 @@ fn gen_pass(req: &Request) -> Result<Value, String> {
 }
 
 /// ACL LOG [count | RESET].
-fn log(s: &mut Session, req: &Request) -> Result<Value, String> {
+fn log(s: &mut Session, req: &Request) -> Answer {
     let n = match req.argc() {
         2 => None,
         3 if req.arg(2).eq_ignore_ascii_case(b"RESET") => {
