@@ -1,7 +1,7 @@
 //! saltshaker: a transparent Redis/Valkey proxy that finds hot keys and takes the
 //! pressure off them.
 //!
-//! The module map follows a request (parse, classify, observe, decide, act, reply):
+//! The module map follows a request (parse, classify, admit, decide, observe, act, reply):
 //!
 //! | module     | owns                                                                   |
 //! |------------|------------------------------------------------------------------------|
@@ -29,11 +29,10 @@
 //! |            | node, a pool's placement, a Redis Cluster), tracking invalidation,     |
 //! |            | Redis Cluster (slot map kept current, MOVED/ASK followed in the call)  |
 //! | `net`      | streams plain or TLS behind one type; client and node TLS (rustls)     |
-//! | `proxy`    | listener and worker threads, session (read, a round per read), step    |
-//! |            | (classify once, check the ACL, admit), handle (decide, observe, act:   |
-//! |            | synchronous, the waits boxed), reply; the clients as CLIENT LIST shows |
-//! |            | them, the ACL commands,                                                |
-//! |            | client-side caching (CLIENT TRACKING, invalidate pushes)               |
+//! | `proxy`    | listener and worker threads; five rooms along a request's route:      |
+//! |            | `session` (read, classify, check, admit, order, decide, observe, act), |
+//! |            | `answer` (answered here), `act` (to the nodes), `conn` (a connection's |
+//! |            | state, its rounds and reply writer), `registry` (process-wide)         |
 //! | `admin`    | HTTP: /metrics /healthz /readyz /hotkeys /rules                        |
 //! | `config`   | startup settings, units in names, located errors                       |
 //! | `metrics`  | every Prometheus series the proxy exports                              |
@@ -51,7 +50,7 @@
 //! import nothing of the crate; `command` imports only `resp::parse_i64`
 //! (Redis's integer rule is part of the wire format, and one parser serves the whole
 //! crate). Nothing imports `proxy` or `admin`. Inside `salt/` and `proxy/` the files form
-//! layers (see their module docs). `tests/layout.rs` checks all of this, that no file
+//! layers, and `proxy/`'s rooms stand on each other one way (see their module docs). `tests/layout.rs` checks all of this, that no file
 //! of `src/` is over 600 lines, and that no code outside `salt/kinds/` names a salt kind. Every wait on a node goes through
 //! `backend::ConnHandle::start`/`call` and `Call::wait`, with a deadline.
 

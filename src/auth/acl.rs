@@ -347,7 +347,7 @@ pub enum Denied {
     Key(Vec<u8>),
     Channel(Vec<u8>),
     /// (P|S)SUBSCRIBE by a restricted user: a subscribed connection is a pipe to the node
-    /// (`proxy::tunnel`), whose commands the proxy does not see, so none could be checked.
+    /// (`proxy::conn::tunnel`), whose commands the proxy does not see, so none could be checked.
     Subscribe,
 }
 

@@ -92,7 +92,7 @@ route("PING, ECHO, QUIT, HELLO, AUTH, SELECT, RESET, READONLY, READWRITE, INFO, 
       "CLIENT NO-TOUCH, CLIENT SETINFO, CLIENT REPLY, CLIENT KILL, CLIENT PAUSE, CLIENT UNPAUSE, "
       "CLIENT UNBLOCK, MONITOR", "Route::Local")
 # DEBUG ERROR is answered by the proxy (clients test their error handling with it); the
-# other DEBUG subcommands are refused there (`proxy::local`).
+# other DEBUG subcommands are refused there (`proxy::answer::local`).
 route("DEBUG", "Route::Local")
 # The proxy's own users (`auth`): ACL acts on them, not on the nodes'.
 route("ACL WHOAMI, ACL USERS, ACL SETUSER, ACL DELUSER, ACL GETUSER, ACL LIST, ACL DRYRUN, "
@@ -113,15 +113,15 @@ route("SYNC, PSYNC, REPLCONF, REPLICAOF, SLAVEOF",
       unsupported("replication commands are not supported through the proxy"))
 route("RESTORE-ASKING",
       unsupported("cluster commands are not supported through the proxy"))
-# The proxy presents itself as a one-node cluster (`proxy::as_cluster`).
+# The proxy presents itself as a one-node cluster (`proxy::answer::as_cluster`).
 route("ASKING, CLUSTER INFO, CLUSTER KEYSLOT, CLUSTER MYID, CLUSTER NODES, CLUSTER SHARDS, "
       "CLUSTER SLOTS", "Route::Local")
 # OBJECT FREQ is answered from the proxy's own sketches, whatever the nodes' eviction
-# policy, so that `redis-cli --hotkeys` works through the proxy (`proxy::local`).
+# policy, so that `redis-cli --hotkeys` works through the proxy (`proxy::answer::local`).
 route("OBJECT FREQ", "Route::Local")
 # HOTKEYS, answered from the proxy's own sketches (`proxy::registry::hotkeys`).
 route("HOTKEYS, HOTKEYS START, HOTKEYS STOP, HOTKEYS GET, HOTKEYS RESET", "Route::Local")
-# Client-side caching, answered by the proxy for its own clients (`proxy::client_cache`).
+# Client-side caching, answered by the proxy for its own clients (`proxy::answer::client_cache`).
 route("CLIENT TRACKING, CLIENT CACHING, CLIENT GETREDIR, CLIENT TRACKINGINFO", "Route::Local")
 # Whole families, by container name.
 FAMILY_ROUTES = {

@@ -7,7 +7,7 @@
 //!
 //! A learned spec is leaked once and lives as long as the process, as the built-in ones
 //! are `'static`: a node lists a few hundred commands at most, and a name is learned once.
-//! `proxy::version` reads the nodes' replies and `lookup::learn` decides what is learned;
+//! `proxy::registry::version` reads the nodes' replies and `lookup::learn` decides what is learned;
 //! this module parses nothing.
 
 use std::collections::HashMap;

@@ -13,7 +13,7 @@ pub struct NodeMetrics {
     pub up: Gauge,
     /// Commands sent and not answered yet, over the node's shared connections.
     pub pending: Gauge,
-    /// Estimated node seconds of the costly reads it answered (`proxy::cost`).
+    /// Estimated node seconds of the costly reads it answered (`proxy::conn::cost`).
     pub read_cost: Counter<f64, std::sync::atomic::AtomicU64>,
     node: String,
     errors: prometheus_client::metrics::family::Family<NodeErrorLabel, Counter>,

@@ -13,7 +13,7 @@
 //! The controller below runs once per detection window. It reads the load this proxy sent
 //! each node (the load a cache hit takes away): its commands, counted as a microsecond of
 //! node time each, plus the estimated node time of its costly reads (big values, big
-//! aggregates: `saltshaker_backend_read_cost_seconds_total`, from `proxy::cost`), so a node
+//! aggregates: `saltshaker_backend_read_cost_seconds_total`, from `proxy::conn::cost`), so a node
 //! kept busy by a few expensive reads counts as busy. It also reads the load of each key the
 //! detector tracks in the same unit (`HotSnapshot::read_rates`: its reads, plus the node
 //! time of its costly reads), so a key is given back only if the node can take what it

@@ -1,7 +1,7 @@
 //! The decide phase for a command that names a salted key: how it is served (`SaltPlan`).
 //! Pure like the rest of `policy`: it reads the salt table snapshot and a few facts about
 //! the session and the registry (`SaltView`), sends nothing and counts nothing (the act
-//! phase, `proxy::salted`, counts what it does).
+//! phase, `proxy::act::salted`, counts what it does).
 
 use std::sync::Arc;
 

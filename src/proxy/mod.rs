@@ -1,40 +1,18 @@
-//! The data path: the listener, and one session per client connection.
+//! The data path: the listener, the worker threads and the background tasks (this file),
+//! and one session per client connection, in five rooms that follow a request's route.
+//! The route is drawn once, in docs/architecture.md ("The request's route").
 //!
-//! ```text
-//! client ─▶ session::read_loop ─▶ parse ─▶ classify ─▶ observe ─▶ decide/act ─▶ round
-//!                                                                     │ jobs per node
-//!                                                                     ▼
-//!           reply::write_loop ◀── replies in request order ◀── backend connections
-//! ```
+//! Each room stands only on the rooms below it (`tests/layout.rs`):
 //!
-//! The files form layers; each imports only the layers below it (`tests/layout.rs`):
-//!
-//! - bottom: `ctx` (what every session shares), `clients` (every connection as CLIENT LIST
-//!   shows it), `monitor` (MONITOR's lines and queues), `tunnel` (the pub/sub pipe),
-//!   `dedicated`, `version` (the Redis version HELLO reports), `txn` (MULTI's queue and
-//!   the WATCH, and the one place that aborts an EXEC), `tracking` (what the clients with
-//!   CLIENT TRACKING read, and the nodes' tracked connections),
-//!   `cost` (what a read cost, counted against its key: bytes and node time),
-//!   `scan` (cursors), `round` (a round's jobs, reply slots and keys), `order` (the ordering
-//!   rules), `state` (one connection's state, its fields private behind methods, and what
-//!   a handler returns: `Flow`), `merge`
-//!   (a fanned-out command's replies made one);
-//! - handlers, given the state: `plan` (the decide and observe phases of one command),
-//!   `settle` (a round sent ahead of a command; the wait at a
-//!   change of database, protocol or lane), `route` (node jobs, splits, all nodes), `mitigation`
-//!   (combine, cache), `salted` (acting on a salt plan), `sort` and `store` (SORT, and a
-//!   STORE destination, across a pool's nodes), `acl` (the ACL commands, on the
-//!   proxy's users), `client_cmd` (the CLIENT commands), `client_cache` (CLIENT TRACKING
-//!   and its kin, and which keys a tracking client is told about), `end` (how a
-//!   connection's read phase hands over or closes), `local` (commands answered here,
-//!   transactions), `hotkeys` (HOTKEYS, from the detector's windows);
-//! - top: `handle` (one command: the ACL check that `step` runs first, then order,
-//!   decide once, observe, act; synchronous, a wait comes back as `Flow::Wait`), `step`
-//!   (one command of a read: classify, check the ACL, admit, the whole path when nothing
-//!   waits, the waits boxed), `session` (the read loop: read, parse,
-//!   a round per read; each read's handling a small boxed future, so an idle connection
-//!   holds little), `reply` (the writer), and this file (the listener, the worker threads
-//!   and the background tasks).
+//! - `session/`: the pipeline: the read loop, and per command classify, check, admit,
+//!   order, decide, observe, act;
+//! - `answer/`: commands answered in the proxy (connection state, transactions, CLIENT,
+//!   ACL, CLUSTER as one node, client-side caching);
+//! - `act/`: commands that go to the nodes (jobs, splits, mitigations, salting, SORT and
+//!   STORE across nodes);
+//! - `conn/`: one connection's state and the way out (ctx, state, order, txn, round,
+//!   reply, merge, cost, dedicated, tunnel, scan);
+//! - `registry/`: process-wide (clients, tracking, monitor, version, hotkeys).
 
 mod act;
 mod answer;

@@ -51,7 +51,7 @@ pub struct Rules {
     cost_floors: CostFloors,
 }
 
-/// The least a read must cost to be counted by cost (`proxy::cost`): below
+/// The least a read must cost to be counted by cost (`proxy::conn::cost`): below
 /// `hot_at_bytes_per_sec / hot_at_per_sec` bytes (or the node-time pair), a key crosses the
 /// read-rate threshold before the cost one, so counting it would change nothing. The lowest
 /// ratio over the defaults and every rule. Defaults: 8388 bytes, 50 µs.
