@@ -207,9 +207,16 @@ pub async fn run(
         salt: Some(ctx.clone() as Arc<dyn salt::Control>),
         balance: Some(balance.clone()),
         admit: Some(ctx.admit.clone()),
-        not_cached: Some({
+        declined: Some({
             let ctx = ctx.clone();
-            Arc::new(move |k: &[u8]| ctx.hot.load().not_cached(k))
+            Arc::new(move |k: &[u8]| {
+                let hot = ctx.hot.load();
+                admin::Declined {
+                    cache: hot.not_cached(k),
+                    combine: hot.not_combined(k),
+                    salt: ctx.salt.not_salted(k),
+                }
+            })
         }),
         token,
     });

@@ -270,3 +270,100 @@ fn pipelines_mixing_plain_keys_still_combine_and_keep_each_key_in_order() {
         "{uncombined} of {hot} hot increments were not combined"
     );
 }
+
+/// Combining proves it pays: a key written hot by one client at a time, whose batches
+/// would each carry one increment, is not combined, and /hotkeys and the metrics say why;
+/// a key written by many clients at once stays combined. Every reply stays exact.
+#[test]
+fn a_trickle_is_not_combined_and_a_crowd_is() {
+    need_redis();
+    let node = Redis::start();
+    let dir = TempDir::new("combine-pays");
+    let path = dir.0.join("rules.yaml");
+    std::fs::write(
+        &path,
+        "version: 1\ndefaults:\n  write: { hot_at_per_sec: 200, cool_below_per_sec: 50, strategy: combine, combine: { window_us: 500 } }\n",
+    )
+    .unwrap();
+    let p = Proxy::start(&[&node], &["--rules", &path_str(&path)]);
+    // The crowd: 16 clients INCR `crowd` at once, for as long as the trickle runs.
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let crowd: Vec<_> = (0..16)
+        .map(|_| {
+            let (addr, stop) = (p.addr(), stop.clone());
+            thread::spawn(move || {
+                let mut c = Client::connect(&addr);
+                let mut last = 0i64;
+                let mut n = 0i64;
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    let Reply::Int(v) = c.cmd(&["INCR", "crowd"]) else {
+                        panic!("INCR crowd did not answer an integer");
+                    };
+                    assert!(v > last, "replies of one client rise: {last} then {v}");
+                    last = v;
+                    n += 1;
+                }
+                n
+            })
+        })
+        .collect();
+    // The trickle: one client, one INCR at a time.
+    let mut c = p.client();
+    let end = std::time::Instant::now() + std::time::Duration::from_secs(4);
+    let mut trickle = 0i64;
+    let mut seen = None;
+    while std::time::Instant::now() < end {
+        for _ in 0..50 {
+            trickle += 1;
+            assert_eq!(c.cmd(&["INCR", "trickle"]), Reply::Int(trickle));
+        }
+        let hk = p.hotkeys();
+        let keys = hk["keys"].as_array().cloned().unwrap_or_default();
+        if let Some(e) = keys.iter().find(|e| e["key"] == "trickle") {
+            if e["not_combined"].is_string() {
+                seen = Some(e.clone());
+            }
+        }
+        if let Some(e) = keys.iter().find(|e| e["key"] == "crowd") {
+            assert!(e["not_combined"].is_null(), "the crowd's batches pay: {e}");
+        }
+    }
+    let e = seen.expect("/hotkeys never said why the trickle is not combined");
+    assert!(
+        e["not_combined"]
+            .as_str()
+            .unwrap()
+            .starts_with("batches would carry"),
+        "{e}"
+    );
+    assert_eq!(e["phase"], "detected", "{e}");
+    assert!(p.metric("saltshaker_combine_declined_total") >= 1.0);
+    assert!(p.metric("saltshaker_combine_not_combined_keys") >= 1.0);
+    // From now on the trickle's increments go to the node one by one, and the crowd's
+    // are still combined: the crowd's INCRs reach the node as fewer commands.
+    let combined_before = p.metric("saltshaker_combined_writes_total");
+    let incrs_before = calls(&node, "incr");
+    for _ in 0..200 {
+        trickle += 1;
+        assert_eq!(c.cmd(&["INCR", "trickle"]), Reply::Int(trickle));
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let crowd_total: i64 = crowd.into_iter().map(|h| h.join().unwrap()).sum();
+    let combined = p.metric("saltshaker_combined_writes_total") - combined_before;
+    let incrs = calls(&node, "incr") - incrs_before;
+    assert!(
+        incrs >= 200,
+        "the trickle's INCRs reach the node one by one: {incrs}"
+    );
+    assert!(combined > 0.0, "the crowd is still combined");
+    // Exact: nothing lost, nothing counted twice.
+    let mut d = node.client();
+    assert_eq!(
+        d.cmd(&["GET", "trickle"]),
+        Reply::bulk(&trickle.to_string())
+    );
+    assert_eq!(
+        d.cmd(&["GET", "crowd"]),
+        Reply::bulk(&crowd_total.to_string())
+    );
+}

@@ -37,10 +37,21 @@ pub struct AdminState {
     pub token: Option<String>,
     /// Admission state, to mark keys sampled or refused lately; None in unit tests.
     pub admit: Option<Arc<crate::admit::Admission>>,
-    /// Why a read-hot key is not cached (the share of its reads its writes would turn
-    /// into fills), from the hot set in force; None in unit tests.
+    /// Why a hot key's mitigation is declined, from the hot set in force; None in unit
+    /// tests.
     #[allow(clippy::type_complexity)]
-    pub not_cached: Option<Arc<dyn Fn(&[u8]) -> Option<f64> + Send + Sync>>,
+    pub declined: Option<Arc<dyn Fn(&[u8]) -> Declined + Send + Sync>>,
+}
+
+/// Why a hot key is not mitigated as its rule says: the mitigation would not pay.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Declined {
+    /// Not cached: the share of its reads that its writes would turn into fills.
+    pub cache: Option<f64>,
+    /// Not combined: the increments per node command its batches would carry.
+    pub combine: Option<f64>,
+    /// Not salted by `auto`: its reads per write.
+    pub salt: Option<f64>,
 }
 
 impl AdminState {
@@ -324,7 +335,12 @@ fn hotkeys_json(state: &AdminState, snap: &HotSnapshot) -> String {
         .keys
         .iter()
         .map(|k| {
-            let (phase, salting_from) = phase(state, table.as_deref(), k, now);
+            let declined = state.declined.as_ref().map(|f| f(&k.key)).unwrap_or_default();
+            let (phase, salting_from) = match phase(state, table.as_deref(), k, now) {
+                // Its rule combines, but combining it would not pay.
+                (Some("combining"), f) if declined.combine.is_some() => (Some("detected"), f),
+                other => other,
+            };
             serde_json::json!({
                 "phase": phase,
                 "salting_from": salting_from,
@@ -339,8 +355,14 @@ fn hotkeys_json(state: &AdminState, snap: &HotSnapshot) -> String {
                 "since": k.since_unix_ms,
                 "read_hot_by": read_hot_by(state, k),
                 "admission": admission_mark(state, &k.key),
-                "not_cached": state.not_cached.as_ref().and_then(|f| f(&k.key)).map(|share| {
+                "not_cached": declined.cache.map(|share| {
                     format!("writes would turn {:.0}% of its reads into cache fills", share * 100.0)
+                }),
+                "not_combined": declined.combine.map(|per| {
+                    format!("batches would carry {per:.1} increments per node command (under 2)")
+                }),
+                "not_salted": declined.salt.map(|per| {
+                    format!("read {per:.1}x per write: merged reads would cost the nodes more than the writes salting spreads")
                 }),
             })
         })
@@ -376,7 +398,7 @@ mod tests {
             balance: None,
             token: None,
             admit: None,
-            not_cached: None,
+            declined: None,
         }
     }
 

@@ -49,8 +49,19 @@ pub struct Call {
 }
 
 impl ConnHandle {
-    /// Starts the supervisor task for one shared connection.
+    /// Starts the supervisor task for one shared connection on the current runtime.
     pub fn spawn(
+        hs: Arc<Handshake>,
+        metrics: NodeMetrics,
+        cluster: Option<Weak<Cluster>>,
+    ) -> ConnHandle {
+        Self::spawn_on(None, hs, metrics, cluster)
+    }
+
+    /// Starts the supervisor task for one shared connection on `rt` (the current runtime
+    /// when None).
+    pub fn spawn_on(
+        rt: Option<&tokio::runtime::Handle>,
         hs: Arc<Handshake>,
         metrics: NodeMetrics,
         cluster: Option<Weak<Cluster>>,
@@ -63,7 +74,11 @@ impl ConnHandle {
             cluster,
             proto: hs.proto,
         });
-        tokio::spawn(supervise(hs, rx, up.clone(), metrics));
+        let task = supervise(hs, rx, up.clone(), metrics);
+        match rt {
+            Some(rt) => drop(rt.spawn(task)),
+            None => drop(tokio::spawn(task)),
+        }
         ConnHandle { tx, up, who }
     }
 

@@ -33,7 +33,7 @@ pub use error::{BackendError, NoReplica, SetupError, UnknownName};
 pub use handshake::{Handshake, NodeTls};
 pub use link::Replies;
 pub use map::MapError;
-pub use node::{set_worker, worker, Lane, Node, NodeTable, MAX_NODES};
+pub use node::{register_runtime, set_worker, worker, Lane, Node, NodeTable, MAX_NODES};
 
 use crate::metrics::Metrics;
 pub use crate::metrics::NodeMetrics;

@@ -22,6 +22,54 @@ pub struct CombineMetrics {
     /// Increments of a combined key sent as plain commands, to stay behind the client's
     /// own earlier command on the key.
     pub held_back: Counter,
+    /// Write-hot keys not combined because their batches would not pay
+    /// (`policy::DECLINE_PER_COMMAND`), keys combined again after that, and how many are
+    /// declined now.
+    pub declined: Counter,
+    pub recombined: Counter,
+    pub not_combined_keys: Gauge,
+}
+
+impl CombineMetrics {
+    /// Registers combining's series, and whether combining a key pays
+    /// (`policy::DECLINE_PER_COMMAND`).
+    pub fn register(&self, r: &mut Registry) {
+        r.register(
+            "combined_writes",
+            "Client increments that went through a combine batch",
+            self.ops.clone(),
+        );
+        r.register(
+            "combine_backend_writes",
+            "Backend writes issued for combine batches (one per batch; one per command on fallback)",
+            self.backend_writes.clone(),
+        );
+        r.register(
+            "combine_fallbacks",
+            "Combine batches sent one by one after an error reply or an overflowing sum",
+            self.fallbacks.clone(),
+        );
+        r.register(
+            "combine_held_back",
+            "Increments of a combined key sent as plain commands, behind the client's own earlier command on the key",
+            self.held_back.clone(),
+        );
+        r.register(
+            "combine_declined",
+            "Write-hot keys not combined: their batches would carry under two increments per node command",
+            self.declined.clone(),
+        );
+        r.register(
+            "combine_recombined",
+            "Write-hot keys combined again: their batches would carry two and a half increments per node command or more",
+            self.recombined.clone(),
+        );
+        r.register(
+            "combine_not_combined_keys",
+            "Write-hot keys not combined now because their batches would not pay",
+            self.not_combined_keys.clone(),
+        );
+    }
 }
 
 /// Metric handles of the cache.
@@ -77,6 +125,11 @@ impl CacheMetrics {
 pub struct SaltMetrics {
     pub salted_keys: Gauge,
     pub promotions: Counter,
+    /// Write-hot keys that `auto` would have salted, not salted because their merged
+    /// reads would cost the nodes more than the writes salting spreads
+    /// (`salt::registry::salting_pays`), and how many are declined now.
+    pub declined: Counter,
+    pub not_salted_keys: Gauge,
     /// Promotions put in force before their boundary, every live proxy knowing them.
     pub early_starts: Counter,
     pub demotions: Counter,
@@ -162,6 +215,22 @@ impl TrackingMetrics {
             "tracking_evictions",
             "Keys forgotten to keep within limits.tracking_max_keys (their clients are told to drop them)",
             self.evictions.clone(),
+        );
+    }
+}
+
+impl SaltMetrics {
+    /// Registers whether salting a key pays (`salt::registry::salting_pays`).
+    pub fn register_pays(&self, r: &mut Registry) {
+        r.register(
+            "salt_declined",
+            "Write-hot keys auto would salt, not salted: their merged reads would cost the nodes more than the writes salting spreads",
+            self.declined.clone(),
+        );
+        r.register(
+            "salt_not_salted_keys",
+            "Write-hot keys not salted now because salting them would not pay",
+            self.not_salted_keys.clone(),
         );
     }
 }

@@ -318,26 +318,7 @@ impl Metrics {
             "Keys of each node made read-hot by balance (cached to take load off a node busier than the others)",
             m.balance_keys.clone(),
         );
-        r.register(
-            "combined_writes",
-            "Client increments that went through a combine batch",
-            m.combine.ops.clone(),
-        );
-        r.register(
-            "combine_backend_writes",
-            "Backend writes issued for combine batches (one per batch; one per command on fallback)",
-            m.combine.backend_writes.clone(),
-        );
-        r.register(
-            "combine_fallbacks",
-            "Combine batches sent one by one after an error reply or an overflowing sum",
-            m.combine.fallbacks.clone(),
-        );
-        r.register(
-            "combine_held_back",
-            "Increments of a combined key sent as plain commands, behind the client's own earlier command on the key",
-            m.combine.held_back.clone(),
-        );
+        m.combine.register(r);
         m.security.register(r);
         m.cluster.register(r);
         m.admission.register(r);
@@ -349,6 +330,7 @@ impl Metrics {
             "Keys salted over shard keys now (as the registry in the backend says)",
             s.salted_keys.clone(),
         );
+        s.register_pays(r);
         r.register(
             "salt_promotions",
             "Keys this proxy promoted to salted (detected or by an SRE)",

@@ -45,9 +45,27 @@ struct Batch {
     total: Option<i64>, // None once the sum overflowed: fall back to one by one
 }
 
+/// What combining did for one key since the hot set was last built: the increments it
+/// took, and the node commands they cost (one per batch that combined, one per increment
+/// of a batch sent one by one).
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct Batched {
+    pub increments: u64,
+    pub commands: u64,
+}
+
+impl Batched {
+    /// Increments per node command; None before any batch ran.
+    pub fn per_command(&self) -> Option<f64> {
+        (self.commands > 0).then(|| self.increments as f64 / self.commands as f64)
+    }
+}
+
 /// All open batches of this proxy.
 pub struct Combiner {
     open: Mutex<HashMap<BatchKey, Batch>>,
+    /// Per key, what its batches did since `take_batched` (touched once per batch).
+    batched: Mutex<HashMap<Bytes, Batched>>,
     metrics: CombineMetrics,
     /// `request_timeout_ms`, counted from when a batch opens: its callers were read then.
     timeout: Option<Duration>,
@@ -64,6 +82,7 @@ impl Combiner {
     pub fn new(metrics: CombineMetrics, timeout: Option<Duration>) -> Arc<Combiner> {
         Arc::new(Combiner {
             open: Mutex::new(HashMap::new()),
+            batched: Mutex::new(HashMap::new()),
             metrics,
             timeout,
         })
@@ -110,6 +129,11 @@ impl Combiner {
         Pending { reply, done }
     }
 
+    /// What each key's batches did since the last call, and a fresh start.
+    pub fn take_batched(&self) -> HashMap<Bytes, Batched> {
+        std::mem::take(&mut *self.batched.lock().unwrap_or_else(|p| p.into_inner()))
+    }
+
     async fn flush(&self, bk: BatchKey, conn: ConnHandle, deadline: Option<Instant>) {
         let batch = {
             let mut open = self.open.lock().unwrap_or_else(|p| p.into_inner());
@@ -117,6 +141,14 @@ impl Combiner {
         };
         if batch.entries.is_empty() {
             return;
+        }
+        let n = batch.entries.len() as u64;
+        let commands = if batch.total.is_some() { 1 } else { n };
+        {
+            let mut b = self.batched.lock().unwrap_or_else(|p| p.into_inner());
+            let e = b.entry(bk.key.clone()).or_default();
+            e.increments += n;
+            e.commands += commands;
         }
         let combined = match batch.total {
             Some(total) if batch.entries.len() > 1 => {

@@ -5,38 +5,18 @@
 //! publishes or the rules reload); when nothing is hot and nothing is pinned, `decide`
 //! costs one branch.
 
-use std::collections::HashMap;
-use std::sync::Arc;
 use std::time::Duration;
-
-use bytes::Bytes;
 
 use crate::command::{flags, Args, Classified, Counter};
 pub use salted::{SaltPlan, SaltView};
 
+mod hot;
 mod salted;
-use crate::hotkey::{HotSnapshot, HotState};
-use crate::rules::{CachePolicy, ClientCacheKeys, Rules, Strategy, WritePolicy};
-
-/// Caching a key pays while its hits are at least twice its fills. Every write to a
-/// cached key (through any proxy, or directly) drops its entries, and the next read
-/// fills them again: with reads R and writes W per second, about min(W, R) of the reads
-/// are fills, and for each the node serves the write, the fill and the tracking
-/// invalidation, where without the cache it served the read alone. A key whose writes
-/// would make a third of its reads fills is not cached (measured: on a 50% SET workload
-/// the cache added 10-15% of node CPU, issue #45); it is cached again only below a quarter,
-/// so a key near the line does not flap.
-pub const DECLINE_FILL_SHARE: f64 = 1.0 / 3.0;
-/// See `DECLINE_FILL_SHARE`.
-pub const READMIT_FILL_SHARE: f64 = 0.25;
-
-/// The share of a key's reads that its writes would turn into cache fills.
-pub fn fill_share(reads_per_sec: f64, writes_per_sec: f64) -> f64 {
-    if reads_per_sec <= 0.0 {
-        return 0.0;
-    }
-    writes_per_sec.min(reads_per_sec) / reads_per_sec
-}
+use crate::rules::CachePolicy;
+pub use hot::{
+    fill_share, per_batch, HotSet, WriteHot, DECLINE_FILL_SHARE, DECLINE_PER_COMMAND,
+    READMIT_FILL_SHARE, RECOMBINE_PER_COMMAND,
+};
 
 /// What to do with one command.
 #[derive(Clone, Debug, PartialEq)]
@@ -99,185 +79,6 @@ const CACHEABLE: &[&str] = &[
     "EXISTS",
     "TYPE",
 ];
-
-/// A write-hot key and how to treat it.
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub struct WriteHot {
-    pub strategy: Strategy,
-    pub combine_window: Duration,
-}
-
-/// The keys under mitigation now, and pinned patterns.
-#[derive(Default)]
-pub struct HotSet {
-    write: HashMap<Bytes, WriteHot>,
-    read: HashMap<Bytes, CachePolicy>,
-    /// Every read-hot key, cached or not (client-side caching's `hot_only`).
-    read_hot: std::collections::HashSet<Bytes>,
-    /// Read-hot keys whose rule caches but whose cache would not pay (`fill_share`): the
-    /// share of their reads that writes would turn into fills.
-    not_cached: HashMap<Bytes, f64>,
-    rules: Option<Arc<Rules>>,
-    has_pins: bool,
-}
-
-impl HotSet {
-    /// Write-hot keys (hot or cooling) whose rule allows combining, from a detector
-    /// snapshot and the rules; pinned patterns count as hot from the first request.
-    pub fn build(snap: &HotSnapshot, rules: Arc<Rules>) -> HotSet {
-        HotSet::build_after(snap, rules, None)
-    }
-
-    /// `build`, knowing the set before it: a key whose cache was declined there is cached
-    /// again only once its writes are well under the line (`READMIT_FILL_SHARE`).
-    pub fn build_after(snap: &HotSnapshot, rules: Arc<Rules>, prev: Option<&HotSet>) -> HotSet {
-        let mut write = HashMap::new();
-        let mut read = HashMap::new();
-        let mut read_hot = std::collections::HashSet::new();
-        let mut not_cached = HashMap::new();
-        for k in &snap.keys {
-            // Read-hot by rate, or by what its reads cost (bytes, node time).
-            if k.read_hot_state().is_some() {
-                read_hot.insert(Bytes::copy_from_slice(&k.key));
-                let p = rules.resolve(&k.key).read.cache;
-                if p.enabled {
-                    let share = fill_share(k.reads_per_sec, k.writes_per_sec);
-                    let declined = prev.is_some_and(|h| h.not_cached.contains_key(&k.key[..]));
-                    let line = if declined {
-                        READMIT_FILL_SHARE
-                    } else {
-                        DECLINE_FILL_SHARE
-                    };
-                    if share >= line {
-                        not_cached.insert(Bytes::copy_from_slice(&k.key), share);
-                    } else {
-                        read.insert(Bytes::copy_from_slice(&k.key), p);
-                    }
-                }
-            }
-            if !matches!(k.write_state, Some(HotState::Hot) | Some(HotState::Cooling)) {
-                continue;
-            }
-            let p = rules.resolve(&k.key).write;
-            if let Some(h) = write_hot(&p) {
-                write.insert(Bytes::copy_from_slice(&k.key), h);
-            }
-        }
-        let has_pins = rules.rules().iter().any(|r| r.pin);
-        HotSet {
-            write,
-            read,
-            read_hot,
-            not_cached,
-            rules: Some(rules),
-            has_pins,
-        }
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.write.is_empty() && self.read.is_empty() && !self.has_pins
-    }
-
-    /// The cache policy of `key`, if it is read-hot (or pinned) and its rule caches.
-    pub fn read_hot(&self, key: &[u8]) -> Option<CachePolicy> {
-        if let Some(p) = self.read.get(key) {
-            return Some(*p);
-        }
-        if self.has_pins {
-            let r = self.rules.as_ref()?.resolve(key);
-            if r.pin && r.read.cache.enabled {
-                return Some(r.read.cache);
-            }
-        }
-        None
-    }
-
-    /// Whether a tracking client may keep `key` in its own process under its rule's
-    /// `read.client_cache` (`all`, or `hot_only` and the key read-hot or pinned now).
-    pub fn client_may_keep(&self, key: &[u8], rules: &Rules) -> bool {
-        let r = rules.resolve(key);
-        match r.read.client_cache.keys {
-            ClientCacheKeys::All => true,
-            ClientCacheKeys::HotOnly => r.pin || self.read_hot.contains(key),
-        }
-    }
-
-    pub fn read_keys(&self) -> usize {
-        self.read.len()
-    }
-
-    /// How many read-hot keys are not cached because their cache would not pay.
-    pub fn not_cached_count(&self) -> usize {
-        self.not_cached.len()
-    }
-
-    /// Why a read-hot key is not cached, if its cache would not pay: the share of its
-    /// reads that its writes would turn into fills.
-    pub fn not_cached(&self, key: &[u8]) -> Option<f64> {
-        self.not_cached.get(key).copied()
-    }
-
-    /// The keys declined here that `prev` cached or did not list (newly declined), and the
-    /// keys `prev` declined that this set caches again.
-    pub fn cache_changes(&self, prev: &HotSet) -> (Vec<(Bytes, f64)>, Vec<Bytes>) {
-        let declined = self
-            .not_cached
-            .iter()
-            .filter(|(k, _)| !prev.not_cached.contains_key(*k))
-            .map(|(k, s)| (k.clone(), *s))
-            .collect();
-        let again = prev
-            .not_cached
-            .keys()
-            .filter(|k| self.read.contains_key(*k))
-            .cloned()
-            .collect();
-        (declined, again)
-    }
-
-    /// Whether any key may be served from the cache now (read-hot keys, or pins).
-    pub fn may_cache(&self) -> bool {
-        !self.read.is_empty() || self.has_pins
-    }
-
-    /// How `key` is treated for writes, if it is write-hot or pinned.
-    pub fn write_hot(&self, key: &[u8]) -> Option<WriteHot> {
-        if let Some(h) = self.write.get(key) {
-            return Some(*h);
-        }
-        if self.has_pins {
-            let r = self.rules.as_ref()?.resolve(key);
-            if r.pin {
-                return write_hot(&r.write);
-            }
-        }
-        None
-    }
-
-    /// Whether any write may be combined now (a write-hot key, or a pin).
-    pub fn may_combine(&self) -> bool {
-        !self.write.is_empty() || self.has_pins
-    }
-
-    pub fn write_keys(&self) -> usize {
-        self.write.len()
-    }
-}
-
-fn write_hot(p: &WritePolicy) -> Option<WriteHot> {
-    match p.strategy {
-        Strategy::Off => None,
-        // `salt` too: a write-hot key is combined on this proxy from the moment it is
-        // detected until its salting is in force (`bridge`), so a spike is mitigated
-        // within the detection time, not at the next epoch.
-        Strategy::Salt | Strategy::Combine | Strategy::SaltCombine | Strategy::Auto => {
-            Some(WriteHot {
-                strategy: p.strategy,
-                combine_window: Duration::from_micros(p.combine.window_us),
-            })
-        }
-    }
-}
 
 /// Decides what to do with a command: its salted plan if it names a salted key, else what
 /// the hot set says (outside MULTI).
@@ -397,9 +198,15 @@ fn cache_per_key<A: Args + ?Sized>(c: &Classified, args: &A, hot: &HotSet) -> Ac
 
 #[cfg(test)]
 mod tests {
+    use std::collections::HashMap;
+    use std::sync::Arc;
+
+    use bytes::Bytes;
+
     use super::*;
     use crate::command::classify;
-    use crate::hotkey::HotKey;
+    use crate::hotkey::{HotKey, HotSnapshot, HotState};
+    use crate::rules::Rules;
 
     fn snap(keys: &[&str]) -> HotSnapshot {
         HotSnapshot {
@@ -437,6 +244,63 @@ mod tests {
         }
     }
 
+    fn write_hot_snap(key: &str, writes: f64) -> HotSnapshot {
+        HotSnapshot {
+            window_ms: 1000,
+            keys: vec![HotKey {
+                key: key.as_bytes().to_vec(),
+                writes_per_sec: writes,
+                state: HotState::Hot,
+                write_state: Some(HotState::Hot),
+                ..Default::default()
+            }],
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn combining_a_trickle_is_declined_and_a_crowd_is_combined_with_hysteresis() {
+        // The default rules: combine window 500 µs.
+        let rules = Arc::new(Rules::default());
+        let none = HashMap::new();
+        let combined = |h: &HotSet| h.write_hot(b"k").is_some();
+        // 1,000 writes/s: a batch would carry 1.5 increments. Not started.
+        let a = HotSet::build_after(&write_hot_snap("k", 1_000.0), rules.clone(), None, &none);
+        assert!(!combined(&a));
+        assert_eq!(a.not_combined(b"k"), Some(1.5));
+        assert_eq!(a.combine_changes(&HotSet::default()).0.len(), 1);
+        // 3,000/s (2.5 per batch): combined again.
+        let b = HotSet::build_after(
+            &write_hot_snap("k", 3_000.0),
+            rules.clone(),
+            Some(&a),
+            &none,
+        );
+        assert!(combined(&b) && b.not_combined(b"k").is_none());
+        assert_eq!(b.combine_changes(&a).1.len(), 1);
+        // What the batches measured wins over the rate: 10,000/s, but 1.2 per command
+        // (the writers wait for each reply, one at a time).
+        let measured: HashMap<Bytes, f64> = [(Bytes::from_static(b"k"), 1.2)].into();
+        let c = HotSet::build_after(
+            &write_hot_snap("k", 10_000.0),
+            rules.clone(),
+            Some(&b),
+            &measured,
+        );
+        assert!(!combined(&c));
+        // Declined at 2.0 per batch (2,000/s): not taken again under 2.5.
+        let d = HotSet::build_after(
+            &write_hot_snap("k", 2_000.0),
+            rules.clone(),
+            Some(&c),
+            &none,
+        );
+        assert!(!combined(&d));
+        // Combined, 2,000/s stays combined: the line to drop it is 2.0.
+        let e = HotSet::build_after(&write_hot_snap("k", 2_000.0), rules, Some(&b), &none);
+        assert!(combined(&e));
+    }
+
     #[test]
     fn a_cache_that_writes_would_keep_refilling_is_declined_then_taken_again_with_hysteresis() {
         let rules = Arc::new(Rules::default());
@@ -444,20 +308,38 @@ mod tests {
         let a = HotSet::build(&read_hot("k", 10_000.0, 1_000.0), rules.clone());
         assert!(cached(&a) && a.not_cached(b"k").is_none());
         // Writes make 40% of the reads fills: declined.
-        let b = HotSet::build_after(&read_hot("k", 10_000.0, 4_000.0), rules.clone(), Some(&a));
+        let b = HotSet::build_after(
+            &read_hot("k", 10_000.0, 4_000.0),
+            rules.clone(),
+            Some(&a),
+            &HashMap::new(),
+        );
         assert!(!cached(&b));
         assert_eq!(b.not_cached(b"k"), Some(0.4));
         assert_eq!(b.cache_changes(&a).0.len(), 1);
         // 30%: under the line to decline, over the line to take it again.
-        let c = HotSet::build_after(&read_hot("k", 10_000.0, 3_000.0), rules.clone(), Some(&b));
-        assert!(!cached(&c));
-        assert!(
-            HotSet::build_after(&read_hot("k", 10_000.0, 3_000.0), rules.clone(), Some(&a))
-                .read_hot(b"k")
-                .is_some()
+        let c = HotSet::build_after(
+            &read_hot("k", 10_000.0, 3_000.0),
+            rules.clone(),
+            Some(&b),
+            &HashMap::new(),
         );
+        assert!(!cached(&c));
+        assert!(HotSet::build_after(
+            &read_hot("k", 10_000.0, 3_000.0),
+            rules.clone(),
+            Some(&a),
+            &HashMap::new()
+        )
+        .read_hot(b"k")
+        .is_some());
         // 20%: cached again.
-        let d = HotSet::build_after(&read_hot("k", 10_000.0, 2_000.0), rules, Some(&c));
+        let d = HotSet::build_after(
+            &read_hot("k", 10_000.0, 2_000.0),
+            rules,
+            Some(&c),
+            &HashMap::new(),
+        );
         assert!(cached(&d));
         assert_eq!(d.cache_changes(&c).1.len(), 1);
     }

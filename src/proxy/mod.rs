@@ -43,12 +43,18 @@ pub struct Listener {
 ///
 /// Worker 0 is the calling thread. Each other worker is a thread with a current-thread
 /// runtime of its own, accepting on its own copy of every listening socket: a client's
-/// session, its tasks and the node connections they use (`backend::set_worker`) all
-/// stay on the thread that accepted it, so the request path never wakes another
-/// thread. Measured against tokio's work-stealing scheduler on the same workers
-/// (bench/README.md, "Worker threads").
+/// session and its tasks stay on the thread that accepted it. A node's shared
+/// connections are the process's, run by one worker each (`backend::register_runtime`),
+/// so every worker's commands for a node leave in the same writes (bench/README.md,
+/// "Worker threads" and "Workloads").
 pub async fn serve(listeners: Vec<Listener>, ctx: Arc<Ctx>, threads: usize, drain: Duration) {
     let mut workers = Vec::new();
+    // Each worker registers its runtime and waits for `go`: the nodes' shared connections
+    // are then started on their owners (`backend::register_runtime`) before any client
+    // is accepted.
+    crate::backend::register_runtime();
+    let (go_tx, go) = tokio::sync::watch::channel(false);
+    let (ready_tx, mut ready) = tokio::sync::mpsc::unbounded_channel::<()>();
     for i in 1..threads.max(1) {
         let copies = match listeners.iter().map(Listener::copy).collect() {
             Ok(c) => c,
@@ -58,6 +64,7 @@ pub async fn serve(listeners: Vec<Listener>, ctx: Arc<Ctx>, threads: usize, drai
             }
         };
         let (ctx, (done_tx, done)) = (ctx.clone(), tokio::sync::oneshot::channel::<()>());
+        let (mut go, ready_tx) = (go.clone(), ready_tx.clone());
         let spawned = std::thread::Builder::new()
             .name(format!("saltshaker-w{i}"))
             .spawn(move || {
@@ -67,7 +74,12 @@ pub async fn serve(listeners: Vec<Listener>, ctx: Arc<Ctx>, threads: usize, drai
                     .build()
                 {
                     Ok(rt) => {
-                        rt.block_on(serve_worker(copies, ctx, drain));
+                        rt.block_on(async move {
+                            crate::backend::register_runtime();
+                            let _ = ready_tx.send(());
+                            let _ = go.wait_for(|v| *v).await;
+                            serve_worker(copies, ctx, drain).await
+                        });
                         // Tasks still running past the drain (a node connection, a
                         // client past the deadline) end with the runtime.
                         rt.shutdown_timeout(Duration::from_millis(100));
@@ -81,6 +93,19 @@ pub async fn serve(listeners: Vec<Listener>, ctx: Arc<Ctx>, threads: usize, drai
             Err(e) => tracing::warn!(error = %e, worker = i, "cannot start a worker thread"),
         }
     }
+    drop(ready_tx);
+    for _ in 0..workers.len() {
+        if !matches!(
+            tokio::time::timeout(Duration::from_secs(5), ready.recv()).await,
+            Ok(Some(()))
+        ) {
+            break;
+        }
+    }
+    for n in ctx.backend.nodes() {
+        n.rehome();
+    }
+    let _ = go_tx.send(true);
     serve_worker(listeners, ctx, drain).await;
     for w in workers {
         let _ = tokio::time::timeout(drain + Duration::from_secs(1), w).await;
@@ -289,8 +314,15 @@ pub fn spawn_hot_updater(ctx: Arc<Ctx>, hash_names: bool) {
             ctx.hotkeys
                 .add_window(&snap, |k| by_slot.then(|| ctx.backend.group_of(k).0 as u16));
             let prev = ctx.hot.load_full();
-            let hot = HotSet::build_after(&snap, ctx.rules.load(), Some(&prev));
+            let batched: std::collections::HashMap<bytes::Bytes, f64> = ctx
+                .combiner
+                .take_batched()
+                .into_iter()
+                .filter_map(|(k, b)| b.per_command().map(|p| (k, p)))
+                .collect();
+            let hot = HotSet::build_after(&snap, ctx.rules.load(), Some(&prev), &batched);
             cache_decisions(&ctx, &hot, &prev, hash_names);
+            combine_decisions(&ctx, &hot, &prev, hash_names);
             time_to_mitigate(&ctx, &snap, &hot, &mut mitigated);
             let m = &ctx.metrics.mitigated_keys;
             m.get_or_create(&crate::metrics::HotKindLabel { kind: "write" })
@@ -310,13 +342,7 @@ pub fn spawn_hot_updater(ctx: Arc<Ctx>, hash_names: bool) {
 /// Counts and logs each read-hot key whose cache was declined because it would not pay
 /// (`policy::DECLINE_FILL_SHARE`), and each cached again.
 fn cache_decisions(ctx: &Ctx, hot: &HotSet, prev: &HotSet, hash_names: bool) {
-    let show = |k: &[u8]| {
-        if hash_names {
-            format!("h:{:016x}", xxhash_rust::xxh3::xxh3_64(k))
-        } else {
-            String::from_utf8_lossy(k).into_owned()
-        }
-    };
+    let show = |k: &[u8]| shown(k, hash_names);
     let (declined, again) = hot.cache_changes(prev);
     let m = &ctx.metrics.cache;
     for (k, share) in declined {
@@ -328,6 +354,31 @@ fn cache_decisions(ctx: &Ctx, hot: &HotSet, prev: &HotSet, hash_names: bool) {
         tracing::info!(key = %show(&k), "caching a read-hot key again: its writes fell under a quarter of its reads");
     }
     m.not_cached_keys.set(hot.not_cached_count() as i64);
+}
+
+/// Counts and logs each write-hot key whose combining was declined because its batches
+/// would not pay (`policy::DECLINE_PER_COMMAND`), and each combined again.
+fn combine_decisions(ctx: &Ctx, hot: &HotSet, prev: &HotSet, hash_names: bool) {
+    let (declined, again) = hot.combine_changes(prev);
+    let m = &ctx.metrics.combine;
+    for (k, per) in declined {
+        m.declined.inc();
+        tracing::info!(key = %shown(&k, hash_names), increments_per_command = (per * 100.0).round() / 100.0, "not combining a write-hot key: its batches would carry under two increments per node command");
+    }
+    for k in again {
+        m.recombined.inc();
+        tracing::info!(key = %shown(&k, hash_names), "combining a write-hot key again: its writes fill batches again");
+    }
+    m.not_combined_keys.set(hot.not_combined_count() as i64);
+}
+
+/// A key as log lines show it: its text, or its hash with `hotkeys.hash_names`.
+fn shown(k: &[u8], hash_names: bool) -> String {
+    if hash_names {
+        format!("h:{:016x}", xxhash_rust::xxh3::xxh3_64(k))
+    } else {
+        String::from_utf8_lossy(k).into_owned()
+    }
 }
 
 /// Observes `saltshaker_time_to_mitigate_seconds` for each key that is combined from now

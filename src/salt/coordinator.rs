@@ -21,7 +21,7 @@ use super::names::{shard_name, spread_salts, Place, CHANNEL};
 use super::record::{boundary_after, Record, Step};
 use super::registry::{
     announce, cas, change_if_same, demote, get, live_proxies, load_all, node, pinning_rule,
-    wanted_shards, Nodes,
+    salting_pays, wanted_shards, Nodes,
 };
 use super::{
     as_i64, call, early, fold, kinds, now_ms, ops, relocate, Salt, SaltError, SaltTable, Salted,
@@ -182,6 +182,7 @@ async fn tick(
     };
     // Promotions: this proxy's hot keys (and pinned exact keys) whose rule salts them.
     let mut want: Vec<Want> = Vec::new();
+    let mut not_salted: HashMap<Bytes, f64> = HashMap::new();
     for k in &snap.keys {
         if k.write_state != Some(HotState::Hot) || salted.contains_key(&k.key[..]) {
             continue;
@@ -189,6 +190,13 @@ async fn tick(
         let r = rules.resolve(&k.key);
         let (nodes, busy) = nodes_for(&k.key, r.write.hot_at_per_sec);
         if let Some(n) = wanted_shards(&r.write, k.writes_per_sec, proxies, nodes) {
+            if r.write.strategy == crate::rules::Strategy::Auto
+                && !salting_pays(k.reads_per_sec, k.writes_per_sec, n)
+            {
+                let per_write = k.reads_per_sec / k.writes_per_sec.max(1.0);
+                not_salted.insert(Bytes::copy_from_slice(&k.key), per_write);
+                continue;
+            }
             // Only `auto` salts for balance; the shards avoid the busy node when they fit on
             // the others.
             let skip = busy.filter(|_| {
@@ -206,6 +214,7 @@ async fn tick(
             });
         }
     }
+    salt.note_not_salted(not_salted);
     for rule in rules.rules() {
         let pat = rule.pattern.as_str();
         if pinning_rule(&rules, pat.as_bytes()).is_some() && !salted.contains_key(pat.as_bytes()) {

@@ -302,6 +302,9 @@ pub struct Salt {
     /// Sets whose base-key members this proxy is moving into their shards now
     /// (`fold::spread`), so the coordinator starts one spread per key at a time.
     pub spreading: Mutex<std::collections::HashSet<Bytes>>,
+    /// Write-hot keys `auto` would salt but does not, because salting them would not pay
+    /// (`registry::salting_pays`): their reads per write.
+    not_salted: Mutex<HashMap<Bytes, f64>>,
 }
 
 impl Salt {
@@ -318,6 +321,7 @@ impl Salt {
             enabled,
             kick: Arc::new(Notify::new()),
             spreading: Mutex::new(Default::default()),
+            not_salted: Mutex::default(),
         }
     }
 

@@ -10,6 +10,7 @@
 //! fleet's rate on a key from one proxy's view of it, and no key is written for it. A pool
 //! with nothing salted holds no saltshaker key at all.
 
+use std::collections::HashMap;
 use std::sync::atomic::Ordering;
 
 use bytes::Bytes;
@@ -171,6 +172,44 @@ pub struct Nodes {
     pub mean: f64,
     /// `balance.over_mean_pct` as a fraction.
     pub band: f64,
+}
+
+/// Whether salting a key pays the nodes: a read of a salted key merges its `shards`
+/// shards (`shards` node commands where it was one), while salting spreads its writes.
+/// Salting pays while the commands its merged reads add (`reads * (shards - 1)`) do not
+/// outnumber the writes it spreads. A key read as often as it is written, or more, pays
+/// the nodes more in merged reads than it saves its node in writes (bench/README.md,
+/// "Workloads": a 9.5 KB value SET and GET alike, salted by `auto`, cost the nodes 15x
+/// twemproxy's CPU per operation). `auto` declines such a key; `salt` and
+/// `salt_combine` are the operator's explicit choice and are not second-guessed.
+pub fn salting_pays(reads_per_sec: f64, writes_per_sec: f64, shards: u32) -> bool {
+    reads_per_sec * f64::from(shards.max(1) - 1) <= writes_per_sec
+}
+
+impl Salt {
+    /// Records the keys declined by this tick's promotions, counting and logging each
+    /// one newly declined.
+    pub fn note_not_salted(&self, now: HashMap<Bytes, f64>) {
+        let mut was = self.not_salted.lock().unwrap_or_else(|p| p.into_inner());
+        for (k, per_write) in &now {
+            if !was.contains_key(k) {
+                self.metrics.declined.inc();
+                tracing::info!(key = %String::from_utf8_lossy(k), reads_per_write = (per_write * 100.0).round() / 100.0, "not salting a write-hot key: its merged reads would cost the nodes more than the writes salting spreads");
+            }
+        }
+        self.metrics.not_salted_keys.set(now.len() as i64);
+        *was = now;
+    }
+
+    /// Why a write-hot key is not salted, if salting it would not pay: its reads per
+    /// write.
+    pub fn not_salted(&self, key: &[u8]) -> Option<f64> {
+        self.not_salted
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(key)
+            .copied()
+    }
 }
 
 /// How many shards a key writing `rate` per second on each of `proxies` proxies should have
@@ -343,6 +382,18 @@ fn is_literal(pattern: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn salting_pays_while_merged_reads_add_fewer_commands_than_the_writes_it_spreads() {
+        // A counter written 20,000/s and read 100/s over 4 shards: 300 more reads, pays.
+        assert!(salting_pays(100.0, 20_000.0, 4));
+        // Read as often as written (a 50% SET/GET key): never pays.
+        assert!(!salting_pays(5_000.0, 5_000.0, 2));
+        // 70% reads of a counter: 2.3 reads per write, over 3 shards: does not pay.
+        assert!(!salting_pays(7_000.0, 3_000.0, 3));
+        // At the line: reads * (n - 1) == writes pays.
+        assert!(salting_pays(1_000.0, 3_000.0, 4));
+    }
 
     fn policy(strategy: Strategy, shards: Shards) -> WritePolicy {
         let mut p = WritePolicy {
