@@ -362,7 +362,7 @@ fn hotkeys_json(state: &AdminState, snap: &HotSnapshot) -> String {
                     format!("batches would carry {per:.1} increments per node command (under 2)")
                 }),
                 "not_salted": declined.salt.map(|per| {
-                    format!("read {per:.1}x per write: merged reads would cost the nodes more than the writes salting spreads")
+                    format!("read {per:.1}x per write: merged reads would cost the nodes more than salting takes off its node")
                 }),
             })
         })

@@ -174,16 +174,18 @@ pub struct Nodes {
     pub band: f64,
 }
 
-/// Whether salting a key pays the nodes: a read of a salted key merges its `shards`
-/// shards (`shards` node commands where it was one), while salting spreads its writes.
-/// Salting pays while the commands its merged reads add (`reads * (shards - 1)`) do not
-/// outnumber the writes it spreads. A key read as often as it is written, or more, pays
-/// the nodes more in merged reads than it saves its node in writes (bench/README.md,
-/// "Workloads": a 9.5 KB value SET and GET alike, salted by `auto`, cost the nodes 15x
-/// twemproxy's CPU per operation). `auto` declines such a key; `salt` and
-/// `salt_combine` are the operator's explicit choice and are not second-guessed.
+/// Whether salting a key pays the nodes. Salting does not cut the nodes' commands: its
+/// writes still run once each, spread over `shards` nodes, and each read merges the
+/// shards (`shards` node commands where it was one). What it buys is balance: the writes
+/// it moves off the key's node, `writes * (shards - 1) / shards`. It pays while the
+/// commands its merged reads add, `reads * (shards - 1)`, are no more than that: while
+/// `reads * shards <= writes`. A key read as often as it is written pays the nodes more
+/// in merged reads than it takes off its node (bench/README.md, "Workloads": a 9.5 KB
+/// value SET and GET alike, salted by `auto`, cost the nodes 15x twemproxy's CPU per
+/// operation). `auto` declines such a key; `salt` and `salt_combine` are the operator's
+/// explicit choice and are not second-guessed.
 pub fn salting_pays(reads_per_sec: f64, writes_per_sec: f64, shards: u32) -> bool {
-    reads_per_sec * f64::from(shards.max(1) - 1) <= writes_per_sec
+    reads_per_sec * f64::from(shards.max(1)) <= writes_per_sec
 }
 
 impl Salt {
@@ -385,14 +387,16 @@ mod tests {
 
     #[test]
     fn salting_pays_while_merged_reads_add_fewer_commands_than_the_writes_it_spreads() {
-        // A counter written 20,000/s and read 100/s over 4 shards: 300 more reads, pays.
+        // A counter written 20,000/s and read 100/s over 4 shards: 300 more reads against
+        // 15,000 writes moved off its node, pays.
         assert!(salting_pays(100.0, 20_000.0, 4));
         // Read as often as written (a 50% SET/GET key): never pays.
         assert!(!salting_pays(5_000.0, 5_000.0, 2));
         // 70% reads of a counter: 2.3 reads per write, over 3 shards: does not pay.
         assert!(!salting_pays(7_000.0, 3_000.0, 3));
-        // At the line: reads * (n - 1) == writes pays.
-        assert!(salting_pays(1_000.0, 3_000.0, 4));
+        // At the line, reads * n == writes, pays; just above it does not.
+        assert!(salting_pays(1_000.0, 3_000.0, 3));
+        assert!(!salting_pays(1_001.0, 3_000.0, 3));
     }
 
     fn policy(strategy: Strategy, shards: Shards) -> WritePolicy {
