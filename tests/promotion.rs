@@ -555,3 +555,73 @@ fn under_the_default_rules_two_proxies_salt_a_counter_whose_combined_writes_keep
     let shards = rec["shards"].as_u64().unwrap();
     assert!((2..=4).contains(&shards), "{rec}");
 }
+
+/// Salting proves it pays: the same two proxies and the same viral counter as above, but
+/// read more than written (70% GET). `auto` would salt it for balance; its merged reads
+/// would cost the nodes more than salting takes off its node, so it is not salted, and
+/// /hotkeys and the metrics say why. (The test above is the same key written only: salted.)
+#[test]
+fn under_the_default_rules_a_counter_read_more_than_written_is_not_salted_and_hotkeys_says_why() {
+    need_redis();
+    let (nodes, _dir, rules) = pool_with_rules(
+        "balance-no-salt",
+        "version: 1\ndetection: { window_ms: 200 }\n",
+    );
+    let fleet = [proxy(&nodes, &rules, &[]), proxy(&nodes, &rules, &[])];
+    let loads: Vec<_> = fleet
+        .iter()
+        .map(|p| {
+            std::process::Command::new(BIN)
+                .args(["bench", "--target", &p.addr(), "-c", "8", "-P", "16"])
+                .args(["--duration-ms", "4000", "--keyspace", "100000"])
+                .args([
+                    "--workload",
+                    "viral:counter:hot:0.3",
+                    "--mix",
+                    "get=70,incr=30",
+                    "--json",
+                ])
+                .stdout(std::process::Stdio::piped())
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    let deadline = Instant::now() + Duration::from_millis(3500);
+    let mut why = None;
+    while Instant::now() < deadline {
+        thread::sleep(Duration::from_millis(100));
+        assert!(
+            salted(&fleet[0], "counter:hot").is_none(),
+            "a counter read more than written was salted"
+        );
+        for p in &fleet {
+            let hk = p.hotkeys();
+            if let Some(e) = hk["keys"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .find(|e| e["key"] == "counter:hot" && e["not_salted"].is_string())
+            {
+                why = Some(e.clone());
+            }
+        }
+    }
+    let reports: Vec<serde_json::Value> = loads
+        .into_iter()
+        .map(|c| serde_json::from_slice(&c.wait_with_output().unwrap().stdout).unwrap())
+        .collect();
+    for r in &reports {
+        assert_eq!(r["errors"], 0, "{r}");
+    }
+    let e = why.expect("/hotkeys never said why counter:hot is not salted");
+    assert!(
+        e["not_salted"].as_str().unwrap().contains("per write"),
+        "{e}"
+    );
+    let declined: f64 = fleet
+        .iter()
+        .map(|p| p.metric("saltshaker_salt_declined_total"))
+        .sum();
+    assert!(declined >= 1.0, "saltshaker_salt_declined_total: {declined}");
+    assert!(salted(&fleet[0], "counter:hot").is_none());
+}

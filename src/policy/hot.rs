@@ -32,6 +32,10 @@ pub const DECLINE_PER_COMMAND: f64 = 2.0;
 /// See `DECLINE_PER_COMMAND`.
 pub const RECOMBINE_PER_COMMAND: f64 = 2.5;
 
+/// The fewest combine batches of a key, in one detection window, whose increments per
+/// node command may decline its combining: fewer say little (a key just turned hot).
+pub const MIN_BATCHES_TO_JUDGE: u64 = 16;
+
 /// The increments a batch of a key written `writes_per_sec` would carry, from the
 /// detector's rate: the one that opens it, and those arriving within its window.
 pub fn per_batch(writes_per_sec: f64, window: Duration) -> f64 {
@@ -80,7 +84,8 @@ impl HotSet {
     /// `build`, knowing the set before it: a key whose cache was declined there is cached
     /// again only once its writes are well under the line (`READMIT_FILL_SHARE`).
     /// `batched`: per key, the increments per node command its combine batches carried
-    /// since the last build (`mitigate::combine::Combiner::take_batched`).
+    /// since the last build (`mitigate::combine::Combiner::take_batched`), for keys with
+    /// enough batches to judge by (`MIN_BATCHES_TO_JUDGE`).
     pub fn build_after(
         snap: &HotSnapshot,
         rules: Arc<Rules>,
@@ -117,23 +122,26 @@ impl HotSet {
             }
             let p = rules.resolve(&k.key).write;
             if let Some(h) = write_hot(&p) {
-                // Combining pays only where batches carry increments: measured where it
-                // ran, estimated from the rate where it did not (or was declined).
-                let estimate = per_batch(k.writes_per_sec, h.combine_window);
+                // Combining pays only where batches carry increments. A key is combined
+                // as soon as it is hot, and its batches measured: declined once they
+                // carry too few (the rate of a key's first hot window is only the
+                // threshold it crossed, too early to judge by), and taken again when
+                // its rate, over a whole window, would fill batches.
                 let was_declined = prev.is_some_and(|h| h.not_combined.contains_key(&k.key[..]));
-                let per = match (was_declined, batched.get(&k.key[..])) {
-                    (false, Some(&measured)) => measured,
-                    _ => estimate,
+                let (per, line) = match was_declined {
+                    true => (
+                        Some(per_batch(k.writes_per_sec, h.combine_window)),
+                        RECOMBINE_PER_COMMAND,
+                    ),
+                    false => (batched.get(&k.key[..]).copied(), DECLINE_PER_COMMAND),
                 };
-                let line = if was_declined {
-                    RECOMBINE_PER_COMMAND
-                } else {
-                    DECLINE_PER_COMMAND
-                };
-                if per < line {
-                    not_combined.insert(Bytes::copy_from_slice(&k.key), per);
-                } else {
-                    write.insert(Bytes::copy_from_slice(&k.key), h);
+                match per {
+                    Some(per) if per < line => {
+                        not_combined.insert(Bytes::copy_from_slice(&k.key), per);
+                    }
+                    _ => {
+                        write.insert(Bytes::copy_from_slice(&k.key), h);
+                    }
                 }
             }
         }

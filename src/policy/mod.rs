@@ -15,7 +15,7 @@ mod salted;
 use crate::rules::CachePolicy;
 pub use hot::{
     fill_share, per_batch, HotSet, WriteHot, DECLINE_FILL_SHARE, DECLINE_PER_COMMAND,
-    READMIT_FILL_SHARE, RECOMBINE_PER_COMMAND,
+    MIN_BATCHES_TO_JUDGE, READMIT_FILL_SHARE, RECOMBINE_PER_COMMAND,
 };
 
 /// What to do with one command.
@@ -263,41 +263,30 @@ mod tests {
         // The default rules: combine window 500 µs.
         let rules = Arc::new(Rules::default());
         let none = HashMap::new();
+        let measured =
+            |per: f64| -> HashMap<Bytes, f64> { [(Bytes::from_static(b"k"), per)].into() };
         let combined = |h: &HotSet| h.write_hot(b"k").is_some();
-        // 1,000 writes/s: a batch would carry 1.5 increments. Not started.
-        let a = HotSet::build_after(&write_hot_snap("k", 1_000.0), rules.clone(), None, &none);
-        assert!(!combined(&a));
-        assert_eq!(a.not_combined(b"k"), Some(1.5));
-        assert_eq!(a.combine_changes(&HotSet::default()).0.len(), 1);
-        // 3,000/s (2.5 per batch): combined again.
-        let b = HotSet::build_after(
-            &write_hot_snap("k", 3_000.0),
-            rules.clone(),
-            Some(&a),
-            &none,
-        );
-        assert!(combined(&b) && b.not_combined(b"k").is_none());
-        assert_eq!(b.combine_changes(&a).1.len(), 1);
-        // What the batches measured wins over the rate: 10,000/s, but 1.2 per command
-        // (the writers wait for each reply, one at a time).
-        let measured: HashMap<Bytes, f64> = [(Bytes::from_static(b"k"), 1.2)].into();
-        let c = HotSet::build_after(
-            &write_hot_snap("k", 10_000.0),
-            rules.clone(),
-            Some(&b),
-            &measured,
-        );
+        let build = |writes: f64, prev: Option<&HotSet>, batched: &HashMap<Bytes, f64>| {
+            HotSet::build_after(&write_hot_snap("k", writes), rules.clone(), prev, batched)
+        };
+        // Newly hot, nothing measured: combined, to be measured.
+        let a = build(1_000.0, None, &none);
+        assert!(combined(&a) && a.not_combined(b"k").is_none());
+        // Its batches carried 1.2 increments per command: declined.
+        let b = build(1_000.0, Some(&a), &measured(1.2));
+        assert!(!combined(&b));
+        assert_eq!(b.not_combined(b"k"), Some(1.2));
+        assert_eq!(b.combine_changes(&a).0.len(), 1);
+        // Declined, at 2,000/s a batch would carry 2.0: not taken again under 2.5.
+        let c = build(2_000.0, Some(&b), &none);
         assert!(!combined(&c));
-        // Declined at 2.0 per batch (2,000/s): not taken again under 2.5.
-        let d = HotSet::build_after(
-            &write_hot_snap("k", 2_000.0),
-            rules.clone(),
-            Some(&c),
-            &none,
-        );
-        assert!(!combined(&d));
-        // Combined, 2,000/s stays combined: the line to drop it is 2.0.
-        let e = HotSet::build_after(&write_hot_snap("k", 2_000.0), rules, Some(&b), &none);
+        assert_eq!(c.not_combined(b"k"), Some(2.0));
+        // At 3,000/s (2.5 per batch): combined again.
+        let d = build(3_000.0, Some(&c), &none);
+        assert!(combined(&d));
+        assert_eq!(d.combine_changes(&c).1.len(), 1);
+        // Combined, batches of 2.0 keep it combined: the line to drop it is 2.0.
+        let e = build(3_000.0, Some(&d), &measured(2.0));
         assert!(combined(&e));
     }
 

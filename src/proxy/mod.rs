@@ -318,6 +318,7 @@ pub fn spawn_hot_updater(ctx: Arc<Ctx>, hash_names: bool) {
                 .combiner
                 .take_batched()
                 .into_iter()
+                .filter(|(_, b)| b.commands >= crate::policy::MIN_BATCHES_TO_JUDGE)
                 .filter_map(|(k, b)| b.per_command().map(|p| (k, p)))
                 .collect();
             let hot = HotSet::build_after(&snap, ctx.rules.load(), Some(&prev), &batched);
