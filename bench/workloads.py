@@ -4,7 +4,9 @@
 Four redis-servers (no persistence) form one pool. nutcracker (ketama, fnv1a_64, one
 server connection per node) and saltshaker (the same pool settings, the shipped rules
 `rules/default.yaml`) stand in front of the same four nodes. Each shape below runs through
-every target once per round, the order rotating between rounds, with `saltshaker bench`
+every target once per round, the order rotating between rounds (a saltshaker target is
+started for its run alone, after two seconds of the same load, so that no idle proxy of the
+same fleet sways its decisions), with `saltshaker bench`
 as the client: 32 connections, one command per round trip (P1), the shape's key
 popularity, command mix and value size.
 
@@ -87,6 +89,17 @@ def start_saltshaker(binary, ports, threads, procs):
     procs.append(p)
     wait_port(pport)
     return pport, p
+
+
+def forget_fleet(ports):
+    """Deletes what a proxy left in the nodes (the salt registry, shard keys): the next
+    target starts from the nodes as nutcracker sees them."""
+    for p in ports:
+        keys = subprocess.run(["redis-cli", "-p", str(p), "--scan", "--pattern", "saltshaker:*"],
+                              capture_output=True, text=True).stdout.split()
+        for i in range(0, len(keys), 500):
+            subprocess.run(["redis-cli", "-p", str(p), "DEL", *keys[i:i + 500]],
+                           capture_output=True)
 
 
 def run_load(client, port, shape, seconds, seed):
@@ -172,22 +185,34 @@ def main():
         node_procs_start = len(procs)
         ports = start_nodes(4, tmp, procs)
         nodes = procs[node_procs_start:]
-        targets = {"nc": start_nutcracker_pool(ports, tmp, procs)}
+        nc = start_nutcracker_pool(ports, tmp, procs)
+        # Each saltshaker target is started for its run alone: proxies on the same nodes
+        # form one fleet (they share the salt registry), and an idle one would change
+        # what the measured one decides.
+        targets = {"nc": lambda: nc}
         for t in threads:
-            name = f"ss{t if t else 'D'}"
-            targets[name] = start_saltshaker(args.saltshaker, ports, t, procs)
+            tag = t if t else "D"
+            targets[f"ss{tag}"] = (lambda t=t: start_saltshaker(args.saltshaker, ports, t, procs))
             if args.bin_b:
-                targets[f"b{t if t else 'D'}"] = start_saltshaker(args.bin_b, ports, t, procs)
-        time.sleep(1)
+                targets[f"b{tag}"] = (lambda t=t: start_saltshaker(args.bin_b, ports, t, procs))
         names = list(targets)
         results.update({s: {n: [] for n in names} for s in shapes})
         for shape in shapes:
             # Fill the keys once (through nutcracker, so every target reads the same data).
-            run_load(args.saltshaker, targets["nc"][0], shape, min(args.seconds, 3), 99)
+            run_load(args.saltshaker, nc[0], shape, min(args.seconds, 3), 99)
             for rnd in range(args.rounds):
                 order = names[rnd % len(names):] + names[:rnd % len(names)]
                 for n in order:
-                    m = measure(args.saltshaker, targets[n], nodes, shape, args.seconds, rnd + 1)
+                    target = targets[n]()
+                    # Two seconds of the same load first: the detector's windows fill and
+                    # the mitigations start, as on a proxy that has been serving.
+                    run_load(args.saltshaker, target[0], shape, 2, 1000 + rnd)
+                    m = measure(args.saltshaker, target, nodes, shape, args.seconds, rnd + 1)
+                    if n != "nc":
+                        target[1].terminate()
+                        target[1].wait(timeout=30)
+                        procs.remove(target[1])
+                        forget_fleet(ports)
                     results[shape][n].append(m)
                     print(f"# {shape} round {rnd} {n}: nodes {m['nodes']:.1f} busiest "
                           f"{m['busiest']:.1f} proxy {m['proxy']:.1f} ms/kop, "

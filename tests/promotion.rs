@@ -622,6 +622,9 @@ fn under_the_default_rules_a_counter_read_more_than_written_is_not_salted_and_ho
         .iter()
         .map(|p| p.metric("saltshaker_salt_declined_total"))
         .sum();
-    assert!(declined >= 1.0, "saltshaker_salt_declined_total: {declined}");
+    assert!(
+        declined >= 1.0,
+        "saltshaker_salt_declined_total: {declined}"
+    );
     assert!(salted(&fleet[0], "counter:hot").is_none());
 }

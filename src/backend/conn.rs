@@ -49,19 +49,8 @@ pub struct Call {
 }
 
 impl ConnHandle {
-    /// Starts the supervisor task for one shared connection on the current runtime.
+    /// Starts the supervisor task for one shared connection.
     pub fn spawn(
-        hs: Arc<Handshake>,
-        metrics: NodeMetrics,
-        cluster: Option<Weak<Cluster>>,
-    ) -> ConnHandle {
-        Self::spawn_on(None, hs, metrics, cluster)
-    }
-
-    /// Starts the supervisor task for one shared connection on `rt` (the current runtime
-    /// when None).
-    pub fn spawn_on(
-        rt: Option<&tokio::runtime::Handle>,
         hs: Arc<Handshake>,
         metrics: NodeMetrics,
         cluster: Option<Weak<Cluster>>,
@@ -74,11 +63,7 @@ impl ConnHandle {
             cluster,
             proto: hs.proto,
         });
-        let task = supervise(hs, rx, up.clone(), metrics);
-        match rt {
-            Some(rt) => drop(rt.spawn(task)),
-            None => drop(tokio::spawn(task)),
-        }
+        tokio::spawn(supervise(hs, rx, up.clone(), metrics));
         ConnHandle { tx, up, who }
     }
 

@@ -13,6 +13,8 @@ use crate::resp::ReplyFramer;
 /// A connection owned by one session: blocking commands, WATCH, pub/sub. Not shared, so a
 /// command that blocks holds up nobody else.
 pub struct Dedicated {
+    /// The node's address, for errors.
+    node: String,
     stream: Stream,
     buf: BytesMut,
     framer: ReplyFramer,
@@ -22,11 +24,12 @@ pub struct Dedicated {
 impl Dedicated {
     pub async fn open(hs: &Handshake) -> Result<Dedicated, BackendError> {
         let stream = hs.connect().await?;
-        Ok(Dedicated::from_stream(stream, hs.max_reply_bulk))
+        Ok(Dedicated::from_stream(&hs.addr, stream, hs.max_reply_bulk))
     }
 
-    pub fn from_stream(stream: Stream, max_reply_bulk: usize) -> Dedicated {
+    pub fn from_stream(node: &str, stream: Stream, max_reply_bulk: usize) -> Dedicated {
         Dedicated {
+            node: node.to_string(),
             stream,
             buf: BytesMut::with_capacity(16 * 1024),
             framer: ReplyFramer::new(max_reply_bulk),
@@ -34,7 +37,24 @@ impl Dedicated {
         }
     }
 
-    /// Sends `data` (holding `count` commands) and returns their replies.
+    /// `call`, given up after `within`: the node did not answer in time
+    /// (`BackendError::Timeout` naming it). The connection is then out of step (a reply
+    /// may still come) and must be dropped.
+    pub async fn call_within(
+        &mut self,
+        data: &[Bytes],
+        count: usize,
+        within: std::time::Duration,
+    ) -> Result<Replies, BackendError> {
+        match tokio::time::timeout(within, self.call(data, count)).await {
+            Ok(r) => r,
+            Err(_) => Err(BackendError::Timeout(self.node.clone())),
+        }
+    }
+
+    /// Sends `data` (holding `count` commands) and returns their replies. No deadline of
+    /// its own: a blocking command, or a subscription's next message, may take as long as
+    /// it takes. Every other wait goes through `call_within`.
     pub async fn call(&mut self, data: &[Bytes], count: usize) -> Result<Replies, BackendError> {
         for d in data {
             self.stream

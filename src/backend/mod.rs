@@ -33,7 +33,7 @@ pub use error::{BackendError, NoReplica, SetupError, UnknownName};
 pub use handshake::{Handshake, NodeTls};
 pub use link::Replies;
 pub use map::MapError;
-pub use node::{register_runtime, set_worker, worker, Lane, Node, NodeTable, MAX_NODES};
+pub use node::{set_worker, worker, Lane, Node, NodeTable, MAX_NODES};
 
 use crate::metrics::Metrics;
 pub use crate::metrics::NodeMetrics;
@@ -403,15 +403,20 @@ async fn discover(
     Err(last)
 }
 
+/// How long the proxy's own one-off questions to a node (its `databases`, a dedicated
+/// connection's CLIENT ID, the registry's subscription) wait for the answer: a node that
+/// accepts but never answers must not hold the asking task for good.
+pub const ASK_WITHIN: std::time::Duration = std::time::Duration::from_secs(5);
+
 /// Asks the node for its `databases` setting, retrying until it answers, so SELECT is
 /// refused with Redis's own error when out of range. Keeps the default (16) if CONFIG is
 /// disabled on the node.
 async fn learn_databases(hs: Handshake, out: Arc<std::sync::atomic::AtomicU32>) {
     for attempt in 0..30u64 {
         if let Ok(stream) = hs.connect().await {
-            let mut d = Dedicated::from_stream(stream, hs.max_reply_bulk);
+            let mut d = Dedicated::from_stream(&hs.addr, stream, hs.max_reply_bulk);
             let req = [wire(&["CONFIG", "GET", "databases"])];
-            if let Ok(r) = d.call(&req, 1).await {
+            if let Ok(r) = d.call_within(&req, 1, ASK_WITHIN).await {
                 if let Ok(Some((crate::resp::Value::Array(a), _))) =
                     crate::resp::parse_value(&r.get(0))
                 {

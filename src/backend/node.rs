@@ -64,23 +64,19 @@ impl NodeTable {
     }
 }
 
-/// A node's shared connections by (RESP3, database, lane): one set for the whole process,
-/// whichever worker thread's sessions use them.
-type ConnSets = Mutex<HashMap<(bool, u32, Lane), Arc<[ConnHandle]>>>;
+/// Shared connections per (RESP3?, database, lane), started on first use.
+/// A node's shared connections by (RESP3, database, lane, worker thread).
+type ConnSets = Mutex<HashMap<(bool, u32, Lane, usize), Arc<[ConnHandle]>>>;
 
 thread_local! {
     static WORKER: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
 }
 
-/// The worker threads' runtimes, by worker index, as each registers its own
-/// (`register_runtime`): a node's shared connections run on one of them, its owner.
-static RUNTIMES: Mutex<Vec<Option<tokio::runtime::Handle>>> = Mutex::new(Vec::new());
-
 /// Marks this thread as worker `i` (0: the main thread). Each worker thread runs its own
-/// runtime and serves the clients it accepted there. A node's shared connections are
-/// the process's, not a thread's: they run on one worker (`owner`), and every worker's
-/// sessions queue their jobs on them, so the node gets its commands in the batches one
-/// thread would make, whatever `--threads` is (docs/architecture.md, departure 37).
+/// runtime and keeps its own shared connections to every node, so that a command, the
+/// node's reply and the client's reply are all handled by the thread that read the
+/// command: no wakeup crosses threads on the request path (docs/architecture.md,
+/// "Worker threads").
 pub fn set_worker(i: usize) {
     WORKER.with(|w| w.set(i));
 }
@@ -88,31 +84,6 @@ pub fn set_worker(i: usize) {
 /// This thread's worker index.
 pub fn worker() -> usize {
     WORKER.with(|w| w.get())
-}
-
-/// Records the runtime this worker thread runs (called on it, inside the runtime), so
-/// that the nodes it owns start their connections there.
-pub fn register_runtime() {
-    if let Ok(h) = tokio::runtime::Handle::try_current() {
-        let mut r = RUNTIMES.lock().unwrap_or_else(|p| p.into_inner());
-        let i = worker();
-        if r.len() <= i {
-            r.resize(i + 1, None);
-        }
-        r[i] = Some(h);
-    }
-}
-
-/// The runtime a node's shared connections run on: its index modulo the workers
-/// registered, so the nodes' I/O is spread over the threads. The caller's own runtime
-/// before any worker registered (a tool, a test).
-fn owner(node: usize) -> Option<tokio::runtime::Handle> {
-    let r = RUNTIMES.lock().unwrap_or_else(|p| p.into_inner());
-    let live: Vec<&tokio::runtime::Handle> = r.iter().flatten().collect();
-    match live.len() {
-        0 => None,
-        n => Some(live[node % n].clone()),
-    }
 }
 
 /// Which of a node's shared lanes a command travels on. A node runs one connection's
@@ -152,32 +123,21 @@ impl Node {
         self.conns_in(proto, db, Lane::Main)
     }
 
-    /// The shared connections of a lane, for a protocol and database, started on the
-    /// node's owner thread (`owner`) the first time any worker asks. Sessions look them
-    /// up once per (node, protocol, database, lane) and keep them (`Session::conn`): the
-    /// lock is not on the request path.
+    /// The shared connections of a lane, for a protocol and database: this worker
+    /// thread's own (`set_worker`).
     pub fn conns_in(&self, proto: Proto, db: u32, lane: Lane) -> Arc<[ConnHandle]> {
         let mut map = self.conns.lock().unwrap_or_else(|p| p.into_inner());
-        map.entry((proto == Proto::Resp3, db, lane))
+        map.entry((proto == Proto::Resp3, db, lane, worker()))
             .or_insert_with(|| {
                 let hs = Arc::new(self.handshake(proto, db));
-                let on = owner(self.index);
                 (0..self.per_node)
                     .map(|_| {
                         let c = self.cluster.get().cloned();
-                        ConnHandle::spawn_on(on.as_ref(), hs.clone(), self.metrics.clone(), c)
+                        ConnHandle::spawn(hs.clone(), self.metrics.clone(), c)
                     })
                     .collect()
             })
             .clone()
-    }
-
-    /// Drops the shared connections started before the worker threads registered their
-    /// runtimes, so that the next use starts them on the node's owner. Called once, when
-    /// the workers are up and before any client is accepted: the old connections drain
-    /// what they were sent and close.
-    pub fn rehome(&self) {
-        self.conns.lock().unwrap_or_else(|p| p.into_inner()).clear();
     }
 
     /// A connection to the node opened ahead, in database 0 and `proto`, for a client that

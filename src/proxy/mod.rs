@@ -43,18 +43,12 @@ pub struct Listener {
 ///
 /// Worker 0 is the calling thread. Each other worker is a thread with a current-thread
 /// runtime of its own, accepting on its own copy of every listening socket: a client's
-/// session and its tasks stay on the thread that accepted it. A node's shared
-/// connections are the process's, run by one worker each (`backend::register_runtime`),
-/// so every worker's commands for a node leave in the same writes (bench/README.md,
-/// "Worker threads" and "Workloads").
+/// session, its tasks and the node connections they use (`backend::set_worker`) all
+/// stay on the thread that accepted it, so the request path never wakes another
+/// thread. Measured against tokio's work-stealing scheduler on the same workers
+/// (bench/README.md, "Worker threads").
 pub async fn serve(listeners: Vec<Listener>, ctx: Arc<Ctx>, threads: usize, drain: Duration) {
     let mut workers = Vec::new();
-    // Each worker registers its runtime and waits for `go`: the nodes' shared connections
-    // are then started on their owners (`backend::register_runtime`) before any client
-    // is accepted.
-    crate::backend::register_runtime();
-    let (go_tx, go) = tokio::sync::watch::channel(false);
-    let (ready_tx, mut ready) = tokio::sync::mpsc::unbounded_channel::<()>();
     for i in 1..threads.max(1) {
         let copies = match listeners.iter().map(Listener::copy).collect() {
             Ok(c) => c,
@@ -64,7 +58,6 @@ pub async fn serve(listeners: Vec<Listener>, ctx: Arc<Ctx>, threads: usize, drai
             }
         };
         let (ctx, (done_tx, done)) = (ctx.clone(), tokio::sync::oneshot::channel::<()>());
-        let (mut go, ready_tx) = (go.clone(), ready_tx.clone());
         let spawned = std::thread::Builder::new()
             .name(format!("saltshaker-w{i}"))
             .spawn(move || {
@@ -74,12 +67,7 @@ pub async fn serve(listeners: Vec<Listener>, ctx: Arc<Ctx>, threads: usize, drai
                     .build()
                 {
                     Ok(rt) => {
-                        rt.block_on(async move {
-                            crate::backend::register_runtime();
-                            let _ = ready_tx.send(());
-                            let _ = go.wait_for(|v| *v).await;
-                            serve_worker(copies, ctx, drain).await
-                        });
+                        rt.block_on(serve_worker(copies, ctx, drain));
                         // Tasks still running past the drain (a node connection, a
                         // client past the deadline) end with the runtime.
                         rt.shutdown_timeout(Duration::from_millis(100));
@@ -93,19 +81,6 @@ pub async fn serve(listeners: Vec<Listener>, ctx: Arc<Ctx>, threads: usize, drai
             Err(e) => tracing::warn!(error = %e, worker = i, "cannot start a worker thread"),
         }
     }
-    drop(ready_tx);
-    for _ in 0..workers.len() {
-        if !matches!(
-            tokio::time::timeout(Duration::from_secs(5), ready.recv()).await,
-            Ok(Some(()))
-        ) {
-            break;
-        }
-    }
-    for n in ctx.backend.nodes() {
-        n.rehome();
-    }
-    let _ = go_tx.send(true);
     serve_worker(listeners, ctx, drain).await;
     for w in workers {
         let _ = tokio::time::timeout(drain + Duration::from_secs(1), w).await;

@@ -121,12 +121,26 @@ async fn newly_hot(
 }
 
 /// Subscribes to the announcement channel and wakes the coordinator on every message.
+/// A channel quiet for `QUIET` is asked a PING (answered even while subscribed); a node
+/// that answers neither within `ASK_WITHIN` is left, and the subscription made again, so
+/// a frozen node cannot stop the listener for good (the coordinator's ticks go on
+/// meanwhile).
 async fn listen(hs: crate::backend::Handshake, kick: Arc<tokio::sync::Notify>) {
+    const QUIET: Duration = Duration::from_secs(30);
+    let within = crate::backend::ASK_WITHIN;
     loop {
         if let Ok(mut d) = Dedicated::open(&hs).await {
             let sub = [wire(&[b"SUBSCRIBE", CHANNEL.as_bytes()])];
-            if d.call(&sub, 1).await.is_ok() {
-                while d.call(&[], 1).await.is_ok() {
+            if d.call_within(&sub, 1, within).await.is_ok() {
+                loop {
+                    let heard = match tokio::time::timeout(QUIET, d.call(&[], 1)).await {
+                        Ok(r) => r.is_ok(),
+                        Err(_) => d.call_within(&[wire(&[b"PING"])], 1, within).await.is_ok(),
+                    };
+                    if !heard {
+                        tracing::info!(node = %hs.addr, "salt registry channel silent; subscribing again");
+                        break;
+                    }
                     kick.notify_one();
                 }
             }

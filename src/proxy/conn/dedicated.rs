@@ -63,14 +63,30 @@ async fn work(
                 Ok(mut c) => {
                     if let Some(id) = &node_id {
                         id.store(0, Ordering::Release);
-                        let asked = c.call(&[Bytes::from_static(CLIENT_ID)], 1).await;
-                        if let Some(n) = asked.ok().and_then(|r| {
-                            let b = r.get(0);
-                            b.strip_prefix(b":")
-                                .and_then(|x| x.strip_suffix(b"\r\n"))
-                                .and_then(crate::resp::parse_i64)
-                        }) {
-                            id.store(n as u64, Ordering::Release);
+                        let asked = c
+                            .call_within(
+                                &[Bytes::from_static(CLIENT_ID)],
+                                1,
+                                crate::backend::ASK_WITHIN,
+                            )
+                            .await;
+                        match asked {
+                            Ok(r) => {
+                                let b = r.get(0);
+                                if let Some(n) = b
+                                    .strip_prefix(b":")
+                                    .and_then(|x| x.strip_suffix(b"\r\n"))
+                                    .and_then(crate::resp::parse_i64)
+                                {
+                                    id.store(n as u64, Ordering::Release);
+                                }
+                            }
+                            // Silent or gone: this connection is out of step; the next
+                            // call opens another.
+                            Err(e) => {
+                                let _ = reply.send(error(&format!("ERR saltshaker: {e}")));
+                                continue;
+                            }
                         }
                     }
                     conn = Some(c)
