@@ -22,7 +22,9 @@ pub struct Config {
     pub listen: String,
     /// Admin HTTP (/metrics, /healthz, /readyz, /hotkeys). Default `127.0.0.1:9121`.
     pub admin: String,
-    /// Worker threads; 0 = one per core.
+    /// Worker threads; 0 = one per core. Default 1: each worker keeps its own connection
+    /// to every node, so each added thread splits the nodes' batches (bench/README.md,
+    /// "Workloads": at 2 threads the nodes spent 1.1-1.4x their CPU per operation at 1).
     pub threads: usize,
     pub backend: BackendConfig,
     pub limits: LimitsConfig,
@@ -48,7 +50,7 @@ impl Default for Config {
         Config {
             listen: "127.0.0.1:6380".into(),
             admin: "127.0.0.1:9121".into(),
-            threads: 0,
+            threads: 1,
             backend: BackendConfig::default(),
             limits: LimitsConfig::default(),
             auth: AuthConfig::default(),

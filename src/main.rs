@@ -48,7 +48,7 @@ struct Cli {
     /// Password clients must AUTH with.
     #[arg(long)]
     password: Option<String>,
-    /// Worker threads (0 = one per core).
+    /// Worker threads (default 1; 0 = one per core).
     #[arg(long)]
     threads: Option<usize>,
     /// A client waiting longer than this for a node gets an error (0 = wait forever).
