@@ -17,7 +17,8 @@
 //! |            | changed live by ACL SETUSER; ACL LOG                                    |
 //! | `admit`    | admission: per-key token buckets, sampling, delay, shedding, global    |
 //! |            | limits shared through the registry; the fleet simulator               |
-//! | `policy`   | decide(command, hot set, salt view) -> Action; pure, table-tested      |
+//! | `policy`   | decide(command, hot set, salt view) -> Action; pure, table-tested; the |
+//! |            | hot set, and whether a cache or combining pays (`hot`)                 |
 //! | `mitigate` | combine (batched increments, exact replies); cache (read-hot replies,  |
 //! |            | evicted by node time saved per byte); balance (a busy node's hottest   |
 //! |            | keys made read-hot)                                                    |
