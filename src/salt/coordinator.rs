@@ -29,7 +29,7 @@ use super::{
 use crate::backend::{wire, Backend, Dedicated};
 use crate::hotkey::{HotSnapshot, HotState};
 use crate::resp::Proto;
-use crate::rules::{RulesHandle, SaltPolicy};
+use crate::rules::{RulesHandle, SaltPolicy, Strategy};
 
 /// Keeps this proxy's salt table in step with the registry until shutdown.
 pub async fn run(
@@ -120,11 +120,9 @@ async fn newly_hot(
     }
 }
 
-/// Subscribes to the announcement channel and wakes the coordinator on every message.
-/// A channel quiet for `QUIET` is asked a PING (answered even while subscribed); a node
-/// that answers neither within `ASK_WITHIN` is left, and the subscription made again, so
-/// a frozen node cannot stop the listener for good (the coordinator's ticks go on
-/// meanwhile).
+/// Subscribes to the announcement channel and wakes the coordinator on every message. A
+/// channel quiet for `QUIET` gets a PING; a node silent past `ASK_WITHIN` is subscribed to
+/// again, so a frozen node cannot stop the listener for good.
 async fn listen(hs: crate::backend::Handshake, kick: Arc<tokio::sync::Notify>) {
     const QUIET: Duration = Duration::from_secs(30);
     let within = crate::backend::ASK_WITHIN;
@@ -204,7 +202,7 @@ async fn tick(
         let r = rules.resolve(&k.key);
         let (nodes, busy) = nodes_for(&k.key, r.write.hot_at_per_sec);
         if let Some(n) = wanted_shards(&r.write, k.writes_per_sec, proxies, nodes) {
-            if r.write.strategy == crate::rules::Strategy::Auto
+            if r.write.strategy == Strategy::Auto
                 && !salting_pays(k.reads_per_sec, k.writes_per_sec, n)
             {
                 let per_write = k.reads_per_sec / k.writes_per_sec.max(1.0);
@@ -214,8 +212,7 @@ async fn tick(
             // Only `auto` salts for balance; the shards avoid the busy node when they fit on
             // the others.
             let skip = busy.filter(|_| {
-                r.write.strategy == crate::rules::Strategy::Auto
-                    && nodes.is_some_and(|x| n <= x.count)
+                r.write.strategy == Strategy::Auto && nodes.is_some_and(|x| n <= x.count)
             });
             let balance = wanted_shards(&r.write, k.writes_per_sec, proxies, None).is_none();
             want.push(Want {
@@ -397,8 +394,7 @@ fn balance_of(l: &Loads, home: usize) -> (Nodes, Option<usize>) {
 
 /// `saltshaker_salted_keys_by_exactness`: every label set, so a tier with no key reads 0.
 fn exactness(salt: &Salt, records: &[(Bytes, Record)], rules: &crate::rules::Rules) {
-    use crate::metrics::ExactnessLabel;
-    use crate::rules::{ReadTier, Strategy};
+    use crate::{metrics::ExactnessLabel, rules::ReadTier};
     let mut n: HashMap<(&'static str, &'static str), i64> = HashMap::new();
     for w in ["exact", "combine"] {
         for r in ["exact", "display"] {
