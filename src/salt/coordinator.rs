@@ -20,8 +20,8 @@ use tokio::sync::watch;
 use super::names::{shard_name, spread_salts, Place, CHANNEL};
 use super::record::{boundary_after, Record, Step};
 use super::registry::{
-    announce, cas, change_if_same, demote, get, live_proxies, load_all, node, pinning_rule,
-    salting_pays, wanted_shards, Nodes,
+    announce, auto_declines, cas, change_if_same, demote, get, live_proxies, load_all, node,
+    pinning_rule, wanted_shards, Nodes,
 };
 use super::{
     as_i64, call, early, fold, kinds, now_ms, ops, relocate, Salt, SaltError, SaltTable, Salted,
@@ -202,11 +202,8 @@ async fn tick(
         let r = rules.resolve(&k.key);
         let (nodes, busy) = nodes_for(&k.key, r.write.hot_at_per_sec);
         if let Some(n) = wanted_shards(&r.write, k.writes_per_sec, proxies, nodes) {
-            if r.write.strategy == Strategy::Auto
-                && !salting_pays(k.reads_per_sec, k.writes_per_sec, n)
-            {
-                let per_write = k.reads_per_sec / k.writes_per_sec.max(1.0);
-                not_salted.insert(Bytes::copy_from_slice(&k.key), per_write);
+            if let Some(why) = auto_declines(&r.write, k, n, now, snap.window_ms) {
+                not_salted.extend(why.map(|per_write| (Bytes::copy_from_slice(&k.key), per_write)));
                 continue;
             }
             // Only `auto` salts for balance; the shards avoid the busy node when they fit on

@@ -188,6 +188,27 @@ pub fn salting_pays(reads_per_sec: f64, writes_per_sec: f64, shards: u32) -> boo
     reads_per_sec * f64::from(shards.max(1)) <= writes_per_sec
 }
 
+/// Whether `auto` holds off salting the hot key `k` now, at `shards` shards: `Some(None)`
+/// while its first hot window runs (its rates are only the threshold it crossed, its reads
+/// maybe not counted yet), `Some(Some(reads per write))` when salting would not pay
+/// (`salting_pays`); None to salt it. Other strategies are never held off.
+pub fn auto_declines(
+    p: &WritePolicy,
+    k: &crate::hotkey::HotKey,
+    shards: u32,
+    now_ms: u64,
+    window_ms: u64,
+) -> Option<Option<f64>> {
+    if p.strategy != Strategy::Auto {
+        return None;
+    }
+    if now_ms.saturating_sub(k.since_unix_ms) < window_ms {
+        return Some(None);
+    }
+    (!salting_pays(k.reads_per_sec, k.writes_per_sec, shards))
+        .then(|| Some(k.reads_per_sec / k.writes_per_sec.max(1.0)))
+}
+
 impl Salt {
     /// Records the keys declined by this tick's promotions, counting and logging each
     /// one newly declined.
