@@ -171,6 +171,9 @@ pub async fn run(
     let ctx = Arc::new(ctx);
     let wait = std::time::Duration::from_millis(cfg.backend.connect_timeout_ms.min(500));
     proxy::learn_node_version(ctx.clone(), wait).await;
+    ctx.salt
+        .hash_names
+        .store(cfg.hotkeys.hash_names, std::sync::atomic::Ordering::Relaxed);
     proxy::spawn_hot_updater(ctx.clone(), cfg.hotkeys.hash_names);
     proxy::spawn_memory_trim(ctx.clone());
     proxy::spawn_salt_coordinator(ctx.clone());

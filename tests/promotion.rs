@@ -47,27 +47,6 @@ fn mitigating(p: &Proxy) -> bool {
     ) || salted(p, KEY).is_some()
 }
 
-/// Increments of the key (and of the node-side INCR/INCRBY calls) on every node.
-fn node_increments(nodes: &[Redis]) -> i64 {
-    nodes
-        .iter()
-        .map(|n| {
-            let info = n.client().cmd(&["INFO", "commandstats"]).as_str();
-            info.lines()
-                .filter(|l| l.starts_with("cmdstat_incr:") || l.starts_with("cmdstat_incrby:"))
-                .filter_map(|l| {
-                    l.split("calls=")
-                        .nth(1)?
-                        .split(',')
-                        .next()?
-                        .parse::<i64>()
-                        .ok()
-                })
-                .sum::<i64>()
-        })
-        .sum()
-}
-
 /// A writer: pipelines of DEPTH INCRs until `stop`, adding each acknowledged one to `acked`.
 fn writer(addr: String, acked: Arc<AtomicI64>, stop: Arc<AtomicBool>) -> thread::JoinHandle<()> {
     paced_writer(addr, acked, stop, DEPTH, Duration::ZERO)

@@ -305,6 +305,8 @@ pub struct Salt {
     /// Write-hot keys `auto` would salt but does not, because salting them would not pay
     /// (`registry::salting_pays`): their reads per write.
     not_salted: Mutex<HashMap<Bytes, f64>>,
+    /// Log lines name a key by its hash (`hotkeys.hash_names`).
+    pub hash_names: std::sync::atomic::AtomicBool,
 }
 
 impl Salt {
@@ -322,6 +324,7 @@ impl Salt {
             kick: Arc::new(Notify::new()),
             spreading: Mutex::new(Default::default()),
             not_salted: Mutex::default(),
+            hash_names: Default::default(),
         }
     }
 
