@@ -203,19 +203,9 @@ impl HotSet {
     /// The keys declined here that `prev` cached or did not list (newly declined), and the
     /// keys `prev` declined that this set caches again.
     pub fn cache_changes(&self, prev: &HotSet) -> (Vec<(Bytes, f64)>, Vec<Bytes>) {
-        let declined = self
-            .not_cached
-            .iter()
-            .filter(|(k, _)| !prev.not_cached.contains_key(*k))
-            .map(|(k, s)| (k.clone(), *s))
-            .collect();
-        let again = prev
-            .not_cached
-            .keys()
-            .filter(|k| self.read.contains_key(*k))
-            .cloned()
-            .collect();
-        (declined, again)
+        changes(&self.not_cached, &prev.not_cached, |k| {
+            self.read.contains_key(k)
+        })
     }
 
     /// How many write-hot keys are not combined because their batches would not pay.
@@ -232,19 +222,9 @@ impl HotSet {
     /// The keys whose combining is declined here and was not before, and the keys
     /// declined before that this set combines again.
     pub fn combine_changes(&self, prev: &HotSet) -> (Vec<(Bytes, f64)>, Vec<Bytes>) {
-        let declined = self
-            .not_combined
-            .iter()
-            .filter(|(k, _)| !prev.not_combined.contains_key(*k))
-            .map(|(k, s)| (k.clone(), *s))
-            .collect();
-        let again = prev
-            .not_combined
-            .keys()
-            .filter(|k| self.write.contains_key(*k))
-            .cloned()
-            .collect();
-        (declined, again)
+        changes(&self.not_combined, &prev.not_combined, |k| {
+            self.write.contains_key(k)
+        })
     }
 
     /// Whether any key may be served from the cache now (read-hot keys, or pins).
@@ -274,6 +254,22 @@ impl HotSet {
     pub fn write_keys(&self) -> usize {
         self.write.len()
     }
+}
+
+/// Between two hot sets, for one mitigation: the keys declined now and not before (with
+/// their figure), and the keys declined before that `applied` says are mitigated again.
+fn changes(
+    now: &HashMap<Bytes, f64>,
+    before: &HashMap<Bytes, f64>,
+    applied: impl Fn(&Bytes) -> bool,
+) -> (Vec<(Bytes, f64)>, Vec<Bytes>) {
+    let declined = now
+        .iter()
+        .filter(|(k, _)| !before.contains_key(*k))
+        .map(|(k, v)| (k.clone(), *v))
+        .collect();
+    let again = before.keys().filter(|k| applied(k)).cloned().collect();
+    (declined, again)
 }
 
 fn write_hot(p: &WritePolicy) -> Option<WriteHot> {
