@@ -350,3 +350,30 @@ fn a_modules_commands_are_learned_from_their_key_specs() {
         );
     }
 }
+
+/// A node restarted with a module loaded teaches the proxy its commands as soon as the
+/// proxy has reconnected: within seconds, not at the next minute's check.
+#[test]
+fn a_node_restarted_with_a_module_teaches_its_commands_once_reconnected() {
+    need_redis();
+    let bin = redis8();
+    let module = keyspecs_module();
+    let mut node = Redis::start_bin(&bin, &[], free_port);
+    let proxy = Proxy::start(&[&node], &[]);
+    wait_learned(&proxy.addr(), "VCARD");
+    let mut c = proxy.client();
+    assert!(unknown(&c.cmd(&["kspec.none", "k1", "v1"])));
+    node.restart_with(&["--loadmodule", module.as_str()]);
+    let start = Instant::now();
+    loop {
+        let r = c.cmd(&["kspec.none", "k1", "v1"]);
+        if r == Reply::Simple("OK".into()) {
+            break;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "the module's command still not served after the node came back: {r:?}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}

@@ -166,6 +166,7 @@ pub(super) async fn supervise(
                 up.store(true, Ordering::Relaxed);
                 m.up.set(1);
                 m.connections.inc();
+                m.connects.fetch_add(1, Ordering::Relaxed);
                 if was_down_logged {
                     tracing::info!(node = %hs.addr, "backend node is back");
                     was_down_logged = false;

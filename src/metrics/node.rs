@@ -15,6 +15,9 @@ pub struct NodeMetrics {
     pub pending: Gauge,
     /// Estimated node seconds of the costly reads it answered (`proxy::conn::cost`).
     pub read_cost: Counter<f64, std::sync::atomic::AtomicU64>,
+    /// Connections to the node opened so far, over its shared connections: one that grows
+    /// means the node may have restarted, and what it knows is learned again.
+    pub connects: std::sync::Arc<std::sync::atomic::AtomicU64>,
     node: String,
     errors: prometheus_client::metrics::family::Family<NodeErrorLabel, Counter>,
 }
@@ -31,6 +34,7 @@ impl NodeMetrics {
             up: m.backend_up.get_or_create(&l).clone(),
             pending: m.backend_pending.get_or_create(&l).clone(),
             read_cost: m.backend_read_cost.get_or_create(&l).clone(),
+            connects: Default::default(),
             node: node.to_string(),
             errors: m.backend_errors.clone(),
         }

@@ -251,24 +251,36 @@ pub fn spawn_memory_trim(ctx: Arc<Ctx>) {
 
 /// Learns the nodes' Redis version (what HELLO reports) before the first client is served,
 /// waiting at most `wait` (a node that is down or mute does not hold the proxy back), then
-/// every second until every node has answered, and every minute after that; and, in the
-/// background, the commands of each node seen at a new version (`version`).
+/// every second until every node has answered, and every minute after that, or as soon as
+/// a node was reconnected; and, in the background, the commands of each node seen at a new
+/// version or reconnected (`version`).
 pub async fn learn_node_version(ctx: Arc<Ctx>, wait: Duration) {
     let learn = registry::version::learn(&ctx.backend, &ctx.version);
     let mut all = tokio::time::timeout(wait, learn).await.unwrap_or(false);
     let mut shutdown = ctx.shutdown.clone();
     tokio::spawn(async move {
         loop {
-            // The commands of a node seen at a new version (at start: every node).
+            // The commands of a node seen at a new version or reconnected (at start: every
+            // node).
             registry::version::learn_commands_of_new_versions(&ctx.backend, &ctx.version).await;
             let pause = if all {
                 registry::version::EVERY
             } else {
                 registry::version::RETRY
             };
-            tokio::select! {
-                _ = tokio::time::sleep(pause) => {}
-                _ = async { let _ = shutdown.wait_for(|v| *v).await; } => return,
+            let asked = tokio::time::Instant::now();
+            // A reconnect is looked for each RETRY, so a restarted node is asked again
+            // within a second or two, not a minute.
+            loop {
+                tokio::select! {
+                    _ = tokio::time::sleep(registry::version::RETRY) => {}
+                    _ = async { let _ = shutdown.wait_for(|v| *v).await; } => return,
+                }
+                if asked.elapsed() >= pause
+                    || registry::version::reconnected(&ctx.backend, &ctx.version)
+                {
+                    break;
+                }
             }
             all = registry::version::learn(&ctx.backend, &ctx.version).await;
         }

@@ -281,6 +281,12 @@ impl Redis {
         }
     }
 
+    /// Start again on the same port with these arguments instead (a module loaded, say).
+    pub fn restart_with(&mut self, args: &[&str]) {
+        self.args = args.iter().map(|s| s.to_string()).collect();
+        self.restart();
+    }
+
     /// Start again on the same port with the same arguments (empty: no persistence).
     pub fn restart(&mut self) {
         self.stop();

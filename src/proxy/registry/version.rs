@@ -2,9 +2,10 @@
 //! `redis_version` among them, from `INFO server`, before the proxy serves and again
 //! every minute), and the commands they know that its table lacks (`COMMAND LIST`, then
 //! `COMMAND INFO`, `command::learn`), in the background once the proxy serves and again
-//! whenever a node's version changes. A node upgraded in a rolling upgrade teaches its
-//! new commands within a minute; until then the proxy answers them `unknown command`, as
-//! an older node would.
+//! whenever a node reconnects (a restart may have loaded a module) or its version changes.
+//! A node restarted in a rolling upgrade teaches its new commands within a second or two
+//! of the proxy reconnecting (a minute at most, if no connection of the proxy's broke);
+//! until then the proxy answers them `unknown command`, as an older node would.
 //!
 //! A client may turn features on by that version: redis-py's client-side cache, for one,
 //! starts only when HELLO says 7.4 or later. So the proxy never reports a version that some
@@ -27,12 +28,19 @@ pub const EVERY: Duration = Duration::from_secs(60);
 /// How soon they are asked again while some node has not answered.
 pub const RETRY: Duration = Duration::from_secs(1);
 
-/// The version HELLO reports; and each node's last version, with the one its commands
-/// were learned at (they are learned again only when it changes: an upgrade).
+/// The version HELLO reports; and what was last seen of each node.
 pub struct NodeVersion(
     ArcSwap<String>,
-    std::sync::Mutex<std::collections::HashMap<usize, (String, Option<String>)>>,
+    std::sync::Mutex<std::collections::HashMap<usize, Seen>>,
 );
+
+/// A node's last version, and the version and connection count its commands were learned
+/// at: they are learned again when either changes (an upgrade, a restart).
+#[derive(Default)]
+struct Seen {
+    version: String,
+    learned_at: Option<(String, u64)>,
+}
 
 impl Default for NodeVersion {
     fn default() -> Self {
@@ -96,7 +104,7 @@ pub async fn learn(backend: &Backend, version: &NodeVersion) -> bool {
         if let Ok(Some((index, v))) = v {
             answered += 1;
             let mut seen = version.1.lock().unwrap_or_else(|p| p.into_inner());
-            seen.entry(index).or_insert((String::new(), None)).0 = v.clone();
+            seen.entry(index).or_default().version = v.clone();
             drop(seen);
             lowest = Some(match lowest {
                 Some(l) => lower(l, v),
@@ -113,15 +121,37 @@ pub async fn learn(backend: &Backend, version: &NodeVersion) -> bool {
     answered == nodes.len()
 }
 
-/// Learns the commands of every node whose version is new since its commands were last
-/// learned (at start, and after an upgrade); each node at once. A node that fails is
-/// asked again next time.
+/// Connections the proxy has opened to node `index` so far.
+fn connects(backend: &Backend, index: usize) -> u64 {
+    backend
+        .node(index)
+        .metrics
+        .connects
+        .load(std::sync::atomic::Ordering::Relaxed)
+}
+
+/// Whether some node was reconnected since its commands were last learned (its version is
+/// then asked again, and its commands learned again: it may have restarted with more).
+pub fn reconnected(backend: &Backend, version: &NodeVersion) -> bool {
+    let seen = version.1.lock().unwrap_or_else(|p| p.into_inner());
+    seen.iter().any(|(&i, s)| {
+        s.learned_at
+            .as_ref()
+            .is_some_and(|(_, at)| *at != connects(backend, i))
+    })
+}
+
+/// Learns the commands of every node whose version, or connection count, is new since its
+/// commands were last learned (at start, after an upgrade, after a reconnect); each node at
+/// once. A node that fails is asked again next time.
 pub async fn learn_commands_of_new_versions(backend: &Backend, version: &NodeVersion) {
     let due: Vec<(usize, String)> = {
         let seen = version.1.lock().unwrap_or_else(|p| p.into_inner());
         seen.iter()
-            .filter(|(_, (v, at))| at.as_ref() != Some(v))
-            .map(|(i, (v, _))| (*i, v.clone()))
+            .filter(|(&i, s)| {
+                s.learned_at.as_ref() != Some(&(s.version.clone(), connects(backend, i)))
+            })
+            .map(|(i, s)| (*i, s.version.clone()))
             .collect()
     };
     let mut asks = tokio::task::JoinSet::new();
@@ -131,9 +161,11 @@ pub async fn learn_commands_of_new_versions(backend: &Backend, version: &NodeVer
     }
     while let Some(done) = asks.join_next().await {
         if let Ok(Some((index, v))) = done {
+            // Counted after learning: the connections the asking itself opened are in it.
+            let n = connects(backend, index);
             let mut seen = version.1.lock().unwrap_or_else(|p| p.into_inner());
             if let Some(e) = seen.get_mut(&index) {
-                e.1 = Some(v);
+                e.learned_at = Some((v, n));
             }
         }
     }
