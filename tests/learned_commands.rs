@@ -271,8 +271,9 @@ fn valkey_9_delifeq_and_msetex_over_one_node_a_pool_and_a_cluster() {
 /// A module's commands, from Redis's own test module of key specs (`keyspecs.c`): one
 /// whose keys a single range spec gives (`kspec.none`, keys at 1, 3, 5, ...) goes to its
 /// keys' node over a pool, or gets the cross-node error; ones whose specs do not say where
-/// the keys are (two ranges, a keyword search) are served over one node and refused over
-/// a pool with a clear error. Over one node every one answers as the node does.
+/// the keys are (two ranges, a keyword search) are placed by the node's `COMMAND GETKEYS`,
+/// with the same error for keys on two nodes. Over one node every one answers as the node
+/// does.
 #[test]
 fn a_modules_commands_are_learned_from_their_key_specs() {
     need_redis();
@@ -342,11 +343,77 @@ fn a_modules_commands_are_learned_from_their_key_specs() {
     );
     let r = c.cmd(&["kspec.none", zero[0], "v", first[0], "v"]);
     assert!(r.is_error() && r.err().contains("different nodes"), "{r:?}");
-    for name in ["kspec.tworanges", "kspec.keyword", "kspec.complex1"] {
-        let r = c.cmd(&[name, zero[0], "v", first[0], "v"]);
+    // The ones whose specs the proxy cannot read: a node is asked `COMMAND GETKEYS`, and
+    // the command goes to its keys' node, or gets the cross-node error.
+    assert!(first.len() >= 2, "two keys on node 1: {owners:?}");
+    for argv in [
+        vec!["kspec.tworanges", first[0], first[1]],
+        vec!["kspec.keyword", "x", "KEYS", first[0], first[1]],
+        vec!["kspec.complex1", first[1]],
+    ] {
+        let before = calls(&nodes[1], argv[0]);
+        assert_eq!(c.cmd(&argv), Reply::Simple("OK".into()), "{argv:?}");
+        assert_eq!(
+            calls(&nodes[1], argv[0]),
+            before + 1,
+            "{argv:?} ran on its keys' node"
+        );
+    }
+    for argv in [
+        vec!["kspec.tworanges", zero[0], first[0]],
+        vec!["kspec.keyword", "x", "KEYS", zero[0], first[0]],
+    ] {
+        let r = c.cmd(&argv);
         assert!(
-            r.is_error() && r.err().contains("served over one node only"),
-            "{name}: {r:?}"
+            r.is_error() && r.err().contains("different nodes"),
+            "{argv:?}: {r:?}"
+        );
+    }
+    // Arguments the node refuses: its own error, as directly.
+    assert_eq!(
+        c.cmd(&["kspec.keyword", "x"]),
+        other.client().cmd(&["kspec.keyword", "x"])
+    );
+}
+
+/// The module's commands over a Redis Cluster of 8.0.2 nodes: one with a plain key spec,
+/// and ones whose keys only the node can find (`COMMAND GETKEYS`), reach their keys' master;
+/// keys of two slots get CROSSSLOT.
+#[test]
+fn a_modules_commands_reach_their_keys_master_over_a_cluster() {
+    need_redis();
+    let module = keyspecs_module();
+    let cluster = RedisCluster::start_bin_with(&redis8(), 3, 0, &["--loadmodule", module.as_str()]);
+    let proxy = Proxy::start_cluster(&cluster.seeds(), &[]);
+    for name in ["kspec.none", "kspec.tworanges", "kspec.keyword"] {
+        wait_learned(&proxy.addr(), name);
+    }
+    let mut c = proxy.client();
+    for (i, argv) in [
+        vec!["kspec.none", "{m}a", "v"],
+        vec!["kspec.tworanges", "{m}a", "{m}b"],
+        vec!["kspec.keyword", "x", "KEYS", "{m}a", "{m}b"],
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let home = cluster.master_of("{m}a");
+        let before = calls(&cluster.nodes[home], argv[0]);
+        assert_eq!(c.cmd(&argv), Reply::Simple("OK".into()), "{i}: {argv:?}");
+        assert_eq!(
+            calls(&cluster.nodes[home], argv[0]),
+            before + 1,
+            "{argv:?} on its master"
+        );
+    }
+    for argv in [
+        vec!["kspec.tworanges", "{m}a", "{n}b"],
+        vec!["kspec.keyword", "x", "KEYS", "{m}a", "{n}b"],
+    ] {
+        let r = c.cmd(&argv);
+        assert!(
+            r.is_error() && r.err().starts_with("CROSSSLOT"),
+            "{argv:?}: {r:?}"
         );
     }
 }

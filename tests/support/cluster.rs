@@ -39,14 +39,26 @@ impl RedisCluster {
 
     /// `start`, with the server binary `bin` (`redis8()`).
     pub fn start_bin(bin: &str, masters: usize, replicas: usize) -> RedisCluster {
+        RedisCluster::start_bin_with(bin, masters, replicas, &[])
+    }
+
+    /// `start_bin`, each node given `extra` arguments as well (`--loadmodule ...`).
+    pub fn start_bin_with(
+        bin: &str,
+        masters: usize,
+        replicas: usize,
+        extra: &[&str],
+    ) -> RedisCluster {
         need_redis();
         need_tool("redis-cli");
+        let mut args = Self::node_args();
+        args.extend_from_slice(extra);
         let nodes: Vec<Redis> = (0..masters * (1 + replicas))
             // cluster-require-full-coverage no: production clusters that want the rest of
             // the keyspace served while a master fails over set it, and the failure tests
             // need it. repl-diskless-sync-delay 0: a replica syncs at once (the default
             // waits 5 s for more replicas), so a master killed early can fail over.
-            .map(|_| Redis::start_bin(bin, &Self::node_args(), cluster_port))
+            .map(|_| Redis::start_bin(bin, &args, cluster_port))
             .collect();
         let addrs: Vec<String> = nodes.iter().map(|n| n.addr()).collect();
         let out = Command::new("redis-cli")

@@ -7,7 +7,8 @@
 //!
 //! - `route`: node jobs, splits, all nodes;
 //! - `mitigation`: combine and cache; `salted`: acting on a salt plan;
-//! - `sort`, `store`: SORT, and a STORE destination, across a pool's nodes.
+//! - `sort`, `store`: SORT, and a STORE destination, across a pool's nodes;
+//! - `unplaced`: a learned command whose keys only a node can find (`COMMAND GETKEYS`).
 //!
 //! Where this room sits on the request's route: docs/architecture.md, "The request's
 //! route".
@@ -17,3 +18,4 @@ pub(super) mod route;
 pub(super) mod salted;
 pub(super) mod sort;
 pub(super) mod store;
+pub(super) mod unplaced;

@@ -21,15 +21,33 @@ pub fn keys_node(s: &Session, req: &Request, c: &Classified) -> Result<usize, By
 /// None for a command without keys.
 fn keys_group(s: &Session, req: &Request, c: &Classified) -> Result<Option<(u32, usize)>, Bytes> {
     let b = &s.ctx().backend;
+    let keys = c.keys.iter().map(|&k| req.arg(k as usize));
+    let group = shared_group(b, c.spec.name, keys)?;
+    if matches!(c.spec.name, "SORT" | "SORT_RO") && b.placement().is_some() {
+        if let Some((_, n)) = group {
+            sort_patterns_on(s, req, c, n)?;
+        }
+    }
+    Ok(group)
+}
+
+/// The group (a cluster's slot, a pool's node) and node that every one of `keys` shares,
+/// or the error a client sees when they span nodes (on a cluster: slots, with Redis
+/// Cluster's own CROSSSLOT error); None without keys.
+pub(in crate::proxy) fn shared_group<'k>(
+    b: &crate::backend::Backend,
+    name: &str,
+    keys: impl Iterator<Item = &'k [u8]>,
+) -> Result<Option<(u32, usize)>, Bytes> {
     let mut group: Option<(u32, usize)> = None;
-    for &k in &c.keys {
-        let g = b.group_of(req.arg(k as usize));
+    for key in keys {
+        let g = b.group_of(key);
         match group {
             None => group = Some(g),
             Some((_, n)) if !b.by_slot() && n != g.1 => {
                 return Err(err_bytes(&format!(
                     "ERR saltshaker: {} keys on different nodes ({} and {}); keep them together with a hash tag",
-                    c.spec.name,
+                    name,
                     b.node(n).addr,
                     b.node(g.1).addr
                 )))
@@ -40,11 +58,6 @@ fn keys_group(s: &Session, req: &Request, c: &Classified) -> Result<Option<(u32,
                 ))
             }
             _ => {}
-        }
-    }
-    if matches!(c.spec.name, "SORT" | "SORT_RO") && b.placement().is_some() {
-        if let Some((_, n)) = group {
-            sort_patterns_on(s, req, c, n)?;
         }
     }
     Ok(group)

@@ -363,14 +363,11 @@ fn plain(
         Route::Split(kind) => split(s, req, c, kind, rb),
         Route::AllNodes(agg) => all_nodes(s, req, c, agg, rb),
         // A command learned from the nodes whose keys the proxy cannot find: one node
-        // places them itself; over several, its keys' node is unknown.
+        // places them itself; over several, a node is asked where they are.
         Route::AnyNode
             if c.spec.has(crate::command::flags::UNPLACED) && !s.ctx().backend.is_single() =>
         {
-            rb.slots.push(Slot::Ready(err_bytes(&format!(
-                "ERR saltshaker: {} is known to the nodes, but its key specs do not say where its keys are: it is served over one node only",
-                c.spec.fullname()
-            ))))
+            crate::proxy::act::unplaced::via_getkeys(s, req, c, rb)
         }
         Route::AnyNode => {
             let node = if is_pubsub_command(c.spec.name) {
