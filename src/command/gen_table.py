@@ -121,6 +121,9 @@ route("ASKING, CLUSTER INFO, CLUSTER KEYSLOT, CLUSTER MYID, CLUSTER NODES, CLUST
 route("OBJECT FREQ", "Route::Local")
 # HOTKEYS, answered from the proxy's own sketches (`proxy::registry::hotkeys`).
 route("HOTKEYS, HOTKEYS START, HOTKEYS STOP, HOTKEYS GET, HOTKEYS RESET", "Route::Local")
+# What the proxy serves, from a node's reply less its refusals plus its own commands
+# (`proxy::answer::command`).
+route("COMMAND, COMMAND COUNT, COMMAND DOCS, COMMAND INFO, COMMAND LIST", "Route::Local")
 # Client-side caching, answered by the proxy for its own clients (`proxy::answer::client_cache`).
 route("CLIENT TRACKING, CLIENT CACHING, CLIENT GETREDIR, CLIENT TRACKINGINFO", "Route::Local")
 # Whole families, by container name.

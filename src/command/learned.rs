@@ -242,29 +242,10 @@ fn keys_of(specs: &[KeySpecInfo]) -> Option<KeySpec> {
 }
 
 fn flag_bit(name: &str) -> u32 {
-    match name {
-        "write" => flags::WRITE,
-        "readonly" => flags::READ,
-        "denyoom" => flags::DENYOOM,
-        "admin" => flags::ADMIN,
-        "pubsub" => flags::PUBSUB,
-        "noscript" => flags::NOSCRIPT,
-        "blocking" => flags::BLOCKING,
-        "loading" => flags::LOADING,
-        "stale" => flags::STALE,
-        "skip_monitor" => flags::SKIP_MONITOR,
-        "skip_slowlog" => flags::SKIP_SLOWLOG,
-        "asking" => flags::ASKING,
-        "fast" => flags::FAST,
-        "no_auth" => flags::NO_AUTH,
-        "may_replicate" => flags::MAY_REPLICATE,
-        "no_mandatory_keys" => flags::NO_MANDATORY_KEYS,
-        "no_async_loading" => flags::NO_ASYNC_LOADING,
-        "no_multi" => flags::NO_MULTI,
-        "movablekeys" => flags::MOVABLE_KEYS,
-        "allow_busy" => flags::ALLOW_BUSY,
-        _ => 0,
-    }
+    flags::NAMES
+        .iter()
+        .find(|(_, n)| *n == name)
+        .map_or(0, |(bit, _)| *bit)
 }
 
 #[cfg(test)]

@@ -13,12 +13,14 @@ mod error;
 mod keys;
 mod learned;
 mod lookup;
+mod served;
 mod table;
 
 pub use error::CommandError;
 pub use keys::sort_patterns;
 pub use learned::{is_learned, learned, BeginSearch, FindKeys, KeySpecInfo, Learned};
 pub use lookup::{all, learn, learn_arity, lookup, lookup_sub};
+pub use served::{own, refused, subcommands};
 
 use smallvec::SmallVec;
 
@@ -98,6 +100,30 @@ pub mod flags {
     /// The proxy's: a command learned from the nodes whose keys its key specs do not
     /// give; only a node can place it (one node: forwarded; a pool or cluster: refused).
     pub const UNPLACED: u32 = 1 << 26;
+
+    /// Redis's flags by the names `COMMAND INFO` gives them.
+    pub const NAMES: [(u32, &str); 20] = [
+        (WRITE, "write"),
+        (READ, "readonly"),
+        (DENYOOM, "denyoom"),
+        (ADMIN, "admin"),
+        (PUBSUB, "pubsub"),
+        (NOSCRIPT, "noscript"),
+        (BLOCKING, "blocking"),
+        (LOADING, "loading"),
+        (STALE, "stale"),
+        (SKIP_MONITOR, "skip_monitor"),
+        (SKIP_SLOWLOG, "skip_slowlog"),
+        (ASKING, "asking"),
+        (FAST, "fast"),
+        (NO_AUTH, "no_auth"),
+        (MAY_REPLICATE, "may_replicate"),
+        (NO_MANDATORY_KEYS, "no_mandatory_keys"),
+        (NO_ASYNC_LOADING, "no_async_loading"),
+        (NO_MULTI, "no_multi"),
+        (MOVABLE_KEYS, "movablekeys"),
+        (ALLOW_BUSY, "allow_busy"),
+    ];
 }
 
 /// Redis's ACL categories (`ACL CAT`), one bit each, as `COMMAND INFO` gives them per

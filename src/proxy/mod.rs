@@ -255,7 +255,13 @@ pub fn spawn_memory_trim(ctx: Arc<Ctx>) {
 /// a node was reconnected; and, in the background, the commands of each node seen at a new
 /// version or reconnected (`version`).
 pub async fn learn_node_version(ctx: Arc<Ctx>, wait: Duration) {
-    let learn = registry::version::learn(&ctx.backend, &ctx.version);
+    // The commands too, within the same wait: HELLO reports a version only once its
+    // commands are known (`version::publish`), so the first clients see both at once.
+    let learn = async {
+        let all = registry::version::learn(&ctx.backend, &ctx.version).await;
+        registry::version::learn_commands_of_new_versions(&ctx.backend, &ctx.version).await;
+        all
+    };
     let mut all = tokio::time::timeout(wait, learn).await.unwrap_or(false);
     let mut shutdown = ctx.shutdown.clone();
     tokio::spawn(async move {

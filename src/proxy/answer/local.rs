@@ -69,6 +69,10 @@ pub fn handle(s: &mut Session, req: &Request, c: &Classified, rb: &mut RoundBuil
             }
         }
         "HELLO" => return hello(s, req, rb),
+        "COMMAND" | "COMMAND INFO" | "COMMAND LIST" | "COMMAND COUNT" | "COMMAND DOCS" => {
+            super::command::handle(s, req, c, rb);
+            return Flow::Continue;
+        }
         "SELECT" => {
             match select_index(s, req.arg(1)) {
                 Ok(d) => {
@@ -333,12 +337,14 @@ fn proxy_info(s: &Session) -> String {
     let b = &s.ctx().backend;
     let up = b.nodes().iter().filter(|n| n.is_up()).count();
     format!(
-        "# Proxy\r\nsaltshaker_version:{}\r\nproxy_uptime_in_seconds:{}\r\nbackend_nodes:{}\r\nbackend_nodes_up:{}\r\nconnected_clients:{}\r\n\r\n",
+        "# Proxy\r\nsaltshaker_version:{}\r\nproxy_uptime_in_seconds:{}\r\nbackend_nodes:{}\r\nbackend_nodes_up:{}\r\nconnected_clients:{}\r\nhello_version:{}\r\nlearned_commands:{}\r\n\r\n",
         env!("CARGO_PKG_VERSION"),
         s.ctx().started.elapsed().as_secs(),
         b.len(),
         up,
         s.ctx().metrics.client_connections.get(),
+        s.ctx().version.get(),
+        crate::command::learned().len(),
     )
 }
 

@@ -9,6 +9,7 @@
 //! - `client_cmd`: the CLIENT commands; `client_cache`: CLIENT TRACKING and its kin, and
 //!   which keys a tracking client is told about;
 //! - `acl`: the ACL commands, on the proxy's users;
+//! - `command`: COMMAND and its INFO, LIST, COUNT and DOCS, as the proxy serves them;
 //! - `as_cluster`: CLUSTER SLOTS, SHARDS, NODES and kin, as one node owning every slot.
 //!
 //! Where this room sits on the request's route: docs/architecture.md, "The request's
@@ -18,4 +19,5 @@ pub(super) mod acl;
 pub(super) mod as_cluster;
 pub(super) mod client_cache;
 pub(super) mod client_cmd;
+pub(super) mod command;
 pub(super) mod local;

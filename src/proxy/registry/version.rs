@@ -9,7 +9,9 @@
 //!
 //! A client may turn features on by that version: redis-py's client-side cache, for one,
 //! starts only when HELLO says 7.4 or later. So the proxy never reports a version that some
-//! node behind it does not have. Until a node has answered it reports `FALLBACK`.
+//! node behind it does not have, nor one whose commands it has not learned yet (a node's
+//! version counts once its commands are learned; until then it counts as `FALLBACK`, the
+//! built-in table's). Until a node has answered it reports `FALLBACK`.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -112,13 +114,30 @@ pub async fn learn(backend: &Backend, version: &NodeVersion) -> bool {
             });
         }
     }
+    if lowest.is_some() {
+        publish(version);
+    }
+    answered == nodes.len()
+}
+
+/// Sets the version HELLO reports: the lowest over the nodes seen, each at the version its
+/// commands were learned at (FALLBACK before they are).
+fn publish(version: &NodeVersion) {
+    let seen = version.1.lock().unwrap_or_else(|p| p.into_inner());
+    let lowest = seen
+        .values()
+        .map(|s| match &s.learned_at {
+            Some((at, _)) => lower(at.clone(), s.version.clone()),
+            None => FALLBACK.to_string(),
+        })
+        .reduce(lower);
+    drop(seen);
     if let Some(v) = lowest {
         if *version.get() != v {
             tracing::info!(version = %v, "reporting the nodes' lowest Redis version in HELLO");
         }
         version.0.store(Arc::new(v));
     }
-    answered == nodes.len()
 }
 
 /// Connections the proxy has opened to node `index` so far.
@@ -169,6 +188,7 @@ pub async fn learn_commands_of_new_versions(backend: &Backend, version: &NodeVer
             }
         }
     }
+    publish(version);
 }
 
 /// Learns the commands node `index` lists that the table lacks, and the arity it gives

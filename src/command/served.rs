@@ -1,0 +1,57 @@
+//! What the proxy itself serves, as `COMMAND` through it tells it: a node's commands less
+//! the ones the proxy refuses, plus the ones it answers that a node may not list
+//! (`proxy::answer::command` writes the replies).
+
+use super::{all, lookup, Route, Spec};
+
+/// Whether the proxy refuses `name` (a command, or `parent|sub`), whatever its arguments:
+/// its route is a refusal, and for a container, every one of its subcommands' is too.
+pub fn refused(name: &[u8]) -> bool {
+    let Some(spec) = lookup(&name.to_ascii_uppercase()) else {
+        return false;
+    };
+    if !matches!(spec.route, Route::Unsupported(_)) {
+        return false;
+    }
+    !spec.is_container() || subcommands(spec).all(|sub| matches!(sub.route, Route::Unsupported(_)))
+}
+
+/// The built-in subcommands of the container `spec`.
+pub fn subcommands(spec: &'static Spec) -> impl Iterator<Item = &'static Spec> {
+    let prefix_len = spec.name.len();
+    all().iter().filter(move |s| {
+        s.name.len() > prefix_len + 1
+            && s.name.starts_with(spec.name)
+            && s.name.as_bytes()[prefix_len] == b' '
+    })
+}
+
+/// The commands the proxy answers itself, or implements over the nodes, that a node need
+/// not know: `HOTKEYS` (answered from the proxy's sketches) and `SALTSHAKER.*`.
+pub fn own() -> impl Iterator<Item = &'static Spec> {
+    all().iter().filter(|s| {
+        !s.name.contains(' ') && (s.name == "HOTKEYS" || s.name.starts_with("SALTSHAKER."))
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn refusals_and_the_proxys_own_commands() {
+        assert!(refused(b"save"));
+        assert!(refused(b"SHUTDOWN"));
+        assert!(refused(b"module"), "every MODULE subcommand is refused");
+        assert!(refused(b"cluster|addslots"));
+        assert!(!refused(b"cluster"), "CLUSTER SLOTS is answered");
+        assert!(!refused(b"get"));
+        assert!(!refused(b"no-such-command"));
+        let own: Vec<&str> = own().map(|s| s.name).collect();
+        assert!(
+            own.contains(&"HOTKEYS") && own.contains(&"SALTSHAKER.INCRBY"),
+            "{own:?}"
+        );
+        assert_eq!(subcommands(lookup(b"HOTKEYS").unwrap()).count(), 4);
+    }
+}
