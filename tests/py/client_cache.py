@@ -13,7 +13,7 @@ Through one node and a 4-node pool:
   Redis expires an unread key in its active cycle, ten times a second).
 
 Also Redis 8's vector sets (VADD, VSIM, ...), which the proxy learns from the nodes, through
-redis-py over one node and the pool.
+redis-py over one node and the pool; and COMMAND, which says what the proxy serves.
 
 Prints "redis-py client cache: N passed, N failed" and exits 0 only if every test passed."""
 
@@ -218,8 +218,23 @@ def setup(c):
                 owners.add(owner[0])
             assert len(owners) == len(nodes) or len(owners) >= 3, owners
 
+    def redis_py_reads_what_the_proxy_serves_from_command():
+        # COMMAND through the proxy: the node's commands less the refused, plus the
+        # proxy's own, in a reply redis-py parses as it parses a node's.
+        r = redis.Redis(port=pool, decode_responses=True)
+        table = r.command()
+        # Redis 8's vector sets are a module: the node names them in upper case.
+        assert "get" in table and "VADD" in table, sorted(table)[:5]
+        assert "save" not in table and "shutdown" not in table
+        incrby = table["saltshaker.incrby"]
+        assert (incrby["first_key_pos"], incrby["last_key_pos"], incrby["step_count"]) == (1, 1, 1), incrby
+        listed = r.command_list()
+        assert "hotkeys" in listed and "save" not in listed
+        assert r.command_count() == len([n for n in listed if "|" not in n]) == len(table)
+
     return [
         hello_reports_the_lowest_version_of_the_nodes,
+        redis_py_reads_what_the_proxy_serves_from_command,
         redis_py_runs_redis_8_vector_sets_through_the_proxy_over_one_node_and_a_pool,
         redis_py_refuses_to_cache_over_an_old_node_as_it_does_directly,
         redis_py_caches_the_same_directly_on_the_node,
