@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The project's test command: format check (warning only), cargo test, the redis-py
-# suites against the proxy (a 4-node pool, a Redis Cluster, TLS), redis-py's own test
+# suites against the proxy (a 4-node pool, a Redis Cluster, TLS, Redis 8 client-side
+# caching, commands learned from Redis 8, Valkey 9 and a module), redis-py's own test
 # suite directly and through the proxy, then the fuzz smoke run if there is one.
 # Stops at the first failing step; prints "summary: N passed, N failed" last and exits
 # non-zero if anything failed.
@@ -111,6 +112,9 @@ py_suite py-tls 300 "redis-py TLS clients failed" --tls
 
 step "redis-py's client-side cache through the proxy, over Redis 8 (tests/py/run.sh --client-cache)"
 py_suite py-client-cache 300 "redis-py client-side cache failed" --client-cache
+
+step "redis-py with commands learned from Redis 8, Valkey 9 and a module (tests/py/run.sh --learned)"
+py_suite py-learned 300 "redis-py with learned commands failed" --learned
 
 step "redis-py's own test suite, directly and through the proxy (tests/py/run.sh --upstream)"
 py_suite py-upstream 1200 "redis-py's own suite differs from tests/py/upstream_expected.txt" --upstream

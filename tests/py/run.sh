@@ -5,6 +5,8 @@
 # `run.sh --cluster` runs cluster_clients.py (a Redis Cluster behind the proxy);
 # `run.sh --client-cache` runs client_cache.py (redis-py's client-side cache, over Redis 8);
 # `run.sh --tls` runs tls_clients.py (TLS on both sides, a named user);
+# `run.sh --learned` runs learned.py (commands learned from Redis 8, Valkey 9 and a module,
+# over a cluster and pools);
 # `run.sh --upstream` runs upstream.py (redis-py's own test suite, directly and through
 # the proxy over one node and a pool).
 set -euo pipefail
@@ -39,6 +41,10 @@ fi
 if [ "${1:-}" = "--client-cache" ]; then
     # redis-py's client-side cache through the proxy, over redis-server 8 nodes.
     exec "$venv/bin/python" -u client_cache.py
+fi
+if [ "${1:-}" = "--learned" ]; then
+    # Vector sets, Valkey's DELIFEQ and MSETEX, and a test module's commands.
+    exec "$venv/bin/python" -u learned.py
 fi
 if [ "${1:-}" = "--cluster" ]; then
     # redis-py's plain and cluster clients through the proxy in front of a Redis Cluster.
