@@ -151,3 +151,33 @@ fn command_through_the_proxy_lists_what_it_serves() {
         .unwrap();
     assert!(learned >= 12, "the vector-set commands at least: {info}");
 }
+
+/// Over a Valkey 9.1.2 node: what the proxy leaves out of COMMAND LIST is what it does not
+/// serve, subcommands included (Valkey's newer CLUSTER subcommands, which the proxy's own
+/// CLUSTER does not know); the rest of the node's list is there.
+#[test]
+fn over_valkey_command_list_leaves_out_only_what_the_proxy_does_not_serve() {
+    need_redis();
+    let node = Redis::start_bin(&valkey9(), &[], free_port);
+    let proxy = Proxy::start(&[&node], &[]);
+    let mut c = proxy.client();
+    let theirs = names(&node.client().cmd(&["COMMAND", "LIST"]));
+    let ours = names(&c.cmd(&["COMMAND", "LIST"]));
+    let dropped: Vec<&String> = theirs.difference(&ours).collect();
+    assert!(
+        dropped.iter().any(|d| *d == "cluster|slot-stats"),
+        "{dropped:?}"
+    );
+    assert!(ours.contains("delifeq") && ours.contains("msetex") && ours.contains("client|capa"));
+    for name in dropped {
+        // 0 to 3 arguments: one count passes its arity.
+        let refused = (0..4).any(|n| {
+            let argv: Vec<&str> = name.split('|').chain(std::iter::repeat_n("x", n)).collect();
+            let r = c.cmd(&argv);
+            r.is_error()
+                && (r.err().starts_with("ERR saltshaker:")
+                    || r.err().contains("unknown subcommand"))
+        });
+        assert!(refused, "{name} is left out of COMMAND LIST but served");
+    }
+}

@@ -180,13 +180,14 @@ pub fn learn(info: &Learned) -> bool {
 }
 
 /// A subcommand a newer node added to a built-in container (`OBJECT`, `MEMORY`, `XINFO`,
-/// ...). The containers the proxy answers itself (CLIENT, CLUSTER, ACL) keep their own
+/// ...). The containers the proxy answers or refuses itself (ACL, CLUSTER) keep their own
 /// answers: a subcommand of theirs is never sent to a node.
 fn learn_sub(parent: &str, sub_name: &str, info: &Learned) -> bool {
     let Some(p) = top(parent.as_bytes()) else {
         return false;
     };
-    if !p.is_container() || p.route == Route::Local || learned::is_learned(p) {
+    let own = matches!(p.route, Route::Local | Route::Unsupported(_));
+    if !p.is_container() || own || learned::is_learned(p) {
         return false;
     }
     if sub_name.is_empty() || sub(p, sub_name.as_bytes()).is_some() {

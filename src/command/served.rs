@@ -8,7 +8,14 @@ use super::{all, lookup, Route, Spec};
 /// its route is a refusal, and for a container, every one of its subcommands' is too.
 pub fn refused(name: &[u8]) -> bool {
     let Some(spec) = lookup(&name.to_ascii_uppercase()) else {
-        return false;
+        // A subcommand a newer node added to a container the proxy answers or refuses itself
+        // (Valkey's CLUSTER SLOT-STATS): not learned, so answered `unknown subcommand`.
+        let Some(cut) = name.iter().position(|&b| b == b'|' || b == b' ') else {
+            return false;
+        };
+        return lookup(&name[..cut]).is_some_and(|p| {
+            p.is_container() && matches!(p.route, Route::Local | Route::Unsupported(_))
+        });
     };
     if !matches!(spec.route, Route::Unsupported(_)) {
         return false;
@@ -47,6 +54,19 @@ mod tests {
         assert!(!refused(b"cluster"), "CLUSTER SLOTS is answered");
         assert!(!refused(b"get"));
         assert!(!refused(b"no-such-command"));
+        assert!(
+            refused(b"cluster|slot-stats"),
+            "a CLUSTER subcommand the proxy does not know"
+        );
+        assert!(refused(b"acl|newer-one"));
+        assert!(
+            !refused(b"client|capa"),
+            "CLIENT's newer subcommands are learned and forwarded"
+        );
+        assert!(
+            !refused(b"object|freq") && !refused(b"object|newer-one"),
+            "OBJECT is forwarded"
+        );
         let own: Vec<&str> = own().map(|s| s.name).collect();
         assert!(
             own.contains(&"HOTKEYS") && own.contains(&"SALTSHAKER.INCRBY"),
