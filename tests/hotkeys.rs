@@ -606,3 +606,51 @@ fn hotkeys_get_through_the_proxy_lists_the_keys_hotkeys_lists() {
     assert_eq!(c.cmd(&["HOTKEYS", "RESET"]), Reply::ok());
     assert!(c.cmd(&["HOTKEYS", "GET"]).is_nil());
 }
+
+/// Over Valkey nodes the proxy says what they are, as a Valkey node does (HELLO's `server
+/// valkey` and its `valkey_version`), and HOTKEYS GET takes Valkey 9.2's always-on form:
+/// the last window's hottest keys, each `key`, `db`, `qps`, the viral key first; RESET
+/// empties it.
+#[test]
+fn over_valkey_hello_says_valkey_and_hotkeys_get_takes_valkeys_form() {
+    need_redis();
+    let _serial = one_at_a_time();
+    let node = Redis::start_bin(&valkey9(), &[], free_port);
+    let p = Proxy::start(&[&node], &[]);
+    let mut c = p.client();
+    let field = |hello: &Reply, name: &str| {
+        let f = hello.as_array();
+        let at = f.iter().position(|x| x.as_str() == name).unwrap();
+        f[at + 1].as_str()
+    };
+    let ours = c.cmd(&["HELLO", "2"]);
+    let theirs = node.client().cmd(&["HELLO", "2"]);
+    for name in ["server", "version"] {
+        assert_eq!(field(&ours, name), field(&theirs, name), "HELLO's {name}");
+    }
+    assert_eq!(field(&ours, "server"), "valkey");
+    assert_eq!(c.cmd(&["HOTKEYS", "GET"]), Reply::Array(Some(vec![])));
+    let load = bench_in_thread(mixed(&p.addr(), 4, 15_000, 2_500, 0.5));
+    wait_for("the viral key on /hotkeys", Duration::from_secs(5), || {
+        entry(&hotkeys(&p), VIRAL).is_some()
+    });
+    wait_for(
+        "the viral key first in HOTKEYS GET",
+        Duration::from_secs(5),
+        || {
+            let get = c.cmd(&["HOTKEYS", "GET"]);
+            get.as_array()
+                .first()
+                .is_some_and(|e| e.as_array().len() == 6 && e.as_array()[1].as_str() == VIRAL)
+        },
+    );
+    let get = c.cmd(&["HOTKEYS", "GET"]);
+    let first = get.as_array()[0].as_array();
+    let names: Vec<String> = first.iter().step_by(2).map(|x| x.as_str()).collect();
+    assert_eq!(names, ["key", "db", "qps"]);
+    assert_eq!(first[3], Reply::Int(0));
+    assert!(first[5].as_int() >= 100, "the viral key's qps: {get:?}");
+    load.join().expect("load");
+    assert_eq!(c.cmd(&["HOTKEYS", "RESET"]), Reply::ok());
+    assert_eq!(c.cmd(&["HOTKEYS", "GET"]), Reply::Array(Some(vec![])));
+}

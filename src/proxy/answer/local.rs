@@ -132,7 +132,8 @@ pub fn handle(s: &mut Session, req: &Request, c: &Classified, rb: &mut RoundBuil
         }
         "OBJECT FREQ" => encode_int(object_freq(s, req.arg(2)), &mut out),
         name if name.starts_with("HOTKEYS ") => {
-            out.extend_from_slice(&s.ctx().hotkeys.command(name, req, s.proto()))
+            let valkey = s.ctx().version.get().server == "valkey";
+            out.extend_from_slice(&s.ctx().hotkeys.command(name, req, s.proto(), valkey))
         }
         other => error(
             rb,
@@ -307,9 +308,10 @@ fn hello(s: &mut Session, req: &Request, rb: &mut RoundBuilder) -> Flow {
     if s.switch_to(proto, s.db()) {
         reset_dedicated(s);
     }
+    let reported = s.ctx().version.get();
     let fields: Vec<(Value, Value)> = vec![
-        (bulk("server"), bulk("redis")),
-        (bulk("version"), bulk(&s.ctx().version.get())),
+        (bulk("server"), bulk(reported.server)),
+        (bulk("version"), bulk(&reported.version)),
         (
             bulk("proto"),
             Value::Integer(if proto == Proto::Resp3 { 3 } else { 2 }),
@@ -337,13 +339,14 @@ fn proxy_info(s: &Session) -> String {
     let b = &s.ctx().backend;
     let up = b.nodes().iter().filter(|n| n.is_up()).count();
     format!(
-        "# Proxy\r\nsaltshaker_version:{}\r\nproxy_uptime_in_seconds:{}\r\nbackend_nodes:{}\r\nbackend_nodes_up:{}\r\nconnected_clients:{}\r\nhello_version:{}\r\nlearned_commands:{}\r\n\r\n",
+        "# Proxy\r\nsaltshaker_version:{}\r\nproxy_uptime_in_seconds:{}\r\nbackend_nodes:{}\r\nbackend_nodes_up:{}\r\nconnected_clients:{}\r\nhello_server:{}\r\nhello_version:{}\r\nlearned_commands:{}\r\n\r\n",
         env!("CARGO_PKG_VERSION"),
         s.ctx().started.elapsed().as_secs(),
         b.len(),
         up,
         s.ctx().metrics.client_connections.get(),
-        s.ctx().version.get(),
+        s.ctx().version.get().server,
+        s.ctx().version.get().version,
         crate::command::learned().len(),
     )
 }

@@ -11,6 +11,13 @@
 //! the cost floor are not counted). `total-cpu-time-*-ms` are the proxy process's own CPU
 //! over the session. `SAMPLE` is taken and reported, but nothing is sampled; `SLOTS` is
 //! taken and reported, and keys of other slots are left out on a Redis Cluster.
+//!
+//! Over Valkey nodes (HELLO reports `valkey`), HOTKEYS GET and RESET are Valkey 9.2's
+//! always-on form instead: GET lists the last closed window's hottest keys by estimated
+//! queries per second, each as `key`, `db`, `qps` (a map in RESP3, a flat field/value
+//! array in RESP2), as the Valkey documentation's pull request for the command describes
+//! it; RESET clears it. No Valkey 9.2 server was at hand to compare with: `db` is 0 (the
+//! detector counts keys, not databases).
 
 use std::collections::HashMap;
 use std::sync::Mutex;
@@ -24,9 +31,13 @@ use crate::resp::{encode_map_header, Proto, Request, Value};
 /// Most keys a session keeps: the heaviest of them are listed.
 const MAX_KEYS: usize = 4096;
 
-/// The one HOTKEYS session of this proxy (Redis keeps one per node).
+/// The one HOTKEYS session of this proxy (Redis keeps one per node), and the last closed
+/// window's hottest keys with their rates (Valkey's always-on HOTKEYS GET).
 #[derive(Default)]
-pub struct Hotkeys(Mutex<Option<Session>>);
+pub struct Hotkeys(Mutex<Option<Session>>, Mutex<Vec<(Vec<u8>, f64)>>);
+
+/// Most keys Valkey's form of HOTKEYS GET lists.
+const VALKEY_TOP: usize = 32;
 
 struct Session {
     cpu: bool,
@@ -79,6 +90,15 @@ impl Hotkeys {
     /// A closed detection window: what it says of each key, added to the session.
     /// `slot_of` gives a key's slot on a Redis Cluster (None elsewhere).
     pub fn add_window(&self, snap: &HotSnapshot, slot_of: impl Fn(&[u8]) -> Option<u16>) {
+        let mut top: Vec<(Vec<u8>, f64)> = snap
+            .keys
+            .iter()
+            .map(|k| (k.key.clone(), k.reads_per_sec + k.writes_per_sec))
+            .filter(|(_, qps)| *qps >= 0.5)
+            .collect();
+        top.sort_by(|a, b| b.1.total_cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
+        top.truncate(VALKEY_TOP);
+        *self.1.lock().unwrap_or_else(|p| p.into_inner()) = top;
         let mut g = self.0.lock().unwrap_or_else(|p| p.into_inner());
         let Some(s) = g.as_mut() else { return };
         if !s.active(Instant::now()) || snap.at_unix_ms <= s.last_window_at {
@@ -103,10 +123,21 @@ impl Hotkeys {
         }
     }
 
-    /// HOTKEYS START|STOP|GET|RESET: the reply.
-    pub fn command(&self, sub: &str, req: &Request, proto: Proto) -> Bytes {
+    /// HOTKEYS START|STOP|GET|RESET: the reply; GET and RESET in Valkey's form when the
+    /// nodes are Valkey (`valkey`).
+    pub fn command(&self, sub: &str, req: &Request, proto: Proto, valkey: bool) -> Bytes {
         let mut g = self.0.lock().unwrap_or_else(|p| p.into_inner());
         let now = Instant::now();
+        let session = g.as_ref().is_some_and(|s| s.active(now));
+        match sub {
+            "HOTKEYS GET" if valkey && g.is_none() => return self.valkey_get(proto),
+            "HOTKEYS RESET" if valkey && !session => {
+                self.1.lock().unwrap_or_else(|p| p.into_inner()).clear();
+                *g = None;
+                return Bytes::from_static(b"+OK\r\n");
+            }
+            _ => {}
+        }
         match sub {
             "HOTKEYS START" => {
                 if g.as_ref().is_some_and(|s| s.active(now)) {
@@ -144,6 +175,25 @@ impl Hotkeys {
                 Some(s) => report(s, now, proto),
             },
         }
+    }
+}
+
+impl Hotkeys {
+    /// Valkey 9.2's HOTKEYS GET: the last window's hottest keys, by queries per second.
+    fn valkey_get(&self, proto: Proto) -> Bytes {
+        let top = self.1.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        let bulk = |b: &[u8]| Value::Bulk(Bytes::copy_from_slice(b));
+        let entries = top
+            .into_iter()
+            .map(|(key, qps)| {
+                Value::Map(vec![
+                    (bulk(b"key"), bulk(&key)),
+                    (bulk(b"db"), Value::Integer(0)),
+                    (bulk(b"qps"), Value::Integer(qps.round() as i64)),
+                ])
+            })
+            .collect();
+        Value::Array(entries).to_bytes(proto)
     }
 }
 

@@ -32,7 +32,7 @@ pub const RETRY: Duration = Duration::from_secs(1);
 
 /// The version HELLO reports; and what was last seen of each node.
 pub struct NodeVersion(
-    ArcSwap<String>,
+    ArcSwap<Reported>,
     std::sync::Mutex<std::collections::HashMap<usize, Seen>>,
 );
 
@@ -40,33 +40,56 @@ pub struct NodeVersion(
 /// at: they are learned again when either changes (an upgrade, a restart).
 #[derive(Default)]
 struct Seen {
-    version: String,
-    learned_at: Option<(String, u64)>,
+    version: Server,
+    learned_at: Option<(Server, u64)>,
+}
+
+/// What a node's `INFO server` says it is: its `redis_version`, and its `valkey_version` on
+/// Valkey (whose `redis_version` stays 7.2.4 for compatibility).
+#[derive(Default, Clone, PartialEq, Eq, Debug)]
+pub struct Server {
+    pub redis: String,
+    pub valkey: Option<String>,
+}
+
+/// What HELLO reports: `server` and `version`.
+pub struct Reported {
+    pub server: &'static str,
+    pub version: String,
 }
 
 impl Default for NodeVersion {
     fn default() -> Self {
         NodeVersion(
-            ArcSwap::from_pointee(FALLBACK.to_string()),
+            ArcSwap::from_pointee(Reported {
+                server: "redis",
+                version: FALLBACK.to_string(),
+            }),
             Default::default(),
         )
     }
 }
 
 impl NodeVersion {
-    pub fn get(&self) -> Arc<String> {
+    pub fn get(&self) -> Arc<Reported> {
         self.0.load_full()
     }
 }
 
-/// `redis_version:` of an `INFO server` reply.
-fn parse(info: &[u8]) -> Option<String> {
+/// `redis_version:` (and `valkey_version:`) of an `INFO server` reply.
+fn parse(info: &[u8]) -> Option<Server> {
     let text = std::str::from_utf8(info).ok()?;
-    let v = text
-        .lines()
-        .find_map(|l| l.strip_prefix("redis_version:"))?
-        .trim();
-    numbers(v).map(|_| v.to_string())
+    let field = |name: &str| {
+        text.lines()
+            .find_map(|l| l.strip_prefix(name))
+            .map(str::trim)
+            .filter(|v| numbers(v).is_some())
+            .map(str::to_string)
+    };
+    Some(Server {
+        redis: field("redis_version:")?,
+        valkey: field("valkey_version:"),
+    })
 }
 
 fn numbers(v: &str) -> Option<Vec<u64>> {
@@ -101,43 +124,61 @@ pub async fn learn(backend: &Backend, version: &NodeVersion) -> bool {
             v.map(|v| (index, v))
         });
     }
-    let (mut lowest, mut answered) = (None::<String>, 0);
+    let mut answered = 0;
     while let Some(v) = asks.join_next().await {
         if let Ok(Some((index, v))) = v {
             answered += 1;
             let mut seen = version.1.lock().unwrap_or_else(|p| p.into_inner());
-            seen.entry(index).or_default().version = v.clone();
-            drop(seen);
-            lowest = Some(match lowest {
-                Some(l) => lower(l, v),
-                None => v,
-            });
+            seen.entry(index).or_default().version = v;
         }
     }
-    if lowest.is_some() {
+    if answered > 0 {
         publish(version);
     }
     answered == nodes.len()
 }
 
-/// Sets the version HELLO reports: the lowest over the nodes seen, each at the version its
-/// commands were learned at (FALLBACK before they are).
+/// Sets what HELLO reports: the lowest version over the nodes seen, each at the version its
+/// commands were learned at (FALLBACK before they are); `valkey` and the lowest
+/// `valkey_version` when every node is a Valkey whose commands are learned, as a Valkey node
+/// reports itself, else `redis` and the lowest `redis_version`.
 fn publish(version: &NodeVersion) {
     let seen = version.1.lock().unwrap_or_else(|p| p.into_inner());
-    let lowest = seen
+    let at = |s: &Seen| s.learned_at.as_ref().map(|(at, _)| at.clone());
+    let redis = seen
         .values()
-        .map(|s| match &s.learned_at {
-            Some((at, _)) => lower(at.clone(), s.version.clone()),
+        .map(|s| match at(s) {
+            Some(at) => lower(at.redis, s.version.redis.clone()),
             None => FALLBACK.to_string(),
         })
         .reduce(lower);
+    let valkey = seen
+        .values()
+        .map(
+            |s| match (at(s).and_then(|a| a.valkey), &s.version.valkey) {
+                (Some(at), Some(now)) => Some(lower(at, now.clone())),
+                _ => None,
+            },
+        )
+        .reduce(|a, b| Some(lower(a?, b?)))
+        .flatten();
     drop(seen);
-    if let Some(v) = lowest {
-        if *version.get() != v {
-            tracing::info!(version = %v, "reporting the nodes' lowest Redis version in HELLO");
-        }
-        version.0.store(Arc::new(v));
+    let Some(redis) = redis else { return };
+    let next = match valkey {
+        Some(v) => Reported {
+            server: "valkey",
+            version: v,
+        },
+        None => Reported {
+            server: "redis",
+            version: redis,
+        },
+    };
+    let now = version.get();
+    if now.server != next.server || now.version != next.version {
+        tracing::info!(server = next.server, version = %next.version, "reporting the nodes' lowest version in HELLO");
     }
+    version.0.store(Arc::new(next));
 }
 
 /// Connections the proxy has opened to node `index` so far.
@@ -164,7 +205,7 @@ pub fn reconnected(backend: &Backend, version: &NodeVersion) -> bool {
 /// commands were last learned (at start, after an upgrade, after a reconnect); each node at
 /// once. A node that fails is asked again next time.
 pub async fn learn_commands_of_new_versions(backend: &Backend, version: &NodeVersion) {
-    let due: Vec<(usize, String)> = {
+    let due: Vec<(usize, Server)> = {
         let seen = version.1.lock().unwrap_or_else(|p| p.into_inner());
         seen.iter()
             .filter(|(&i, s)| {
@@ -332,7 +373,16 @@ mod tests {
     #[test]
     fn reads_the_version_line_and_keeps_the_lowest() {
         let info = b"# Server\r\nredis_version:8.0.2\r\nredis_git_sha1:00000000\r\n";
-        assert_eq!(parse(info).as_deref(), Some("8.0.2"));
+        assert_eq!(parse(info).map(|s| s.redis).as_deref(), Some("8.0.2"));
+        let valkey =
+            b"# Server\r\nredis_version:7.2.4\r\nserver_name:valkey\r\nvalkey_version:9.1.2\r\n";
+        assert_eq!(
+            parse(valkey),
+            Some(Server {
+                redis: "7.2.4".into(),
+                valkey: Some("9.1.2".into())
+            })
+        );
         assert_eq!(parse(b"# Server\r\nredis_mode:standalone\r\n"), None);
         assert_eq!(parse(b"redis_version:garbage\r\n"), None);
         assert_eq!(lower("8.0.2".into(), "7.4.10".into()), "7.4.10");
