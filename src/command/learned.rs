@@ -11,7 +11,9 @@
 //! this module parses nothing.
 
 use std::collections::HashMap;
-use std::sync::{OnceLock, RwLock};
+use std::sync::{Mutex, OnceLock, RwLock};
+
+use arc_swap::ArcSwap;
 
 use super::{cat, flags, KeySpec, Route, Spec};
 
@@ -66,11 +68,18 @@ pub enum FindKeys {
     Unknown,
 }
 
-/// Learned specs by upper-case name (`VADD`, `FT.SEARCH`, `PARENT SUB`).
-fn table() -> &'static RwLock<HashMap<Vec<u8>, &'static Spec>> {
-    static T: OnceLock<RwLock<HashMap<Vec<u8>, &'static Spec>>> = OnceLock::new();
-    T.get_or_init(RwLock::default)
+/// Learned specs by upper-case name (`VADD`, `FT.SEARCH`, `PARENT SUB`). Read on the
+/// request path without a lock or an allocation (`get`); written rarely, copied whole on
+/// each write under `WRITER`.
+type Table = HashMap<Box<[u8]>, &'static Spec>;
+
+fn table() -> &'static ArcSwap<Table> {
+    static T: OnceLock<ArcSwap<Table>> = OnceLock::new();
+    T.get_or_init(ArcSwap::default)
 }
+
+/// Held while the table is copied and swapped, so that no learned name is lost to a race.
+static WRITER: Mutex<()> = Mutex::new(());
 
 /// The arity a node gives a built-in command when it differs from the table's (Redis
 /// 7.2's `ZRANK key member WITHSCORE` made ZRANK's -3 where 7.0 had 3), by name.
@@ -82,11 +91,14 @@ fn arities() -> &'static RwLock<HashMap<&'static str, i32>> {
 /// Adds `spec` under `name` (upper case); false when the name is taken or the table is
 /// full. `lookup` decides what may be learned (`lookup::learn`).
 pub(super) fn insert(name: &str, info: &Learned, container: bool) -> bool {
-    let mut t = table().write().unwrap_or_else(|p| p.into_inner());
-    if t.contains_key(name.as_bytes()) || t.len() >= MAX_LEARNED {
+    let _w = WRITER.lock().unwrap_or_else(|p| p.into_inner());
+    let now = table().load();
+    if now.contains_key(name.as_bytes()) || now.len() >= MAX_LEARNED {
         return false;
     }
-    t.insert(name.as_bytes().to_vec(), leak(name, info, container));
+    let mut next = Table::clone(&now);
+    next.insert(name.as_bytes().into(), leak(name, info, container));
+    table().store(std::sync::Arc::new(next));
     true
 }
 
@@ -131,20 +143,20 @@ const MAX_LEARNED: usize = 4096;
 
 /// A learned command by name (any case; `PARENT SUB` for a subcommand).
 pub(super) fn get(name: &[u8]) -> Option<&'static Spec> {
-    if name.len() > 130 {
-        return None;
-    }
-    let upper = name.to_ascii_uppercase();
-    table()
-        .read()
-        .unwrap_or_else(|p| p.into_inner())
-        .get(&upper)
-        .copied()
+    // Upper-cased on the stack: no allocation per request.
+    let mut upper = [0u8; MAX_NAME];
+    let upper = upper.get_mut(..name.len())?;
+    upper.copy_from_slice(name);
+    upper.make_ascii_uppercase();
+    table().load().get(&*upper).copied()
 }
+
+/// The longest learned name (`PARENT SUB` included) looked up.
+pub(super) const MAX_NAME: usize = 130;
 
 /// Every learned command and subcommand, by name.
 pub fn learned() -> Vec<&'static Spec> {
-    let t = table().read().unwrap_or_else(|p| p.into_inner());
+    let t = table().load();
     let mut v: Vec<&'static Spec> = t.values().copied().collect();
     v.sort_by_key(|s| s.name);
     v

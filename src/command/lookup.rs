@@ -145,11 +145,15 @@ pub(super) fn sub(parent: &'static Spec, sub_name: &[u8]) -> Option<&'static Spe
             return found;
         }
     }
-    // A learned container's, or one a newer node added to a built-in container.
-    let mut full = p.to_vec();
-    full.push(b' ');
-    full.extend_from_slice(sub_name);
-    learned::get(&full)
+    // A learned container's, or one a newer node added to a built-in container; the name
+    // put together on the stack (no allocation per request).
+    let mut full = [0u8; learned::MAX_NAME];
+    let n = p.len() + 1 + sub_name.len();
+    let full = full.get_mut(..n)?;
+    full[..p.len()].copy_from_slice(p);
+    full[p.len()] = b' ';
+    full[p.len() + 1..].copy_from_slice(sub_name);
+    learned::get(full)
 }
 
 /// Learns a command the built-in table lacks, with its subcommands (`learned`); a

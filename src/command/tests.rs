@@ -221,8 +221,10 @@ fn subcommands_resolve_with_their_own_keys_and_routes() {
     assert_eq!(keys("XINFO STREAM s"), [2]);
     assert_eq!(keys("XGROUP CREATE s g $"), [2]);
     assert_eq!(route("MEMORY STATS"), Route::AnyNode);
-    assert_eq!(route("COMMAND"), Route::AnyNode);
-    assert_eq!(route("COMMAND COUNT"), Route::AnyNode);
+    // COMMAND says what the proxy serves (`proxy::answer::command`); GETKEYS asks a node.
+    assert_eq!(route("COMMAND"), Route::Local);
+    assert_eq!(route("COMMAND COUNT"), Route::Local);
+    assert_eq!(route("COMMAND GETKEYS GET k"), Route::AnyNode);
     assert_eq!(route("PUBSUB CHANNELS"), Route::AnyNode);
     // The proxy shows itself as a one-node cluster; it does not run the real one's admin.
     assert_eq!(route("CLUSTER INFO"), Route::Local);
