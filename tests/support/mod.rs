@@ -465,6 +465,8 @@ impl Proxy {
         env: &[(&str, &str)],
     ) -> Proxy {
         let node_arg = node_list.join(",");
+        let tls =
+            yaml.is_some_and(|y| y.contains("tls")) || extra_args.iter().any(|a| a.contains("tls"));
         let mut last_err = String::new();
         for _ in 0..4 {
             let dir = temp_dir("proxy");
@@ -505,8 +507,22 @@ impl Proxy {
                     return true;
                 }
                 // Both listeners: a test may ask /hotkeys at once (the admin port can open
-                // after the client port on a busy machine).
-                TcpStream::connect(&listen).is_ok() && TcpStream::connect(&admin).is_ok()
+                // after the client port on a busy machine). The ports are bound before the
+                // proxy has learned its nodes' version and commands: ready means a PING is
+                // answered (any reply, NOAUTH included), not only that the port accepts.
+                // (A cluster proxy asked for unmapped serves only once its map is read; a TLS
+                // listener answers no plain PING.)
+                let answers = || {
+                    Client::try_connect(&listen)
+                        .and_then(|mut c| c.try_cmd(&["PING"]))
+                        .is_ok()
+                };
+                TcpStream::connect(&admin).is_ok()
+                    && if node_arg.starts_with("unmapped:") || tls {
+                        TcpStream::connect(&listen).is_ok()
+                    } else {
+                        answers()
+                    }
             });
             let mut p = Proxy {
                 port,
