@@ -410,7 +410,8 @@ pub const ASK_WITHIN: std::time::Duration = std::time::Duration::from_secs(5);
 
 /// Asks the node for its `databases` setting, retrying until it answers, so SELECT is
 /// refused with Redis's own error when out of range. Keeps the default (16) if CONFIG is
-/// disabled on the node.
+/// disabled on the node. A node that does not answer within `ASK_WITHIN` (frozen, busy
+/// loading) is asked again on a new connection, as one that refused the connection is.
 async fn learn_databases(hs: Handshake, out: Arc<std::sync::atomic::AtomicU32>) {
     for attempt in 0..30u64 {
         if let Ok(stream) = hs.connect().await {
@@ -429,8 +430,8 @@ async fn learn_databases(hs: Handshake, out: Arc<std::sync::atomic::AtomicU32>) 
                         }
                     }
                 }
+                return;
             }
-            return;
         }
         tokio::time::sleep(Duration::from_millis(200 * (attempt + 1).min(10))).await;
     }
