@@ -118,7 +118,9 @@ impl ConnHandle {
         let (tx, rx) = oneshot::channel();
         let (rx, failed) = match self.tx.try_send(Job::new(data, count, tx)) {
             Ok(()) => (Some(rx), None),
-            Err(mpsc::error::TrySendError::Closed(_)) => (None, Some(BackendError::Closed)),
+            Err(mpsc::error::TrySendError::Closed(_)) => {
+                (None, Some(BackendError::Closed(self.who.node.clone())))
+            }
             Err(mpsc::error::TrySendError::Full(job)) => return Err(job.data),
         };
         Ok(Call {
@@ -157,7 +159,7 @@ impl ConnHandle {
         };
         let failed = match sent {
             Ok(Ok(())) => None,
-            Ok(Err(_)) => Some(BackendError::Closed),
+            Ok(Err(_)) => Some(BackendError::Closed(self.who.node.clone())),
             Err(_) => {
                 self.who.timeouts.inc();
                 Some(BackendError::Timeout(self.who.node.clone()))
@@ -255,7 +257,10 @@ impl Call {
         timer: Option<Pin<&mut Sleep>>,
     ) -> Result<Replies, BackendError> {
         let Some(mut rx) = self.rx.take() else {
-            return Err(self.failed.take().unwrap_or(BackendError::Closed));
+            return Err(self
+                .failed
+                .take()
+                .unwrap_or_else(|| BackendError::Closed(self.who.node.clone())));
         };
         let r = match (deadline, timer) {
             (Some(d), Some(mut t)) => {

@@ -60,12 +60,12 @@ impl Dedicated {
             self.stream
                 .write_all(d)
                 .await
-                .map_err(|e| BackendError::Io(e.to_string()))?;
+                .map_err(|e| BackendError::io(&self.node, e))?;
         }
         self.stream
             .flush()
             .await
-            .map_err(|e| BackendError::Io(e.to_string()))?;
+            .map_err(|e| BackendError::io(&self.node, e))?;
         let mut ends: SmallVec<[u32; 16]> = SmallVec::new();
         let mut pos = 0usize;
         while ends.len() < count {
@@ -77,14 +77,19 @@ impl Dedicated {
                         continue;
                     }
                     Ok(None) => {}
-                    Err(e) => return Err(BackendError::Protocol(e.to_string())),
+                    Err(e) => return Err(BackendError::protocol(&self.node, e)),
                 }
             }
             self.buf.reserve(16 * 1024);
             match self.stream.read_buf(&mut self.buf).await {
-                Ok(0) => return Err(BackendError::Io("connection closed by the node".into())),
+                Ok(0) => {
+                    return Err(BackendError::io(
+                        &self.node,
+                        "connection closed by the node",
+                    ))
+                }
                 Ok(_) => {}
-                Err(e) => return Err(BackendError::Io(e.to_string())),
+                Err(e) => return Err(BackendError::io(&self.node, e)),
             }
         }
         Ok(Replies {

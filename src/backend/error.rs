@@ -1,4 +1,4 @@
-//! The backend's errors: a request's (`BackendError`, which names the node where it can),
+//! The backend's errors: a request's (`BackendError`, which names the node in every case),
 //! setting the backend up from the config (`SetupError`), and a read that has no node to
 //! go to (`NoReplica`).
 
@@ -9,18 +9,42 @@ use crate::net::tls::TlsError;
 pub enum BackendError {
     #[error("backend {node} is down ({reason})")]
     Down { node: String, reason: String },
-    #[error("backend connection error: {0}")]
-    Io(String),
-    #[error("backend protocol error: {0}")]
-    Protocol(String),
+    #[error("backend {node} connection error: {reason}")]
+    Io { node: String, reason: String },
+    #[error("backend {node} protocol error: {reason}")]
+    Protocol { node: String, reason: String },
     #[error("cannot connect to backend {node}: {reason}")]
     Connect { node: String, reason: String },
-    #[error("backend handshake failed: {0}")]
-    Handshake(String),
-    #[error("backend connection closed")]
-    Closed,
+    #[error("backend {node} handshake failed: {reason}")]
+    Handshake { node: String, reason: String },
+    /// The connection's task is gone (the proxy shutting down, or a connection replaced).
+    #[error("backend {0} connection closed")]
+    Closed(String),
     #[error("backend {0} did not answer in time")]
     Timeout(String),
+}
+
+impl BackendError {
+    pub fn io(node: &str, reason: impl std::fmt::Display) -> Self {
+        BackendError::Io {
+            node: node.to_string(),
+            reason: reason.to_string(),
+        }
+    }
+
+    pub fn protocol(node: &str, reason: impl std::fmt::Display) -> Self {
+        BackendError::Protocol {
+            node: node.to_string(),
+            reason: reason.to_string(),
+        }
+    }
+
+    pub fn handshake(node: &str, reason: impl std::fmt::Display) -> Self {
+        BackendError::Handshake {
+            node: node.to_string(),
+            reason: reason.to_string(),
+        }
+    }
 }
 
 /// Why the backend could not be set up from the config: the field or server at fault.

@@ -176,10 +176,10 @@ impl Handshake {
         let work = async {
             s.write_all(&out)
                 .await
-                .map_err(|e| BackendError::Handshake(e.to_string()))?;
+                .map_err(|e| BackendError::handshake(&self.addr, e))?;
             s.flush()
                 .await
-                .map_err(|e| BackendError::Handshake(e.to_string()))?;
+                .map_err(|e| BackendError::handshake(&self.addr, e))?;
             let mut buf = BytesMut::with_capacity(1024);
             let mut framer = ReplyFramer::new(1 << 20);
             let mut seen = 0;
@@ -191,22 +191,23 @@ impl Handshake {
                             let msg = String::from_utf8_lossy(&buf[pos + 1..pos + len])
                                 .trim_end()
                                 .to_string();
-                            return Err(BackendError::Handshake(format!("{}: {msg}", self.addr)));
+                            return Err(BackendError::handshake(&self.addr, msg));
                         }
                         pos += len;
                         seen += 1;
                         continue;
                     }
                     Ok(None) => {}
-                    Err(e) => return Err(BackendError::Protocol(e.to_string())),
+                    Err(e) => return Err(BackendError::protocol(&self.addr, e)),
                 }
                 if s.read_buf(&mut buf)
                     .await
-                    .map_err(|e| BackendError::Handshake(e.to_string()))?
+                    .map_err(|e| BackendError::handshake(&self.addr, e))?
                     == 0
                 {
-                    return Err(BackendError::Handshake(
-                        "connection closed during handshake".into(),
+                    return Err(BackendError::handshake(
+                        &self.addr,
+                        "connection closed during handshake",
                     ));
                 }
             }
@@ -215,10 +216,10 @@ impl Handshake {
         match tokio::time::timeout(self.connect_timeout * 2, work).await {
             Ok(Ok(())) => Ok(s),
             Ok(Err(e)) => Err(e),
-            Err(_) => Err(BackendError::Handshake(format!(
-                "{}: no answer to the handshake",
-                self.addr
-            ))),
+            Err(_) => Err(BackendError::handshake(
+                &self.addr,
+                "no answer to the handshake",
+            )),
         }
     }
 }

@@ -191,7 +191,7 @@ pub(super) async fn supervise(
                             }
                         }
                         let kind = match r {
-                            BackendError::Protocol(_) => "protocol",
+                            BackendError::Protocol { .. } => "protocol",
                             _ => "io",
                         };
                         m.errors(kind).inc();
@@ -257,13 +257,19 @@ async fn serve(
         gauge: m.pending.clone(),
         none: Arc::default(),
     };
-    let mut reader = tokio::spawn(read_loop(r, inflight_rx, hs.max_reply_bulk, open.clone()));
+    let mut reader = tokio::spawn(read_loop(
+        r,
+        inflight_rx,
+        hs.max_reply_bulk,
+        open.clone(),
+        hs.addr.clone(),
+    ));
     let mut jobs: Vec<Job> = Vec::with_capacity(64);
     if !again.is_empty() {
         let mut again = again;
         let n: u64 = again.iter().map(|j| j.count as u64).sum();
         open.add(n as i64);
-        if let Err((e, unsent)) = write_jobs(&mut w, &mut again, &inflight_tx).await {
+        if let Err((e, unsent)) = write_jobs(&mut w, &mut again, &inflight_tx, &hs.addr).await {
             let mut left = reader_leftovers(&mut reader).await;
             left.extend(unsent);
             open.take(i64::MAX);
@@ -275,7 +281,7 @@ async fn serve(
             res = &mut reader => {
                 break match res {
                     Ok(r) => r,
-                    Err(_) => (BackendError::Io("reader task failed".into()), Vec::new()),
+                    Err(_) => (BackendError::io(&hs.addr, "reader task failed"), Vec::new()),
                 };
             }
             n = rx.recv_many(&mut jobs, 256) => {
@@ -302,7 +308,7 @@ async fn serve(
                 }
                 m.requests.inc_by(cmds);
                 open.add(cmds as i64);
-                if let Err((e, unsent)) = write_jobs(&mut w, &mut jobs, &inflight_tx).await {
+                if let Err((e, unsent)) = write_jobs(&mut w, &mut jobs, &inflight_tx, &hs.addr).await {
                     // What the reader holds unanswered, then what never left, in order:
                     // reads among them go on the next connection, anything else fails.
                     let mut left = reader_leftovers(&mut reader).await;
@@ -368,6 +374,7 @@ async fn write_jobs(
     w: &mut WriteHalf,
     jobs: &mut Vec<Job>,
     inflight: &mpsc::UnboundedSender<Job>,
+    node: &str,
 ) -> Result<(), (BackendError, Vec<Job>)> {
     let mut bufs: Vec<Bytes> = Vec::with_capacity(jobs.len() * 2);
     let mut queue = jobs.drain(..);
@@ -382,14 +389,14 @@ async fn write_jobs(
         if let Err(mpsc::error::SendError(job)) = inflight.send(job) {
             let mut unsent = vec![job];
             unsent.extend(queue);
-            let e = BackendError::Io("connection reader stopped".into());
+            let e = BackendError::io(node, "connection reader stopped");
             return Err((e, unsent));
         }
     }
     drop(queue);
     write_all_vectored(w, &mut bufs)
         .await
-        .map_err(|e| (BackendError::Io(e.to_string()), Vec::new()))
+        .map_err(|e| (BackendError::io(node, e), Vec::new()))
 }
 
 /// After a failed write: the jobs the reader holds unanswered, once it has seen the broken
@@ -450,9 +457,10 @@ async fn read_loop(
     mut inflight: mpsc::UnboundedReceiver<Job>,
     max_bulk: usize,
     open: Pending,
+    node: String,
 ) -> (BackendError, Vec<Job>) {
     let mut cur: Option<Job> = None;
-    let e = frame_replies(r, &mut inflight, &mut cur, max_bulk, open).await;
+    let e = frame_replies(r, &mut inflight, &mut cur, max_bulk, open, &node).await;
     let mut left: Vec<Job> = cur.into_iter().collect();
     while let Ok(job) = inflight.try_recv() {
         left.push(job);
@@ -466,6 +474,7 @@ async fn frame_replies(
     cur: &mut Option<Job>,
     max_bulk: usize,
     open: Pending,
+    node: &str,
 ) -> BackendError {
     let mut buf = BytesMut::with_capacity(64 * 1024);
     let mut framer = ReplyFramer::new(max_bulk);
@@ -480,7 +489,7 @@ async fn frame_replies(
             let len = match framer.next_len(&buf[pos..]) {
                 Ok(Some(len)) => len,
                 Ok(None) => break,
-                Err(e) => return BackendError::Protocol(e.to_string()),
+                Err(e) => return BackendError::protocol(node, e),
             };
             if buf[pos] == b'>' {
                 // A tracked connection (client-side caching) is told when the tracker it
@@ -489,8 +498,9 @@ async fn frame_replies(
                 // subscribe, so any other push means the stream is not what we think it
                 // is: reconnect rather than misattribute.
                 if !redirect_broken(&buf[pos..pos + len]) {
-                    return BackendError::Protocol(
-                        "unexpected push message on a shared connection".into(),
+                    return BackendError::protocol(
+                        node,
+                        "unexpected push message on a shared connection",
                     );
                 }
                 let mut rest = buf.split_off(pos);
@@ -501,7 +511,7 @@ async fn frame_replies(
             if cur.is_none() {
                 match inflight.try_recv() {
                     Ok(p) => *cur = Some(p),
-                    Err(_) => return BackendError::Protocol("reply without a request".into()),
+                    Err(_) => return BackendError::protocol(node, "reply without a request"),
                 }
             }
             pos += len;
@@ -509,7 +519,7 @@ async fn frame_replies(
             let count = cur.as_ref().map_or(0, |j| j.count);
             if ends.len() == count as usize {
                 let Some(job) = cur.take() else {
-                    return BackendError::Protocol("reply without a request".into());
+                    return BackendError::protocol(node, "reply without a request");
                 };
                 open.take(count as i64);
                 let data = buf.split_to(pos).freeze();
@@ -524,9 +534,9 @@ async fn frame_replies(
             buf.reserve(64 * 1024);
         }
         match r.read_buf(&mut buf).await {
-            Ok(0) => return BackendError::Io("connection closed by the node".into()),
+            Ok(0) => return BackendError::io(node, "connection closed by the node"),
             Ok(_) => {}
-            Err(e) => return BackendError::Io(e.to_string()),
+            Err(e) => return BackendError::io(node, e),
         }
     }
 }

@@ -126,10 +126,10 @@ async fn subscribe_and_listen(
     };
     let id = match parse_value(&r.get(0)) {
         Ok(Some((Value::Integer(id), _))) if id >= 0 => id as u64,
-        _ => return BackendError::Handshake(format!("{}: CLIENT ID refused", hs.addr)),
+        _ => return BackendError::handshake(&hs.addr, "CLIENT ID refused"),
     };
     if !matches!(parse_value(&r.get(1)), Ok(Some((Value::Array(_), _)))) {
-        return BackendError::Handshake(format!("{}: SUBSCRIBE refused", hs.addr));
+        return BackendError::handshake(&hs.addr, "SUBSCRIBE refused");
     }
     let (stream, mut buf) = d.into_parts();
     let (mut rd, mut wr) = stream.into_split();
@@ -146,7 +146,7 @@ async fn subscribe_and_listen(
             let len = match framer.next_len(&buf) {
                 Ok(Some(len)) => len,
                 Ok(None) => break,
-                Err(e) => return BackendError::Protocol(e.to_string()),
+                Err(e) => return BackendError::protocol(&hs.addr, e),
             };
             let frame = buf.split_to(len).freeze();
             if let Some(ev) = invalidation(&frame) {
@@ -158,16 +158,16 @@ async fn subscribe_and_listen(
         }
         tokio::select! {
             n = rd.read_buf(&mut buf) => match n {
-                Ok(0) => return BackendError::Io("connection closed by the node".into()),
+                Ok(0) => return BackendError::io(&hs.addr, "connection closed by the node"),
                 Ok(_) => last_read = tokio::time::Instant::now(),
-                Err(e) => return BackendError::Io(e.to_string()),
+                Err(e) => return BackendError::io(&hs.addr, e),
             },
             _ = tick.tick() => {
                 if last_read.elapsed() > DEAD_AFTER {
                     return BackendError::Timeout(hs.addr.clone());
                 }
                 if let Err(e) = async { wr.write_all(&ping).await?; wr.flush().await }.await {
-                    return BackendError::Io(e.to_string());
+                    return BackendError::io(&hs.addr, e);
                 }
             }
         }

@@ -97,12 +97,12 @@ async fn a_failing_fill_wakes_every_waiter_with_its_error_and_caches_nothing() {
     let calls = Arc::new(AtomicUsize::new(0));
     let p = policy(10_000, 0, 0);
     let d = Duration::from_millis(20);
-    let down = FillError::Node(crate::backend::BackendError::Closed);
+    let down = FillError::Node(crate::backend::BackendError::Closed("127.0.0.1:1".into()));
     let out = burst(&cache, 500, p, &calls, d, Err(down)).await;
     let said = |r: &FillReply| r.as_ref().map_err(ToString::to_string).err();
     assert!(out
         .iter()
-        .all(|r| said(r).as_deref() == Some("backend connection closed")));
+        .all(|r| said(r).as_deref() == Some("backend 127.0.0.1:1 connection closed")));
     assert_eq!(calls.load(Ordering::SeqCst), 1);
     assert!(cache.is_empty());
 

@@ -8,21 +8,21 @@ use super::parse_i64;
 /// connection to that backend cannot be trusted after this.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum FrameError {
-    #[error("backend protocol error: unknown reply type byte 0x{0:02x}")]
+    #[error("unknown reply type byte 0x{0:02x}")]
     UnknownType(u8),
-    #[error("backend protocol error: streamed RESP3 replies are not supported")]
+    #[error("streamed RESP3 replies are not supported")]
     Streamed,
-    #[error("backend protocol error: invalid length or number after '{}'", *.0 as char)]
+    #[error("invalid length or number after '{}'", *.0 as char)]
     BadHeader(u8),
-    #[error("backend protocol error: bulk of {len} bytes exceeds the limit of {max}")]
+    #[error("bulk of {len} bytes exceeds the limit of {max}")]
     BulkTooLong { len: usize, max: usize },
-    #[error("backend protocol error: line longer than {0} bytes")]
+    #[error("line longer than {0} bytes")]
     LineTooLong(usize),
-    #[error("backend protocol error: expected CRLF after '{}' reply", *.0 as char)]
+    #[error("expected CRLF after '{}' reply", *.0 as char)]
     MissingCrlf(u8),
-    #[error("backend protocol error: invalid boolean")]
+    #[error("invalid boolean")]
     BadBoolean,
-    #[error("backend protocol error: reply nested deeper than {0} levels")]
+    #[error("reply nested deeper than {0} levels")]
     TooDeep(usize),
 }
 

@@ -50,7 +50,7 @@ use arc_swap::ArcSwap;
 use bytes::Bytes;
 use tokio::sync::Notify;
 
-use crate::backend::Backend;
+use crate::backend::{Backend, BackendError};
 pub use crate::metrics::SaltMetrics;
 use crate::resp::{parse_value, Proto, Value};
 use names::Place;
@@ -442,17 +442,14 @@ pub async fn call(backend: &Backend, cmds: &[(usize, Bytes)]) -> Result<Vec<Valu
     let mut out = vec![Value::Nil; cmds.len()];
     for ((node, idx), call) in per_node.iter().zip(waits) {
         let addr = &backend.node(*node).addr;
-        let replies = call
-            .wait(deadline)
-            .await
-            .map_err(|e| SaltError::Node(e.to_string()))?;
+        let replies = call.wait(deadline).await.map_err(SaltError::Node)?;
         for (j, &i) in idx.iter().enumerate() {
             if j >= replies.len() {
-                return Err(SaltError::Node(format!("backend {addr}: missing reply")));
+                return Err(BackendError::protocol(addr, "missing reply").into());
             }
             match parse_value(&replies.get(j)) {
                 Ok(Some((v, _))) => out[i] = v,
-                _ => return Err(SaltError::Node(format!("backend {addr}: unreadable reply"))),
+                _ => return Err(BackendError::protocol(addr, "unreadable reply").into()),
             }
         }
     }
@@ -495,9 +492,10 @@ pub async fn failpoint(name: &str) {
 /// have always seen.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum SaltError {
-    /// A node did not answer in time, was down, or its connection failed.
-    #[error("{0}")]
-    Node(String),
+    /// A node did not answer in time, was down, or its connection failed; the backend's
+    /// own error, which names the node.
+    #[error(transparent)]
+    Node(#[from] crate::backend::BackendError),
     /// A node answered something salting cannot use: an error reply, a value of the wrong
     /// type, an unreadable record.
     #[error("{0}")]

@@ -332,7 +332,8 @@ pub(in crate::proxy) fn kill(s: &mut Session, req: &Request, rb: &mut RoundBuild
             .into_iter()
             .map(|hs| {
                 let wire = wire.clone();
-                tokio::spawn(async move {
+                let addr = hs.addr.clone();
+                let task = tokio::spawn(async move {
                     let ask = async {
                         let mut d = crate::backend::Dedicated::open(&hs).await?;
                         d.call(&[wire], 1).await.map(|r| r.get(0))
@@ -343,12 +344,16 @@ pub(in crate::proxy) fn kill(s: &mut Session, req: &Request, rb: &mut RoundBuild
                             .unwrap_or(Err(crate::backend::BackendError::Timeout(hs.addr.clone()))),
                         None => ask.await,
                     }
-                })
+                });
+                (addr, task)
             })
             .collect();
         let mut replies = Vec::with_capacity(asks.len());
-        for a in asks {
-            replies.push(a.await.unwrap_or(Err(crate::backend::BackendError::Closed)));
+        for (addr, a) in asks {
+            replies.push(
+                a.await
+                    .unwrap_or(Err(crate::backend::BackendError::Closed(addr))),
+            );
         }
         let _ = tx.send(kill_reply(replies));
     });

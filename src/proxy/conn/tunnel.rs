@@ -146,12 +146,12 @@ pub async fn open(
             stream
                 .write_all(&p)
                 .await
-                .map_err(|e| BackendError::Io(e.to_string()))?;
+                .map_err(|e| BackendError::io(&hs.addr, e))?;
         }
         stream
             .flush()
             .await
-            .map_err(|e| BackendError::Io(e.to_string()))?;
+            .map_err(|e| BackendError::io(&hs.addr, e))?;
     }
     Ok(start(
         stream,
