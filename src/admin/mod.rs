@@ -57,11 +57,7 @@ pub struct Declined {
 impl AdminState {
     /// A key as the views show it: raw (lossy UTF-8), or hashed when configured.
     fn show(&self, key: &[u8]) -> String {
-        if self.views.hash_names {
-            format!("h:{:016x}", xxhash_rust::xxh3::xxh3_64(key))
-        } else {
-            String::from_utf8_lossy(key).into_owned()
-        }
+        crate::hotkey::shown(key, self.views.hash_names)
     }
 }
 

@@ -47,6 +47,17 @@ use aggregate::Aggregator;
 use local::Control;
 use local::{with_existing, with_local, Link, Msg, Published};
 
+/// A key as the operator's views show it (`/hotkeys`, `saltshaker top`, log lines): its
+/// text, or with `hotkeys.hash_names` its 64-bit xxh3 as `h:<16 hex digits>`, the same
+/// everywhere so that a hashed key can be followed from a log line to `/hotkeys`.
+pub fn shown(key: &[u8], hash_names: bool) -> String {
+    if hash_names {
+        format!("h:{:016x}", xxhash_rust::xxh3::xxh3_64(key))
+    } else {
+        String::from_utf8_lossy(key).into_owned()
+    }
+}
+
 /// The most keys a thread's top-k can track per kind (`detection.top_k` is validated
 /// against it; the tracker's slot table indexes entries with `u16`).
 pub const MAX_TOP_K: usize = 8192;

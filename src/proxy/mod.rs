@@ -28,6 +28,7 @@ pub use conn::ctx::{CacheLayer, Ctx};
 
 use tokio::net::TcpListener;
 
+use crate::hotkey::shown;
 use crate::net::tls::ServerTls;
 use crate::net::Stream;
 use crate::policy::HotSet;
@@ -364,15 +365,6 @@ fn combine_decisions(ctx: &Ctx, hot: &HotSet, prev: &HotSet, hash_names: bool) {
         tracing::info!(key = %shown(&k, hash_names), "combining a write-hot key again: its writes fill batches again");
     }
     m.not_combined_keys.set(hot.not_combined_count() as i64);
-}
-
-/// A key as log lines show it: its text, or its hash with `hotkeys.hash_names`.
-fn shown(k: &[u8], hash_names: bool) -> String {
-    if hash_names {
-        format!("h:{:016x}", xxhash_rust::xxh3::xxh3_64(k))
-    } else {
-        String::from_utf8_lossy(k).into_owned()
-    }
 }
 
 /// Observes `saltshaker_time_to_mitigate_seconds` for each key that is combined from now

@@ -217,10 +217,7 @@ impl Salt {
         for (k, per_write) in &now {
             if !was.contains_key(k) {
                 self.metrics.declined.inc();
-                let key = match self.hash_names.load(Ordering::Relaxed) {
-                    true => format!("h:{:016x}", xxhash_rust::xxh3::xxh3_64(k)),
-                    false => String::from_utf8_lossy(k).into_owned(),
-                };
+                let key = crate::hotkey::shown(k, self.hash_names.load(Ordering::Relaxed));
                 tracing::info!(key = %key, reads_per_write = (per_write * 100.0).round() / 100.0, "not salting a write-hot key: its merged reads would cost the nodes more than the writes salting spreads");
             }
         }
