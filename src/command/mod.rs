@@ -7,7 +7,8 @@
 //! adds the routes and the commands newer than the installed server. Commands the nodes
 //! know and the table lacks are learned from them at run time (`learned`, reached from
 //! `lookup` only when the table has no entry): docs/architecture.md, "Built-in and
-//! learned commands".
+//! learned commands". `served` says what the proxy refuses and what it adds of its own, for
+//! COMMAND through the proxy.
 
 mod error;
 mod keys;
