@@ -21,7 +21,7 @@ pub use error::CommandError;
 pub use keys::sort_patterns;
 pub use learned::{is_learned, learned, BeginSearch, FindKeys, KeySpecInfo, Learned};
 pub use lookup::{all, learn, learn_arity, lookup, lookup_sub};
-pub use served::{own, refused, subcommands};
+pub use served::{own, own_doc, refused, subcommands};
 
 use smallvec::SmallVec;
 

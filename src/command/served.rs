@@ -41,6 +41,20 @@ pub fn own() -> impl Iterator<Item = &'static Spec> {
     })
 }
 
+/// COMMAND DOCS's `summary` and `group` for one of the proxy's own commands (`own`).
+pub fn own_doc(spec: &Spec) -> (&'static str, &'static str) {
+    match spec.name {
+        "HOTKEYS" => (
+            "Lists the hot keys, answered by saltshaker from its detector's sketches.",
+            "server",
+        ),
+        _ => (
+            "Increments a counter through saltshaker, which may combine or salt it; replies as INCRBY.",
+            "string",
+        ),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

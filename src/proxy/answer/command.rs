@@ -308,22 +308,11 @@ fn docs(args: &[Bytes], v: Value) -> Value {
 fn own_doc(spec: &'static Spec) -> Value {
     let simple = |s: &str| Value::Simple(Bytes::copy_from_slice(s.as_bytes()));
     let bulk = |s: &str| Value::Bulk(Bytes::copy_from_slice(s.as_bytes()));
-    let summary = if spec.name == "HOTKEYS" {
-        "Lists the hot keys, answered by saltshaker from its detector's sketches."
-    } else {
-        "Increments a counter through saltshaker, which may combine or salt it; replies as INCRBY."
-    };
+    let (summary, group) = command::own_doc(spec);
     Value::Map(vec![
         (simple("summary"), bulk(summary)),
         (simple("since"), bulk(env!("CARGO_PKG_VERSION"))),
-        (
-            simple("group"),
-            bulk(if spec.name == "HOTKEYS" {
-                "server"
-            } else {
-                "string"
-            }),
-        ),
+        (simple("group"), bulk(group)),
         (simple("complexity"), bulk("O(1)")),
     ])
 }
