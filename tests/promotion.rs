@@ -489,8 +489,8 @@ rules:
 #[test]
 fn under_the_default_rules_two_proxies_salt_a_counter_whose_combined_writes_keep_its_node_busy() {
     need_redis();
-    // Timed (salted before the load ends): it once missed its 4.5 s with the other timed
-    // loads of this binary beside it on two cores, and passed alone.
+    // Timed (salted before the load ends): it missed 4.5 s of a 5 s load twice while the
+    // machine also built and ran other tests, and passed alone; the load now lasts 8 s.
     let _serial = one_at_a_time();
     let (nodes, _dir, rules) = pool_with_rules(
         "balance-salt",
@@ -502,7 +502,7 @@ fn under_the_default_rules_two_proxies_salt_a_counter_whose_combined_writes_keep
         .map(|p| {
             std::process::Command::new(BIN)
                 .args(["bench", "--target", &p.addr(), "-c", "8", "-P", "16"])
-                .args(["--duration-ms", "5000", "--keyspace", "100000"])
+                .args(["--duration-ms", "8000", "--keyspace", "100000"])
                 .args([
                     "--workload",
                     "viral:counter:hot:0.3",
@@ -515,7 +515,7 @@ fn under_the_default_rules_two_proxies_salt_a_counter_whose_combined_writes_keep
                 .unwrap()
         })
         .collect();
-    let deadline = Instant::now() + Duration::from_millis(4500);
+    let deadline = Instant::now() + Duration::from_millis(7500);
     let mut rec = None;
     while rec.is_none() && Instant::now() < deadline {
         thread::sleep(Duration::from_millis(100));
@@ -533,7 +533,7 @@ fn under_the_default_rules_two_proxies_salt_a_counter_whose_combined_writes_keep
         .map(|r| r["ops_per_sec"].as_f64().unwrap())
         .sum();
     let rec = rec.unwrap_or_else(|| {
-        panic!("counter:hot still only combined after 4.5 s of {ops:.0} INCR/s through two proxies")
+        panic!("counter:hot still only combined after 7.5 s of {ops:.0} INCR/s through two proxies")
     });
     // As many shards as the margin needs, at most one per node.
     let shards = rec["shards"].as_u64().unwrap();

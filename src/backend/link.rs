@@ -156,6 +156,8 @@ pub(super) async fn supervise(
     let max = Duration::from_millis(hs.reconnect_max_ms);
     let mut backoff = min;
     let mut was_down_logged = false;
+    // The first connect of this link is not a reconnect (see `NodeMetrics::connects`).
+    let mut first = true;
     // Reads that were in flight on a connection that broke, sent again first on the next.
     let mut again: Vec<Job> = Vec::new();
     loop {
@@ -166,7 +168,9 @@ pub(super) async fn supervise(
                 up.store(true, Ordering::Relaxed);
                 m.up.set(1);
                 m.connections.inc();
-                m.connects.fetch_add(1, Ordering::Relaxed);
+                if !std::mem::take(&mut first) {
+                    m.connects.fetch_add(1, Ordering::Relaxed);
+                }
                 if was_down_logged {
                     tracing::info!(node = %hs.addr, "backend node is back");
                     was_down_logged = false;

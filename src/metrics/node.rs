@@ -15,8 +15,9 @@ pub struct NodeMetrics {
     pub pending: Gauge,
     /// Estimated node seconds of the costly reads it answered (`proxy::conn::cost`).
     pub read_cost: Counter<f64, std::sync::atomic::AtomicU64>,
-    /// Connections to the node opened so far, over its shared connections: one that grows
-    /// means the node may have restarted, and what it knows is learned again.
+    /// Reconnects to the node so far, over its shared connections (a connection's first
+    /// connect is not counted: a new lane or protocol is no news of the node). One that
+    /// grows means the node may have restarted, and what it knows is learned again.
     pub connects: std::sync::Arc<std::sync::atomic::AtomicU64>,
     node: String,
     errors: prometheus_client::metrics::family::Family<NodeErrorLabel, Counter>,

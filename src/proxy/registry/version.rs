@@ -181,7 +181,7 @@ fn publish(version: &NodeVersion) {
     version.0.store(Arc::new(next));
 }
 
-/// Connections the proxy has opened to node `index` so far.
+/// Reconnects the proxy has made to node `index` so far (`NodeMetrics::connects`).
 fn connects(backend: &Backend, index: usize) -> u64 {
     backend
         .node(index)
