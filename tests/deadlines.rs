@@ -12,14 +12,6 @@ use support::*;
 /// Longer than `backend::ASK_WITHIN`.
 const PAST_THE_DEADLINE: Duration = Duration::from_millis(6_000);
 
-/// Thaws a frozen node when dropped, so a failing assertion never leaves it stopped.
-struct Thaw<'a>(&'a Redis);
-impl Drop for Thaw<'_> {
-    fn drop(&mut self) {
-        self.0.signal("CONT");
-    }
-}
-
 /// A blocking command goes on a connection of the client's own, which first asks the node
 /// its CLIENT ID (for CLIENT LIST and CLIENT UNBLOCK). A blocking command may wait as long
 /// as it asks to, so the request timeout does not bound it: the question's own deadline

@@ -24,14 +24,6 @@ fn proxy_with_timeout(nodes: &[&Redis], extra: &[&str]) -> Proxy {
     Proxy::start(nodes, &args)
 }
 
-/// Thaws a frozen node when dropped, so a failing assertion never leaves it stopped.
-struct Thaw<'a>(&'a Redis);
-impl Drop for Thaw<'_> {
-    fn drop(&mut self) {
-        self.0.signal("CONT");
-    }
-}
-
 #[test]
 fn a_deep_pipeline_to_a_frozen_node_gets_every_error_within_the_timeout() {
     need_redis();

@@ -31,21 +31,23 @@ def cluster_port():
     raise RuntimeError("no free cluster port")
 
 
-def start_cluster(c):
+def start_cluster(c, server="redis-server", masters=3, replicas=1, extra=()):
+    """A Redis Cluster of `masters` masters with `replicas` replicas each, from `server`,
+    each node given `extra` arguments too; returns the ports once every node says ok."""
     ports = []
-    for _ in range(6):
+    for _ in range(masters * (1 + replicas)):
         p = cluster_port()
         proc = c._spawn(f"redis-{p}", [
-            "redis-server", "--port", str(p), "--bind", "127.0.0.1", "--save", "",
+            server, "--port", str(p), "--bind", "127.0.0.1", "--save", "",
             "--appendonly", "no", "--dir", c.logdir, "--dbfilename", f"dump-{p}.rdb",
             "--cluster-enabled", "yes", "--cluster-config-file", f"nodes-{p}.conf",
-            "--cluster-node-timeout", "1500", "--repl-diskless-sync-delay", "0",
+            "--cluster-node-timeout", "1500", "--repl-diskless-sync-delay", "0", *extra,
         ])
-        harness.wait_for_port(p, proc, f"redis-server on {p}")
+        harness.wait_for_port(p, proc, f"{server} on {p}")
         ports.append(p)
     out = subprocess.run(
         ["redis-cli", "--cluster", "create", *[f"127.0.0.1:{p}" for p in ports],
-         "--cluster-replicas", "1", "--cluster-yes"],
+         "--cluster-replicas", str(replicas), "--cluster-yes"],
         capture_output=True, text=True, timeout=60)
     if out.returncode != 0:
         raise RuntimeError(f"redis-cli --cluster create failed: {out.stdout}{out.stderr}")

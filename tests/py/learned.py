@@ -12,7 +12,6 @@ Prints "redis-py learned: N passed, N failed" and exits 0 only if every test pas
 
 import hashlib
 import os
-import subprocess
 import sys
 import time
 
@@ -20,7 +19,7 @@ import redis
 from redis.cluster import RedisCluster
 
 import harness
-from cluster_clients import cluster_port
+from cluster_clients import start_cluster
 
 REDIS8 = os.environ.get("SALTSHAKER_REDIS_NEW",
                         "/usr/local/lib/saltshaker-test/redis-8.0.2/redis-server")
@@ -46,32 +45,6 @@ def proxy(c, backend):
     c.proxy_log = os.path.join(c.logdir, f"proxy-{port}.log")
     harness.wait_for_port(port, proc, "saltshaker")
     return port
-
-
-def redis8_cluster(c):
-    ports = []
-    for _ in range(3):
-        p = cluster_port()
-        proc = c._spawn(f"redis-{p}", [
-            REDIS8, "--port", str(p), "--bind", "127.0.0.1", "--save", "",
-            "--appendonly", "no", "--dir", c.logdir, "--dbfilename", f"dump-{p}.rdb",
-            "--cluster-enabled", "yes", "--cluster-config-file", f"nodes-{p}.conf",
-            "--cluster-node-timeout", "1500", "--loadmodule", MODULE])
-        harness.wait_for_port(p, proc, f"redis-server 8 on {p}")
-        ports.append(p)
-    out = subprocess.run(
-        ["redis-cli", "--cluster", "create", *[f"127.0.0.1:{p}" for p in ports],
-         "--cluster-replicas", "0", "--cluster-yes"],
-        capture_output=True, text=True, timeout=60)
-    if out.returncode != 0:
-        raise RuntimeError(f"redis-cli --cluster create failed: {out.stdout}{out.stderr}")
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        if all(b"cluster_state:ok" in redis.Redis(port=p).execute_command("CLUSTER", "INFO")
-               for p in ports):
-            return ports
-        time.sleep(0.1)
-    raise RuntimeError("the cluster did not become ok")
 
 
 def wait_learned(r, command, *args):
@@ -111,7 +84,7 @@ def setup(c):
     for path in (REDIS8, MODULE, VALKEY):
         if not os.path.exists(path):
             raise RuntimeError(f"missing {path}: run scripts/install-deps.sh")
-    masters = redis8_cluster(c)
+    masters = start_cluster(c, REDIS8, masters=3, replicas=0, extra=("--loadmodule", MODULE))
     on_cluster = proxy(c, ["--cluster", ",".join(f"127.0.0.1:{p}" for p in masters)])
     valkeys = [node(c, VALKEY) for _ in range(2)]
     on_valkey = proxy(c, ["--nodes", ",".join(f"127.0.0.1:{p}:1" for p in valkeys)])

@@ -308,7 +308,8 @@ impl Redis {
         self.child.as_ref().expect("redis-server running").id()
     }
 
-    /// Sends a signal by name (STOP freezes the node, CONT thaws it).
+    /// Sends a signal by name (STOP freezes the node, CONT thaws it; `Thaw` thaws it when
+    /// dropped).
     pub fn signal(&self, sig: &str) {
         let ok = Command::new("kill")
             .args([&format!("-{sig}"), &self.pid().to_string()])
@@ -1164,4 +1165,13 @@ pub fn passwd_hash(pw: &str) -> String {
     let out = child.wait_with_output().unwrap();
     assert!(out.status.success());
     String::from_utf8(out.stdout).unwrap().trim().to_string()
+}
+
+/// Thaws a frozen node (`Redis::signal("STOP")`) when dropped, so a failing assertion never
+/// leaves it stopped.
+pub struct Thaw<'a>(pub &'a Redis);
+impl Drop for Thaw<'_> {
+    fn drop(&mut self) {
+        self.0.signal("CONT");
+    }
 }
