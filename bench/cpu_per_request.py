@@ -4,7 +4,8 @@
 One redis-server; nutcracker and saltshaker (`--threads 1`) in front of it. For each
 round, in an order that rotates between rounds, each target gets
 `redis-benchmark -c 50 -r 100000 -n N -t get|set -P 1|16`, and the CPU time each process
-spent (utime + stime from /proc/PID/stat) is divided by the requests served. This is
+spent (utime + stime from /proc/PID/stat) is divided by the requests served, and the user
+time (utime) alone beside it: the part a proxy's own code decides. This is
 the steadiest figure on a shared, noisy machine: it does not depend on how much CPU the
 machine had left, only on how much each process needed.
 
@@ -36,10 +37,12 @@ from benchlib import commands_processed, free_port, start_nutcracker, stop_all, 
 TICK = os.sysconf("SC_CLK_TCK")
 
 
-def cpu_seconds(pid):
+def cpu_seconds(pid, user_only=False):
     with open(f"/proc/{pid}/stat") as f:
         fields = f.read().rsplit(")", 1)[1].split()
     # utime and stime are fields 14 and 15 of stat; after the ")" they are 12 and 13.
+    if user_only:
+        return int(fields[11]) / TICK
     return (int(fields[11]) + int(fields[12])) / TICK
 
 
@@ -94,6 +97,7 @@ def main():
                         port, pid = targets[name]
                         node_before = cpu_seconds(redis.pid)
                         proxy_before = cpu_seconds(pid) if pid else 0
+                        user_before = cpu_seconds(pid, True) if pid else 0
                         served_before = commands_processed(rport)
                         subprocess.run(
                             ["redis-benchmark", "-p", str(port), "-c", "50", "-r", "100000",
@@ -102,34 +106,40 @@ def main():
                             stdout=subprocess.DEVNULL, check=True)
                         node = cpu_seconds(redis.pid) - node_before
                         proxy = (cpu_seconds(pid) - proxy_before) if pid else 0
+                        user = (cpu_seconds(pid, True) - user_before) if pid else 0
                         # INFO itself is one command.
                         served = commands_processed(rport) - served_before - 1
                         if served < args.n:
                             raise SystemExit(f"{name}: the node served {served} of {args.n}")
                         cell = cells.setdefault((test, pipe, name), [])
-                        cell.append((proxy * 1e6 / args.n, node * 1e6 / args.n))
+                        cell.append((proxy * 1e6 / args.n, node * 1e6 / args.n,
+                                     user * 1e6 / args.n))
         print(f"redis-benchmark -c 50 -r 100000 -n {args.n} -d {args.data_size} -t T -P P, "
               f"{args.rounds} rounds, "
               f"saltshaker --threads {args.threads}"
               + (f", saltshaker-b --threads {args.threads_b}" if args.threads_b else "")
               + "; microseconds of CPU per request, "
               "median over rounds (min-max)")
-        print("| test | target | proxy us/req | node us/req | proxy/nutcracker | proxy/node |")
-        print("|---|---|---|---|---|---|")
+        print("| test | target | proxy us/req | node us/req | proxy/nutcracker | proxy/node | "
+              "proxy user us/req | user/nutcracker's |")
+        print("|---|---|---|---|---|---|---|---|")
         for test in args.tests.split(","):
             for pipe in args.pipelines.split(","):
-                nc_med = statistics.median(p for p, _ in cells[(test, pipe, "nutcracker")])
+                nc_med = statistics.median(v[0] for v in cells[(test, pipe, "nutcracker")])
+                nc_user = statistics.median(v[2] for v in cells[(test, pipe, "nutcracker")])
                 for name in names:
                     vals = cells[(test, pipe, name)]
                     p = statistics.median(v[0] for v in vals)
                     n = statistics.median(v[1] for v in vals)
+                    u = statistics.median(v[2] for v in vals)
                     lo, hi = min(v[0] for v in vals), max(v[0] for v in vals)
                     if name == "direct":
                         print(f"| P{pipe} {test.upper()} | direct | - | {n:.2f} | - | - |")
                         continue
                     ratio_nc = f"{p / nc_med:.2f}" if name != "nutcracker" else "1.00"
                     print(f"| P{pipe} {test.upper()} | {name} | {p:.2f} ({lo:.2f}-{hi:.2f}) | "
-                          f"{n:.2f} | {ratio_nc} | {p / n:.2f} |")
+                          f"{n:.2f} | {ratio_nc} | {p / n:.2f} | {u:.2f} | "
+                          f"{u / nc_user if nc_user else 0:.2f} |")
         if args.bin_b:
             print()
             print("| test | saltshaker / saltshaker-b, proxy CPU per request (median, min-max) |")

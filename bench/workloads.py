@@ -65,6 +65,14 @@ def cpu_ms(pid):
     return (int(fields[11]) + int(fields[12])) * 1000.0 / TICK
 
 
+def syscalls(pid):
+    """(read, write) system calls so far, from /proc/PID/io: how many pieces the node
+    received its commands in and sent its replies in."""
+    with open(f"/proc/{pid}/io") as f:
+        io = dict(line.split(":") for line in f.read().splitlines())
+    return int(io["syscr"]), int(io["syscw"])
+
+
 def start_nutcracker_pool(ports, tmp, procs):
     nport = free_port()
     conf = os.path.join(tmp, "nc-pool.yml")
@@ -120,15 +128,21 @@ def measure(client, target, nodes, shape, seconds, seed):
     port, proc = target
     before = [cpu_ms(n.pid) for n in nodes]
     pb = cpu_ms(proc.pid)
+    sb = [syscalls(n.pid) for n in nodes]
     r = run_load(client, port, shape, seconds, seed)
     after = [cpu_ms(n.pid) for n in nodes]
     pa = cpu_ms(proc.pid)
+    sa = [syscalls(n.pid) for n in nodes]
     ops = max(r["ops"], 1)
     per_node = [(a - b) * 1000.0 / ops for a, b in zip(after, before)]
     return {
         "nodes": sum(per_node),
         "busiest": max(per_node),
         "proxy": (pa - pb) * 1000.0 / ops,
+        # Node reads and writes per client operation, all nodes: below 1 when the
+        # commands arrive batched.
+        "node_reads": sum(a[0] - b[0] for a, b in zip(sa, sb)) / ops,
+        "node_writes": sum(a[1] - b[1] for a, b in zip(sa, sb)) / ops,
         "ops_s": r["ops_per_sec"],
         "p50": r["p50_us"],
         "p99": r["p99_us"],
@@ -145,8 +159,9 @@ def fmt_ratio(xs):
 def report(results, names):
     """The table: medians per shape and target, and ratios to nutcracker per round."""
     print("| shape | target | all nodes ms/kop | busiest node ms/kop | proxy ms/kop | "
+          "node reads/op | node writes/op | "
           "ops/s | p50 us | p99 us | ÷ nc: all nodes | busiest | ops/s | p99 |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for shape in results:
         base = results[shape]["nc"]
         for n in names:
@@ -159,7 +174,8 @@ def report(results, names):
             cells = ["-"] * 4 if n == "nc" else [fmt_ratio(ratios[k]) for k in
                                                  ("nodes", "busiest", "ops_s", "p99")]
             print(f"| {shape} | {n} | {med('nodes'):.3f} | {med('busiest'):.3f} | "
-                  f"{med('proxy'):.3f} | {med('ops_s'):.0f} | {med('p50'):.0f} | "
+                  f"{med('proxy'):.3f} | {med('node_reads'):.3f} | {med('node_writes'):.3f} | "
+                  f"{med('ops_s'):.0f} | {med('p50'):.0f} | "
                   f"{med('p99'):.0f} | " + " | ".join(cells) + " |")
 
 
@@ -215,7 +231,8 @@ def main():
                         forget_fleet(ports)
                     results[shape][n].append(m)
                     print(f"# {shape} round {rnd} {n}: nodes {m['nodes']:.1f} busiest "
-                          f"{m['busiest']:.1f} proxy {m['proxy']:.1f} ms/kop, "
+                          f"{m['busiest']:.1f} proxy {m['proxy']:.1f} ms/kop, node reads "
+                          f"{m['node_reads']:.3f} writes {m['node_writes']:.3f} per op, "
                           f"{m['ops_s']:.0f} ops/s, p50 {m['p50']} p99 {m['p99']} us, "
                           f"errors {m['errors']}", file=sys.stderr, flush=True)
     finally:

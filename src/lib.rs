@@ -211,11 +211,12 @@ pub async fn run(
         salt: Some(ctx.clone() as Arc<dyn salt::Control>),
         balance: Some(balance.clone()),
         admit: Some(ctx.admit.clone()),
-        declined: Some({
+        pays: Some({
             let ctx = ctx.clone();
             Arc::new(move |k: &[u8]| {
                 let hot = ctx.hot.load();
-                admin::Declined {
+                admin::Pays {
+                    ledger: hot.ledger(k),
                     cache: hot.not_cached(k),
                     combine: hot.not_combined(k),
                     salt: ctx.salt.not_salted(k),

@@ -400,7 +400,12 @@ fn a_key_written_as_often_as_it_is_read_is_not_cached_and_hotkeys_says_why() {
         }
         if let Some(e) = keys.iter().find(|e| e["key"] == "steady") {
             assert!(e["not_cached"].is_null(), "a key only read is cached: {e}");
-            steady_seen = true;
+            // Once cached for a whole window, its ledger shows what it saved the node.
+            let saved = &e["ledger"]["cache"]["saved"];
+            if saved["commands"].as_u64().unwrap_or(0) > 0 {
+                assert!(saved["bytes"].as_u64().unwrap() > 0, "{e}");
+                steady_seen = true;
+            }
         }
         std::thread::sleep(Duration::from_millis(100));
     }
@@ -413,7 +418,7 @@ fn a_key_written_as_often_as_it_is_read_is_not_cached_and_hotkeys_says_why() {
         "{e}"
     );
     assert!(p.metric("saltshaker_cache_declined_total") >= 1.0);
-    assert!(steady_seen, "steady was never listed read-hot");
+    assert!(steady_seen, "steady was never listed read-hot with its cache's savings");
     // Now the node serves every read of churn, and the cache serves steady's. One read of
     // steady first: a pipeline sent at once, landing just after its entry was refreshed
     // away, would wait on one fill (not counted as hits) for all 200 reads; once, under
@@ -446,4 +451,70 @@ fn a_key_written_as_often_as_it_is_read_is_not_cached_and_hotkeys_says_why() {
             .collect::<Vec<_>>()
             .join("\n")
     );
+}
+
+/// A cache proves that it pays, from what it measured, not only from the rates the proxy
+/// sees: a key whose writes go straight to the node (another service, a script) looks
+/// read-only to the proxy, so it is cached; each of those writes drops its entry (Redis
+/// tracking) and the next read fills it again. Once its fills are a third of its cached
+/// reads, it is declined, `/hotkeys` says so with the window's figures, and its reads reach
+/// the node, with replies that follow the node's value.
+#[test]
+fn a_cache_whose_fills_outweigh_its_hits_is_withdrawn_on_what_it_measured() {
+    need_redis();
+    let node = Redis::start();
+    let dir = TempDir::new("cache-measured");
+    let path = dir.0.join("rules.yaml");
+    std::fs::write(
+        &path,
+        "version: 1\ndefaults:\n  read: { hot_at_per_sec: 200, cool_below_per_sec: 50, cache: { ttl_ms: 10000, jitter_pct: 0 } }\n",
+    )
+    .unwrap();
+    let p = Proxy::start(&[&node], &["--rules", &path_str(&path)]);
+    let mut c = p.client();
+    let mut direct = node.client();
+    assert_eq!(direct.cmd(&["SET", "elsewhere", "0"]), Reply::ok());
+    let end = Instant::now() + Duration::from_secs(8);
+    let mut seen = None;
+    let mut n = 0u64;
+    while Instant::now() < end && seen.is_none() {
+        for _ in 0..100 {
+            // A write on the node, then two reads through the proxy: at most one of them
+            // can be a hit, so fills are at least a third of the cached reads.
+            n += 1;
+            assert_eq!(
+                direct.cmd(&["SET", "elsewhere", &n.to_string()]),
+                Reply::ok()
+            );
+            c.cmd(&["GET", "elsewhere"]);
+            c.cmd(&["GET", "elsewhere"]);
+        }
+        let hk = p.hotkeys();
+        let keys = hk["keys"].as_array().cloned().unwrap_or_default();
+        if let Some(e) = keys.iter().find(|e| e["key"] == "elsewhere") {
+            if e["not_cached"].is_string() {
+                seen = Some(e.clone());
+            }
+        }
+    }
+    let e = seen.expect("/hotkeys never said why `elsewhere` is not cached any more");
+    assert!(
+        e["not_cached"]
+            .as_str()
+            .unwrap()
+            .ends_with("of its cached reads were fills in the last window"),
+        "declined on its measure, not its rates (the proxy sees no writes): {e}"
+    );
+    assert_eq!(e["writes_per_sec"].as_f64(), Some(0.0), "{e}");
+    let cost = &e["ledger"]["cache"]["cost"];
+    assert!(cost["fills"].as_u64().unwrap_or(0) >= 16, "{e}");
+    assert!(p.metric("saltshaker_cache_declined_total") >= 1.0);
+    // Declined: every read reaches the node and sees its value.
+    let gets = calls(&node, "get");
+    for i in 0..50 {
+        let v = format!("after-{i}");
+        assert_eq!(direct.cmd(&["SET", "elsewhere", &v]), Reply::ok());
+        assert_eq!(c.cmd(&["GET", "elsewhere"]), Reply::bulk(&v));
+    }
+    assert!(calls(&node, "get") - gets >= 50);
 }

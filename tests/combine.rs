@@ -312,6 +312,7 @@ fn a_trickle_is_not_combined_and_a_crowd_is() {
     let end = std::time::Instant::now() + std::time::Duration::from_secs(4);
     let mut trickle = 0i64;
     let mut seen = None;
+    let mut crowd_ledger = false;
     while std::time::Instant::now() < end {
         for _ in 0..50 {
             trickle += 1;
@@ -326,9 +327,19 @@ fn a_trickle_is_not_combined_and_a_crowd_is() {
         }
         if let Some(e) = keys.iter().find(|e| e["key"] == "crowd") {
             assert!(e["not_combined"].is_null(), "the crowd's batches pay: {e}");
+            // Its ledger: increments that reached the node as fewer commands.
+            let l = &e["ledger"]["combine"];
+            if let (Some(saved), Some(cost)) = (
+                l["saved"]["commands"].as_u64(),
+                l["cost"]["commands"].as_u64(),
+            ) {
+                assert!(saved >= cost, "batches of two or more save a command each: {e}");
+                crowd_ledger = true;
+            }
         }
     }
     let e = seen.expect("/hotkeys never said why the trickle is not combined");
+    assert!(crowd_ledger, "/hotkeys never showed the crowd's combine ledger");
     assert!(
         e["not_combined"]
             .as_str()

@@ -37,17 +37,19 @@ pub struct AdminState {
     pub token: Option<String>,
     /// Admission state, to mark keys sampled or refused lately; None in unit tests.
     pub admit: Option<Arc<crate::admit::Admission>>,
-    /// Why a hot key's mitigation is declined, from the hot set in force; None in unit
-    /// tests.
+    /// Whether a hot key's mitigations pay, from the hot set in force; None in unit tests.
     #[allow(clippy::type_complexity)]
-    pub declined: Option<Arc<dyn Fn(&[u8]) -> Declined + Send + Sync>>,
+    pub pays: Option<Arc<dyn Fn(&[u8]) -> Pays + Send + Sync>>,
 }
 
-/// Why a hot key is not mitigated as its rule says: the mitigation would not pay.
+/// Whether a hot key's mitigations pay: what they saved its node and cost it over the
+/// last window, and why one its rule asks for is declined.
 #[derive(Clone, Copy, Debug, Default)]
-pub struct Declined {
-    /// Not cached: the share of its reads that its writes would turn into fills.
-    pub cache: Option<f64>,
+pub struct Pays {
+    /// The last window's figures, for a key some mitigation acted on.
+    pub ledger: Option<crate::policy::Ledger>,
+    /// Not cached: the share of its reads that were (measured) or would be fills.
+    pub cache: Option<crate::policy::FillShare>,
     /// Not combined: the increments per node command its batches would carry.
     pub combine: Option<f64>,
     /// Not salted by `auto`: its reads per write.
@@ -324,6 +326,40 @@ fn phase(
     }
 }
 
+/// What a key's mitigations saved its node and cost it over the last window.
+fn ledger_json(l: crate::policy::Ledger) -> serde_json::Value {
+    let mut out = serde_json::Map::new();
+    if l.cached() {
+        out.insert(
+            "cache".into(),
+            serde_json::json!({
+                "saved": {
+                    "commands": l.cache_hits,
+                    "bytes": l.cache_hit_bytes,
+                    "node_us": l.cache_saved_us,
+                },
+                "cost": {
+                    "fills": l.cache_fills,
+                    "invalidations": l.cache_invalidations,
+                },
+            }),
+        );
+    }
+    if l.combined() {
+        out.insert(
+            "combine".into(),
+            serde_json::json!({
+                "saved": { "commands": l.increments.saturating_sub(l.combine_commands) },
+                "cost": {
+                    "commands": l.combine_commands,
+                    "batches_of_one": l.batches_of_one,
+                },
+            }),
+        );
+    }
+    serde_json::Value::Object(out)
+}
+
 fn hotkeys_json(state: &AdminState, snap: &HotSnapshot) -> String {
     let table = state.salt.as_ref().map(|c| c.table());
     let now = crate::salt::now_ms();
@@ -331,7 +367,7 @@ fn hotkeys_json(state: &AdminState, snap: &HotSnapshot) -> String {
         .keys
         .iter()
         .map(|k| {
-            let declined = state.declined.as_ref().map(|f| f(&k.key)).unwrap_or_default();
+            let declined = state.pays.as_ref().map(|f| f(&k.key)).unwrap_or_default();
             let (phase, salting_from) = match phase(state, table.as_deref(), k, now) {
                 // Its rule combines, but combining it would not pay.
                 (Some("combining"), f) if declined.combine.is_some() => (Some("detected"), f),
@@ -351,9 +387,11 @@ fn hotkeys_json(state: &AdminState, snap: &HotSnapshot) -> String {
                 "since": k.since_unix_ms,
                 "read_hot_by": read_hot_by(state, k),
                 "admission": admission_mark(state, &k.key),
-                "not_cached": declined.cache.map(|share| {
-                    format!("writes would turn {:.0}% of its reads into cache fills", share * 100.0)
+                "not_cached": declined.cache.map(|why| match why.measured {
+                    true => format!("{:.0}% of its cached reads were fills in the last window", why.share * 100.0),
+                    false => format!("writes would turn {:.0}% of its reads into cache fills", why.share * 100.0),
                 }),
+                "ledger": declined.ledger.map(ledger_json),
                 "not_combined": declined.combine.map(|per| {
                     format!("batches would carry {per:.1} increments per node command (under 2)")
                 }),
@@ -394,7 +432,7 @@ mod tests {
             balance: None,
             token: None,
             admit: None,
-            declined: None,
+            pays: None,
         }
     }
 

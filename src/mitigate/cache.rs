@@ -27,7 +27,8 @@ use bytes::Bytes;
 use tokio::sync::watch;
 use tokio::time::Instant;
 
-use super::store::{lock, splitmix, Bucket, Store, Stored};
+pub use super::store::Tallied;
+use super::store::{lock, splitmix, Bucket, Store, Stored, Tally};
 
 use crate::backend::BackendError;
 pub use crate::metrics::CacheMetrics;
@@ -74,10 +75,18 @@ struct Flight {
     discarded: AtomicBool,
 }
 
-/// In-flight fills of the keys that hash to this shard: key -> (request, fill).
+/// In-flight fills of the keys that hash to this shard: key -> (request, fill); and the
+/// figures of the keys cached or filled since the last `take_tallies`.
 #[derive(Default)]
 struct Shard {
     flights: HashMap<Bytes, Vec<(Bytes, Arc<Flight>)>>,
+    tallies: HashMap<Bytes, Arc<Tally>>,
+}
+
+impl Shard {
+    fn tally(&mut self, key: &Bytes) -> &Arc<Tally> {
+        self.tallies.entry(key.clone()).or_default()
+    }
 }
 
 struct Inner {
@@ -107,7 +116,7 @@ struct Hit {
 impl Hit {
     /// The reply, counting the node time it saves in its bucket and in the metric.
     fn served(self, m: &CacheMetrics) -> Bytes {
-        self.bucket.hit(self.cost_us);
+        self.bucket.hit(self.reply.len(), self.cost_us);
         m.node_seconds_saved.inc_by(self.cost_us as f64 / 1e6);
         self.reply
     }
@@ -200,7 +209,11 @@ impl Cache {
                 .and_then(|v| v.iter().find(|(r, _)| r == request))
                 .map(|(_, f)| f.clone());
             let (rx, leader) = match existing {
-                Some(f) => (f.tx.subscribe(), false),
+                Some(f) => {
+                    // Served by another's fill: a read the node does not see.
+                    shard.tally(key).hit(0, 0);
+                    (f.tx.subscribe(), false)
+                }
                 None => {
                     let (tx, rx) = watch::channel(None);
                     let flight = Arc::new(Flight {
@@ -280,10 +293,33 @@ impl Cache {
             }
         }
         hit |= self.inner.store.remove(key);
+        if hit {
+            if let Some(t) = shard.tallies.get(key) {
+                t.invalidated();
+            }
+        }
         drop(shard);
         if hit {
             self.count(cause, 1);
         }
+    }
+
+    /// Each key's figures since the last call (keys with none are left out), and a fresh
+    /// start; a key neither cached nor read since is forgotten.
+    pub fn take_tallies(&self) -> Vec<(Bytes, Tallied)> {
+        let mut out = Vec::new();
+        for s in &self.inner.shards {
+            let mut shard = lock(s);
+            shard.tallies.retain(|k, t| {
+                let f = t.take();
+                let kept = !f.is_empty() || Arc::strong_count(t) > 1;
+                if !f.is_empty() {
+                    out.push((k.clone(), f));
+                }
+                kept
+            });
+        }
+        out
     }
 
     /// Drops everything: tracking was lost, or FLUSHALL / FLUSHDB.
@@ -368,7 +404,14 @@ impl Inner {
 
     /// Stores a reply in a new bucket for its key. Called under the key's shard lock; the
     /// caller evicts once the lock is released.
-    fn store_reply(&self, key: &Bytes, request: &Bytes, reply: &Bytes, policy: &CachePolicy) {
+    fn store_reply(
+        &self,
+        key: &Bytes,
+        request: &Bytes,
+        reply: &Bytes,
+        policy: &CachePolicy,
+        tally: Arc<Tally>,
+    ) {
         let now = Instant::now();
         let fresh_until = now + self.ttl(policy);
         let stale_until = fresh_until + Duration::from_millis(policy.stale_while_revalidate_ms);
@@ -394,7 +437,7 @@ impl Inner {
             stale_until,
             cost_us: (self.cost)(reply),
         });
-        let bucket = Bucket::new(entries, key.len(), self.unit, ENTRY_OVERHEAD);
+        let bucket = Bucket::new(entries, key.len(), self.unit, ENTRY_OVERHEAD, tally);
         self.store.insert(key.clone(), bucket);
     }
 
@@ -448,13 +491,15 @@ impl Drop for Completion {
                     shard.flights.remove(&self.key);
                 }
             }
+            let tally = shard.tally(&self.key).clone();
+            tally.fill();
             if let Ok(reply) = &res {
                 if !self.flight.discarded.load(Ordering::SeqCst)
                     && !reply.starts_with(b"-")
                     && (reply.len() as u64) <= self.inner.max_reply
                 {
                     self.inner
-                        .store_reply(&self.key, &self.request, reply, &self.policy);
+                        .store_reply(&self.key, &self.request, reply, &self.policy, tally);
                 }
             }
         }

@@ -531,3 +531,30 @@ async fn hit_path_cost() {
         println!("{threads} thread(s) hitting one key: {per:?} per hit (wall / hits)");
     }
 }
+
+#[tokio::test]
+async fn each_key_tallies_what_its_cache_saved_and_cost() {
+    let cache = Cache::new(1000, 1 << 20, CacheMetrics::default());
+    let calls = Arc::new(AtomicUsize::new(0));
+    let p = policy(60_000, 0, 0);
+    let reply = bulk("value");
+    // One fill, then 9 hits: 10 reads, 9 the node never saw.
+    for _ in 0..10 {
+        let r = burst(&cache, 1, p, &calls, Duration::ZERO, Ok(reply.clone())).await;
+        assert_eq!(r[0].as_ref().ok(), Some(&reply));
+    }
+    // A write drops the entry; the next read fills it again.
+    cache.invalidate(b"hot", Cause::Write);
+    burst(&cache, 1, p, &calls, Duration::ZERO, Ok(reply.clone())).await;
+    let t = cache.take_tallies();
+    assert_eq!(t.len(), 1);
+    let (key, f) = &t[0];
+    assert_eq!(&key[..], b"hot");
+    assert_eq!((f.hits, f.fills, f.invalidations), (9, 2, 1));
+    assert_eq!(f.hit_bytes, 9 * reply.len() as u64);
+    // Taken: the next window starts from nothing, and a cached key is not forgotten.
+    assert!(cache.take_tallies().is_empty());
+    burst(&cache, 1, p, &calls, Duration::ZERO, Ok(reply.clone())).await;
+    assert_eq!(cache.take_tallies()[0].1.hits, 1);
+    assert_eq!(calls.load(Ordering::SeqCst), 2);
+}

@@ -52,6 +52,8 @@ struct Batch {
 pub struct Batched {
     pub increments: u64,
     pub commands: u64,
+    /// Batches that carried one increment: each caller waited the window for nothing.
+    pub batches_of_one: u64,
 }
 
 impl Batched {
@@ -149,6 +151,7 @@ impl Combiner {
             let e = b.entry(bk.key.clone()).or_default();
             e.increments += n;
             e.commands += commands;
+            e.batches_of_one += u64::from(n == 1);
         }
         let combined = match batch.total {
             Some(total) if batch.entries.len() > 1 => {

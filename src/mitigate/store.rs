@@ -60,10 +60,81 @@ pub struct Bucket {
     base: f64,
     /// Node microseconds its hits saved (carried, halved, into the bucket that replaces it).
     saved_us: AtomicU64,
+    /// The key's figures for the window (`Tally`), shared with the buckets before and
+    /// after it.
+    pub tally: Arc<Tally>,
+}
+
+/// What one cached key saved its node and cost it since the last `Tally::take`: counted
+/// by hits (on the bucket's `Arc`, without a lock) and by fills and invalidations (under
+/// the cache's shard lock).
+#[derive(Default, Debug)]
+pub struct Tally {
+    hits: AtomicU64,
+    hit_bytes: AtomicU64,
+    saved_us: AtomicU64,
+    fills: AtomicU64,
+    invalidations: AtomicU64,
+}
+
+/// A `Tally` read and reset.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Tallied {
+    /// Reads answered without the node: fresh and stale hits, and callers that waited on
+    /// another's fill.
+    pub hits: u64,
+    /// Reply bytes the node did not send for them.
+    pub hit_bytes: u64,
+    /// The node microseconds they would have cost (the reply's estimate).
+    pub saved_us: u64,
+    /// Fills sent to the node.
+    pub fills: u64,
+    /// Times a write or a tracking message dropped the key's entries or its fills.
+    pub invalidations: u64,
+}
+
+impl Tally {
+    pub fn hit(&self, bytes: usize, cost_us: u64) {
+        self.hits.fetch_add(1, Ordering::Relaxed);
+        self.hit_bytes.fetch_add(bytes as u64, Ordering::Relaxed);
+        self.saved_us.fetch_add(cost_us, Ordering::Relaxed);
+    }
+
+    pub fn fill(&self) {
+        self.fills.fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub fn invalidated(&self) {
+        self.invalidations.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// The figures since the last call, and a fresh start.
+    pub fn take(&self) -> Tallied {
+        let t = |a: &AtomicU64| a.swap(0, Ordering::Relaxed);
+        Tallied {
+            hits: t(&self.hits),
+            hit_bytes: t(&self.hit_bytes),
+            saved_us: t(&self.saved_us),
+            fills: t(&self.fills),
+            invalidations: t(&self.invalidations),
+        }
+    }
+}
+
+impl Tallied {
+    pub fn is_empty(&self) -> bool {
+        *self == Tallied::default()
+    }
 }
 
 impl Bucket {
-    pub fn new(entries: Vec<Stored>, key_len: usize, unit: u64, overhead: u64) -> Bucket {
+    pub fn new(
+        entries: Vec<Stored>,
+        key_len: usize,
+        unit: u64,
+        overhead: u64,
+        tally: Arc<Tally>,
+    ) -> Bucket {
         let (mut bytes, mut weight, mut cost_us) = (0u64, 0u64, 0u64);
         let mut until = None::<Instant>;
         for e in &entries {
@@ -81,12 +152,14 @@ impl Bucket {
             until: until.unwrap_or_else(Instant::now),
             base: 0.0,
             saved_us: AtomicU64::new(0),
+            tally,
         }
     }
 
-    /// Notes a hit on an entry costing `cost_us`.
-    pub fn hit(&self, cost_us: u64) {
+    /// Notes a hit on an entry costing `cost_us`, with a reply of `bytes`.
+    pub fn hit(&self, bytes: usize, cost_us: u64) {
         self.saved_us.fetch_add(cost_us, Ordering::Relaxed);
+        self.tally.hit(bytes, cost_us);
     }
 
     fn priority(&self, now: Instant) -> f64 {

@@ -36,6 +36,69 @@ pub const RECOMBINE_PER_COMMAND: f64 = 2.5;
 /// node command may decline its combining: fewer say little (a key just turned hot).
 pub const MIN_BATCHES_TO_JUDGE: u64 = 16;
 
+/// The fewest cache fills of a key, in one detection window, whose share of its reads may
+/// decline its cache: fewer say little (its entries were just filled).
+pub const MIN_FILLS_TO_JUDGE: u64 = 16;
+
+/// What one key's mitigations did over the last detection window, as `mitigate` measured
+/// it: what they saved the key's node, and what they cost it.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Ledger {
+    /// Cache, saved: reads answered without the node (hits, stale hits, callers that
+    /// waited on another's fill), their reply bytes, and the node microseconds they would
+    /// have cost.
+    pub cache_hits: u64,
+    pub cache_hit_bytes: u64,
+    pub cache_saved_us: u64,
+    /// Cache, cost: fills sent to the node, and invalidations (a write or a tracking
+    /// message dropping the key's entries; each is a tracking message from the node when
+    /// the write came from elsewhere).
+    pub cache_fills: u64,
+    pub cache_invalidations: u64,
+    /// Combining: increments taken, the node commands they cost, and batches that
+    /// carried one increment (their callers waited the window for nothing).
+    pub increments: u64,
+    pub combine_commands: u64,
+    pub batches_of_one: u64,
+}
+
+impl Ledger {
+    /// Increments per node command, once enough batches ran to judge by
+    /// (`MIN_BATCHES_TO_JUDGE`).
+    pub fn per_command(&self) -> Option<f64> {
+        (self.combine_commands >= MIN_BATCHES_TO_JUDGE)
+            .then(|| self.increments as f64 / self.combine_commands as f64)
+    }
+
+    /// The share of the key's cached reads that were fills, once enough fills ran to judge
+    /// by (`MIN_FILLS_TO_JUDGE`).
+    pub fn fill_share(&self) -> Option<f64> {
+        (self.cache_fills >= MIN_FILLS_TO_JUDGE)
+            .then(|| self.cache_fills as f64 / (self.cache_fills + self.cache_hits) as f64)
+    }
+
+    pub fn cached(&self) -> bool {
+        self.cache_hits + self.cache_fills + self.cache_invalidations > 0
+    }
+
+    pub fn combined(&self) -> bool {
+        self.increments > 0
+    }
+}
+
+/// Why a read-hot key is not cached: the share of its reads that were (measured) or would
+/// be (estimated from its read and write rates) cache fills.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct FillShare {
+    pub share: f64,
+    pub measured: bool,
+    /// Windows a measured decline has been held.
+    pub held: u32,
+}
+
+/// Windows a cache declined on its measured fills stays declined before it is tried again.
+pub const HOLD_MEASURED_DECLINE: u32 = 10;
+
 /// The increments a batch of a key written `writes_per_sec` would carry, from the
 /// detector's rate: the one that opens it, and those arriving within its window.
 pub fn per_batch(writes_per_sec: f64, window: Duration) -> f64 {
@@ -64,9 +127,11 @@ pub struct HotSet {
     read: HashMap<Bytes, CachePolicy>,
     /// Every read-hot key, cached or not (client-side caching's `hot_only`).
     read_hot: std::collections::HashSet<Bytes>,
-    /// Read-hot keys whose rule caches but whose cache would not pay (`fill_share`): the
-    /// share of their reads that writes would turn into fills.
-    not_cached: HashMap<Bytes, f64>,
+    /// Read-hot keys whose rule caches but whose cache does not pay: the share of their
+    /// reads that were fills (measured while cached) or that writes would turn into fills.
+    not_cached: HashMap<Bytes, FillShare>,
+    /// What each key's mitigations saved and cost over the last window.
+    ledgers: HashMap<Bytes, Ledger>,
     /// Write-hot keys whose rule combines but whose batches would not pay
     /// (`DECLINE_PER_COMMAND`): the increments per node command they carry.
     not_combined: HashMap<Bytes, f64>,
@@ -81,16 +146,17 @@ impl HotSet {
         HotSet::build_after(snap, rules, None, &HashMap::new())
     }
 
-    /// `build`, knowing the set before it: a key whose cache was declined there is cached
-    /// again only once its writes are well under the line (`READMIT_FILL_SHARE`).
-    /// `batched`: per key, the increments per node command its combine batches carried
-    /// since the last build (`mitigate::combine::Combiner::take_batched`), for keys with
-    /// enough batches to judge by (`MIN_BATCHES_TO_JUDGE`).
+    /// `build`, knowing the set before it and what its mitigations did since (`measured`,
+    /// per key). A cached key whose fills were a third of its reads or more is declined,
+    /// as is a read-hot key whose writes would make them so; a declined key is cached
+    /// again only once its writes are well under the line (`READMIT_FILL_SHARE`). A
+    /// combined key whose batches carried too few increments per node command is declined
+    /// (`DECLINE_PER_COMMAND`), and combined again when its rate would fill batches.
     pub fn build_after(
         snap: &HotSnapshot,
         rules: Arc<Rules>,
         prev: Option<&HotSet>,
-        batched: &HashMap<Bytes, f64>,
+        measured: &HashMap<Bytes, Ledger>,
     ) -> HotSet {
         let mut write = HashMap::new();
         let mut not_combined = HashMap::new();
@@ -103,14 +169,38 @@ impl HotSet {
                 read_hot.insert(Bytes::copy_from_slice(&k.key));
                 let p = rules.resolve(&k.key).read.cache;
                 if p.enabled {
-                    let share = fill_share(k.reads_per_sec, k.writes_per_sec);
-                    let declined = prev.is_some_and(|h| h.not_cached.contains_key(&k.key[..]));
+                    let before = prev.and_then(|h| h.not_cached.get(&k.key[..]));
+                    let declined = before.is_some();
+                    // While cached, its own fills say whether it pays; before, and while
+                    // declined, its rates. A key declined on its measure is held so for
+                    // `HOLD_MEASURED_DECLINE` windows (its writes may come from elsewhere,
+                    // where its rates cannot see them), then tried again.
+                    let share = match (
+                        before,
+                        measured.get(&k.key[..]).and_then(Ledger::fill_share),
+                    ) {
+                        (Some(b), _) if b.measured && b.held < HOLD_MEASURED_DECLINE => FillShare {
+                            held: b.held + 1,
+                            ..*b
+                        },
+                        (None, Some(share)) => FillShare {
+                            share,
+                            measured: true,
+                            held: 0,
+                        },
+                        _ => FillShare {
+                            share: fill_share(k.reads_per_sec, k.writes_per_sec),
+                            measured: false,
+                            held: 0,
+                        },
+                    };
                     let line = if declined {
                         READMIT_FILL_SHARE
                     } else {
                         DECLINE_FILL_SHARE
                     };
-                    if share >= line {
+                    let held = before.is_some_and(|b| b.measured && b.held < HOLD_MEASURED_DECLINE);
+                    if held || share.share >= line {
                         not_cached.insert(Bytes::copy_from_slice(&k.key), share);
                     } else {
                         read.insert(Bytes::copy_from_slice(&k.key), p);
@@ -133,7 +223,10 @@ impl HotSet {
                         Some(per_batch(k.writes_per_sec, h.combine_window)),
                         RECOMBINE_PER_COMMAND,
                     ),
-                    false => (batched.get(&k.key[..]).copied(), DECLINE_PER_COMMAND),
+                    false => (
+                        measured.get(&k.key[..]).and_then(Ledger::per_command),
+                        DECLINE_PER_COMMAND,
+                    ),
                 };
                 match per {
                     Some(per) if per < line => {
@@ -146,11 +239,18 @@ impl HotSet {
             }
         }
         let has_pins = rules.rules().iter().any(|r| r.pin);
+        let ledgers = snap
+            .keys
+            .iter()
+            .filter_map(|k| measured.get_key_value(&k.key[..]))
+            .map(|(k, l)| (k.clone(), *l))
+            .collect();
         HotSet {
             write,
             read,
             read_hot,
             not_cached,
+            ledgers,
             not_combined,
             rules: Some(rules),
             has_pins,
@@ -194,15 +294,20 @@ impl HotSet {
         self.not_cached.len()
     }
 
-    /// Why a read-hot key is not cached, if its cache would not pay: the share of its
-    /// reads that its writes would turn into fills.
-    pub fn not_cached(&self, key: &[u8]) -> Option<f64> {
+    /// Why a read-hot key is not cached, if its cache does not pay: the share of its reads
+    /// that were, or would be, fills.
+    pub fn not_cached(&self, key: &[u8]) -> Option<FillShare> {
         self.not_cached.get(key).copied()
+    }
+
+    /// What the key's mitigations saved and cost its node over the last window.
+    pub fn ledger(&self, key: &[u8]) -> Option<Ledger> {
+        self.ledgers.get(key).copied()
     }
 
     /// The keys declined here that `prev` cached or did not list (newly declined), and the
     /// keys `prev` declined that this set caches again.
-    pub fn cache_changes(&self, prev: &HotSet) -> (Vec<(Bytes, f64)>, Vec<Bytes>) {
+    pub fn cache_changes(&self, prev: &HotSet) -> (Vec<(Bytes, FillShare)>, Vec<Bytes>) {
         changes(&self.not_cached, &prev.not_cached, |k| {
             self.read.contains_key(k)
         })
@@ -258,11 +363,11 @@ impl HotSet {
 
 /// Between two hot sets, for one mitigation: the keys declined now and not before (with
 /// their figure), and the keys declined before that `applied` says are mitigated again.
-fn changes(
-    now: &HashMap<Bytes, f64>,
-    before: &HashMap<Bytes, f64>,
+fn changes<T: Copy>(
+    now: &HashMap<Bytes, T>,
+    before: &HashMap<Bytes, T>,
     applied: impl Fn(&Bytes) -> bool,
-) -> (Vec<(Bytes, f64)>, Vec<Bytes>) {
+) -> (Vec<(Bytes, T)>, Vec<Bytes>) {
     let declined = now
         .iter()
         .filter(|(k, _)| !before.contains_key(*k))

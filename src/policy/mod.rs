@@ -14,8 +14,9 @@ mod hot;
 mod salted;
 use crate::rules::CachePolicy;
 pub use hot::{
-    fill_share, per_batch, HotSet, WriteHot, DECLINE_FILL_SHARE, DECLINE_PER_COMMAND,
-    MIN_BATCHES_TO_JUDGE, READMIT_FILL_SHARE, RECOMBINE_PER_COMMAND,
+    fill_share, per_batch, FillShare, HotSet, Ledger, WriteHot, DECLINE_FILL_SHARE,
+    DECLINE_PER_COMMAND, HOLD_MEASURED_DECLINE, MIN_BATCHES_TO_JUDGE, MIN_FILLS_TO_JUDGE,
+    READMIT_FILL_SHARE, RECOMBINE_PER_COMMAND,
 };
 
 /// What to do with one command.
@@ -263,10 +264,17 @@ mod tests {
         // The default rules: combine window 500 µs.
         let rules = Arc::new(Rules::default());
         let none = HashMap::new();
-        let measured =
-            |per: f64| -> HashMap<Bytes, f64> { [(Bytes::from_static(b"k"), per)].into() };
+        // `per` increments per command over 20 batches.
+        let measured = |per: f64| -> HashMap<Bytes, Ledger> {
+            let l = Ledger {
+                increments: (per * 20.0) as u64,
+                combine_commands: 20,
+                ..Default::default()
+            };
+            [(Bytes::from_static(b"k"), l)].into()
+        };
         let combined = |h: &HotSet| h.write_hot(b"k").is_some();
-        let build = |writes: f64, prev: Option<&HotSet>, batched: &HashMap<Bytes, f64>| {
+        let build = |writes: f64, prev: Option<&HotSet>, batched: &HashMap<Bytes, Ledger>| {
             HotSet::build_after(&write_hot_snap("k", writes), rules.clone(), prev, batched)
         };
         // Newly hot, nothing measured: combined, to be measured.
@@ -304,7 +312,14 @@ mod tests {
             &HashMap::new(),
         );
         assert!(!cached(&b));
-        assert_eq!(b.not_cached(b"k"), Some(0.4));
+        assert_eq!(
+            b.not_cached(b"k"),
+            Some(FillShare {
+                share: 0.4,
+                measured: false,
+                held: 0
+            })
+        );
         assert_eq!(b.cache_changes(&a).0.len(), 1);
         // 30%: under the line to decline, over the line to take it again.
         let c = HotSet::build_after(
@@ -331,6 +346,52 @@ mod tests {
         );
         assert!(cached(&d));
         assert_eq!(d.cache_changes(&c).1.len(), 1);
+    }
+
+    #[test]
+    fn a_cache_whose_fills_were_a_third_of_its_reads_is_declined_on_the_measure() {
+        let rules = Arc::new(Rules::default());
+        let cached = |h: &HotSet| h.read_hot(b"k").is_some();
+        let ledger = |hits: u64, fills: u64| -> HashMap<Bytes, Ledger> {
+            let l = Ledger {
+                cache_hits: hits,
+                cache_fills: fills,
+                ..Default::default()
+            };
+            [(Bytes::from_static(b"k"), l)].into()
+        };
+        // Its rates say 10% of reads would be fills: cached.
+        let a = HotSet::build(&read_hot("k", 10_000.0, 1_000.0), rules.clone());
+        assert!(cached(&a));
+        // Measured, fills were 40% of its reads (its writes come from elsewhere, unseen
+        // by this proxy's detector): declined, and the reason says it was measured.
+        let snap = read_hot("k", 10_000.0, 1_000.0);
+        let b = HotSet::build_after(&snap, rules.clone(), Some(&a), &ledger(600, 400));
+        assert!(!cached(&b));
+        assert_eq!(
+            b.not_cached(b"k"),
+            Some(FillShare {
+                share: 0.4,
+                measured: true,
+                held: 0
+            })
+        );
+        assert_eq!(b.ledger(b"k").map(|l| l.cache_fills), Some(400));
+        // Held declined for HOLD_MEASURED_DECLINE windows though its rates say it would
+        // pay, then tried again.
+        let mut h = b;
+        for _ in 0..HOLD_MEASURED_DECLINE {
+            h = HotSet::build_after(&snap, rules.clone(), Some(&h), &HashMap::new());
+            assert!(!cached(&h));
+        }
+        let again = HotSet::build_after(&snap, rules.clone(), Some(&h), &HashMap::new());
+        assert!(cached(&again));
+        // Too few fills to judge by: the rates decide (cached).
+        let c = HotSet::build_after(&snap, rules.clone(), Some(&a), &ledger(5, 10));
+        assert!(cached(&c));
+        // Hits three times its fills: it pays, cached.
+        let d = HotSet::build_after(&snap, rules, Some(&a), &ledger(3_000, 1_000));
+        assert!(cached(&d) && d.not_cached(b"k").is_none());
     }
 
     fn act(line: &str, hot: &HotSet) -> Action {

@@ -308,14 +308,8 @@ pub fn spawn_hot_updater(ctx: Arc<Ctx>, hash_names: bool) {
             ctx.hotkeys
                 .add_window(&snap, |k| by_slot.then(|| ctx.backend.group_of(k).0 as u16));
             let prev = ctx.hot.load_full();
-            let batched: std::collections::HashMap<bytes::Bytes, f64> = ctx
-                .combiner
-                .take_batched()
-                .into_iter()
-                .filter(|(_, b)| b.commands >= crate::policy::MIN_BATCHES_TO_JUDGE)
-                .filter_map(|(k, b)| b.per_command().map(|p| (k, p)))
-                .collect();
-            let hot = HotSet::build_after(&snap, ctx.rules.load(), Some(&prev), &batched);
+            let measured = ledgers(&ctx);
+            let hot = HotSet::build_after(&snap, ctx.rules.load(), Some(&prev), &measured);
             cache_decisions(&ctx, &hot, &prev, hash_names);
             combine_decisions(&ctx, &hot, &prev, hash_names);
             time_to_mitigate(&ctx, &snap, &hot, &mut mitigated);
@@ -334,15 +328,44 @@ pub fn spawn_hot_updater(ctx: Arc<Ctx>, hash_names: bool) {
     });
 }
 
-/// Counts and logs each read-hot key whose cache was declined because it would not pay
+/// What each key's mitigations did since the last window: the cache's hits and fills, the
+/// combiner's batches.
+fn ledgers(ctx: &Ctx) -> std::collections::HashMap<bytes::Bytes, crate::policy::Ledger> {
+    let mut out: std::collections::HashMap<bytes::Bytes, crate::policy::Ledger> =
+        Default::default();
+    for (k, b) in ctx.combiner.take_batched() {
+        let l = out.entry(k).or_default();
+        l.increments = b.increments;
+        l.combine_commands = b.commands;
+        l.batches_of_one = b.batches_of_one;
+    }
+    if let Some(c) = &ctx.cache {
+        for (k, t) in c.cache.take_tallies() {
+            let l = out.entry(k).or_default();
+            l.cache_hits = t.hits;
+            l.cache_hit_bytes = t.hit_bytes;
+            l.cache_saved_us = t.saved_us;
+            l.cache_fills = t.fills;
+            l.cache_invalidations = t.invalidations;
+        }
+    }
+    out
+}
+
+/// Counts and logs each read-hot key whose cache was declined because it does not pay
 /// (`policy::DECLINE_FILL_SHARE`), and each cached again.
 fn cache_decisions(ctx: &Ctx, hot: &HotSet, prev: &HotSet, hash_names: bool) {
     let show = |k: &[u8]| shown(k, hash_names);
     let (declined, again) = hot.cache_changes(prev);
     let m = &ctx.metrics.cache;
-    for (k, share) in declined {
+    for (k, why) in declined {
         m.declined.inc();
-        tracing::info!(key = %show(&k), fills_pct = (share * 100.0).round(), "not caching a read-hot key: its writes would refill the cache for this share of its reads");
+        let fills_pct = (why.share * 100.0).round();
+        if why.measured {
+            tracing::info!(key = %show(&k), fills_pct, "not caching a read-hot key any more: this share of its cached reads were fills in the last window");
+        } else {
+            tracing::info!(key = %show(&k), fills_pct, "not caching a read-hot key: its writes would refill the cache for this share of its reads");
+        }
     }
     for k in again {
         m.readmitted.inc();
