@@ -418,7 +418,10 @@ fn a_key_written_as_often_as_it_is_read_is_not_cached_and_hotkeys_says_why() {
         "{e}"
     );
     assert!(p.metric("saltshaker_cache_declined_total") >= 1.0);
-    assert!(steady_seen, "steady was never listed read-hot with its cache's savings");
+    assert!(
+        steady_seen,
+        "steady was never listed read-hot with its cache's savings"
+    );
     // Now the node serves every read of churn, and the cache serves steady's. One read of
     // steady first: a pipeline sent at once, landing just after its entry was refreshed
     // away, would wait on one fill (not counted as hits) for all 200 reads; once, under

@@ -333,13 +333,19 @@ fn a_trickle_is_not_combined_and_a_crowd_is() {
                 l["saved"]["commands"].as_u64(),
                 l["cost"]["commands"].as_u64(),
             ) {
-                assert!(saved >= cost, "batches of two or more save a command each: {e}");
+                assert!(
+                    saved >= cost,
+                    "batches of two or more save a command each: {e}"
+                );
                 crowd_ledger = true;
             }
         }
     }
     let e = seen.expect("/hotkeys never said why the trickle is not combined");
-    assert!(crowd_ledger, "/hotkeys never showed the crowd's combine ledger");
+    assert!(
+        crowd_ledger,
+        "/hotkeys never showed the crowd's combine ledger"
+    );
     assert!(
         e["not_combined"]
             .as_str()

@@ -614,3 +614,55 @@ fn a_counter_read_more_than_written_is_not_salted_by_auto_and_hotkeys_says_why()
     );
     assert!(salted(&fleet[0], "counter:hot").is_none());
 }
+
+/// Salting that stops paying is withdrawn: a counter written only is salted by `auto`;
+/// once it is read twenty times per write, each read merging every shard, its merged reads
+/// cost the nodes more than twice what salting takes off its node, and it is demoted
+/// (though still write-hot), folded, and exact.
+#[test]
+fn a_key_auto_salted_is_withdrawn_once_its_merged_reads_outweigh_its_writes() {
+    need_redis();
+    const RULES: &str = "version: 1\ndetection: { window_ms: 200 }\nepoch_ms: 1000\ndefaults:\n  write: { hot_at_per_sec: 300, cool_below_per_sec: 100, strategy: auto, salt: { per_shard_per_sec: 200 } }\n";
+    let (nodes, _dir, rules) = pool_with_rules("salt-withdrawn", RULES);
+    let a = proxy(&nodes, &rules, &[]);
+    let key = "withdraw:votes";
+    let mut c = a.client();
+    let mut sent = 0i64;
+    let incrs: Vec<[&str; 2]> = (0..DEPTH).map(|_| ["INCR", key]).collect();
+    // Written only: salted, in force.
+    let until = Instant::now() + Duration::from_secs(15);
+    while salted(&a, key).is_none_or(|e| e["from_ms"].as_u64().is_none_or(|f| now_ms() < f + 50)) {
+        assert!(Instant::now() < until, "never salted");
+        for r in c.pipeline(&incrs) {
+            assert!(!r.is_error(), "{r:?}");
+            sent += 1;
+        }
+    }
+    // Read 20 times per write: the writes stay hot, the reads merge every shard.
+    let mut mix: Vec<[&str; 2]> = vec![["INCR", key]];
+    mix.extend((0..20).map(|_| ["GET", key]));
+    let until = Instant::now() + Duration::from_secs(15);
+    loop {
+        assert!(
+            Instant::now() < until,
+            "still salted after 15 s of 20 reads per write: {:?}",
+            salted(&a, key)
+        );
+        for _ in 0..10 {
+            let r = c.pipeline(&mix);
+            sent += 1;
+            assert_eq!(r[0], Reply::Int(sent), "{r:?}");
+            assert_eq!(
+                r[20].as_str(),
+                sent.to_string(),
+                "a merged read missed a write"
+            );
+        }
+        if salted(&a, key).is_none_or(|e| !e["demote_ms"].is_null()) {
+            break;
+        }
+    }
+    assert!(a.metric("saltshaker_salt_withdrawn_total") >= 1.0);
+    wait_folded(&a, key);
+    assert_eq!(c.cmd(&["GET", key]).as_str(), sent.to_string());
+}

@@ -130,6 +130,10 @@ pub struct SaltMetrics {
     /// (`salt::registry::salting_pays`), and how many are declined now.
     pub declined: Counter,
     pub not_salted_keys: Gauge,
+    /// Keys `auto` salted, demoted while still write-hot because their merged reads came
+    /// to cost the nodes more than the writes salting spreads
+    /// (`salt::registry::salting_stopped_paying`).
+    pub withdrawn: Counter,
     /// Promotions put in force before their boundary, every live proxy knowing them.
     pub early_starts: Counter,
     pub demotions: Counter,
@@ -231,6 +235,11 @@ impl SaltMetrics {
             "salt_not_salted_keys",
             "Write-hot keys not salted now because salting them would not pay",
             self.not_salted_keys.clone(),
+        );
+        r.register(
+            "salt_withdrawn",
+            "Keys auto salted, demoted while write-hot: their merged reads came to cost the nodes over twice what salting takes off their node",
+            self.withdrawn.clone(),
         );
     }
 }

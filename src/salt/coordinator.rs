@@ -21,7 +21,7 @@ use super::names::{shard_name, spread_salts, Place, CHANNEL};
 use super::record::{boundary_after, Record, Step};
 use super::registry::{
     announce, auto_declines, cas, change_if_same, demote, get, live_proxies, load_all, node,
-    pinning_rule, wanted_shards, Nodes,
+    pinning_rule, salting_stopped_paying, wanted_shards, Nodes,
 };
 use super::{
     as_i64, call, early, fold, kinds, now_ms, ops, relocate, Salt, SaltError, SaltTable, Salted,
@@ -173,10 +173,11 @@ async fn tick(
 
     let rules = rules.load();
     exactness(salt, &records, &rules);
-    let mut hot: HashMap<&[u8], f64> = HashMap::new();
+    // Write-hot keys: (writes, reads) per second.
+    let mut hot: HashMap<&[u8], (f64, f64)> = HashMap::new();
     for k in &snap.keys {
         if matches!(k.write_state, Some(HotState::Hot) | Some(HotState::Cooling)) {
-            hot.insert(&k.key, k.writes_per_sec);
+            hot.insert(&k.key, (k.writes_per_sec, k.reads_per_sec));
         }
     }
     let salted: HashMap<&[u8], &(Bytes, Record)> = records.iter().map(|r| (&r.0[..], r)).collect();
@@ -276,7 +277,25 @@ async fn tick(
             tracing::debug!(key = %String::from_utf8_lossy(key), error = %e, "shards not moved apart now");
         }
         let r = rules.resolve(key);
-        if let Some(&rate) = hot.get(&key[..]) {
+        if let Some(&(rate, reads)) = hot.get(&key[..]) {
+            // Salted by `auto`, and its merged reads came to cost the nodes more than it
+            // spreads: demoted though still hot (after its dwell, like any demotion).
+            if r.write.strategy == Strategy::Auto
+                && rec.demote_ms.is_none()
+                && !rec.pinned
+                && dwelt(rec, now, epoch)
+                && salting_stopped_paying(reads, rate, rec.target_n())
+            {
+                salt.metrics.withdrawn.inc();
+                tracing::info!(
+                    key = %crate::hotkey::shown(key, salt.hash_names.load(std::sync::atomic::Ordering::Relaxed)),
+                    reads_per_write = (reads / rate.max(1.0) * 100.0).round() / 100.0,
+                    shards = rec.target_n(),
+                    "no longer salting a write-hot key: its merged reads cost the nodes over twice what salting takes off its node"
+                );
+                demote(backend, salt, key).await?;
+                continue;
+            }
             // Still hot here: say so (at most twice an epoch), and grow N if it should.
             // A key partitioned by member keeps its shard count: more shards would move
             // every member.
@@ -294,10 +313,7 @@ async fn tick(
         if rec.demote_ms.is_none()
             && !rec.pinned
             && now.saturating_sub(rec.hot_ms) > COOL_EPOCHS * epoch
-            && rec
-                .steps
-                .first()
-                .is_some_and(|s| now > s.from_ms + DWELL_EPOCHS * epoch)
+            && dwelt(rec, now, epoch)
         {
             demote(backend, salt, key).await?;
             continue;
@@ -327,6 +343,13 @@ async fn tick(
 /// four epochs plus its fold.
 const COOL_EPOCHS: u64 = 2;
 const DWELL_EPOCHS: u64 = 2;
+
+/// Whether a salted key has been in force for `DWELL_EPOCHS`: no demotion comes sooner.
+fn dwelt(rec: &Record, now: u64, epoch: u64) -> bool {
+    rec.steps
+        .first()
+        .is_some_and(|s| now > s.from_ms + DWELL_EPOCHS * epoch)
+}
 
 /// A promotion this tick asks for.
 struct Want {

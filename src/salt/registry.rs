@@ -188,6 +188,18 @@ pub fn salting_pays(reads_per_sec: f64, writes_per_sec: f64, shards: u32) -> boo
     reads_per_sec * f64::from(shards.max(1)) <= writes_per_sec
 }
 
+/// Salting `auto` started stops paying, and the key is demoted, once its merged reads add
+/// over this many times the node commands it takes off the key's node: the gap between
+/// this and `salting_pays`'s line is the hysteresis, so a key near the line is not
+/// promoted and demoted by turns.
+pub const WITHDRAW_FACTOR: f64 = 2.0;
+
+/// Whether a key `auto` salted over `shards` shards has stopped paying: `reads * shards >
+/// WITHDRAW_FACTOR * writes` (see `salting_pays`).
+pub fn salting_stopped_paying(reads_per_sec: f64, writes_per_sec: f64, shards: u32) -> bool {
+    reads_per_sec * f64::from(shards.max(1)) > WITHDRAW_FACTOR * writes_per_sec
+}
+
 /// Whether `auto` holds off salting the hot key `k` now, at `shards` shards: `Some(None)`
 /// while its first hot window runs (its rates are only the threshold it crossed, its reads
 /// maybe not counted yet), `Some(Some(reads per write))` when salting would not pay
@@ -419,6 +431,10 @@ mod tests {
         // At the line, reads * n == writes, pays; just above it does not.
         assert!(salting_pays(1_000.0, 3_000.0, 3));
         assert!(!salting_pays(1_001.0, 3_000.0, 3));
+        // Withdrawn only past twice the line: 1,500 reads at 3 shards against 3,000
+        // writes add 4,500 commands, 1.5x: salting goes on.
+        assert!(!salting_stopped_paying(1_500.0, 3_000.0, 3));
+        assert!(salting_stopped_paying(2_100.0, 3_000.0, 3));
     }
 
     fn policy(strategy: Strategy, shards: Shards) -> WritePolicy {
