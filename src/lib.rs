@@ -8,6 +8,7 @@
 //! | `resp`     | the wire: request parser, reply framer, value tree and encoders         |
 //! | `command`  | the command table, and the typed command made once per request: key   |
 //! |            | positions, access class, ACL categories, route, a counter's delta;     |
+//! |            | `Cmd`, each command by name (no name is compared as a string outside)  |
 //! |            | the commands learned from the nodes (`COMMAND INFO`) beside it         |
 //! | `hotkey`   | Count-Min sketch, top-k, windows, aggregation, per kind: reads, writes |
 //! |            | and what reads cost (bytes, node time); knows nothing of Redis         |
@@ -44,7 +45,7 @@
 //! Imports flow one way: `main -> lib -> proxy, admin, rules::reload`;
 //! `proxy -> admit, policy, mitigate, salt, backend, auth, net, command, hotkey, rules,
 //! resp, metrics`; `admit -> salt, backend, rules, resp, metrics`;
-//! `policy -> salt, command, hotkey, rules`; `salt -> mitigate, backend, hotkey, rules,
+//! `policy -> salt, command, hotkey, rules`; `salt -> mitigate, backend, command, hotkey, rules,
 //! resp, metrics`; `mitigate -> backend, hotkey, rules, resp, metrics`;
 //! `rules -> config, hotkey, glob`; `config -> backend, auth, net`; `auth -> command, glob`;
 //! `backend -> net, resp, metrics`. The leaves (`resp`, `hotkey`, `metrics`, `net`, `glob`)

@@ -9,7 +9,7 @@
 //! `%R~` pattern lets a few mixed commands (LMOVE's source, COPY's source) through Redis
 //! that the proxy refuses; never the other way round.
 
-use crate::command::{self, cat, flags, Access, Args, Classified, Spec};
+use crate::command::{self, cat, flags, Access, Args, Classified, Cmd, Spec};
 use crate::glob::{stringmatch, Glob};
 
 /// Why a SETUSER rule was refused: Redis's own texts.
@@ -215,7 +215,8 @@ impl Selector {
                 }
             }
         }
-        if !self.all_channels && matches!(c.spec.name, "PUBLISH" | "SPUBLISH") && args.argc() > 1 {
+        let publish = matches!(c.spec.cmd, Cmd::Publish | Cmd::Spublish);
+        if !self.all_channels && publish && args.argc() > 1 {
             let ch = args.arg(1);
             if !self.channels.iter().any(|p| stringmatch(p.as_bytes(), ch)) {
                 return Err(Denied::Channel(ch.to_vec()));

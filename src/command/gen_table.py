@@ -10,6 +10,7 @@ cannot say: how the proxy routes each command (ROUTES below) and the commands ne
 than the installed server (EXTRAS). A keyless command without an explicit route is an
 error, so a new backend version cannot slip a command into the table unrouted.
 """
+import re
 import socket
 import subprocess
 import sys
@@ -248,9 +249,62 @@ def cat_expr(cats):
     return " | ".join("cat::" + n for n in names) if names else "0"
 
 
+def camel(name):
+    """The `Cmd` variant of a command: "CLIENT NO-EVICT" -> ClientNoEvict, "SORT_RO" ->
+    SortRo, "SALTSHAKER.INCRBY" -> SaltshakerIncrby."""
+    return "".join(w.capitalize() for w in re.split(r"[^A-Za-z0-9]+", name) if w)
+
+
 def row(name, arity, flags, cats, keys, route, extra=()):
-    return '    s("%s", %d, %s, %s, %s, %s),' % (
-        name, arity, flag_expr(name, flags, extra), cat_expr(cats), keys, route)
+    return '    s("%s", %d, %s, %s, %s, %s, Cmd::%s),' % (
+        name, arity, flag_expr(name, flags, extra), cat_expr(cats), keys, route, camel(name))
+
+
+def print_cmd_enum(rows):
+    """`Cmd`: one variant per command of the table, and `Learned`; and `family`, a
+    subcommand's container. Code outside `command` names commands by it, never by string."""
+    names = [r[0] for r in rows]
+    variants = [camel(n) for n in names]
+    assert len(set(variants)) == len(variants), "two commands share a Cmd variant"
+    print("/// A command of the table, by name: what the proxy's code matches on (a command's name")
+    print("/// is never compared as a string outside `command`). `Learned`: a command learned")
+    print("/// from the nodes, which the proxy treats by its flags and key specs alone.")
+    print("#[rustfmt::skip]")
+    print("#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]")
+    print("pub enum Cmd {")
+    line = "   "
+    for v in variants + ["Learned"]:
+        if len(line) + len(v) + 2 > 96:
+            print(line)
+            line = "   "
+        line += " %s," % v
+    print(line)
+    print("}")
+    print("")
+    families = {}
+    for n in names:
+        if " " in n:
+            families.setdefault(n.split(" ")[0], []).append(camel(n))
+    print("impl Cmd {")
+    print("    /// The container of a subcommand (`ClientSetname` -> `Client`); the command itself")
+    print("    /// otherwise.")
+    print("    #[rustfmt::skip]")
+    print("    pub const fn family(self) -> Cmd {")
+    print("        match self {")
+    for fam in sorted(families):
+        subs = ["Cmd::" + v for v in families[fam]]
+        line = "           "
+        for i, sub in enumerate(subs):
+            sep = " |" if i < len(subs) - 1 else ""
+            if len(line) + len(sub) + len(sep) + 1 > 96:
+                print(line)
+                line = "           "
+            line += " " + sub + sep
+        print(line + " => Cmd::%s," % camel(fam))
+    print("            other => other,")
+    print("        }")
+    print("    }")
+    print("}")
 
 
 def rows_from_server(port):
@@ -328,6 +382,8 @@ def main():
     print("use super::flags::*;")
     print("use super::{Agg, KeySpec, Route, Spec, Split};")
     print("")
+    print_cmd_enum(rows)
+    print("")
     print("const fn s(")
     print("    name: &'static str,")
     print("    arity: i32,")
@@ -335,9 +391,10 @@ def main():
     print("    cats: u32,")
     print("    keys: KeySpec,")
     print("    route: Route,")
+    print("    cmd: Cmd,")
     print(") -> Spec {")
     print("    Spec {")
-    for f in ["name", "arity", "flags", "cats", "keys", "route"]:
+    for f in ["name", "cmd", "arity", "flags", "cats", "keys", "route"]:
         print("        %s," % f)
     print("    }")
     print("}")

@@ -204,6 +204,7 @@ fn spec_of(name: &'static str, info: &Learned, container: bool) -> Spec {
     };
     Spec {
         name,
+        cmd: super::Cmd::Learned,
         arity: info.arity,
         flags: bits,
         cats,

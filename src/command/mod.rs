@@ -22,6 +22,7 @@ pub use keys::sort_patterns;
 pub use learned::{is_learned, learned, BeginSearch, FindKeys, KeySpecInfo, Learned};
 pub use lookup::{all, learn, learn_arity, lookup, lookup_sub};
 pub use served::{own, own_doc, refused, subcommands};
+pub use table::Cmd;
 
 use smallvec::SmallVec;
 
@@ -189,8 +190,11 @@ pub mod cat {
 /// One command or subcommand.
 #[derive(Debug, PartialEq, Eq)]
 pub struct Spec {
-    /// Upper case; a subcommand is "PARENT SUB", e.g. "CLIENT SETNAME".
+    /// Upper case; a subcommand is "PARENT SUB", e.g. "CLIENT SETNAME". For replies and
+    /// log lines: code tells commands apart by `cmd`.
     pub name: &'static str,
+    /// The command, by name (`Cmd::Learned` for one learned from the nodes).
+    pub cmd: Cmd,
     /// Redis convention: counts the name (and subcommand); negative means "at least".
     pub arity: i32,
     pub flags: u32,

@@ -7,7 +7,7 @@
 
 use std::time::Duration;
 
-use crate::command::{flags, Args, Classified, Counter};
+use crate::command::{flags, Args, Classified, Cmd, Counter};
 pub use salted::{SaltPlan, SaltView};
 
 mod hot;
@@ -46,39 +46,39 @@ pub enum Action {
 
 /// Read commands whose replies may be cached for a read-hot key: single-key reads whose
 /// reply depends only on the key's value and the arguments.
-const CACHEABLE: &[&str] = &[
-    "GET",
-    "GETRANGE",
-    "STRLEN",
-    "HGET",
-    "HMGET",
-    "HGETALL",
-    "HEXISTS",
-    "HLEN",
-    "HKEYS",
-    "HVALS",
-    "HSTRLEN",
-    "SMEMBERS",
-    "SISMEMBER",
-    "SMISMEMBER",
-    "SCARD",
-    "ZRANGE",
-    "ZREVRANGE",
-    "ZRANGEBYSCORE",
-    "ZREVRANGEBYSCORE",
-    "ZRANGEBYLEX",
-    "ZREVRANGEBYLEX",
-    "ZSCORE",
-    "ZMSCORE",
-    "ZCARD",
-    "ZCOUNT",
-    "ZRANK",
-    "ZREVRANK",
-    "LRANGE",
-    "LLEN",
-    "LINDEX",
-    "EXISTS",
-    "TYPE",
+const CACHEABLE: &[Cmd] = &[
+    Cmd::Get,
+    Cmd::Getrange,
+    Cmd::Strlen,
+    Cmd::Hget,
+    Cmd::Hmget,
+    Cmd::Hgetall,
+    Cmd::Hexists,
+    Cmd::Hlen,
+    Cmd::Hkeys,
+    Cmd::Hvals,
+    Cmd::Hstrlen,
+    Cmd::Smembers,
+    Cmd::Sismember,
+    Cmd::Smismember,
+    Cmd::Scard,
+    Cmd::Zrange,
+    Cmd::Zrevrange,
+    Cmd::Zrangebyscore,
+    Cmd::Zrevrangebyscore,
+    Cmd::Zrangebylex,
+    Cmd::Zrevrangebylex,
+    Cmd::Zscore,
+    Cmd::Zmscore,
+    Cmd::Zcard,
+    Cmd::Zcount,
+    Cmd::Zrank,
+    Cmd::Zrevrank,
+    Cmd::Lrange,
+    Cmd::Llen,
+    Cmd::Lindex,
+    Cmd::Exists,
+    Cmd::Type,
 ];
 
 /// Decides what to do with a command: its salted plan if it names a salted key, else what
@@ -89,7 +89,7 @@ pub fn decide<A: Args + ?Sized>(
     hot: &HotSet,
     salted: &SaltView,
 ) -> Action {
-    if c.spec.name == "SALTSHAKER.INCRBY" {
+    if c.spec.cmd == Cmd::SaltshakerIncrby {
         return idempotent(args, salted);
     }
     if let Some(p) = salted::plan(salted, args, c) {
@@ -123,14 +123,14 @@ pub fn decide_plain<A: Args + ?Sized>(c: &Classified, args: &A, hot: &HotSet) ->
     if hot.is_empty() {
         return Action::Forward;
     }
-    if c.spec.name == "MGET" {
+    if c.spec.cmd == Cmd::Mget {
         return cache_per_key(c, args, hot);
     }
     if c.keys.len() != 1 {
         return Action::Forward;
     }
     if c.spec.flags & flags::WRITE == 0 {
-        if CACHEABLE.contains(&c.spec.name) {
+        if CACHEABLE.contains(&c.spec.cmd) {
             if let Some(p) = hot.read_hot(args.arg(c.keys[0] as usize)) {
                 return Action::Cache(p);
             }

@@ -9,7 +9,7 @@ use bytes::Bytes;
 
 use std::time::Duration;
 
-use crate::command::{Args, Classified};
+use crate::command::{Args, Classified, Cmd};
 use crate::rules::{ReadTier, Rules, Strategy};
 use crate::salt::kind::{is_write, needs_quiet, prepare, written, MOp, Op};
 use crate::salt::{kinds, merge, ops, SaltTable, Salted};
@@ -127,8 +127,8 @@ pub fn plan<A: Args + ?Sized>(v: &SaltView, args: &A, c: &Classified) -> Option<
         return Some(SaltPlan::Fold(table));
     }
     if c.keys.len() > 1 {
-        return Some(match c.spec.name {
-            "MGET" | "DEL" | "UNLINK" | "EXISTS" | "TOUCH" => SaltPlan::Task(table),
+        return Some(match c.spec.cmd {
+            Cmd::Mget | Cmd::Del | Cmd::Unlink | Cmd::Exists | Cmd::Touch => SaltPlan::Task(table),
             _ => SaltPlan::Fold(table),
         });
     }
@@ -136,7 +136,7 @@ pub fn plan<A: Args + ?Sized>(v: &SaltView, args: &A, c: &Classified) -> Option<
     let argv: Vec<Bytes> = (0..args.argc())
         .map(|i| Bytes::copy_from_slice(args.arg(i)))
         .collect();
-    let op = ops::classify(e.rec.kind, c.spec.name, &argv);
+    let op = ops::classify(e.rec.kind, c.spec.cmd, &argv);
     let now = v.now_ms;
     // The key's rule, resolved once for the whole plan.
     let rule = v.rules.resolve(&e.key);

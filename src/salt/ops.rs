@@ -20,12 +20,13 @@ use super::merge::{careful, careful_read, plan_parts, sums};
 use super::record::Kind;
 use super::{as_i64, call, err, kinds, Salt, SaltTable, Salted};
 use crate::backend::{wire, Backend};
+use crate::command::{Cmd, Spec};
 use crate::mitigate::combine::Combiner;
 use crate::resp::{Proto, Value};
 
 /// What `args` (command name first, the salted key second) does to a salted key of `kind`.
-pub fn classify(kind: Kind, name: &str, args: &[Bytes]) -> Op {
-    key_command(name, args.len()).unwrap_or_else(|| kinds::of(kind).classify(name, args))
+pub fn classify(kind: Kind, which: Cmd, args: &[Bytes]) -> Op {
+    key_command(which, args.len()).unwrap_or_else(|| kinds::of(kind).classify(which, args))
 }
 
 /// A shard write is safe while the whole stays this far from i64's bounds: no sum of parts
@@ -39,13 +40,13 @@ pub fn write_fits(total: i64, delta: i64) -> bool {
 }
 
 /// The commands on the key itself, whatever it holds: they act on every part.
-fn key_command(name: &str, n: usize) -> Option<Op> {
-    Some(match (name, n) {
-        ("DEL" | "UNLINK", 2) => Op::Del,
-        ("EXISTS" | "TOUCH", 2) => Op::Exists,
-        ("EXPIRE" | "PEXPIRE" | "EXPIREAT" | "PEXPIREAT", n) if n >= 3 => Op::Expire,
-        ("PERSIST", 2) => Op::Expire,
-        ("TTL" | "PTTL" | "TYPE", 2) => Op::FirstExisting,
+fn key_command(which: Cmd, n: usize) -> Option<Op> {
+    Some(match (which, n) {
+        (Cmd::Del | Cmd::Unlink, 2) => Op::Del,
+        (Cmd::Exists | Cmd::Touch, 2) => Op::Exists,
+        (Cmd::Expire | Cmd::Pexpire | Cmd::Expireat | Cmd::Pexpireat, n) if n >= 3 => Op::Expire,
+        (Cmd::Persist, 2) => Op::Expire,
+        (Cmd::Ttl | Cmd::Pttl | Cmd::Type, 2) => Op::FirstExisting,
         _ => return None,
     })
 }
@@ -259,24 +260,21 @@ pub async fn multi(
     salt: &super::Salt,
     table: &SaltTable,
     args: &[Bytes],
-    name: &str,
+    spec: &Spec,
     proto: Proto,
 ) -> Bytes {
+    let mget = spec.cmd == Cmd::Mget;
     let metrics = &salt.metrics;
     let mut out = Vec::with_capacity(args.len() - 1);
     for key in &args[1..] {
         let one = [
-            Bytes::copy_from_slice(if name == "MGET" {
-                b"GET"
-            } else {
-                name.as_bytes()
-            }),
+            Bytes::copy_from_slice(if mget { b"GET" } else { spec.name.as_bytes() }),
             key.clone(),
         ];
         let v = match table.get(key) {
             Some(e) => {
                 metrics.merged_reads.inc();
-                let op = classify(e.rec.kind, if name == "MGET" { "GET" } else { name }, &one);
+                let op = classify(e.rec.kind, if mget { Cmd::Get } else { spec.cmd }, &one);
                 merged(backend, e, op, &one, salt.careful(e, super::now_ms())).await
             }
             None => call(backend, &[(backend.node_for(key), wire(&one))])
@@ -289,7 +287,7 @@ pub async fn multi(
             Err(e) => return e.to_bytes(proto),
         }
     }
-    if name == "MGET" {
+    if mget {
         // A salted key holding a hash reads as nil under MGET, as Redis does for non-strings.
         let vals = out
             .into_iter()
@@ -318,7 +316,7 @@ mod tests {
     fn counter_commands_become_shard_writes_others_fold() {
         let c = |l: &str| {
             let a = args(l);
-            classify(Kind::String, std::str::from_utf8(&a[0]).unwrap(), &a)
+            classify(Kind::String, crate::command::lookup(&a[0]).unwrap().cmd, &a)
         };
         assert_eq!(
             c("INCR k"),
@@ -361,7 +359,7 @@ mod tests {
         assert_eq!(c("TYPE k"), Op::FirstExisting);
         let set = |l: &str| {
             let a = args(l);
-            classify(Kind::Set, std::str::from_utf8(&a[0]).unwrap(), &a)
+            classify(Kind::Set, crate::command::lookup(&a[0]).unwrap().cmd, &a)
         };
         assert_eq!(
             set("INCR k"),

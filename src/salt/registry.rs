@@ -415,6 +415,55 @@ fn is_literal(pattern: &str) -> bool {
     !pattern.contains(['*', '?', '[', '\\'])
 }
 
+/// The load this proxy sent each node that holds keys (a pool's nodes, a cluster's masters)
+/// over the last detection window (`Node::load`, measured by node balance).
+pub(super) struct Loads {
+    pub masters: Vec<usize>,
+    pub loads: Vec<f64>,
+    pub band: f64,
+}
+
+/// None with balance off, on one node, or before balance's first window.
+pub(super) fn node_loads(backend: &Backend, balance: &crate::rules::Balance) -> Option<Loads> {
+    let masters = backend.masters();
+    let loads: Vec<f64> = masters.iter().map(|&i| backend.node(i).load()).collect();
+    (balance.enabled && masters.len() >= 2 && loads.iter().sum::<f64>() > 0.0).then(|| Loads {
+        masters,
+        loads,
+        band: balance.over_mean_pct / 100.0,
+    })
+}
+
+/// The nodes for `wanted_shards`, for a key on node `home`, and the node its shards should
+/// avoid: of the other nodes, one over their mean by more than the band. The placement of
+/// the other keys made it busy, and a shard there would add to it. (The key's own node is
+/// not judged: its load holds the key's own writes, combined or not, which salting
+/// moves.) A ketama pool of 4 nodes on random ports puts its busiest at 1.075x the mean by
+/// placement alone at the median, and over 1.10x for a quarter of port draws
+/// (bench/spike.py's docstring).
+pub(super) fn balance_of(l: &Loads, home: usize) -> (Nodes, Option<usize>) {
+    let count = l.masters.len();
+    let others: Vec<(usize, f64)> = l
+        .masters
+        .iter()
+        .zip(&l.loads)
+        .filter(|(&i, _)| i != home)
+        .map(|(&i, &load)| (i, load))
+        .collect();
+    let others_mean = others.iter().map(|o| o.1).sum::<f64>() / others.len().max(1) as f64;
+    let busy = others
+        .iter()
+        .max_by(|a, b| a.1.total_cmp(&b.1))
+        .filter(|o| count >= 3 && o.1 > others_mean * (1.0 + l.band))
+        .map(|o| o.0);
+    let nodes = Nodes {
+        count: (count - usize::from(busy.is_some())) as u32,
+        mean: l.loads.iter().sum::<f64>() / count as f64,
+        band: l.band,
+    };
+    (nodes, busy)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

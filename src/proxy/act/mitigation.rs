@@ -10,6 +10,7 @@ use smallvec::SmallVec;
 use super::route::push;
 use crate::backend::ConnHandle;
 use crate::command::Classified;
+use crate::command::Cmd;
 use crate::mitigate::cache::Cause;
 use crate::mitigate::cache::FillReply;
 use crate::mitigate::combine::BatchKey;
@@ -81,7 +82,7 @@ pub(in crate::proxy) fn invalidate_cached(
     let Some(layer) = s.ctx().cache.as_ref() else {
         return;
     };
-    if matches!(c.spec.name, "FLUSHALL" | "FLUSHDB") {
+    if matches!(c.spec.cmd, Cmd::Flushall | Cmd::Flushdb) {
         layer.cache.invalidate_all(Cause::Flush);
         rb.wrote_cached = true;
         return;

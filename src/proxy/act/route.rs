@@ -5,7 +5,7 @@
 use bytes::Bytes;
 use smallvec::SmallVec;
 
-use crate::command::{Access, Agg, Classified, Split};
+use crate::command::{Access, Agg, Classified, Cmd, Split};
 use crate::proxy::conn::round::{Merge, Part, RoundBuilder, Slot};
 use crate::proxy::conn::scan;
 use crate::proxy::conn::state::{err_bytes, Session};
@@ -23,7 +23,7 @@ fn keys_group(s: &Session, req: &Request, c: &Classified) -> Result<Option<(u32,
     let b = &s.ctx().backend;
     let keys = c.keys.iter().map(|&k| req.arg(k as usize));
     let group = shared_group(b, c.spec.name, keys)?;
-    if matches!(c.spec.name, "SORT" | "SORT_RO") && b.placement().is_some() {
+    if matches!(c.spec.cmd, Cmd::Sort | Cmd::SortRo) && b.placement().is_some() {
         if let Some((_, n)) = group {
             sort_patterns_on(s, req, c, n)?;
         }
@@ -93,7 +93,7 @@ fn sort_patterns_on(s: &Session, req: &Request, c: &Classified, node: usize) -> 
 /// nodes than the sorted key's: the proxy runs it across the nodes (`sort`).
 pub(in crate::proxy) fn sort_spans_nodes(s: &Session, req: &Request, c: &Classified) -> bool {
     let b = &s.ctx().backend;
-    if !matches!(c.spec.name, "SORT" | "SORT_RO") || b.placement().is_none() {
+    if !matches!(c.spec.cmd, Cmd::Sort | Cmd::SortRo) || b.placement().is_none() {
         return false;
     }
     let home = b.node_for(req.arg(1));
@@ -378,28 +378,23 @@ fn kill_reply(replies: Vec<Result<Bytes, crate::backend::BackendError>>) -> Byte
         .unwrap_or_else(|| err_bytes("ERR saltshaker: no node to send the command to"))
 }
 
-pub(in crate::proxy) fn is_pubsub_command(name: &str) -> bool {
-    name == "PUBLISH" || name == "SPUBLISH" || name.starts_with("PUBSUB")
+pub(in crate::proxy) fn is_pubsub_command(cmd: Cmd) -> bool {
+    matches!(cmd, Cmd::Publish | Cmd::Spublish) || cmd.family() == Cmd::Pubsub
 }
 
 /// Where a pub/sub command goes. A pool keeps every channel on its first node, so every
 /// proxy's subscribers meet every publisher there. A cluster broadcasts PUBLISH to every
 /// node, so any master will do; its shard channels (SPUBLISH, SSUBSCRIBE) live on the
 /// master of the channel's slot, and one SSUBSCRIBE names one slot.
-pub(in crate::proxy) fn pubsub_node(s: &Session, req: &Request) -> Result<usize, Bytes> {
+pub(in crate::proxy) fn pubsub_node(s: &Session, req: &Request, cmd: Cmd) -> Result<usize, Bytes> {
     let b = &s.ctx().backend;
     if !b.by_slot() {
         return Ok(0);
     }
-    let name = req.arg(0).to_ascii_uppercase();
-    if !matches!(&name[..], b"SPUBLISH" | b"SSUBSCRIBE" | b"SUNSUBSCRIBE") || req.argc() < 2 {
+    if !matches!(cmd, Cmd::Spublish | Cmd::Ssubscribe | Cmd::Sunsubscribe) || req.argc() < 2 {
         return Ok(b.any_node());
     }
-    let last = if &name[..] == b"SPUBLISH" {
-        2
-    } else {
-        req.argc()
-    };
+    let last = if cmd == Cmd::Spublish { 2 } else { req.argc() };
     let (slot, node) = b.group_of(req.arg(1));
     if (2..last).any(|i| b.group_of(req.arg(i)).0 != slot) {
         return Err(err_bytes(

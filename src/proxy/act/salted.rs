@@ -75,7 +75,7 @@ pub(in crate::proxy) fn act_now(
     rb: &mut RoundBuilder,
 ) -> Result<Next, Arc<crate::salt::SaltTable>> {
     let args: Vec<Bytes> = (0..req.argc()).map(|i| req.arg_bytes(i)).collect();
-    let name = c.spec.name;
+    let spec = c.spec;
     // Something of the session on the key still on its way: an inline shard write, in
     // order.
     let plan = match plan {
@@ -187,7 +187,7 @@ pub(in crate::proxy) fn act_now(
             let ctx = s.ctx().clone();
             let proto = s.proto();
             later(s, rb, async move {
-                ops::multi(&ctx.backend, &ctx.salt, &table, &args, name, proto).await
+                ops::multi(&ctx.backend, &ctx.salt, &table, &args, spec, proto).await
             });
             Ok(Next::Done)
         }

@@ -19,6 +19,7 @@ use smallvec::smallvec;
 
 use crate::backend::ConnHandle;
 use crate::command::Classified;
+use crate::command::Cmd;
 use crate::proxy::conn::round::{RoundBuilder, Slot};
 use crate::proxy::conn::state::{err_bytes, Session};
 use crate::resp::{parse_value, Request, Value};
@@ -106,7 +107,7 @@ pub(in crate::proxy) fn across(
     c: &Classified,
     rb: &mut RoundBuilder,
 ) {
-    let sort = match parse(req, c.spec.name == "SORT_RO") {
+    let sort = match parse(req, c.spec.cmd == Cmd::SortRo) {
         Ok(x) => x,
         Err(e) => return rb.slots.push(Slot::Ready(err_bytes(e))),
     };

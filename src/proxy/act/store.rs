@@ -18,16 +18,24 @@ use tokio::time::Instant;
 
 use crate::backend::ConnHandle;
 use crate::command::Classified;
+use crate::command::Cmd;
 use crate::proxy::conn::round::{RoundBuilder, Slot};
 use crate::proxy::conn::state::{err_bytes, Session};
 use crate::resp::{parse_value, Request, Value};
 
 /// Where the destination is among a storing command's keys: first or last.
 pub(in crate::proxy) fn destination(c: &Classified) -> Option<usize> {
-    match c.spec.name {
-        "SUNIONSTORE" | "SINTERSTORE" | "SDIFFSTORE" | "ZUNIONSTORE" | "ZINTERSTORE"
-        | "ZDIFFSTORE" | "ZRANGESTORE" | "GEOSEARCHSTORE" | "BITOP" => Some(0),
-        "GEORADIUS" | "GEORADIUSBYMEMBER" | "COPY" if c.keys.len() == 2 => Some(1),
+    match c.spec.cmd {
+        Cmd::Sunionstore
+        | Cmd::Sinterstore
+        | Cmd::Sdiffstore
+        | Cmd::Zunionstore
+        | Cmd::Zinterstore
+        | Cmd::Zdiffstore
+        | Cmd::Zrangestore
+        | Cmd::Geosearchstore
+        | Cmd::Bitop => Some(0),
+        Cmd::Georadius | Cmd::Georadiusbymember | Cmd::Copy if c.keys.len() == 2 => Some(1),
         _ => None,
     }
 }
@@ -69,7 +77,7 @@ pub(in crate::proxy) fn across(
     };
     let mut args: Vec<Bytes> = (0..req.argc()).map(|i| req.arg_bytes(i)).collect();
     args[dst_arg] = tmp.clone();
-    let copy = c.spec.name == "COPY";
+    let copy = c.spec.cmd == Cmd::Copy;
     let replace = !copy || (3..req.argc()).any(|i| req.arg(i).eq_ignore_ascii_case(b"REPLACE"));
     let src = s.conn(src_node);
     let to = s.conn(dst_node);

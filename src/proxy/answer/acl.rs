@@ -6,7 +6,7 @@
 use bytes::{Bytes, BytesMut};
 
 use crate::auth::{Selector, User};
-use crate::command::{self, Spec};
+use crate::command::{self, Cmd, Spec};
 use crate::proxy::conn::round::{RoundBuilder, Slot};
 use crate::proxy::conn::state::{err_bytes, Flow, Session};
 use crate::proxy::registry::clients::Filter;
@@ -22,19 +22,19 @@ fn text(b: &[u8]) -> String {
 
 /// One ACL subcommand; the reply goes into `rb`.
 pub fn handle(s: &mut Session, req: &Request, spec: &'static Spec, rb: &mut RoundBuilder) -> Flow {
-    let reply = match spec.name {
-        "ACL WHOAMI" => Ok(bulk(s.user().map_or("default", |u| &u.name))),
-        "ACL USERS" => Ok(Value::Array(
+    let reply = match spec.cmd {
+        Cmd::AclWhoami => Ok(bulk(s.user().map_or("default", |u| &u.name))),
+        Cmd::AclUsers => Ok(Value::Array(
             s.ctx().users.names().iter().map(|n| bulk(n)).collect(),
         )),
-        "ACL SETUSER" => set_user(s, req),
-        "ACL DELUSER" => del_user(s, req),
-        "ACL GETUSER" => Ok(s
+        Cmd::AclSetuser => set_user(s, req),
+        Cmd::AclDeluser => del_user(s, req),
+        Cmd::AclGetuser => Ok(s
             .ctx()
             .users
             .get(req.arg(2))
             .map_or(Value::Nil, |u| get_user(&u))),
-        "ACL LIST" => Ok(Value::Array(
+        Cmd::AclList => Ok(Value::Array(
             s.ctx()
                 .users
                 .all()
@@ -42,12 +42,13 @@ pub fn handle(s: &mut Session, req: &Request, spec: &'static Spec, rb: &mut Roun
                 .map(|u| bulk(&u.describe()))
                 .collect(),
         )),
-        "ACL DRYRUN" => dry_run(s, req),
-        "ACL GENPASS" => gen_pass(req),
-        "ACL LOG" => log(s, req),
-        "ACL HELP" => Ok(Value::Array(HELP.iter().map(|l| bulk(l)).collect())),
-        other => Err(Refusal(format!(
-            "ERR saltshaker: {other} is not supported through the proxy"
+        Cmd::AclDryrun => dry_run(s, req),
+        Cmd::AclGenpass => gen_pass(req),
+        Cmd::AclLog => log(s, req),
+        Cmd::AclHelp => Ok(Value::Array(HELP.iter().map(|l| bulk(l)).collect())),
+        _ => Err(Refusal(format!(
+            "ERR saltshaker: {} is not supported through the proxy",
+            spec.name
         ))),
     };
     let mut out = BytesMut::new();

@@ -8,6 +8,7 @@
 use bytes::{Bytes, BytesMut};
 
 use crate::backend::slots::{slot_of, SLOTS};
+use crate::command::{Cmd, Spec};
 use crate::proxy::conn::state::{err_bytes, Session};
 use crate::resp::{encode_bulk, encode_int, encode_simple, Proto, Request};
 
@@ -41,16 +42,16 @@ fn map_header(proto: Proto, n: usize, out: &mut BytesMut) {
     }
 }
 
-/// The reply to a cluster command named `name` (the command table's name).
-pub fn answer(s: &Session, req: &Request, name: &str) -> Bytes {
+/// The reply to a cluster command.
+pub fn answer(s: &Session, req: &Request, spec: &Spec) -> Bytes {
     let (host, port) = here(s);
     let id = node_id(s.local());
     let mut out = BytesMut::new();
-    match name {
-        "ASKING" | "READONLY" | "READWRITE" => encode_simple("OK", &mut out),
-        "CLUSTER MYID" => encode_bulk(id.as_bytes(), &mut out),
-        "CLUSTER KEYSLOT" => encode_int(slot_of(req.arg(2)) as i64, &mut out),
-        "CLUSTER SLOTS" => {
+    match spec.cmd {
+        Cmd::Asking | Cmd::Readonly | Cmd::Readwrite => encode_simple("OK", &mut out),
+        Cmd::ClusterMyid => encode_bulk(id.as_bytes(), &mut out),
+        Cmd::ClusterKeyslot => encode_int(slot_of(req.arg(2)) as i64, &mut out),
+        Cmd::ClusterSlots => {
             array_header(1, &mut out);
             array_header(3, &mut out);
             encode_int(0, &mut out);
@@ -60,7 +61,7 @@ pub fn answer(s: &Session, req: &Request, name: &str) -> Bytes {
             encode_int(port as i64, &mut out);
             encode_bulk(id.as_bytes(), &mut out);
         }
-        "CLUSTER SHARDS" => {
+        Cmd::ClusterShards => {
             array_header(1, &mut out);
             map_header(s.proto(), 2, &mut out);
             encode_bulk(b"slots", &mut out);
@@ -85,7 +86,7 @@ pub fn answer(s: &Session, req: &Request, name: &str) -> Bytes {
             encode_bulk(b"replication-offset", &mut out);
             encode_int(0, &mut out);
         }
-        "CLUSTER NODES" => {
+        Cmd::ClusterNodes => {
             let line = format!(
                 "{id} {host}:{port}@{} myself,master - 0 0 1 connected 0-{}\n",
                 port as u32 + 10000,
@@ -93,7 +94,7 @@ pub fn answer(s: &Session, req: &Request, name: &str) -> Bytes {
             );
             encode_bulk(line.as_bytes(), &mut out);
         }
-        "CLUSTER INFO" => {
+        Cmd::ClusterInfo => {
             let info = format!(
                 "cluster_state:ok\r\ncluster_slots_assigned:{SLOTS}\r\ncluster_slots_ok:{SLOTS}\r\n\
                  cluster_slots_pfail:0\r\ncluster_slots_fail:0\r\ncluster_known_nodes:1\r\n\
@@ -103,9 +104,10 @@ pub fn answer(s: &Session, req: &Request, name: &str) -> Bytes {
         }
         _ => {
             return err_bytes(&format!(
-                "ERR saltshaker: {name} is not supported through the proxy (it shows itself \
+                "ERR saltshaker: {} is not supported through the proxy (it shows itself \
                  as a one-node cluster: CLUSTER SLOTS, SHARDS, NODES, INFO, MYID and KEYSLOT \
-                 answer)"
+                 answer)",
+                spec.name
             ))
         }
     }

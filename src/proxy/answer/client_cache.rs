@@ -4,7 +4,7 @@
 
 use bytes::{Bytes, BytesMut};
 
-use crate::command::{flags, Classified, Route};
+use crate::command::{flags, Classified, Cmd, Route};
 use crate::metrics::Class;
 use crate::policy::Action;
 use crate::proxy::conn::round::{RoundBuilder, Slot};
@@ -22,10 +22,10 @@ const SWITCH_OPT: &str = "ERR You can't switch OPTIN/OPTOUT mode before disablin
 /// CLIENT TRACKING, CACHING, GETREDIR, TRACKINGINFO.
 pub fn command(s: &mut Session, req: &Request, c: &Classified, rb: &mut RoundBuilder) -> Flow {
     let mut out = BytesMut::new();
-    let reply = match c.spec.name {
-        "CLIENT TRACKING" => tracking(s, req),
-        "CLIENT CACHING" => caching(s, req),
-        "CLIENT GETREDIR" => {
+    let reply = match c.spec.cmd {
+        Cmd::ClientTracking => tracking(s, req),
+        Cmd::ClientCaching => caching(s, req),
+        Cmd::ClientGetredir => {
             encode_int(
                 s.tracking.as_ref().map_or(-1, |t| t.redirect as i64),
                 &mut out,
@@ -233,13 +233,13 @@ pub fn note(s: &mut Session, req: &Request, c: &Classified, class: Class, action
     if std::mem::take(&mut t.spent) {
         t.caching = false;
     }
-    if c.spec.name == "CLIENT CACHING" {
+    if c.spec.cmd == Cmd::ClientCaching {
         return;
     }
     let remembers = t.remembers();
     // As Redis: no CLIENT subcommand spends it, nor MULTI or a command queued after it.
-    let name = c.spec.name;
-    t.spent = !name.starts_with("CLIENT ") && ((!in_multi && name != "MULTI") || name == "EXEC");
+    let cmd = c.spec.cmd;
+    t.spent = cmd.family() != Cmd::Client && ((!in_multi && cmd != Cmd::Multi) || cmd == Cmd::Exec);
     let noloop = t.noloop;
     // Without REDIRECT, a RESP2 client is sent nothing (as on Redis).
     if proto != Proto::Resp3 && t.redirect == 0 {

@@ -5,6 +5,7 @@
 use bytes::{Bytes, BytesMut};
 
 use crate::command::Classified;
+use crate::command::Cmd;
 use crate::proxy::conn::round::{RoundBuilder, Slot};
 use crate::proxy::conn::state::{err_bytes, Flow, Session};
 use crate::proxy::registry::clients;
@@ -22,8 +23,8 @@ fn upper(b: &[u8]) -> String {
 pub fn handle(s: &mut Session, req: &Request, c: &Classified, rb: &mut RoundBuilder) -> Flow {
     let spec = c.spec;
     let mut out = BytesMut::new();
-    match spec.name {
-        "CLIENT SETNAME" => {
+    match spec.cmd {
+        Cmd::ClientSetname => {
             let n = req.arg(2);
             if n.iter().any(|b| *b <= b' ' || *b > b'~') {
                 error(
@@ -35,16 +36,16 @@ pub fn handle(s: &mut Session, req: &Request, c: &Classified, rb: &mut RoundBuil
             s.set_name((!n.is_empty()).then(|| req.arg_bytes(2)));
             encode_simple("OK", &mut out);
         }
-        "CLIENT GETNAME" => match s.name() {
+        Cmd::ClientGetname => match s.name() {
             Some(n) => encode_bulk(n, &mut out),
             None => Value::Nil.encode(s.proto(), &mut out),
         },
-        "CLIENT ID" => encode_int(s.id() as i64, &mut out),
-        "CLIENT INFO" => {
+        Cmd::ClientId => encode_int(s.id() as i64, &mut out),
+        Cmd::ClientInfo => {
             s.publish();
             text_reply(s.proto(), s.me.line(Some(spec)), &mut out);
         }
-        "CLIENT LIST" => {
+        Cmd::ClientList => {
             s.publish();
             let args: Vec<&[u8]> = (2..req.argc()).map(|i| req.arg(i)).collect();
             let f = match clients::parse_filter(&args, s.id(), false) {
@@ -64,8 +65,8 @@ pub fn handle(s: &mut Session, req: &Request, c: &Classified, rb: &mut RoundBuil
                 .collect();
             text_reply(s.proto(), text, &mut out);
         }
-        "CLIENT KILL" => return client_kill(s, req, rb),
-        "CLIENT PAUSE" => {
+        Cmd::ClientKill => return client_kill(s, req, rb),
+        Cmd::ClientPause => {
             let ms = match crate::resp::parse_i64(req.arg(2)) {
                 None => return error(rb, "ERR timeout is not an integer or out of range"),
                 Some(ms) if ms < 0 => return error(rb, "ERR timeout is negative"),
@@ -88,17 +89,20 @@ pub fn handle(s: &mut Session, req: &Request, c: &Classified, rb: &mut RoundBuil
             );
             encode_simple("OK", &mut out);
         }
-        "CLIENT UNPAUSE" => {
+        Cmd::ClientUnpause => {
             s.ctx().pause.unpause();
             encode_simple("OK", &mut out);
         }
-        "CLIENT UNBLOCK" => return unblock(s, req, rb),
-        "CLIENT TRACKING" | "CLIENT CACHING" | "CLIENT GETREDIR" | "CLIENT TRACKINGINFO" => {
-            return super::client_cache::command(s, req, c, rb)
+        Cmd::ClientUnblock => return unblock(s, req, rb),
+        Cmd::ClientTracking
+        | Cmd::ClientCaching
+        | Cmd::ClientGetredir
+        | Cmd::ClientTrackinginfo => return super::client_cache::command(s, req, c, rb),
+        Cmd::ClientNoEvict | Cmd::ClientNoTouch | Cmd::ClientSetinfo => {
+            encode_simple("OK", &mut out)
         }
-        "CLIENT NO-EVICT" | "CLIENT NO-TOUCH" | "CLIENT SETINFO" => encode_simple("OK", &mut out),
         // The session drops the replies (`Session::reply_quiet`); OFF and SKIP have none.
-        "CLIENT REPLY" => match upper(req.arg(2)).as_str() {
+        Cmd::ClientReply => match upper(req.arg(2)).as_str() {
             "ON" => {
                 s.set_reply_off(false);
                 encode_simple("OK", &mut out);
@@ -116,10 +120,13 @@ pub fn handle(s: &mut Session, req: &Request, c: &Classified, rb: &mut RoundBuil
                 return Flow::Continue;
             }
         },
-        other => {
+        _ => {
             error(
                 rb,
-                &format!("ERR saltshaker: {other} is not supported through the proxy"),
+                &format!(
+                    "ERR saltshaker: {} is not supported through the proxy",
+                    spec.name
+                ),
             );
             return Flow::Continue;
         }

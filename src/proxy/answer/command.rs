@@ -12,7 +12,7 @@
 use bytes::Bytes;
 use smallvec::smallvec;
 
-use crate::command::{self, cat, flags, Classified, KeySpec, Spec};
+use crate::command::{self, cat, flags, Classified, Cmd, KeySpec, Spec};
 use crate::proxy::conn::round::{RoundBuilder, Slot};
 use crate::proxy::conn::state::{err_bytes, Session};
 use crate::resp::{parse_value, Proto, Request, Value};
@@ -33,11 +33,11 @@ pub(in crate::proxy) fn handle(
     c: &Classified,
     rb: &mut RoundBuilder,
 ) {
-    let form = match c.spec.name {
-        "COMMAND" => Form::All,
-        "COMMAND INFO" => Form::Info,
-        "COMMAND LIST" => Form::List,
-        "COMMAND COUNT" => Form::Count,
+    let form = match c.spec.cmd {
+        Cmd::Command => Form::All,
+        Cmd::CommandInfo => Form::Info,
+        Cmd::CommandList => Form::List,
+        Cmd::CommandCount => Form::Count,
         _ => Form::Docs,
     };
     // COUNT counts what LIST shows.

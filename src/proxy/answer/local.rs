@@ -4,7 +4,7 @@
 use bytes::{Bytes, BytesMut};
 
 use super::as_cluster;
-use crate::command::{flags, Classified, Route};
+use crate::command::{flags, Classified, Cmd, Route};
 use crate::proxy::act::route::{keys_node, push, push_n};
 use crate::proxy::conn::dedicated::DedicatedWorker;
 use crate::proxy::conn::round::{Merge, RoundBuilder, Slot};
@@ -29,36 +29,36 @@ fn upper(b: &[u8]) -> String {
 
 pub fn handle(s: &mut Session, req: &Request, c: &Classified, rb: &mut RoundBuilder) -> Flow {
     let mut out = BytesMut::new();
-    match c.spec.name {
+    match c.spec.cmd {
         // PING's table arity is -1; Redis's pingCommand refuses more than one argument.
-        "PING" if req.argc() > 2 => {
+        Cmd::Ping if req.argc() > 2 => {
             error(rb, "ERR wrong number of arguments for 'ping' command");
             return Flow::Continue;
         }
         // AUTH's table arity is -2; Redis's authCommand refuses more than two arguments.
-        "AUTH" if req.argc() > 3 => {
+        Cmd::Auth if req.argc() > 3 => {
             error(rb, "ERR syntax error");
             return Flow::Continue;
         }
-        "PING" => {
+        Cmd::Ping => {
             if req.argc() > 1 {
                 encode_bulk(req.arg(1), &mut out);
             } else {
                 encode_simple("PONG", &mut out);
             }
         }
-        "ECHO" => encode_bulk(req.arg(1), &mut out),
-        "QUIT" => {
+        Cmd::Echo => encode_bulk(req.arg(1), &mut out),
+        Cmd::Quit => {
             ready(rb, OK);
             return Flow::Close;
         }
-        "ASKING" | "READONLY" | "READWRITE" => {
-            out.extend_from_slice(&as_cluster::answer(s, req, c.spec.name))
+        Cmd::Asking | Cmd::Readonly | Cmd::Readwrite => {
+            out.extend_from_slice(&as_cluster::answer(s, req, c.spec))
         }
-        name if name.starts_with("CLUSTER ") => {
-            out.extend_from_slice(&as_cluster::answer(s, req, name))
+        cmd if cmd.family() == Cmd::Cluster => {
+            out.extend_from_slice(&as_cluster::answer(s, req, c.spec))
         }
-        "AUTH" => {
+        Cmd::Auth => {
             let user = (req.argc() > 2).then(|| req.arg(1));
             match check_auth(s, user, req.arg(req.argc() - 1)) {
                 Ok(()) => encode_simple("OK", &mut out),
@@ -68,12 +68,12 @@ pub fn handle(s: &mut Session, req: &Request, c: &Classified, rb: &mut RoundBuil
                 }
             }
         }
-        "HELLO" => return hello(s, req, rb),
-        "COMMAND" | "COMMAND INFO" | "COMMAND LIST" | "COMMAND COUNT" | "COMMAND DOCS" => {
+        Cmd::Hello => return hello(s, req, rb),
+        Cmd::Command | Cmd::CommandInfo | Cmd::CommandList | Cmd::CommandCount | Cmd::CommandDocs => {
             super::command::handle(s, req, c, rb);
             return Flow::Continue;
         }
-        "SELECT" => {
+        Cmd::Select => {
             match select_index(s, req.arg(1)) {
                 Ok(d) => {
                     set_db(s, d);
@@ -83,7 +83,7 @@ pub fn handle(s: &mut Session, req: &Request, c: &Classified, rb: &mut RoundBuil
             }
             return Flow::Continue;
         }
-        "RESET" => {
+        Cmd::Reset => {
             s.txn_mut().reset();
             s.set_name(None);
             let initial = s.ctx().users.initial();
@@ -93,7 +93,7 @@ pub fn handle(s: &mut Session, req: &Request, c: &Classified, rb: &mut RoundBuil
             ready(rb, b"+RESET\r\n");
             return Flow::Continue;
         }
-        "INFO" => {
+        Cmd::Info => {
             let nodes = s.ctx().backend.len();
             let parts = (0..nodes).map(|n| push(s, rb, n, req.wire())).collect();
             let addrs = s
@@ -118,26 +118,26 @@ pub fn handle(s: &mut Session, req: &Request, c: &Classified, rb: &mut RoundBuil
         }
         // Clients test how they take an error with DEBUG ERROR; it touches no node, so the
         // proxy answers it. Every other DEBUG acts on one node's internals.
-        "DEBUG" if req.argc() == 3 && req.arg(1).eq_ignore_ascii_case(b"ERROR") => {
+        Cmd::Debug if req.argc() == 3 && req.arg(1).eq_ignore_ascii_case(b"ERROR") => {
             let msg = String::from_utf8_lossy(req.arg(2)).replace(['\r', '\n'], " ");
             error(rb, &msg);
             return Flow::Continue;
         }
-        "DEBUG" => error(rb, "ERR saltshaker: DEBUG is refused through the proxy (but DEBUG ERROR): it acts on one node's internals. Run it on the node directly"),
-        name if name.starts_with("ACL ") => return super::acl::handle(s, req, c.spec, rb),
-        name if name.starts_with("CLIENT") => return super::client_cmd::handle(s, req, c, rb),
-        "MONITOR" => {
+        Cmd::Debug => error(rb, "ERR saltshaker: DEBUG is refused through the proxy (but DEBUG ERROR): it acts on one node's internals. Run it on the node directly"),
+        cmd if cmd.family() == Cmd::Acl => return super::acl::handle(s, req, c.spec, rb),
+        cmd if cmd.family() == Cmd::Client => return super::client_cmd::handle(s, req, c, rb),
+        Cmd::Monitor => {
             ready(rb, b"+OK\r\n");
             return Flow::Monitor;
         }
-        "OBJECT FREQ" => encode_int(object_freq(s, req.arg(2)), &mut out),
-        name if name.starts_with("HOTKEYS ") => {
+        Cmd::ObjectFreq => encode_int(object_freq(s, req.arg(2)), &mut out),
+        cmd if cmd.family() == Cmd::Hotkeys => {
             let valkey = s.ctx().version.get().server == "valkey";
-            out.extend_from_slice(&s.ctx().hotkeys.command(name, req, s.proto(), valkey))
+            out.extend_from_slice(&s.ctx().hotkeys.command(c.spec.cmd, req, s.proto(), valkey))
         }
-        other => error(
+        _ => error(
             rb,
-            &format!("ERR saltshaker: {other} is not supported through the proxy"),
+            &format!("ERR saltshaker: {} is not supported through the proxy", c.spec.name),
         ),
     }
     if !out.is_empty() {
@@ -353,23 +353,23 @@ fn proxy_info(s: &Session) -> String {
 
 /// MULTI, EXEC, DISCARD, WATCH, UNWATCH.
 pub fn transaction(s: &mut Session, req: &Request, c: &Classified, rb: &mut RoundBuilder) -> Flow {
-    match c.spec.name {
-        "MULTI" => {
+    match c.spec.cmd {
+        Cmd::Multi => {
             if s.txn_mut().begin() {
                 ready(rb, OK);
             } else {
                 error(rb, "ERR MULTI calls can not be nested");
             }
         }
-        "DISCARD" => {
+        Cmd::Discard => {
             if s.txn_mut().discard() {
                 ready(rb, OK);
             } else {
                 error(rb, "ERR DISCARD without MULTI");
             }
         }
-        "EXEC" => exec(s, rb),
-        "WATCH" => {
+        Cmd::Exec => exec(s, rb),
+        Cmd::Watch => {
             if s.txn().in_multi() {
                 error(rb, "ERR WATCH inside MULTI is not allowed");
                 return Flow::Continue;
@@ -398,14 +398,17 @@ pub fn transaction(s: &mut Session, req: &Request, c: &Classified, rb: &mut Roun
             // the keys are watched (a write of its own must abort the EXEC, as on Redis).
             s.settle_next();
         }
-        "UNWATCH" => {
+        Cmd::Unwatch => {
             if let Some(w) = s.txn_mut().unwatch() {
                 rb.slots.push(Slot::Later(w.call(vec![req.wire()], 1)));
             } else {
                 ready(rb, OK);
             }
         }
-        other => error(rb, &format!("ERR saltshaker: {other} is not supported")),
+        _ => error(
+            rb,
+            &format!("ERR saltshaker: {} is not supported", c.spec.name),
+        ),
     }
     Flow::Continue
 }
@@ -514,14 +517,17 @@ pub(in crate::proxy) fn queue_in_tx(s: &mut Session, req: &Request, c: &Classifi
         return s.refuse(err_bytes("ERR Command not allowed inside a transaction"));
     }
     let single = s.ctx().backend.is_single();
-    if c.spec.name == "SELECT" && single {
+    if c.spec.cmd == Cmd::Select && single {
         // Checked as Redis checks it at EXEC: an index out of range is that command's
         // error in EXEC's reply, and the client stays where it is.
         if let Ok(db) = select_index(s, req.arg(1)) {
             s.txn_mut().select_after(db);
         }
     } else if matches!(c.route, Route::Local)
-        && !matches!(c.spec.name, "PING" | "ECHO" | "INFO" | "DEBUG" | "MONITOR")
+        && !matches!(
+            c.spec.cmd,
+            Cmd::Ping | Cmd::Echo | Cmd::Info | Cmd::Debug | Cmd::Monitor
+        )
     {
         s.txn_mut().queue_local(req.clone());
         return Slot::Ready(Bytes::from_static(QUEUED));
@@ -530,13 +536,13 @@ pub(in crate::proxy) fn queue_in_tx(s: &mut Session, req: &Request, c: &Classifi
         Route::Keyed | Route::Blocking | Route::Split(_) | Route::AnyNode => true,
         Route::AllNodes(_) | Route::RandomKey | Route::Scan => single,
         // UNWATCH runs on the transaction's node: a watch there ends with EXEC anyway.
-        Route::Transaction => c.spec.name == "UNWATCH",
+        Route::Transaction => c.spec.cmd == Cmd::Unwatch,
         // INFO goes to the transaction's node, which answers it in EXEC's reply.
         // So does DEBUG ERROR (a node started without enable-debug-command refuses it
         // when it is queued there, and EXEC then aborts, as on that node).
         Route::Local => {
-            matches!(c.spec.name, "PING" | "ECHO" | "INFO" | "SELECT")
-                || (c.spec.name == "DEBUG"
+            matches!(c.spec.cmd, Cmd::Ping | Cmd::Echo | Cmd::Info | Cmd::Select)
+                || (c.spec.cmd == Cmd::Debug
                     && req.argc() == 3
                     && req.arg(1).eq_ignore_ascii_case(b"ERROR"))
         }

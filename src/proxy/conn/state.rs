@@ -13,6 +13,7 @@ use super::order::Order;
 use super::tunnel;
 use crate::backend::{ConnHandle, Lane};
 use crate::command::Classified;
+use crate::command::Cmd;
 use crate::policy::Action;
 use crate::proxy::registry::clients::{Client, Shown};
 use crate::resp::{encode_error, Proto, Request};
@@ -213,9 +214,11 @@ impl Session {
     /// The lane a command on a node takes: scripts and functions their own. True when
     /// it differs from the last one: the session must then let everything it sent
     /// arrive before the command leaves (two connections are not ordered at the node).
-    pub fn switch_lane(&mut self, name: &str) -> bool {
-        let lane = match name {
-            "EVAL" | "EVALSHA" | "EVAL_RO" | "EVALSHA_RO" | "FCALL" | "FCALL_RO" => Lane::Scripts,
+    pub fn switch_lane(&mut self, cmd: Cmd) -> bool {
+        let lane = match cmd {
+            Cmd::Eval | Cmd::Evalsha | Cmd::EvalRo | Cmd::EvalshaRo | Cmd::Fcall | Cmd::FcallRo => {
+                Lane::Scripts
+            }
             _ => Lane::Main,
         };
         if lane == self.lane {

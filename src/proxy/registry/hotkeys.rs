@@ -25,6 +25,7 @@ use std::time::{Duration, Instant};
 
 use bytes::{Bytes, BytesMut};
 
+use crate::command::Cmd;
 use crate::hotkey::HotSnapshot;
 use crate::resp::{encode_map_header, Proto, Request, Value};
 
@@ -125,13 +126,13 @@ impl Hotkeys {
 
     /// HOTKEYS START|STOP|GET|RESET: the reply; GET and RESET in Valkey's form when the
     /// nodes are Valkey (`valkey`).
-    pub fn command(&self, sub: &str, req: &Request, proto: Proto, valkey: bool) -> Bytes {
+    pub fn command(&self, sub: Cmd, req: &Request, proto: Proto, valkey: bool) -> Bytes {
         let mut g = self.0.lock().unwrap_or_else(|p| p.into_inner());
         let now = Instant::now();
         let session = g.as_ref().is_some_and(|s| s.active(now));
         match sub {
-            "HOTKEYS GET" if valkey && g.is_none() => return self.valkey_get(proto),
-            "HOTKEYS RESET" if valkey && !session => {
+            Cmd::HotkeysGet if valkey && g.is_none() => return self.valkey_get(proto),
+            Cmd::HotkeysReset if valkey && !session => {
                 self.1.lock().unwrap_or_else(|p| p.into_inner()).clear();
                 *g = None;
                 return Bytes::from_static(b"+OK\r\n");
@@ -139,7 +140,7 @@ impl Hotkeys {
             _ => {}
         }
         match sub {
-            "HOTKEYS START" => {
+            Cmd::HotkeysStart => {
                 if g.as_ref().is_some_and(|s| s.active(now)) {
                     return error("ERR hotkeys tracking is already in progress");
                 }
@@ -151,7 +152,7 @@ impl Hotkeys {
                     Err(e) => error(e),
                 }
             }
-            "HOTKEYS STOP" => match g.as_mut() {
+            Cmd::HotkeysStop => match g.as_mut() {
                 Some(s) if s.active(now) => {
                     s.stopped = Some(now);
                     s.cpu_at_stop = Some(own_cpu_ms());
@@ -159,7 +160,7 @@ impl Hotkeys {
                 }
                 _ => error("ERR hotkeys tracking is not active"),
             },
-            "HOTKEYS RESET" => {
+            Cmd::HotkeysReset => {
                 if g.as_ref().is_some_and(|s| s.active(now)) {
                     return error("ERR hotkeys tracking is active: stop it first");
                 }

@@ -12,7 +12,7 @@
 //! bench/README.md "One pass, no future per command").
 
 use super::plan::{decide, observe, own_connection};
-use crate::command::{Classified, Route};
+use crate::command::{Classified, Cmd, Route};
 use crate::metrics::Class;
 use crate::policy::{self, Action};
 use crate::proxy::act::mitigation::{
@@ -59,7 +59,7 @@ pub(in crate::proxy) fn check(
 ) -> bool {
     s.refresh_user();
     match s.user() {
-        None if !matches!(c.spec.name, "AUTH" | "HELLO" | "QUIT" | "RESET") => {
+        None if !matches!(c.spec.cmd, Cmd::Auth | Cmd::Hello | Cmd::Quit | Cmd::Reset) => {
             rb.slots
                 .push(Slot::Ready(err_bytes("NOAUTH Authentication required.")));
             return false;
@@ -109,7 +109,7 @@ pub(in crate::proxy) fn proceed(
                 | Route::Blocking
                 | Route::Kill
         )
-        && s.switch_lane(c.spec.name);
+        && s.switch_lane(c.spec.cmd);
     let switch = s.tracking.is_some() && crate::proxy::answer::client_cache::switches(s, req, c);
     if !settled && (lane_change || switch || own_connection(s, req, c)) {
         return Flow::Settle(Box::new(Pending {
@@ -338,8 +338,8 @@ fn plain(
     }
     if s.txn().in_multi()
         && !matches!(
-            c.spec.name,
-            "EXEC" | "DISCARD" | "MULTI" | "WATCH" | "QUIT" | "RESET"
+            c.spec.cmd,
+            Cmd::Exec | Cmd::Discard | Cmd::Multi | Cmd::Watch | Cmd::Quit | Cmd::Reset
         )
     {
         let slot = queue_in_tx(s, req, c);
@@ -370,8 +370,8 @@ fn plain(
             crate::proxy::act::unplaced::via_getkeys(s, req, c, rb)
         }
         Route::AnyNode => {
-            let node = if is_pubsub_command(c.spec.name) {
-                pubsub_node(s, req)
+            let node = if is_pubsub_command(c.spec.cmd) {
+                pubsub_node(s, req, c.spec.cmd)
             } else {
                 Ok(s.ctx().backend.any_node())
             };
@@ -392,7 +392,7 @@ fn plain(
         }
         Route::Local => return Ok(local::handle(s, req, c, rb)),
         Route::Transaction => return Ok(local::transaction(s, req, c, rb)),
-        Route::Subscribe => match pubsub_node(s, req) {
+        Route::Subscribe => match pubsub_node(s, req, c.spec.cmd) {
             Ok(node) => {
                 // Nothing read before it is still to send: the SUBSCRIBE leaves now, on a
                 // connection opened ahead, if one waits (`tunnel::open_now`).

@@ -2,7 +2,7 @@
 //! the rules, the hot set and the salt table say to do with it (`policy::decide`, pure),
 //! what the hot-key detector is told, and whether it needs a connection of its own.
 
-use crate::command::{Access, Classified, Route};
+use crate::command::{Access, Classified, Cmd, Route};
 use crate::hotkey::Kind;
 use crate::metrics::Class;
 use crate::policy::{self, Action};
@@ -21,9 +21,9 @@ pub(in crate::proxy) fn own_connection(s: &Session, req: &Request, c: &Classifie
                 && (crate::proxy::act::route::sort_spans_nodes(s, req, c)
                     || crate::proxy::act::route::store_spans_nodes(s, req, c).is_some())
         }
-        Route::Transaction => match c.spec.name {
-            "WATCH" => !s.txn().in_multi(),
-            "EXEC" => s.txn().in_multi() && s.txn().watching(),
+        Route::Transaction => match c.spec.cmd {
+            Cmd::Watch => !s.txn().in_multi(),
+            Cmd::Exec => s.txn().in_multi() && s.txn().watching(),
             _ => false,
         },
         _ => false,

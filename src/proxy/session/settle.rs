@@ -6,6 +6,7 @@
 
 use tokio::sync::{mpsc, watch};
 
+use crate::command::Cmd;
 use crate::proxy::act::mitigation::wait_barrier;
 use crate::proxy::conn::round::{Queued, RoundBuilder};
 use crate::proxy::conn::state::Session;
@@ -44,7 +45,7 @@ pub(in crate::proxy) async fn may_read(
 /// whatever it queued.
 pub(in crate::proxy) fn writes(c: &crate::command::Classified) -> bool {
     use crate::command::flags::{MAY_REPLICATE, WRITE};
-    c.spec.has(WRITE | MAY_REPLICATE) || c.spec.name == "EXEC"
+    c.spec.has(WRITE | MAY_REPLICATE) || c.spec.cmd == Cmd::Exec
 }
 
 /// A command CLIENT PAUSE holds: the commands read before it go first, as on Redis; it

@@ -6,6 +6,7 @@
 use bytes::Bytes;
 
 use crate::backend::Backend;
+use crate::command::Cmd;
 use crate::salt::journal::{apply_counters, move_counters, Claimed, Shape};
 use crate::salt::kind::{Facts, Op, SaltKind};
 use crate::salt::record::{Move, Record};
@@ -13,7 +14,7 @@ use crate::salt::{Fut, Salt, SaltError};
 
 /// What `args` (command name first, the salted key second) does to a salted counter or
 /// hash of counters.
-pub fn classify(name: &str, args: &[Bytes]) -> Op {
+pub fn classify(cmd: Cmd, args: &[Bytes]) -> Op {
     // Redis checks the increment before it looks at the key, with string2ll's rules.
     let int = |i: usize| -> Option<i64> { crate::resp::parse_i64(args.get(i)?) };
     let n = args.len();
@@ -21,11 +22,11 @@ pub fn classify(name: &str, args: &[Bytes]) -> Op {
         Some(delta) => Op::Write { delta, field },
         None => Op::Reject(NOT_AN_INTEGER),
     };
-    match (name, n) {
-        ("INCR", 2) => write(Some(1), None),
-        ("DECR", 2) => write(Some(-1), None),
-        ("INCRBY", 3) => write(int(2), None),
-        ("DECRBY", 3) => match int(2) {
+    match (cmd, n) {
+        (Cmd::Incr, 2) => write(Some(1), None),
+        (Cmd::Decr, 2) => write(Some(-1), None),
+        (Cmd::Incrby, 3) => write(int(2), None),
+        (Cmd::Decrby, 3) => match int(2) {
             Some(d) => d
                 .checked_neg()
                 .map_or(Op::Reject("ERR decrement would overflow"), |delta| {
@@ -33,11 +34,11 @@ pub fn classify(name: &str, args: &[Bytes]) -> Op {
                 }),
             None => Op::Reject(NOT_AN_INTEGER),
         },
-        ("HINCRBY", 4) => write(int(3), Some(args[2].clone())),
-        ("GET", 2) => Op::Get,
-        ("HGET", 3) => Op::HGet(args[2].clone()),
-        ("HMGET", n) if n >= 3 => Op::HMGet(args[2..].to_vec()),
-        ("HGETALL", 2) => Op::HGetAll,
+        (Cmd::Hincrby, 4) => write(int(3), Some(args[2].clone())),
+        (Cmd::Get, 2) => Op::Get,
+        (Cmd::Hget, 3) => Op::HGet(args[2].clone()),
+        (Cmd::Hmget, n) if n >= 3 => Op::HMGet(args[2..].to_vec()),
+        (Cmd::Hgetall, 2) => Op::HGetAll,
         _ => Op::Other,
     }
 }
@@ -57,8 +58,8 @@ pub static STRINGS: Counters = Counters {
 pub static HASHES: Counters = Counters { shape: Shape::Hash };
 
 impl SaltKind for Counters {
-    fn classify(&self, name: &str, args: &[Bytes]) -> Op {
-        classify(name, args)
+    fn classify(&self, cmd: Cmd, args: &[Bytes]) -> Op {
+        classify(cmd, args)
     }
 
     fn move_shard<'a>(

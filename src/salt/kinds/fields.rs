@@ -19,6 +19,7 @@ use std::collections::HashSet;
 use bytes::Bytes;
 
 use crate::backend::{wire, Backend};
+use crate::command::Cmd;
 use crate::resp::{parse_i64, Value};
 use crate::salt::journal::{apply_counters, move_counters, Claimed, Shape};
 use crate::salt::kind::{bulks, every, pairs, Facts, MOp, Op, SaltKind};
@@ -27,19 +28,19 @@ use crate::salt::record::{Move, Record};
 use crate::salt::{as_i64, call, err, Fut, Salt, SaltError, Salted};
 
 /// What `args` does to a hash placed by field; None: fold first, then run.
-pub fn classify(name: &str, args: &[Bytes]) -> Option<MOp> {
+pub fn classify(cmd: Cmd, args: &[Bytes]) -> Option<MOp> {
     let n = args.len();
-    match name {
-        "HINCRBY" if n == 4 && parse_i64(&args[3]).is_some() => Some(MOp::HIncrBy {
+    match cmd {
+        Cmd::Hincrby if n == 4 && parse_i64(&args[3]).is_some() => Some(MOp::HIncrBy {
             field: args[2].clone(),
             delta: args[3].clone(),
             to_base: false,
             check: false,
         }),
-        "HGET" if n == 3 => Some(MOp::HGetF(args[2].clone())),
-        "HMGET" if n >= 3 => Some(MOp::HMGetF(args[2..].to_vec())),
-        "HEXISTS" if n == 3 => Some(MOp::HExists(args[2].clone())),
-        "HDEL" if n >= 3 => {
+        Cmd::Hget if n == 3 => Some(MOp::HGetF(args[2].clone())),
+        Cmd::Hmget if n >= 3 => Some(MOp::HMGetF(args[2..].to_vec())),
+        Cmd::Hexists if n == 3 => Some(MOp::HExists(args[2].clone())),
+        Cmd::Hdel if n >= 3 => {
             let mut seen = HashSet::new();
             let fields = args[2..]
                 .iter()
@@ -48,7 +49,7 @@ pub fn classify(name: &str, args: &[Bytes]) -> Option<MOp> {
                 .collect();
             Some(MOp::HDel(fields))
         }
-        "HLEN" if n == 2 => Some(MOp::HLen),
+        Cmd::Hlen if n == 2 => Some(MOp::HLen),
         _ => None,
     }
 }
@@ -200,11 +201,11 @@ impl SaltKind for Fields {
         Box::pin(apply_counters(backend, key, rec, mv, Shape::Hash))
     }
 
-    fn classify(&self, name: &str, args: &[Bytes]) -> Op {
-        if name == "HGETALL" && args.len() == 2 {
+    fn classify(&self, cmd: Cmd, args: &[Bytes]) -> Op {
+        if cmd == Cmd::Hgetall && args.len() == 2 {
             return Op::HGetAll;
         }
-        classify(name, args).map_or(Op::Other, Op::Member)
+        classify(cmd, args).map_or(Op::Other, Op::Member)
     }
 
     fn inline(&self, op: &MOp, careful: bool, base_empty: bool) -> bool {
@@ -269,10 +270,10 @@ mod tests {
             Value::Integer(42)
         );
         let a = |l: &str| l.split(' ').map(b).collect::<Vec<_>>();
-        assert_eq!(classify("HINCRBY", &a("HINCRBY k f x")), None);
-        assert_eq!(classify("HSET", &a("HSET k f 1")), None);
+        assert_eq!(classify(Cmd::Hincrby, &a("HINCRBY k f x")), None);
+        assert_eq!(classify(Cmd::Hset, &a("HSET k f 1")), None);
         assert_eq!(
-            classify("HDEL", &a("HDEL k f f g")),
+            classify(Cmd::Hdel, &a("HDEL k f f g")),
             Some(MOp::HDel(vec![b("f"), b("g")]))
         );
     }

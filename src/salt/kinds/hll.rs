@@ -10,6 +10,7 @@
 use bytes::Bytes;
 
 use crate::backend::Backend;
+use crate::command::Cmd;
 use crate::resp::Value;
 use crate::salt::journal::Claimed;
 use crate::salt::kind::{cmd, every, Facts, MOp, Op, SaltKind};
@@ -18,10 +19,10 @@ use crate::salt::record::{Move, Record};
 use crate::salt::{as_i64, call, err, failpoint, Fut, Salt, SaltError, Salted};
 
 /// What `args` does to a salted HyperLogLog; None: fold first, then run.
-pub fn classify(name: &str, args: &[Bytes]) -> Option<MOp> {
-    match (name, args.len()) {
-        ("PFADD", n) if n >= 3 => Some(MOp::PfAdd(args[2..].to_vec())),
-        ("PFCOUNT", 2) => Some(MOp::PfCount),
+pub fn classify(cmd: Cmd, args: &[Bytes]) -> Option<MOp> {
+    match (cmd, args.len()) {
+        (Cmd::Pfadd, n) if n >= 3 => Some(MOp::PfAdd(args[2..].to_vec())),
+        (Cmd::Pfcount, 2) => Some(MOp::PfCount),
         _ => None,
     }
 }
@@ -197,8 +198,8 @@ impl SaltKind for Hll {
         })
     }
 
-    fn classify(&self, name: &str, args: &[Bytes]) -> Op {
-        classify(name, args).map_or(Op::Other, Op::Member)
+    fn classify(&self, cmd: Cmd, args: &[Bytes]) -> Op {
+        classify(cmd, args).map_or(Op::Other, Op::Member)
     }
 
     fn inline(&self, op: &MOp, careful: bool, base_empty: bool) -> bool {
@@ -252,7 +253,7 @@ mod tests {
 
     fn c(line: &str) -> Option<MOp> {
         let a = args(line);
-        classify(std::str::from_utf8(&a[0]).unwrap(), &a)
+        classify(crate::command::lookup(&a[0]).unwrap().cmd, &a)
     }
 
     #[test]

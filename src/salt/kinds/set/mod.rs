@@ -25,6 +25,7 @@ use std::collections::HashSet;
 use bytes::Bytes;
 
 use crate::backend::Backend;
+use crate::command::Cmd;
 use crate::resp::{parse_i64, Value};
 use crate::salt::journal::Claimed;
 use crate::salt::kind::{bulks, cmd, every, ordered, pairs, Facts, MOp, Op, SaltKind};
@@ -36,7 +37,7 @@ pub use moves::{apply_set, move_set, spread_batch, SPREAD};
 
 /// What `args` (command first, the key second) does to a salted set; None when the
 /// command has no merge (it folds the key first, then runs).
-pub fn classify(name: &str, args: &[Bytes]) -> Option<MOp> {
+pub fn classify(cmd: Cmd, args: &[Bytes]) -> Option<MOp> {
     let n = args.len();
     let distinct = |from: usize| {
         let mut seen = HashSet::new();
@@ -46,23 +47,23 @@ pub fn classify(name: &str, args: &[Bytes]) -> Option<MOp> {
             .cloned()
             .collect::<Vec<_>>()
     };
-    match name {
-        "SADD" if n >= 3 => Some(MOp::SAdd {
+    match cmd {
+        Cmd::Sadd if n >= 3 => Some(MOp::SAdd {
             members: distinct(2),
             to_base: false,
             check: false,
         }),
-        "SREM" if n >= 3 => Some(MOp::SRem(distinct(2))),
-        "SISMEMBER" if n == 3 => Some(MOp::SIsMember(args[2].clone())),
-        "SMISMEMBER" if n >= 3 => Some(MOp::SMIsMember(args[2..].to_vec())),
-        "SCARD" if n == 2 => Some(MOp::SCard),
-        "SMEMBERS" if n == 2 => Some(MOp::SMembers),
-        "SSCAN" if n >= 3 => Some(MOp::SScan {
+        Cmd::Srem if n >= 3 => Some(MOp::SRem(distinct(2))),
+        Cmd::Sismember if n == 3 => Some(MOp::SIsMember(args[2].clone())),
+        Cmd::Smismember if n >= 3 => Some(MOp::SMIsMember(args[2..].to_vec())),
+        Cmd::Scard if n == 2 => Some(MOp::SCard),
+        Cmd::Smembers if n == 2 => Some(MOp::SMembers),
+        Cmd::Sscan if n >= 3 => Some(MOp::SScan {
             cursor: args[2].clone(),
             rest: args[3..].to_vec(),
         }),
-        "SRANDMEMBER" if n == 2 => Some(MOp::SRandMember(None)),
-        "SRANDMEMBER" if n == 3 => parse_i64(&args[2]).map(|c| MOp::SRandMember(Some(c))),
+        Cmd::Srandmember if n == 2 => Some(MOp::SRandMember(None)),
+        Cmd::Srandmember if n == 3 => parse_i64(&args[2]).map(|c| MOp::SRandMember(Some(c))),
         _ => None,
     }
 }
@@ -302,8 +303,8 @@ impl SaltKind for Set {
         true
     }
 
-    fn classify(&self, name: &str, args: &[Bytes]) -> Op {
-        classify(name, args).map_or(Op::Other, Op::Member)
+    fn classify(&self, cmd: Cmd, args: &[Bytes]) -> Op {
+        classify(cmd, args).map_or(Op::Other, Op::Member)
     }
 
     fn inline(&self, op: &MOp, careful: bool, base_empty: bool) -> bool {
@@ -358,7 +359,7 @@ mod tests {
 
     fn c(line: &str) -> Option<MOp> {
         let a = args(line);
-        classify(std::str::from_utf8(&a[0]).unwrap(), &a)
+        classify(crate::command::lookup(&a[0]).unwrap().cmd, &a)
     }
 
     #[test]

@@ -23,6 +23,7 @@
 use bytes::Bytes;
 
 use crate::backend::Backend;
+use crate::command::Cmd;
 use crate::resp::{parse_i64, Value};
 use crate::salt::journal::{self, Claimed};
 use crate::salt::kind::{bulks, cmd, every, Facts, MOp, Op, SaltKind, ZRange};
@@ -75,7 +76,7 @@ fn options(
 }
 
 /// What `args` does to a salted sorted set; None: fold first, then run.
-pub fn classify(name: &str, args: &[Bytes]) -> Option<MOp> {
+pub fn classify(cmd: Cmd, args: &[Bytes]) -> Option<MOp> {
     let n = args.len();
     let distinct = || {
         let mut seen = std::collections::HashSet::new();
@@ -85,23 +86,27 @@ pub fn classify(name: &str, args: &[Bytes]) -> Option<MOp> {
             .cloned()
             .collect::<Vec<_>>()
     };
-    match name {
-        "ZINCRBY" if n == 4 && float(&args[2]).is_some_and(f64::is_finite) => Some(MOp::ZIncrBy {
-            delta: args[2].clone(),
-            member: args[3].clone(),
-            to_base: false,
-            check: false,
-        }),
-        "ZSCORE" if n == 3 => Some(MOp::ZScore(args[2].clone())),
-        "ZMSCORE" if n >= 3 => Some(MOp::ZMScore(args[2..].to_vec())),
-        "ZREM" if n >= 3 => Some(MOp::ZRem(distinct())),
-        "ZCARD" if n == 2 => Some(MOp::ZCard),
-        "ZRANK" if n == 3 => Some(MOp::ZRank(args[2].clone(), false)),
-        "ZREVRANK" if n == 3 => Some(MOp::ZRank(args[2].clone(), true)),
-        "ZRANGE" if n >= 4 => options(args, false, false, &args[4..], true).map(MOp::ZRange),
-        "ZREVRANGE" if n >= 4 => options(args, false, true, &args[4..], false).map(MOp::ZRange),
-        "ZRANGEBYSCORE" if n >= 4 => options(args, true, false, &args[4..], false).map(MOp::ZRange),
-        "ZREVRANGEBYSCORE" if n >= 4 => {
+    match cmd {
+        Cmd::Zincrby if n == 4 && float(&args[2]).is_some_and(f64::is_finite) => {
+            Some(MOp::ZIncrBy {
+                delta: args[2].clone(),
+                member: args[3].clone(),
+                to_base: false,
+                check: false,
+            })
+        }
+        Cmd::Zscore if n == 3 => Some(MOp::ZScore(args[2].clone())),
+        Cmd::Zmscore if n >= 3 => Some(MOp::ZMScore(args[2..].to_vec())),
+        Cmd::Zrem if n >= 3 => Some(MOp::ZRem(distinct())),
+        Cmd::Zcard if n == 2 => Some(MOp::ZCard),
+        Cmd::Zrank if n == 3 => Some(MOp::ZRank(args[2].clone(), false)),
+        Cmd::Zrevrank if n == 3 => Some(MOp::ZRank(args[2].clone(), true)),
+        Cmd::Zrange if n >= 4 => options(args, false, false, &args[4..], true).map(MOp::ZRange),
+        Cmd::Zrevrange if n >= 4 => options(args, false, true, &args[4..], false).map(MOp::ZRange),
+        Cmd::Zrangebyscore if n >= 4 => {
+            options(args, true, false, &args[4..], false).map(MOp::ZRange)
+        }
+        Cmd::Zrevrangebyscore if n >= 4 => {
             options(args, true, true, &args[4..], false).map(MOp::ZRange)
         }
         _ => None,
@@ -316,8 +321,8 @@ impl SaltKind for ZSet {
         matches!(f.redis_type, None | Some("zset"))
     }
 
-    fn classify(&self, name: &str, args: &[Bytes]) -> Op {
-        classify(name, args).map_or(Op::Other, Op::Member)
+    fn classify(&self, cmd: Cmd, args: &[Bytes]) -> Op {
+        classify(cmd, args).map_or(Op::Other, Op::Member)
     }
 
     fn inline(&self, op: &MOp, careful: bool, base_empty: bool) -> bool {
@@ -390,7 +395,7 @@ mod tests {
 
     fn c(line: &str) -> Option<MOp> {
         let a = args(line);
-        classify(std::str::from_utf8(&a[0]).unwrap(), &a)
+        classify(crate::command::lookup(&a[0]).unwrap().cmd, &a)
     }
 
     #[test]
