@@ -31,6 +31,23 @@ pub trait Args {
     fn argc(&self) -> usize;
     /// Argument `i`; callers ask only for `i < argc()`.
     fn arg(&self, i: usize) -> &[u8];
+    /// Argument `i`, owned: a copy, unless the arguments are already shared bytes (a
+    /// parsed request's are slices of its read buffer).
+    fn arg_bytes(&self, i: usize) -> bytes::Bytes {
+        bytes::Bytes::copy_from_slice(self.arg(i))
+    }
+}
+
+impl Args for [bytes::Bytes] {
+    fn argc(&self) -> usize {
+        self.len()
+    }
+    fn arg(&self, i: usize) -> &[u8] {
+        &self[i]
+    }
+    fn arg_bytes(&self, i: usize) -> bytes::Bytes {
+        self[i].clone()
+    }
 }
 
 impl Args for [&[u8]] {
@@ -404,7 +421,7 @@ pub fn classify<A: Args + ?Sized>(args: &A) -> Result<Classified, CommandError> 
         Access::Other
     };
     let counter = if spec.has(flags::COUNTER) {
-        counter(spec.name, args)
+        counter(spec.cmd, args)
     } else {
         None
     };
@@ -418,17 +435,17 @@ pub fn classify<A: Args + ?Sized>(args: &A) -> Result<Classified, CommandError> 
 }
 
 /// The typed increment of an integer counter command whose arity the table has checked.
-fn counter<A: Args + ?Sized>(name: &str, args: &A) -> Option<Counter> {
+fn counter<A: Args + ?Sized>(cmd: Cmd, args: &A) -> Option<Counter> {
     let int = |i: usize| crate::resp::parse_i64(args.arg(i)).ok_or(NOT_AN_INTEGER);
-    let (delta, field) = match name {
-        "INCR" => (Ok(1), None),
-        "DECR" => (Ok(-1), None),
-        "INCRBY" => (int(2), None),
-        "DECRBY" => (
+    let (delta, field) = match cmd {
+        Cmd::Incr => (Ok(1), None),
+        Cmd::Decr => (Ok(-1), None),
+        Cmd::Incrby => (int(2), None),
+        Cmd::Decrby => (
             int(2).and_then(|d| d.checked_neg().ok_or("ERR decrement would overflow")),
             None,
         ),
-        "HINCRBY" => (int(3), Some(2)),
+        Cmd::Hincrby => (int(3), Some(2)),
         _ => return None,
     };
     Some(Counter { delta, field })

@@ -133,10 +133,9 @@ pub fn plan<A: Args + ?Sized>(v: &SaltView, args: &A, c: &Classified) -> Option<
         });
     }
     let e = table.get(args.arg(c.keys[0] as usize))?.clone();
-    let argv: Vec<Bytes> = (0..args.argc())
-        .map(|i| Bytes::copy_from_slice(args.arg(i)))
-        .collect();
-    let op = ops::classify(e.rec.kind, c.spec.cmd, &argv);
+    // Shared, not copied, for a parsed request (`Args::arg_bytes`).
+    let argv: Vec<Bytes> = (0..args.argc()).map(|i| args.arg_bytes(i)).collect();
+    let op = ops::classify(e.rec.kind, c, &argv);
     let now = v.now_ms;
     // The key's rule, resolved once for the whole plan.
     let rule = v.rules.resolve(&e.key);

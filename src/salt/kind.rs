@@ -13,7 +13,7 @@ use super::journal::Claimed;
 use super::record::{Move, Record};
 use super::{as_i64, call, err, Fut, Salt, SaltError, Salted};
 use crate::backend::{wire, Backend};
-use crate::command::Cmd;
+use crate::command::Classified;
 use crate::resp::Value;
 
 /// What a command does to a salted key.
@@ -132,7 +132,7 @@ pub trait SaltKind: Sync {
     /// What `args` (command name first, the salted key second) does to a key of this
     /// kind; `Op::Other` when it has no merge (the key is folded first, then it runs).
     /// The key commands (DEL, EXPIRE, TTL, ...) are classified before this is asked.
-    fn classify(&self, cmd: Cmd, args: &[Bytes]) -> Op;
+    fn classify(&self, c: &Classified, args: &[Bytes]) -> Op;
 
     /// Whether member `op` joins the round (its parts are sent at once and merged by
     /// `merge`); the others are answered by a task (`read`). `careful`: a fold may be

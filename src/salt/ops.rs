@@ -20,13 +20,13 @@ use super::merge::{careful, careful_read, plan_parts, sums};
 use super::record::Kind;
 use super::{as_i64, call, err, kinds, Salt, SaltTable, Salted};
 use crate::backend::{wire, Backend};
-use crate::command::{Cmd, Spec};
+use crate::command::{Classified, Cmd, Spec};
 use crate::mitigate::combine::Combiner;
 use crate::resp::{Proto, Value};
 
 /// What `args` (command name first, the salted key second) does to a salted key of `kind`.
-pub fn classify(kind: Kind, which: Cmd, args: &[Bytes]) -> Op {
-    key_command(which, args.len()).unwrap_or_else(|| kinds::of(kind).classify(which, args))
+pub fn classify(kind: Kind, c: &Classified, args: &[Bytes]) -> Op {
+    key_command(c.spec.cmd, args.len()).unwrap_or_else(|| kinds::of(kind).classify(c, args))
 }
 
 /// A shard write is safe while the whole stays this far from i64's bounds: no sum of parts
@@ -274,7 +274,11 @@ pub async fn multi(
         let v = match table.get(key) {
             Some(e) => {
                 metrics.merged_reads.inc();
-                let op = classify(e.rec.kind, if mget { Cmd::Get } else { spec.cmd }, &one);
+                // One key of the command, classified as sent on its own (MGET's as GET).
+                let op = match crate::command::classify(&one[..]) {
+                    Ok(c) => classify(e.rec.kind, &c, &one),
+                    Err(_) => Op::Other,
+                };
                 merged(backend, e, op, &one, salt.careful(e, super::now_ms())).await
             }
             None => call(backend, &[(backend.node_for(key), wire(&one))])
@@ -316,7 +320,7 @@ mod tests {
     fn counter_commands_become_shard_writes_others_fold() {
         let c = |l: &str| {
             let a = args(l);
-            classify(Kind::String, crate::command::lookup(&a[0]).unwrap().cmd, &a)
+            classify(Kind::String, &crate::command::classify(&a[..]).unwrap(), &a)
         };
         assert_eq!(
             c("INCR k"),
@@ -359,7 +363,7 @@ mod tests {
         assert_eq!(c("TYPE k"), Op::FirstExisting);
         let set = |l: &str| {
             let a = args(l);
-            classify(Kind::Set, crate::command::lookup(&a[0]).unwrap().cmd, &a)
+            classify(Kind::Set, &crate::command::classify(&a[..]).unwrap(), &a)
         };
         assert_eq!(
             set("INCR k"),

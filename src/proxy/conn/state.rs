@@ -28,6 +28,9 @@ impl crate::command::Args for Request {
     fn arg(&self, i: usize) -> &[u8] {
         Request::arg(self, i)
     }
+    fn arg_bytes(&self, i: usize) -> bytes::Bytes {
+        Request::arg_bytes(self, i)
+    }
 }
 
 /// Per-connection state, owned by the reader.

@@ -6,35 +6,35 @@
 use bytes::Bytes;
 
 use crate::backend::Backend;
-use crate::command::Cmd;
+use crate::command::{Classified, Cmd};
 use crate::salt::journal::{apply_counters, move_counters, Claimed, Shape};
 use crate::salt::kind::{Facts, Op, SaltKind};
 use crate::salt::record::{Move, Record};
 use crate::salt::{Fut, Salt, SaltError};
 
-/// What `args` (command name first, the salted key second) does to a salted counter or
-/// hash of counters.
-pub fn classify(cmd: Cmd, args: &[Bytes]) -> Op {
-    // Redis checks the increment before it looks at the key, with string2ll's rules.
-    let int = |i: usize| -> Option<i64> { crate::resp::parse_i64(args.get(i)?) };
+/// What `c` (its arguments `args`, command name first, the salted key second) does to a
+/// salted counter or hash of counters. An increment's delta is the classified command's
+/// (`Classified::counter`: Redis's error for one that is not an integer, checked before
+/// the key, as Redis does).
+pub fn classify(c: &Classified, args: &[Bytes]) -> Op {
     let n = args.len();
-    let write = |delta: Option<i64>, field: Option<Bytes>| match delta {
-        Some(delta) => Op::Write { delta, field },
-        None => Op::Reject(NOT_AN_INTEGER),
-    };
+    match (c.spec.cmd, &c.counter) {
+        (Cmd::Incr | Cmd::Decr | Cmd::Incrby | Cmd::Decrby | Cmd::Hincrby, Some(k)) => {
+            match k.delta {
+                Ok(delta) => Op::Write {
+                    delta,
+                    field: k.field.map(|f| args[f as usize].clone()),
+                },
+                Err(e) => Op::Reject(e),
+            }
+        }
+        _ => read(c.spec.cmd, n, args),
+    }
+}
+
+/// A read of a salted counter or hash of counters.
+fn read(cmd: Cmd, n: usize, args: &[Bytes]) -> Op {
     match (cmd, n) {
-        (Cmd::Incr, 2) => write(Some(1), None),
-        (Cmd::Decr, 2) => write(Some(-1), None),
-        (Cmd::Incrby, 3) => write(int(2), None),
-        (Cmd::Decrby, 3) => match int(2) {
-            Some(d) => d
-                .checked_neg()
-                .map_or(Op::Reject("ERR decrement would overflow"), |delta| {
-                    write(Some(delta), None)
-                }),
-            None => Op::Reject(NOT_AN_INTEGER),
-        },
-        (Cmd::Hincrby, 4) => write(int(3), Some(args[2].clone())),
         (Cmd::Get, 2) => Op::Get,
         (Cmd::Hget, 3) => Op::HGet(args[2].clone()),
         (Cmd::Hmget, n) if n >= 3 => Op::HMGet(args[2..].to_vec()),
@@ -42,9 +42,6 @@ pub fn classify(cmd: Cmd, args: &[Bytes]) -> Op {
         _ => Op::Other,
     }
 }
-
-/// Redis's reply to an increment that is not an integer.
-const NOT_AN_INTEGER: &str = "ERR value is not an integer or out of range";
 
 /// The kind of string counters (`STRINGS`) and of hashes of counters salted by key
 /// (`HASHES`).
@@ -58,8 +55,8 @@ pub static STRINGS: Counters = Counters {
 pub static HASHES: Counters = Counters { shape: Shape::Hash };
 
 impl SaltKind for Counters {
-    fn classify(&self, cmd: Cmd, args: &[Bytes]) -> Op {
-        classify(cmd, args)
+    fn classify(&self, c: &Classified, args: &[Bytes]) -> Op {
+        classify(c, args)
     }
 
     fn move_shard<'a>(

@@ -19,19 +19,21 @@ use std::collections::HashSet;
 use bytes::Bytes;
 
 use crate::backend::{wire, Backend};
-use crate::command::Cmd;
-use crate::resp::{parse_i64, Value};
+use crate::command::{Classified, Cmd, Counter};
+use crate::resp::Value;
 use crate::salt::journal::{apply_counters, move_counters, Claimed, Shape};
 use crate::salt::kind::{bulks, every, pairs, Facts, MOp, Op, SaltKind};
 use crate::salt::merge;
 use crate::salt::record::{Move, Record};
 use crate::salt::{as_i64, call, err, Fut, Salt, SaltError, Salted};
 
-/// What `args` does to a hash placed by field; None: fold first, then run.
-pub fn classify(cmd: Cmd, args: &[Bytes]) -> Option<MOp> {
+/// What `c` (its arguments `args`) does to a hash placed by field; None: fold first, then
+/// run.
+pub fn classify(c: &Classified, args: &[Bytes]) -> Option<MOp> {
     let n = args.len();
-    match cmd {
-        Cmd::Hincrby if n == 4 && parse_i64(&args[3]).is_some() => Some(MOp::HIncrBy {
+    let integer = matches!(c.counter, Some(Counter { delta: Ok(_), .. }));
+    match c.spec.cmd {
+        Cmd::Hincrby if n == 4 && integer => Some(MOp::HIncrBy {
             field: args[2].clone(),
             delta: args[3].clone(),
             to_base: false,
@@ -201,11 +203,11 @@ impl SaltKind for Fields {
         Box::pin(apply_counters(backend, key, rec, mv, Shape::Hash))
     }
 
-    fn classify(&self, cmd: Cmd, args: &[Bytes]) -> Op {
-        if cmd == Cmd::Hgetall && args.len() == 2 {
+    fn classify(&self, c: &Classified, args: &[Bytes]) -> Op {
+        if c.spec.cmd == Cmd::Hgetall && args.len() == 2 {
             return Op::HGetAll;
         }
-        classify(cmd, args).map_or(Op::Other, Op::Member)
+        classify(c, args).map_or(Op::Other, Op::Member)
     }
 
     fn inline(&self, op: &MOp, careful: bool, base_empty: bool) -> bool {
@@ -269,12 +271,12 @@ mod tests {
             merge(&inc, &[Value::Integer(2), v("40")]).unwrap(),
             Value::Integer(42)
         );
-        let a = |l: &str| l.split(' ').map(b).collect::<Vec<_>>();
-        assert_eq!(classify(Cmd::Hincrby, &a("HINCRBY k f x")), None);
-        assert_eq!(classify(Cmd::Hset, &a("HSET k f 1")), None);
-        assert_eq!(
-            classify(Cmd::Hdel, &a("HDEL k f f g")),
-            Some(MOp::HDel(vec![b("f"), b("g")]))
-        );
+        let of = |l: &str| {
+            let a = l.split(' ').map(b).collect::<Vec<_>>();
+            classify(&crate::command::classify(&a[..]).unwrap(), &a)
+        };
+        assert_eq!(of("HINCRBY k f x"), None);
+        assert_eq!(of("HSET k f 1"), None);
+        assert_eq!(of("HDEL k f f g"), Some(MOp::HDel(vec![b("f"), b("g")])));
     }
 }

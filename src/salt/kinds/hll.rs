@@ -10,7 +10,7 @@
 use bytes::Bytes;
 
 use crate::backend::Backend;
-use crate::command::Cmd;
+use crate::command::{Classified, Cmd};
 use crate::resp::Value;
 use crate::salt::journal::Claimed;
 use crate::salt::kind::{cmd, every, Facts, MOp, Op, SaltKind};
@@ -198,8 +198,8 @@ impl SaltKind for Hll {
         })
     }
 
-    fn classify(&self, cmd: Cmd, args: &[Bytes]) -> Op {
-        classify(cmd, args).map_or(Op::Other, Op::Member)
+    fn classify(&self, c: &Classified, args: &[Bytes]) -> Op {
+        classify(c.spec.cmd, args).map_or(Op::Other, Op::Member)
     }
 
     fn inline(&self, op: &MOp, careful: bool, base_empty: bool) -> bool {
@@ -253,7 +253,7 @@ mod tests {
 
     fn c(line: &str) -> Option<MOp> {
         let a = args(line);
-        classify(crate::command::lookup(&a[0]).unwrap().cmd, &a)
+        classify(crate::command::classify(&a[..]).unwrap().spec.cmd, &a)
     }
 
     #[test]

@@ -23,7 +23,7 @@
 use bytes::Bytes;
 
 use crate::backend::Backend;
-use crate::command::Cmd;
+use crate::command::{Classified, Cmd};
 use crate::resp::{parse_i64, Value};
 use crate::salt::journal::{self, Claimed};
 use crate::salt::kind::{bulks, cmd, every, Facts, MOp, Op, SaltKind, ZRange};
@@ -321,8 +321,8 @@ impl SaltKind for ZSet {
         matches!(f.redis_type, None | Some("zset"))
     }
 
-    fn classify(&self, cmd: Cmd, args: &[Bytes]) -> Op {
-        classify(cmd, args).map_or(Op::Other, Op::Member)
+    fn classify(&self, c: &Classified, args: &[Bytes]) -> Op {
+        classify(c.spec.cmd, args).map_or(Op::Other, Op::Member)
     }
 
     fn inline(&self, op: &MOp, careful: bool, base_empty: bool) -> bool {
@@ -395,7 +395,7 @@ mod tests {
 
     fn c(line: &str) -> Option<MOp> {
         let a = args(line);
-        classify(crate::command::lookup(&a[0]).unwrap().cmd, &a)
+        classify(crate::command::classify(&a[..]).unwrap().spec.cmd, &a)
     }
 
     #[test]
