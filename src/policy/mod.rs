@@ -35,10 +35,13 @@ pub enum Action {
     /// MGET with read-hot keys: the policy of each key in order, `None` for a cold one.
     /// Hot keys are served from the cache like a `GET` of the key, cold ones by their node.
     CachePerKey(Vec<Option<CachePolicy>>),
-    /// The command names a salted key: served as the plan says (`salted`). When the plan
-    /// goes on as usual (a fold first, or a write the base key takes), the session asks
-    /// `decide_plain` for the rest.
-    Salted(SaltPlan),
+    /// The command names a salted key: served as the plan says (`salted`). `then`: what
+    /// it does when the plan goes on as usual (a fold first, or a write the base key
+    /// takes), decided here with the plan so that the session never decides again: an
+    /// increment of a key whose promotion is not in force yet is combined (`bridge`), any
+    /// other command is treated as any command on its key (`decide_plain`), and inside
+    /// MULTI it is forwarded.
+    Salted { plan: SaltPlan, then: Box<Action> },
     /// `SALTSHAKER.INCRBY key delta id`: applied once per ID by a task (`salt::idem`),
     /// on the key's shard if it is salted.
     Idempotent { delta: i64 },
@@ -92,8 +95,16 @@ pub fn decide<A: Args + ?Sized>(
     if c.spec.cmd == Cmd::SaltshakerIncrby {
         return idempotent(args, salted);
     }
-    if let Some(p) = salted::plan(salted, args, c) {
-        return Action::Salted(p);
+    if let Some(plan) = salted::plan(salted, args, c) {
+        let then = match bridge(c, &plan) {
+            _ if salted.in_tx => Action::Forward,
+            Some(combine) => combine,
+            None => decide_plain(c, args, hot),
+        };
+        return Action::Salted {
+            plan,
+            then: Box::new(then),
+        };
     }
     if salted.in_tx {
         return Action::Forward;
@@ -103,7 +114,10 @@ pub fn decide<A: Args + ?Sized>(
 
 /// `SALTSHAKER.INCRBY key delta id` (arity checked by the table).
 fn idempotent<A: Args + ?Sized>(args: &A, v: &SaltView) -> Action {
-    let reject = |m| Action::Salted(SaltPlan::Reject(m));
+    let reject = |m| Action::Salted {
+        plan: SaltPlan::Reject(m),
+        then: Box::new(Action::Forward),
+    };
     if v.in_tx {
         return reject("ERR saltshaker: SALTSHAKER.INCRBY cannot run inside MULTI");
     }
@@ -164,7 +178,7 @@ pub fn decide_plain<A: Args + ?Sized>(c: &Classified, args: &A, hot: &HotSet) ->
 /// into the base key, on every proxy that knows of the promotion, whether or not it saw
 /// the key hot itself. Combining keeps every reply exact, and the base key is what every
 /// reader merges, so nothing changes for readers.
-pub fn bridge(c: &Classified, plan: &SaltPlan) -> Option<Action> {
+fn bridge(c: &Classified, plan: &SaltPlan) -> Option<Action> {
     let SaltPlan::Base(_, Some(window)) = plan else {
         return None;
     };

@@ -450,10 +450,9 @@ pub enum Wait {
     /// the write's path.
     Fills(Action),
     /// A fold of the salted keys in the table before a command that needs their whole
-    /// value (`salted::fold_first`); `bridge` is what an increment does when it goes on
-    /// (`policy::bridge`). Boxed: every stage of the synchronous path returns a
-    /// `Result<Flow, Wait>`.
-    Fold(Box<(Arc<crate::salt::SaltTable>, Option<Action>)>),
+    /// value (`salted::fold_first`); the action is what the command does then (the plan's
+    /// `then`). Boxed: every stage of the synchronous path returns a `Result<Flow, Wait>`.
+    Fold(Box<(Arc<crate::salt::SaltTable>, Action)>),
     /// A subscription: its own connection to the node, opened.
     Subscribe(usize),
 }

@@ -14,7 +14,7 @@
 use super::plan::{decide, observe, own_connection};
 use crate::command::{Classified, Cmd, Route};
 use crate::metrics::Class;
-use crate::policy::{self, Action};
+use crate::policy::Action;
 use crate::proxy::act::mitigation::{
     cached_mget, cached_read, combine, invalidate_cached, wait_fills,
 };
@@ -120,7 +120,7 @@ pub(in crate::proxy) fn proceed(
     // decide
     let action = decide(s, req, c);
     let task = match &action {
-        Action::Salted(p) => p.needs_flush(),
+        Action::Salted { plan, .. } => plan.needs_flush(),
         Action::Idempotent { .. } => crate::proxy::act::salted::idempotent_is_task(s, req),
         _ => false,
     };
@@ -181,9 +181,9 @@ pub(in crate::proxy) async fn resume(
             after_fills(s, &req, &c, action, rb)
         }
         Wait::Fold(fold) => {
-            let (table, bridge) = *fold;
+            let (table, then) = *fold;
             let next = crate::proxy::act::salted::fold_first(s, &req, &c, &table, rb).await;
-            after_salted(s, &req, &c, next, bridge, rb)
+            after_salted(s, &req, &c, next, then, rb)
         }
         Wait::Subscribe(node) => {
             let n = s.ctx().backend.node(node).clone();
@@ -266,11 +266,10 @@ fn on_base(
             crate::proxy::act::salted::idempotent(s, req, delta, rb);
             Ok(Flow::Continue)
         }
-        Action::Salted(plan) => {
-            let bridge = policy::bridge(c, &plan);
+        Action::Salted { plan, then } => {
             match crate::proxy::act::salted::act_now(s, req, c, plan, rb) {
-                Ok(next) => after_salted(s, req, c, next, bridge, rb),
-                Err(table) => Err(Wait::Fold(Box::new((table, bridge)))),
+                Ok(next) => after_salted(s, req, c, next, *then, rb),
+                Err(table) => Err(Wait::Fold(Box::new((table, *then)))),
             }
         }
         action => plain(s, req, c, action, rb),
@@ -283,22 +282,13 @@ fn after_salted(
     req: &Request,
     c: &Classified,
     next: crate::proxy::act::salted::Next,
-    bridge: Option<Action>,
+    then: Action,
     rb: &mut RoundBuilder,
 ) -> Result<Flow, Wait> {
     match next {
         crate::proxy::act::salted::Next::Done => Ok(Flow::Continue),
-        // Folded, or a write the base key takes: on as usual (it may be combined or cached
-        // like any command on its key); an increment of a key whose promotion is not in
-        // force yet is combined (`policy::bridge`).
-        crate::proxy::act::salted::Next::Forward => {
-            let action = match (!s.txn().in_multi(), bridge) {
-                (true, Some(bridge)) => bridge,
-                (true, None) => policy::decide_plain(c, req, &s.ctx().hot.load()),
-                (false, _) => Action::Forward,
-            };
-            plain(s, req, c, action, rb)
-        }
+        // Folded, or a write the base key takes: on as the plan's `then` says.
+        crate::proxy::act::salted::Next::Forward => plain(s, req, c, then, rb),
     }
 }
 
@@ -334,7 +324,7 @@ fn plain(
                 return Ok(Flow::Continue);
             }
         }
-        Action::Forward | Action::Salted(_) | Action::Idempotent { .. } => {}
+        Action::Forward | Action::Salted { .. } | Action::Idempotent { .. } => {}
     }
     if s.txn().in_multi()
         && !matches!(
