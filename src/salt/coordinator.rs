@@ -303,12 +303,15 @@ async fn tick(
             // balance again it would want the node it left out.
             let grow = wanted_shards(&r.write, rate, proxies, None)
                 .filter(|&n| n > rec.target_n() && !kinds::of(rec.kind).partitioned());
-            if rec.demote_ms.is_none()
-                && (now.saturating_sub(rec.hot_ms) > epoch / 2 || grow.is_some())
-            {
-                let _ = refresh(backend, key, now, epoch, grow).await;
+            if rec.demote_ms.is_none() {
+                if now.saturating_sub(rec.hot_ms) > epoch / 2 || grow.is_some() {
+                    let _ = refresh(backend, key, now, epoch, grow).await;
+                }
+                continue;
             }
-            continue;
+            // Demoted though still hot (by an operator, or withdrawn above): folded all
+            // the same. (Skipping it here left such a key half-demoted for as long as any
+            // proxy saw it hot: writes on the base key, reads still merging the shards.)
         }
         if rec.demote_ms.is_none()
             && !rec.pinned
