@@ -286,6 +286,56 @@ mod tests {
         })
     }
 
+    /// What a salted command does when its plan goes on is decided with the plan: the
+    /// session never decides again.
+    #[test]
+    fn a_salted_command_that_goes_on_carries_what_it_does_then() {
+        use crate::policy::{Action, HotSet};
+        let t = table();
+        let rules = Rules::default();
+        let hot = HotSet::default();
+        let act = |line: &str, now_ms: u64, in_tx: bool| {
+            let v = SaltView {
+                table: &t,
+                db: 0,
+                in_tx,
+                now_ms,
+                fresh: true,
+                stale: false,
+                rules: &rules,
+            };
+            let words: Vec<&str> = line.split(' ').collect();
+            let req = Request::from_args(&words);
+            let c = command::classify(&req).unwrap();
+            crate::policy::decide(&c, &req, &hot, &v)
+        };
+        // Announced, not in force: the increment takes the base key, combined meanwhile
+        // (the bridge to salting).
+        match act("INCR k", 500, false) {
+            Action::Salted {
+                plan: SaltPlan::Base(..),
+                then,
+            } => assert!(
+                matches!(*then, Action::Combine { delta: 1, .. }),
+                "{then:?}"
+            ),
+            other => panic!("{other:?}"),
+        }
+        // Folded first, then on as any command on its key (nothing is hot: forwarded).
+        match act("SET k 1", 2000, false) {
+            Action::Salted {
+                plan: SaltPlan::Fold(_),
+                then,
+            } => assert_eq!(*then, Action::Forward),
+            other => panic!("{other:?}"),
+        }
+        // Inside MULTI: forwarded, whatever the bridge says.
+        match act("INCR k", 500, true) {
+            Action::Salted { then, .. } => assert_eq!(*then, Action::Forward),
+            other => panic!("{other:?}"),
+        }
+    }
+
     #[test]
     fn each_command_on_a_salted_key_gets_its_plan() {
         let at = |line: &str, now| decide(line, now, 0, false, true);
