@@ -40,11 +40,19 @@ pub enum Action {
     /// takes), decided here with the plan so that the session never decides again: an
     /// increment of a key whose promotion is not in force yet is combined (`bridge`), any
     /// other command is treated as any command on its key (`decide_plain`), and inside
-    /// MULTI it is forwarded.
-    Salted { plan: SaltPlan, then: Box<Action> },
+    /// MULTI it is forwarded. Boxed: the plan is large and rare, and every command's
+    /// action is moved through the act phase.
+    Salted(Box<Salted>),
     /// `SALTSHAKER.INCRBY key delta id`: applied once per ID by a task (`salt::idem`),
     /// on the key's shard if it is salted.
     Idempotent { delta: i64 },
+}
+
+/// A salted command's plan, and what the command does when the plan goes on as usual.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Salted {
+    pub plan: SaltPlan,
+    pub then: Action,
 }
 
 /// Read commands whose replies may be cached for a read-hot key: single-key reads whose
@@ -101,10 +109,7 @@ pub fn decide<A: Args + ?Sized>(
             Some(combine) => combine,
             None => decide_plain(c, args, hot),
         };
-        return Action::Salted {
-            plan,
-            then: Box::new(then),
-        };
+        return Action::Salted(Box::new(Salted { plan, then }));
     }
     if salted.in_tx {
         return Action::Forward;
@@ -114,9 +119,11 @@ pub fn decide<A: Args + ?Sized>(
 
 /// `SALTSHAKER.INCRBY key delta id` (arity checked by the table).
 fn idempotent<A: Args + ?Sized>(args: &A, v: &SaltView) -> Action {
-    let reject = |m| Action::Salted {
-        plan: SaltPlan::Reject(m),
-        then: Box::new(Action::Forward),
+    let reject = |m| {
+        Action::Salted(Box::new(Salted {
+            plan: SaltPlan::Reject(m),
+            then: Action::Forward,
+        }))
     };
     if v.in_tx {
         return reject("ERR saltshaker: SALTSHAKER.INCRBY cannot run inside MULTI");

@@ -312,26 +312,21 @@ mod tests {
         // Announced, not in force: the increment takes the base key, combined meanwhile
         // (the bridge to salting).
         match act("INCR k", 500, false) {
-            Action::Salted {
-                plan: SaltPlan::Base(..),
-                then,
-            } => assert!(
-                matches!(*then, Action::Combine { delta: 1, .. }),
-                "{then:?}"
-            ),
+            Action::Salted(s) if matches!(s.plan, SaltPlan::Base(..)) => {
+                assert!(matches!(s.then, Action::Combine { delta: 1, .. }), "{s:?}")
+            }
             other => panic!("{other:?}"),
         }
         // Folded first, then on as any command on its key (nothing is hot: forwarded).
         match act("SET k 1", 2000, false) {
-            Action::Salted {
-                plan: SaltPlan::Fold(_),
-                then,
-            } => assert_eq!(*then, Action::Forward),
+            Action::Salted(s) if matches!(s.plan, SaltPlan::Fold(_)) => {
+                assert_eq!(s.then, Action::Forward)
+            }
             other => panic!("{other:?}"),
         }
         // Inside MULTI: forwarded, whatever the bridge says.
         match act("INCR k", 500, true) {
-            Action::Salted { then, .. } => assert_eq!(*then, Action::Forward),
+            Action::Salted(s) => assert_eq!(s.then, Action::Forward),
             other => panic!("{other:?}"),
         }
     }

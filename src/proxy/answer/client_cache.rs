@@ -259,7 +259,7 @@ pub fn note(s: &mut Session, req: &Request, c: &Classified, class: Class, action
             *action = Action::Forward;
             false
         }
-        Action::Salted { .. } | Action::Idempotent { .. } => true,
+        Action::Salted(_) | Action::Idempotent { .. } => true,
         // A blocking read, or a transaction under WATCH, runs on a connection of its own.
         _ => matches!(c.route, Route::Blocking) || (s.txn().in_multi() && s.txn().watching()),
     };

@@ -14,7 +14,7 @@
 use super::plan::{decide, observe, own_connection};
 use crate::command::{Classified, Cmd, Route};
 use crate::metrics::Class;
-use crate::policy::Action;
+use crate::policy::{self, Action};
 use crate::proxy::act::mitigation::{
     cached_mget, cached_read, combine, invalidate_cached, wait_fills,
 };
@@ -120,7 +120,7 @@ pub(in crate::proxy) fn proceed(
     // decide
     let action = decide(s, req, c);
     let task = match &action {
-        Action::Salted { plan, .. } => plan.needs_flush(),
+        Action::Salted(s) => s.plan.needs_flush(),
         Action::Idempotent { .. } => crate::proxy::act::salted::idempotent_is_task(s, req),
         _ => false,
     };
@@ -266,10 +266,11 @@ fn on_base(
             crate::proxy::act::salted::idempotent(s, req, delta, rb);
             Ok(Flow::Continue)
         }
-        Action::Salted { plan, then } => {
+        Action::Salted(salted) => {
+            let policy::Salted { plan, then } = *salted;
             match crate::proxy::act::salted::act_now(s, req, c, plan, rb) {
-                Ok(next) => after_salted(s, req, c, next, *then, rb),
-                Err(table) => Err(Wait::Fold(Box::new((table, *then)))),
+                Ok(next) => after_salted(s, req, c, next, then, rb),
+                Err(table) => Err(Wait::Fold(Box::new((table, then)))),
             }
         }
         action => plain(s, req, c, action, rb),
@@ -324,7 +325,7 @@ fn plain(
                 return Ok(Flow::Continue);
             }
         }
-        Action::Forward | Action::Salted { .. } | Action::Idempotent { .. } => {}
+        Action::Forward | Action::Salted(_) | Action::Idempotent { .. } => {}
     }
     if s.txn().in_multi()
         && !matches!(
