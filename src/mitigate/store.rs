@@ -83,9 +83,10 @@ pub struct Tallied {
     /// Reads answered without the node: fresh and stale hits, and callers that waited on
     /// another's fill.
     pub hits: u64,
-    /// Reply bytes the node did not send for them.
+    /// Reply bytes the node did not send for the hits (a caller that waited on a fill
+    /// counts as a read saved, not in bytes or time: its reply was not known yet).
     pub hit_bytes: u64,
-    /// The node microseconds they would have cost (the reply's estimate).
+    /// The node microseconds the hits would have cost (the reply's estimate).
     pub saved_us: u64,
     /// Fills sent to the node.
     pub fills: u64,

@@ -288,7 +288,7 @@ async fn tick(
             {
                 salt.metrics.withdrawn.inc();
                 tracing::info!(
-                    key = %crate::hotkey::shown(key, salt.hash_names.load(std::sync::atomic::Ordering::Relaxed)),
+                    key = %salt.shown(key),
                     reads_per_write = (reads / rate.max(1.0) * 100.0).round() / 100.0,
                     shards = rec.target_n(),
                     "no longer salting a write-hot key: its merged reads cost the nodes over twice what salting takes off its node"

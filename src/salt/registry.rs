@@ -229,12 +229,17 @@ impl Salt {
         for (k, per_write) in &now {
             if !was.contains_key(k) {
                 self.metrics.declined.inc();
-                let key = crate::hotkey::shown(k, self.hash_names.load(Ordering::Relaxed));
+                let key = self.shown(k);
                 tracing::info!(key = %key, reads_per_write = (per_write * 100.0).round() / 100.0, "not salting a write-hot key: its merged reads would cost the nodes more than the writes salting spreads");
             }
         }
         self.metrics.not_salted_keys.set(now.len() as i64);
         *was = now;
+    }
+
+    /// A key as the log shows it: raw, or hashed with `hotkeys.hash_names`.
+    pub fn shown(&self, key: &[u8]) -> String {
+        crate::hotkey::shown(key, self.hash_names.load(Ordering::Relaxed))
     }
 
     /// Why a write-hot key is not salted, if salting it would not pay: its reads per
