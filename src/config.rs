@@ -22,9 +22,10 @@ pub struct Config {
     pub listen: String,
     /// Admin HTTP (/metrics, /healthz, /readyz, /hotkeys). Default `127.0.0.1:9121`.
     pub admin: String,
-    /// Worker threads; 0 = one per core. Default 1: each worker keeps its own connection
-    /// to every node, so each added thread splits the nodes' batches (bench/README.md,
-    /// "Workloads": at 2 threads the nodes spent 1.1-1.4x their CPU per operation at 1).
+    /// Worker threads; 0 = one per core. Default 1: the workers share each node's
+    /// connections and gather their writes (`backend::wire`), which costs the proxy a
+    /// cross-thread wake per reply to another worker's session; one thread holds nothing
+    /// (README.md, "Choosing threads").
     pub threads: usize,
     pub backend: BackendConfig,
     pub limits: LimitsConfig,

@@ -104,6 +104,12 @@ pub async fn run(
         None => None,
     };
     let bound = listeners(&cfg, upgrade).await?;
+    let threads = match cfg.threads {
+        0 => std::thread::available_parallelism().map_or(1, |n| n.get()),
+        n => n,
+    };
+    // Before any node connection opens: each keeps a relay per worker thread.
+    backend::set_workers(threads);
     let (admin_listener, successor) = (bound.admin, bound.successor);
     // Replies may carry any value a node stores; cap them at Redis's own bulk limit.
     let backend = match &cfg.backend.cluster {
@@ -285,10 +291,6 @@ pub async fn run(
         nodes = cfg.backend.nodes.len(),
         "saltshaker serving"
     );
-    let threads = match cfg.threads {
-        0 => std::thread::available_parallelism().map_or(1, |n| n.get()),
-        n => n,
-    };
     if !ctx
         .salt
         .first_sync(std::time::Duration::from_millis(500))

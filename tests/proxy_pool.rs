@@ -596,10 +596,39 @@ fn placement_matches_twemproxy() {
     }
 }
 
+/// The connections on a node that carried the clients' commands (the proxy's shared
+/// connections: its listeners and tracking connections run other commands).
+fn connections(node: &Redis) -> usize {
+    let list = node.client().cmd(&["CLIENT", "LIST"]).as_str();
+    list.lines()
+        .filter(|l| {
+            ["cmd=get ", "cmd=set ", "cmd=mget "]
+                .iter()
+                .any(|c| l.contains(c))
+        })
+        .count()
+}
+
 #[test]
 fn many_clients_in_parallel_get_only_their_own_replies() {
-    let Some((nodes, proxy)) = pool4(&[]) else {
-        return;
+    // One worker thread, and four that share each node's connection (their relays write
+    // into one socket, gathered: backend/wire.rs): each client's replies are its own and in
+    // its order, and the node sees as many connections from four workers as from one.
+    let mut seen = Vec::new();
+    for threads in ["1", "4"] {
+        seen.push(parallel_clients(&["--threads", threads]));
+    }
+    assert_eq!(
+        seen[0], seen[1],
+        "connections on each node from the proxy at --threads 1 and at --threads 4"
+    );
+}
+
+/// Runs 12 clients in parallel through a pool and checks their replies; the connections
+/// each node then has from the proxy.
+fn parallel_clients(args: &[&str]) -> Vec<usize> {
+    let Some((nodes, proxy)) = pool4(args) else {
+        return Vec::new();
     };
     let addr = proxy.addr();
     let threads: Vec<_> = (0..12)
@@ -642,6 +671,7 @@ fn many_clients_in_parallel_get_only_their_own_replies() {
         t.join().expect("a client thread failed");
     }
     assert_eq!(nodes.iter().map(|n| n.dbsize()).sum::<i64>(), 12 * 200);
+    nodes.iter().map(connections).collect()
 }
 
 #[test]

@@ -4,7 +4,7 @@
 
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Weak};
+use std::sync::{Arc, OnceLock, Weak};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -13,17 +13,37 @@ use tokio::sync::{mpsc, oneshot};
 use tokio::time::{Instant, Sleep};
 
 use super::cluster::Cluster;
-use super::link::{supervise, Job, Replies, ReplyRx, LOST};
+use super::job::{Job, Replies, ReplyRx, LOST};
+use super::link::supervise;
+use super::wire::{relay, Wire};
 use super::{BackendError, Handshake, NodeMetrics};
 use crate::resp::Proto;
 
 /// Handle to a shared connection; cheap to clone.
 #[derive(Clone)]
 pub struct ConnHandle {
-    tx: mpsc::Sender<Job>,
+    inner: Arc<Inner>,
+}
+
+/// One connection's handles: every clone shares them, and the last one dropped closes the
+/// connection (its supervisor drains and ends; the relays end with their queues).
+struct Inner {
+    /// Each worker thread's queue to its relay (`wire::relay`), started on first use.
+    relays: Box<[OnceLock<mpsc::Sender<Job>>]>,
+    wire: Arc<Wire>,
     up: Arc<AtomicBool>,
     who: Arc<Who>,
 }
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        self.wire.close();
+    }
+}
+
+/// How many jobs a worker's relay queues for one connection before its callers wait (a
+/// node that stopped reading fills it, and they time out instead of queueing forever).
+const QUEUE: usize = 4096;
 
 /// The node a call goes to and its timeout counter: one `Arc` clone per call.
 struct Who {
@@ -55,7 +75,6 @@ impl ConnHandle {
         metrics: NodeMetrics,
         cluster: Option<Weak<Cluster>>,
     ) -> ConnHandle {
-        let (tx, rx) = mpsc::channel(4096);
         let up = Arc::new(AtomicBool::new(false));
         let who = Arc::new(Who {
             node: hs.addr.clone(),
@@ -63,12 +82,35 @@ impl ConnHandle {
             cluster,
             proto: hs.proto,
         });
-        tokio::spawn(supervise(hs, rx, up.clone(), metrics));
-        ConnHandle { tx, up, who }
+        let wire = Arc::new(Wire::new(hs.addr.clone(), metrics.clone()));
+        tokio::spawn(supervise(hs, wire.clone(), up.clone(), metrics));
+        let relays = (0..super::workers().max(1))
+            .map(|_| OnceLock::new())
+            .collect();
+        ConnHandle {
+            inner: Arc::new(Inner {
+                relays,
+                wire,
+                up,
+                who,
+            }),
+        }
     }
 
     pub fn is_up(&self) -> bool {
-        self.up.load(Ordering::Relaxed)
+        self.inner.up.load(Ordering::Relaxed)
+    }
+
+    /// This worker thread's queue to the connection: its relay, on this thread's runtime,
+    /// writes what it holds in one write per tick.
+    fn queue(&self) -> &mpsc::Sender<Job> {
+        let relays = &self.inner.relays;
+        let i = super::worker().min(relays.len() - 1);
+        relays[i].get_or_init(|| {
+            let (tx, rx) = mpsc::channel(QUEUE);
+            tokio::spawn(relay(rx, self.inner.wire.clone()));
+            tx
+        })
     }
 
     /// Queues `count` commands (their wire bytes in `data`, written contiguously) and
@@ -100,7 +142,7 @@ impl ConnHandle {
     /// What a call needs to follow redirections: the commands, on a cluster node, for jobs
     /// of one command per buffer.
     fn redo(&self, data: &SmallVec<[Bytes; 4]>, count: u32) -> Option<Box<Redo>> {
-        match &self.who.cluster {
+        match &self.inner.who.cluster {
             Some(_) if data.len() == count as usize => Some(Box::new(data.clone())),
             _ => None,
         }
@@ -116,17 +158,18 @@ impl ConnHandle {
     ) -> Result<Call, SmallVec<[Bytes; 4]>> {
         let redo = self.redo(&data, count);
         let (tx, rx) = oneshot::channel();
-        let (rx, failed) = match self.tx.try_send(Job::new(data, count, tx)) {
+        let (rx, failed) = match self.queue().try_send(Job::new(data, count, tx)) {
             Ok(()) => (Some(rx), None),
-            Err(mpsc::error::TrySendError::Closed(_)) => {
-                (None, Some(BackendError::Closed(self.who.node.clone())))
-            }
+            Err(mpsc::error::TrySendError::Closed(_)) => (
+                None,
+                Some(BackendError::Closed(self.inner.who.node.clone())),
+            ),
             Err(mpsc::error::TrySendError::Full(job)) => return Err(job.data),
         };
         Ok(Call {
             rx,
             failed,
-            who: self.who.clone(),
+            who: self.inner.who.clone(),
             redo,
         })
     }
@@ -141,14 +184,14 @@ impl ConnHandle {
         let (tx, rx) = oneshot::channel();
         let job = Job::new(data, count, tx);
         // The queue has room almost always: no timer unless it is full.
-        let sent = match self.tx.try_send(job) {
+        let sent = match self.queue().try_send(job) {
             Ok(()) => Ok(Ok(())),
             Err(mpsc::error::TrySendError::Closed(_)) => Ok(Err(())),
             // Boxed: the timer and the queue's wait are large, and every session's future
             // would hold them beside its own.
             Err(mpsc::error::TrySendError::Full(job)) => {
                 Box::pin(async {
-                    let send = async { self.tx.send(job).await.map_err(|_| ()) };
+                    let send = async { self.queue().send(job).await.map_err(|_| ()) };
                     match deadline {
                         Some(d) => tokio::time::timeout_at(d, send).await,
                         None => Ok(send.await),
@@ -159,16 +202,16 @@ impl ConnHandle {
         };
         let failed = match sent {
             Ok(Ok(())) => None,
-            Ok(Err(_)) => Some(BackendError::Closed(self.who.node.clone())),
+            Ok(Err(_)) => Some(BackendError::Closed(self.inner.who.node.clone())),
             Err(_) => {
-                self.who.timeouts.inc();
-                Some(BackendError::Timeout(self.who.node.clone()))
+                self.inner.who.timeouts.inc();
+                Some(BackendError::Timeout(self.inner.who.node.clone()))
             }
         };
         Call {
             rx: failed.is_none().then_some(rx),
             failed,
-            who: self.who.clone(),
+            who: self.inner.who.clone(),
             redo: None,
         }
     }

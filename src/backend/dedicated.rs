@@ -5,7 +5,7 @@ use bytes::{Bytes, BytesMut};
 use smallvec::SmallVec;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-use super::link::Replies;
+use super::job::Replies;
 use super::{BackendError, Handshake};
 use crate::net::Stream;
 use crate::resp::ReplyFramer;

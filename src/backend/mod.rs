@@ -13,6 +13,7 @@ mod conn;
 mod dedicated;
 mod error;
 mod handshake;
+mod job;
 pub mod keyspace;
 mod link;
 mod map;
@@ -20,6 +21,7 @@ mod node;
 pub mod placement;
 pub mod slots;
 pub mod tracking;
+mod wire;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -31,9 +33,9 @@ pub use conn::{deadline, pick, Call, ConnHandle};
 pub use dedicated::Dedicated;
 pub use error::{BackendError, NoReplica, SetupError, UnknownName};
 pub use handshake::{Handshake, NodeTls};
-pub use link::Replies;
+pub use job::Replies;
 pub use map::MapError;
-pub use node::{set_worker, worker, Lane, Node, NodeTable, MAX_NODES};
+pub use node::{set_worker, set_workers, worker, workers, Lane, Node, NodeTable, MAX_NODES};
 
 use crate::metrics::Metrics;
 pub use crate::metrics::NodeMetrics;

@@ -64,19 +64,18 @@ impl NodeTable {
     }
 }
 
-/// Shared connections per (RESP3?, database, lane), started on first use.
-/// A node's shared connections by (RESP3, database, lane, worker thread).
-type ConnSets = Mutex<HashMap<(bool, u32, Lane, usize), Arc<[ConnHandle]>>>;
+/// A node's shared connections by (RESP3, database, lane), started on first use and
+/// shared by every worker thread (each writes through its own relay: `wire`).
+type ConnSets = Mutex<HashMap<(bool, u32, Lane), Arc<[ConnHandle]>>>;
 
 thread_local! {
     static WORKER: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
 }
 
 /// Marks this thread as worker `i` (0: the main thread). Each worker thread runs its own
-/// runtime and keeps its own shared connections to every node, so that a command, the
-/// node's reply and the client's reply are all handled by the thread that read the
-/// command: no wakeup crosses threads on the request path (docs/architecture.md,
-/// "Worker threads").
+/// runtime and writes its sessions' commands to every node through a relay of its own, on
+/// connections all workers share, so that a node gets one connection's batches however
+/// many threads there are (docs/architecture.md, "Worker threads").
 pub fn set_worker(i: usize) {
     WORKER.with(|w| w.set(i));
 }
@@ -84,6 +83,18 @@ pub fn set_worker(i: usize) {
 /// This thread's worker index.
 pub fn worker() -> usize {
     WORKER.with(|w| w.get())
+}
+
+static WORKERS: AtomicUsize = AtomicUsize::new(1);
+
+/// How many worker threads there are (set once before they start): each shared connection
+/// keeps a relay per worker (`wire`).
+pub fn set_workers(n: usize) {
+    WORKERS.store(n.max(1), Ordering::Relaxed);
+}
+
+pub fn workers() -> usize {
+    WORKERS.load(Ordering::Relaxed)
 }
 
 /// Which of a node's shared lanes a command travels on. A node runs one connection's
@@ -123,11 +134,10 @@ impl Node {
         self.conns_in(proto, db, Lane::Main)
     }
 
-    /// The shared connections of a lane, for a protocol and database: this worker
-    /// thread's own (`set_worker`).
+    /// The shared connections of a lane, for a protocol and database.
     pub fn conns_in(&self, proto: Proto, db: u32, lane: Lane) -> Arc<[ConnHandle]> {
         let mut map = self.conns.lock().unwrap_or_else(|p| p.into_inner());
-        map.entry((proto == Proto::Resp3, db, lane, worker()))
+        map.entry((proto == Proto::Resp3, db, lane))
             .or_insert_with(|| {
                 let hs = Arc::new(self.handshake(proto, db));
                 (0..self.per_node)
