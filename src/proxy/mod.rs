@@ -50,6 +50,10 @@ pub struct Listener {
 /// (bench/README.md, "Worker threads").
 pub async fn serve(listeners: Vec<Listener>, ctx: Arc<Ctx>, threads: usize, drain: Duration) {
     let mut workers = Vec::new();
+    // A worker's runtime ends only once every worker has drained: the node connections
+    // are shared (`backend::wire`), and a connection's reader, or a relay writing for
+    // every worker, may run on any of them.
+    let (release_tx, release) = tokio::sync::watch::channel(false);
     for i in 1..threads.max(1) {
         let copies = match listeners.iter().map(Listener::copy).collect() {
             Ok(c) => c,
@@ -59,6 +63,7 @@ pub async fn serve(listeners: Vec<Listener>, ctx: Arc<Ctx>, threads: usize, drai
             }
         };
         let (ctx, (done_tx, done)) = (ctx.clone(), tokio::sync::oneshot::channel::<()>());
+        let mut release = release.clone();
         let spawned = std::thread::Builder::new()
             .name(format!("saltshaker-w{i}"))
             .spawn(move || {
@@ -68,14 +73,20 @@ pub async fn serve(listeners: Vec<Listener>, ctx: Arc<Ctx>, threads: usize, drai
                     .build()
                 {
                     Ok(rt) => {
-                        rt.block_on(serve_worker(copies, ctx, drain));
+                        rt.block_on(async {
+                            serve_worker(copies, ctx, drain).await;
+                            let _ = done_tx.send(());
+                            let _ = release.wait_for(|r| *r).await;
+                        });
                         // Tasks still running past the drain (a node connection, a
                         // client past the deadline) end with the runtime.
                         rt.shutdown_timeout(Duration::from_millis(100));
                     }
-                    Err(e) => tracing::warn!(error = %e, worker = i, "cannot start a worker"),
+                    Err(e) => {
+                        tracing::warn!(error = %e, worker = i, "cannot start a worker");
+                        let _ = done_tx.send(());
+                    }
                 }
-                let _ = done_tx.send(());
             });
         match spawned {
             Ok(_) => workers.push(done),
@@ -86,6 +97,7 @@ pub async fn serve(listeners: Vec<Listener>, ctx: Arc<Ctx>, threads: usize, drai
     for w in workers {
         let _ = tokio::time::timeout(drain + Duration::from_secs(1), w).await;
     }
+    let _ = release_tx.send(true);
 }
 
 impl Listener {
