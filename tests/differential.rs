@@ -271,9 +271,15 @@ fn random_sequences_through_two_proxies_match_redis_while_keys_are_salted_and_fo
     std::fs::write(&rules, RULES.replace("STRATEGY", "salt")).unwrap();
     let nodes = pool(4);
     let rules_arg = path_str(&rules);
+    // The second proxy runs two workers: their commands to a node are gathered on shared
+    // connections (backend/wire.rs), with the salt coordinator's and the folds'.
     let (a, b) = (
         proxy(&nodes, &rules_arg, &[]),
-        proxy(&nodes, &rules_arg, &[]),
+        Proxy::start_env(
+            &nodes.iter().collect::<Vec<_>>(),
+            &["--rules", &rules_arg, "--threads", "2"],
+            &[],
+        ),
     );
     let reference = Redis::start();
     let mut refc = reference.client();
