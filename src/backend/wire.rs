@@ -211,9 +211,10 @@ impl Wire {
 const HOLD_UNDER: usize = 128;
 
 /// Jobs from every worker waiting for one write. The first relay to add to an empty
-/// gathering writes it, after one turn of its runtime; relays that add while it is
-/// `flushing` leave theirs to it. So the workers' commands for a node that arrive
-/// within the same moment go in one write, and the node reads them in one pass.
+/// gathering writes it (holding first while the node has commands in hand, with several
+/// workers); relays that add while it is `flushing` leave theirs to it. So the workers'
+/// commands for a node that arrive within one round trip go in one write, and the node
+/// reads them in one pass.
 #[derive(Default)]
 pub(super) struct Gather {
     jobs: Vec<Job>,
