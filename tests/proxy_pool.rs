@@ -671,6 +671,14 @@ fn parallel_clients(args: &[&str]) -> Vec<usize> {
         t.join().expect("a client thread failed");
     }
     assert_eq!(nodes.iter().map(|n| n.dbsize()).sum::<i64>(), 12 * 200);
+    // Each client's pipeline of 401 commands is read at once and sent as a job per node:
+    // the writes metric counts the gathered writes, several commands each.
+    let commands = proxy.metric("saltshaker_backend_requests_total");
+    let writes = proxy.metric("saltshaker_backend_writes_total");
+    assert!(
+        writes >= 4.0 && commands >= 2.0 * writes,
+        "{args:?}: {commands} commands in {writes} writes to the nodes"
+    );
     nodes.iter().map(connections).collect()
 }
 

@@ -157,6 +157,7 @@ impl Wire {
                     }
                     let cmds: u64 = jobs.iter().map(|j| j.count as u64).sum();
                     self.m.requests.inc_by(cmds);
+                    self.m.writes.inc();
                     wr.open.add(cmds as i64);
                     let Err((e, unsent)) = write_jobs(wr, &mut jobs, &self.addr).await else {
                         continue;

@@ -101,6 +101,7 @@ pub struct Metrics {
     pub protocol_errors: Counter,
     pub output_limit_closed: Counter,
     pub backend_requests: Family<NodeLabel, Counter>,
+    pub backend_writes: Family<NodeLabel, Counter>,
     pub backend_errors: Family<NodeErrorLabel, Counter>,
     pub backend_connections: Family<NodeLabel, Gauge>,
     pub backend_up: Family<NodeLabel, Gauge>,
@@ -168,6 +169,7 @@ impl Metrics {
             protocol_errors: Counter::default(),
             output_limit_closed: Counter::default(),
             backend_requests: Family::default(),
+            backend_writes: Family::default(),
             backend_errors: Family::default(),
             backend_connections: Family::default(),
             backend_up: Family::default(),
@@ -242,6 +244,11 @@ impl Metrics {
             "backend_requests",
             "Commands sent to each backend node",
             m.backend_requests.clone(),
+        );
+        r.register(
+            "backend_writes",
+            "Writes to each backend node's shared connections; commands per write (backend_requests / backend_writes) is how well the proxy batches toward the node",
+            m.backend_writes.clone(),
         );
         r.register(
             "backend_errors",

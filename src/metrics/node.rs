@@ -9,6 +9,8 @@ use super::{Metrics, NodeErrorLabel, NodeLabel};
 #[derive(Clone)]
 pub struct NodeMetrics {
     pub requests: Counter,
+    /// Writes to the node's shared connections, each with every command gathered for it.
+    pub writes: Counter,
     pub connections: Gauge,
     pub up: Gauge,
     /// Commands sent and not answered yet, over the node's shared connections.
@@ -31,6 +33,7 @@ impl NodeMetrics {
         };
         NodeMetrics {
             requests: m.backend_requests.get_or_create(&l).clone(),
+            writes: m.backend_writes.get_or_create(&l).clone(),
             connections: m.backend_connections.get_or_create(&l).clone(),
             up: m.backend_up.get_or_create(&l).clone(),
             pending: m.backend_pending.get_or_create(&l).clone(),
