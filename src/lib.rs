@@ -27,8 +27,9 @@
 //! |            | by field, sets, HLLs, zsets) behind one trait, ops, fold, relocate     |
 //! |            | (a shard off a shared master), coordinator; idempotent increments      |
 //! |            | (`idem`), the display tier's rollups (`rollup`)                        |
-//! | `backend`  | nodes, shared pipelined connections, where keys live (`Keyspace`: one  |
-//! |            | node, a pool's placement, a Redis Cluster), tracking invalidation,     |
+//! | `backend`  | nodes, shared pipelined connections (every worker's writes gathered:   |
+//! |            | `wire`), where keys live (`Keyspace`: one node, a pool's placement, a  |
+//! |            | Redis Cluster), tracking invalidation,                                 |
 //! |            | Redis Cluster (slot map kept current, MOVED/ASK followed in the call)  |
 //! | `net`      | streams plain or TLS behind one type; client and node TLS (rustls)     |
 //! | `proxy`    | listener and worker threads; five rooms along a request's route:      |
