@@ -9,7 +9,6 @@ use crate::metrics::Class;
 use crate::policy::Action;
 use crate::proxy::conn::round::{RoundBuilder, Slot};
 use crate::proxy::conn::state::{err_bytes, Flow, Session};
-use crate::proxy::registry::clients::Client;
 use crate::proxy::registry::tracking::{Mode, Tracking};
 use crate::resp::{encode_int, encode_simple, Proto, Request, Value};
 
@@ -308,14 +307,4 @@ pub fn switches(s: &mut Session, req: &Request, c: &Classified) -> bool {
         t.on_tracked.resize(node + 1, None);
     }
     t.on_tracked[node].replace(up).is_some_and(|was| was != up)
-}
-
-/// Resolves when the session has invalidations to push: its own, or another client's
-/// that redirects to it. Only a RESP3 session takes pushes (a RESP2 one subscribed to
-/// `__redis__:invalidate` is a tunnel to a node, which the proxy does not write into).
-pub async fn invalidated(me: &Client, proto: Proto) {
-    match proto {
-        Proto::Resp3 => me.inbox.notify.notified().await,
-        Proto::Resp2 => std::future::pending().await,
-    }
 }

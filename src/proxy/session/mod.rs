@@ -117,6 +117,18 @@ async fn read_loop(
     let mut ended = false;
     // This connection in the registry: its inbox of invalidations (client-side caching).
     let me = s.me.clone();
+    // The waits beside the read, made once and kept: made and dropped per read, each
+    // registered with and removed from its notifier's list, under its lock, on every
+    // request at pipeline 1 (bench/README.md, "Instructions per request").
+    // The writer gave the client up (it left its replies unread, or its socket failed):
+    // end the connection now, not when the client next sends.
+    let gone = tx.closed();
+    // CLIENT KILL chose this connection.
+    let mut kill = killed.clone();
+    let kill = kill.wait_for(|k| *k);
+    let stop = shutdown.wait_for(|v| *v);
+    let inbox = me.inbox.notify.notified();
+    tokio::pin!(gone, kill, stop, inbox);
     loop {
         // Invalidations for a tracking client, after every round sent before them.
         let resp3 = s.proto() == crate::resp::Proto::Resp3;
@@ -168,13 +180,16 @@ async fn read_loop(
             tokio::select! {
                 biased;
                 n = r.read_some(&mut buf) => n,
-                // The writer gave the client up (it left its replies unread, or its socket
-                // failed): end the connection now, not when the client next sends.
-                _ = tx.closed() => return End::Closed,
-                // CLIENT KILL chose this connection.
-                _ = killed.wait_for(|k| *k) => return End::Closed,
-                _ = crate::proxy::answer::client_cache::invalidated(&me, proto) => continue,
-                _ = shutdown.wait_for(|v| *v) => {
+                _ = &mut gone => return End::Closed,
+                _ = &mut kill => return End::Closed,
+                // Invalidations to push: only a RESP3 session takes them (a RESP2 one
+                // subscribed to `__redis__:invalidate` is a tunnel to a node, which the
+                // proxy does not write into).
+                _ = &mut inbox, if proto == crate::resp::Proto::Resp3 => {
+                    inbox.set(me.inbox.notify.notified());
+                    continue;
+                }
+                _ = &mut stop => {
                     tracing::debug!(client = s.id(), "draining on shutdown");
                     draining = true;
                     continue;
