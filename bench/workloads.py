@@ -22,9 +22,12 @@ the figures to trust on a shared machine: both targets met the same noise.
 
 Targets: `nc` (nutcracker), `ss1` (saltshaker --threads 1), `ss2` (--threads 2), and
 `ssD` (the default, one worker per core) when the machine has more than two cores.
-Extra saltshaker builds to compare: --bin-b BIN adds `b1`/`b2` with that binary.
+Extra saltshaker builds to compare: --bin-b BIN adds `b1`/`b2` with that binary;
+--rules-b FILE runs the `b` targets with that rules file (with no --bin-b, the same
+binary: what one rule costs or saves the nodes).
 
-usage: bench/workloads.py --saltshaker BIN [--bin-b BIN] [--rounds 3] [--seconds 5]
+usage: bench/workloads.py --saltshaker BIN [--bin-b BIN] [--rules-b FILE] [--rounds 3]
+       [--seconds 5]
        [--shapes read-hot,big-writes,counters,...] [--markdown]
 """
 
@@ -87,12 +90,13 @@ def start_nutcracker_pool(ports, tmp, procs):
     return nport, nc
 
 
-def start_saltshaker(binary, ports, threads, procs):
+def start_saltshaker(binary, ports, threads, procs, rules=None):
     pport, aport = free_port(), free_port()
+    rules = rules or os.path.join(HERE, "..", "rules", "default.yaml")
     p = subprocess.Popen(
         [binary, "--listen", f"127.0.0.1:{pport}", "--admin", f"127.0.0.1:{aport}",
          "--nodes", ",".join(f"127.0.0.1:{q}" for q in ports), "--threads", str(threads),
-         "--rules", os.path.join(HERE, "..", "rules", "default.yaml"), "--log-level", "warn"],
+         "--rules", rules, "--log-level", "warn"],
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     procs.append(p)
     wait_port(pport)
@@ -183,6 +187,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--saltshaker", required=True)
     ap.add_argument("--bin-b")
+    ap.add_argument("--rules-b", help="rules file of the b targets")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--seconds", type=float, default=5.0)
     ap.add_argument("--shapes", default=",".join(SHAPES))
@@ -209,8 +214,9 @@ def main():
         for t in threads:
             tag = t if t else "D"
             targets[f"ss{tag}"] = (lambda t=t: start_saltshaker(args.saltshaker, ports, t, procs))
-            if args.bin_b:
-                targets[f"b{tag}"] = (lambda t=t: start_saltshaker(args.bin_b, ports, t, procs))
+            if args.bin_b or args.rules_b:
+                targets[f"b{tag}"] = (lambda t=t: start_saltshaker(
+                    args.bin_b or args.saltshaker, ports, t, procs, args.rules_b))
         names = list(targets)
         results.update({s: {n: [] for n in names} for s in shapes})
         for shape in shapes:
