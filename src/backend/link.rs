@@ -120,11 +120,10 @@ pub(super) async fn supervise(
             _ = tokio::time::sleep_until(until) => {}
             _ = wire.closing.notified() => {}
         }
+        wire.set(State::Connecting).await;
         if wire.is_closed() {
-            wire.set(State::Connecting).await;
             return;
         }
-        wire.set(State::Connecting).await;
     }
 }
 

@@ -290,6 +290,10 @@ impl Pending {
         {
             self.gauge.dec_by(was.min(k));
             if was <= k {
+                // Both: a writer holding made its `Notified` before it looked at the count,
+                // and `notify_waiters` reaches it; the drain on close makes a new one per
+                // turn of its loop, and the permit `notify_one` leaves reaches it even
+                // between two turns.
                 self.none.notify_waiters();
                 self.none.notify_one();
             }
