@@ -6,10 +6,6 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 use saltshaker::config::Config;
 
-/// mimalloc: see Cargo.toml for the measurement that chose it.
-#[global_allocator]
-static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
-
 #[derive(Parser, Debug)]
 #[command(
     name = "saltshaker",
