@@ -183,6 +183,7 @@ pub async fn run(
         .hash_names
         .store(cfg.hotkeys.hash_names, std::sync::atomic::Ordering::Relaxed);
     proxy::spawn_hot_updater(ctx.clone(), cfg.hotkeys.hash_names);
+    proxy::spawn_memory_trim(ctx.clone());
     proxy::spawn_salt_coordinator(ctx.clone());
     proxy::spawn_admission_sync(ctx.clone());
     proxy::spawn_balancer(ctx.clone(), balance.clone());

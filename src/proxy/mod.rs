@@ -225,6 +225,43 @@ async fn accept_loop(l: Listener, ctx: Arc<Ctx>) {
     }
 }
 
+/// Gives freed memory back to the system after client connections close.
+///
+/// glibc's malloc returns only the top of a heap: the buffers and futures of connections
+/// that closed stay resident, scattered between live ones. Measured (bench/conn_memory.py,
+/// 4,000 connections opened and closed, RSS 5 s later): 157, 167, 175 MB after three
+/// rounds over 9 MB idle, never given back. `malloc_trim` releases every free page of
+/// every arena. It runs on a blocking thread, at most every five seconds, and only after
+/// at least 256 clients closed since the last time, so a steady proxy never pays for it.
+/// mimalloc was measured instead and kept more per connection (35 kB against 16 kB).
+pub fn spawn_memory_trim(ctx: Arc<Ctx>) {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    tokio::spawn(async move {
+        extern "C" {
+            fn malloc_trim(pad: usize) -> i32;
+        }
+        let mut shutdown = ctx.shutdown.clone();
+        let m = &ctx.metrics;
+        let closed = || m.client_connections_total.get() as i64 - m.client_connections.get();
+        let mut trimmed_at = closed();
+        loop {
+            tokio::select! {
+                _ = tokio::time::sleep(Duration::from_secs(5)) => {}
+                _ = shutdown.wait_for(|v| *v) => return,
+            }
+            let now = closed();
+            if now - trimmed_at >= 256 {
+                // SAFETY: malloc_trim only releases free memory; it takes glibc's own
+                // arena locks and touches no memory the program holds.
+                let _ = tokio::task::spawn_blocking(|| unsafe { malloc_trim(0) }).await;
+                trimmed_at = now;
+            }
+        }
+    });
+    #[cfg(not(all(target_os = "linux", target_env = "gnu")))]
+    let _ = ctx;
+}
+
 /// Learns the nodes' Redis version (what HELLO reports) before the first client is served,
 /// waiting at most `wait` (a node that is down or mute does not hold the proxy back), then
 /// every second until every node has answered, and every minute after that, or as soon as
