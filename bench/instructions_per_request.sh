@@ -11,6 +11,11 @@
 # counts user-space work only (a system call is one instruction); `cpu_per_request.py`
 # gives the time.
 #
+# Beside each count, in brackets, the *wakes* per request: the task polls tokio ran for
+# saltshaker (calls of `tokio::runtime::task::raw::poll`), and the events nutcracker's loop
+# handled (calls of `core_core`, one per socket event). A wake is one turn of the loop's
+# work for one socket or task; twemproxy runs one callback per event, saltshaker a task.
+#
 # usage: bench/instructions_per_request.sh [--bin target/release/saltshaker]
 #        [--bin-b OTHER] [-n 20000] [--tests get,set] [--pipelines 1]
 set -euo pipefail
@@ -60,6 +65,27 @@ count() {
   kill "$pid" 2>/dev/null || true
   wait "$pid" 2>/dev/null || true
   awk -v n="$N" '/^summary:/ {printf "%d", $2 / n}' "$out".1
+  printf ' (%s)' "$(wakes "$out".1)"
+}
+
+# Calls, per request, of the functions that run one task or one event (see above), summed
+# over callgrind's call lines (`cfn=(id) name` names a callee once; `calls=N` follows).
+wakes() {
+  awk -v n="$N" '
+    /^fn=/ {
+      id = $1; sub(/^fn=/, "", id); name = $0; sub(/^fn=\([0-9]+\) ?/, "", name)
+      if (name != "") names[id] = name
+      next
+    }
+    /^cfn=/ {
+      id = $1; sub(/^cfn=/, "", id); name = $0; sub(/^cfn=\([0-9]+\) ?/, "", name)
+      if (name != "") names[id] = name
+      cur = names[id]; next
+    }
+    /^calls=/ && (cur ~ /tokio::runtime::task::raw::poll($|<)/ || cur ~ /^core_core$/) {
+      split($1, a, "="); total += a[2]
+    }
+    END { printf "%.2f", total / n }' "$1"
 }
 
 targets=(nutcracker "$BIN")

@@ -99,10 +99,25 @@ pub struct FillShare {
 /// Windows a cache declined on its measured fills stays declined before it is tried again.
 pub const HOLD_MEASURED_DECLINE: u32 = 10;
 
-/// The increments a batch of a key written `writes_per_sec` would carry, from the
-/// detector's rate: the one that opens it, and those arriving within its window.
-pub fn per_batch(writes_per_sec: f64, window: Duration) -> f64 {
-    1.0 + writes_per_sec.max(0.0) * window.as_secs_f64()
+/// A key's combining declined: its write rate then, and the windows it has been held.
+#[derive(Clone, Copy, Debug, PartialEq)]
+struct Declined {
+    rate: f64,
+    held: u32,
+}
+
+/// Detection windows a key's combining stays declined before it is combined again, to be
+/// measured anew, unless its rate says sooner that its batches would fill. Batches are
+/// paced (`mitigate::combine`): what one carries depends on how many clients write the key
+/// at once, which no rate tells (one client writing fast fills no batch, and combining
+/// slows it, so its rate jumps when it is declined). A trial costs one window in ten.
+pub const HOLD_COMBINE_DECLINE: u32 = 10;
+
+/// The increments per node command a declined key's batches would carry now, from what
+/// they carried at `per` when it was declined at `rate`: the extra increments grow with the
+/// rate.
+pub fn per_batch_now(per: f64, rate: f64, writes_per_sec: f64) -> f64 {
+    1.0 + (per - 1.0).max(0.0) * writes_per_sec.max(0.0) / rate.max(1.0)
 }
 
 /// The share of a key's reads that its writes would turn into cache fills.
@@ -135,6 +150,8 @@ pub struct HotSet {
     /// Write-hot keys whose rule combines but whose batches would not pay
     /// (`DECLINE_PER_COMMAND`): the increments per node command they carry.
     not_combined: HashMap<Bytes, f64>,
+    /// When each key in `not_combined` was declined (`HOLD_COMBINE_DECLINE`).
+    declined_at: HashMap<Bytes, Declined>,
     rules: Option<Arc<Rules>>,
     has_pins: bool,
 }
@@ -160,6 +177,7 @@ impl HotSet {
     ) -> HotSet {
         let mut write = HashMap::new();
         let mut not_combined = HashMap::new();
+        let mut declined_at = HashMap::new();
         let mut read = HashMap::new();
         let mut read_hot = std::collections::HashSet::new();
         let mut not_cached = HashMap::new();
@@ -217,22 +235,26 @@ impl HotSet {
                 // carry too few (the rate of a key's first hot window is only the
                 // threshold it crossed, too early to judge by), and taken again when
                 // its rate, over a whole window, would fill batches.
-                let was_declined = prev.is_some_and(|h| h.not_combined.contains_key(&k.key[..]));
-                let (per, line) = match was_declined {
-                    true => (
-                        Some(per_batch(k.writes_per_sec, h.combine_window)),
-                        RECOMBINE_PER_COMMAND,
-                    ),
-                    false => (
-                        measured.get(&k.key[..]).and_then(Ledger::per_command),
-                        DECLINE_PER_COMMAND,
-                    ),
+                let declined = prev.and_then(|h| {
+                    let per = h.not_combined.get(&k.key[..])?;
+                    Some((*per, *h.declined_at.get(&k.key[..])?))
+                });
+                let stay = match declined {
+                    Some((per, d)) => Some(per_batch_now(per, d.rate, k.writes_per_sec))
+                        .filter(|now| *now < RECOMBINE_PER_COMMAND && d.held < HOLD_COMBINE_DECLINE)
+                        .map(|now| (now, Declined { held: d.held + 1, ..d })),
+                    None => measured
+                        .get(&k.key[..])
+                        .and_then(Ledger::per_command)
+                        .filter(|per| *per < DECLINE_PER_COMMAND)
+                        .map(|per| (per, Declined { rate: k.writes_per_sec, held: 0 })),
                 };
-                match per {
-                    Some(per) if per < line => {
+                match stay {
+                    Some((per, d)) => {
                         not_combined.insert(Bytes::copy_from_slice(&k.key), per);
+                        declined_at.insert(Bytes::copy_from_slice(&k.key), d);
                     }
-                    _ => {
+                    None => {
                         write.insert(Bytes::copy_from_slice(&k.key), h);
                     }
                 }
@@ -252,6 +274,7 @@ impl HotSet {
             not_cached,
             ledgers,
             not_combined,
+            declined_at,
             rules: Some(rules),
             has_pins,
         }

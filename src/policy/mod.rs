@@ -14,9 +14,9 @@ mod hot;
 mod salted;
 use crate::rules::CachePolicy;
 pub use hot::{
-    fill_share, per_batch, FillShare, HotSet, Ledger, WriteHot, DECLINE_FILL_SHARE,
+    fill_share, per_batch_now, FillShare, HotSet, Ledger, WriteHot, DECLINE_FILL_SHARE,
     DECLINE_PER_COMMAND, HOLD_MEASURED_DECLINE, MIN_BATCHES_TO_JUDGE, MIN_FILLS_TO_JUDGE,
-    READMIT_FILL_SHARE, RECOMBINE_PER_COMMAND,
+    READMIT_FILL_SHARE, RECOMBINE_PER_COMMAND, HOLD_COMBINE_DECLINE,
 };
 
 /// What to do with one command.
@@ -306,16 +306,27 @@ mod tests {
         assert!(!combined(&b));
         assert_eq!(b.not_combined(b"k"), Some(1.2));
         assert_eq!(b.combine_changes(&a).0.len(), 1);
-        // Declined, at 2,000/s a batch would carry 2.0: not taken again under 2.5.
-        let c = build(2_000.0, Some(&b), &none);
+        // Declined at 1,000/s; at 1,500/s its batches would carry 1.3: not taken again
+        // under 2.5.
+        let c = build(1_500.0, Some(&b), &none);
         assert!(!combined(&c));
-        assert_eq!(c.not_combined(b"k"), Some(2.0));
-        // At 3,000/s (2.5 per batch): combined again.
-        let d = build(3_000.0, Some(&c), &none);
+        let per = c.not_combined(b"k").unwrap();
+        assert!((per - 1.3).abs() < 1e-9, "{per}");
+        // At 8,500/s they would carry 2.7: combined again, to be measured anew.
+        let d = build(8_500.0, Some(&c), &none);
         assert!(combined(&d));
         assert_eq!(d.combine_changes(&c).1.len(), 1);
+        // One client writing fast fills no batch at any rate: measured 1.0, declined
+        // again, and held so for HOLD_COMBINE_DECLINE windows whatever its rate, then
+        // tried again.
+        let mut h = build(8_500.0, Some(&d), &measured(1.0));
+        for _ in 0..=HOLD_COMBINE_DECLINE {
+            assert!(!combined(&h));
+            h = build(20_000.0, Some(&h), &none);
+        }
+        assert!(combined(&h));
         // Combined, batches of 2.0 keep it combined: the line to drop it is 2.0.
-        let e = build(3_000.0, Some(&d), &measured(2.0));
+        let e = build(8_500.0, Some(&d), &measured(2.0));
         assert!(combined(&e));
     }
 

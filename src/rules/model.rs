@@ -317,7 +317,8 @@ impl Default for Idempotency {
 #[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct CombinePolicy {
-    /// How long the first increment of a batch waits for others. Default 500 us.
+    /// A key's combined increments leave as one command per window at most (an increment
+    /// to a key with nothing in flight leaves at once). Default 500 us.
     pub window_us: u64,
 }
 

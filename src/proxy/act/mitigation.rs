@@ -13,7 +13,7 @@ use crate::command::Classified;
 use crate::command::Cmd;
 use crate::mitigate::cache::Cause;
 use crate::mitigate::cache::FillReply;
-use crate::mitigate::combine::BatchKey;
+use crate::mitigate::combine::{BatchKey, Pace};
 use crate::policy::HotSet;
 use crate::proxy::conn::ctx::CacheLayer;
 use crate::proxy::conn::round::{CachedGet, Keys, MgetFrom, MgetPerKey, RoundBuilder, Slot};
@@ -41,7 +41,7 @@ pub(in crate::proxy) fn combine(
         field: field.map(|f| req.arg_bytes(f)),
     };
     let hash = Keys::hash(&bk.key);
-    let pending = s.ctx().combiner.add(bk, conn, delta, req.wire(), window);
+    let pending = s.ctx().combiner.add(bk, conn, delta, req.wire(), Pace::Now(window));
     s.order.combined(hash, pending.done);
     rb.combined();
     rb.slots.push(Slot::Later(pending.reply));

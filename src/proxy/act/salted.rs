@@ -19,7 +19,7 @@ use tokio::sync::oneshot;
 
 use super::route::push;
 use crate::command::Classified;
-use crate::mitigate::combine::BatchKey;
+use crate::mitigate::combine::{BatchKey, Pace};
 use crate::policy::{SaltPlan, SaltPlan as Plan};
 use crate::proxy::conn::round::{Keys, Merge, RoundBuilder, Slot};
 use crate::proxy::conn::state::{err_bytes, Session};
@@ -297,7 +297,7 @@ fn combine(
         key: e.parts[part].clone(),
         field: field.clone(),
     };
-    let pending = s.ctx().combiner.add(bk, conn, *delta, cmd, window);
+    let pending = s.ctx().combiner.add(bk, conn, *delta, cmd, Pace::Turn(window));
     s.order.combined(Keys::hash(&e.key), pending.done);
     rb.combined();
     let (ctx, proto) = (s.ctx().clone(), s.proto());
