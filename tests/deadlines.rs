@@ -85,3 +85,57 @@ fn a_node_frozen_while_the_proxy_asks_its_databases_is_asked_again() {
     }
     assert_eq!(c.cmd(&["SELECT", "3"]), Reply::ok());
 }
+
+/// The proxy's subscription to the fleet's salt announcements waits on a channel that may
+/// stay quiet for long. Past 10 s of quiet it PINGs the node, and a node that does not
+/// answer within the deadline is subscribed to again, so a frozen registry node cannot
+/// stop the listener for good. Frozen past both, the listener says so in the log; thawed,
+/// the node has the proxy's subscription again, on a new connection.
+#[test]
+fn a_registry_node_frozen_under_the_listener_is_subscribed_to_again() {
+    need_redis();
+    let node = Redis::start();
+    let proxy = Proxy::start(&[&node], &[]);
+    // The listener's connection: named after the proxy, subscribed to one channel.
+    let subscriber = || -> Option<String> {
+        let Reply::Bulk(Some(list)) = node.client().cmd(&["CLIENT", "LIST"]) else {
+            return None;
+        };
+        String::from_utf8_lossy(&list)
+            .lines()
+            .find(|l| l.contains(" name=saltshaker-") && l.contains(" sub=1 "))
+            .and_then(|l| l.split(' ').find(|f| f.starts_with("id=")))
+            .map(str::to_string)
+    };
+    let wait_for = |what: &str, within: Duration, ok: &dyn Fn() -> bool| {
+        let end = Instant::now() + within;
+        while !ok() {
+            assert!(Instant::now() < end, "{what} within {within:?}");
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    };
+    wait_for("the listener subscribed", Duration::from_secs(10), &|| {
+        subscriber().is_some()
+    });
+    let first = subscriber().expect("subscribed");
+    node.signal("STOP");
+    let thaw = Thaw(&node);
+    let t0 = Instant::now();
+    wait_for(
+        "the listener's PING deadline firing",
+        Duration::from_secs(20),
+        &|| proxy.stderr().contains("salt registry channel silent; subscribing again"),
+    );
+    // No sooner than the PING's own deadline after the freeze.
+    assert!(
+        t0.elapsed() >= Duration::from_secs(5),
+        "gave up after {:?}, before the PING's deadline",
+        t0.elapsed()
+    );
+    drop(thaw);
+    wait_for(
+        "the listener subscribed again on a new connection",
+        Duration::from_secs(10),
+        &|| subscriber().is_some_and(|id| id != first),
+    );
+}

@@ -124,7 +124,7 @@ async fn newly_hot(
 /// channel quiet for `QUIET` gets a PING; a node silent past `ASK_WITHIN` is subscribed to
 /// again, so a frozen node cannot stop the listener for good.
 async fn listen(hs: crate::backend::Handshake, kick: Arc<tokio::sync::Notify>) {
-    const QUIET: Duration = Duration::from_secs(30);
+    const QUIET: Duration = Duration::from_secs(10);
     let within = crate::backend::ASK_WITHIN;
     loop {
         if let Ok(mut d) = Dedicated::open(&hs).await {
