@@ -419,7 +419,9 @@ impl Drop for Session {
 pub enum Flow {
     Continue,
     Close,
-    Tunnel(tunnel::Start),
+    /// SUBSCRIBE: the client talks to the node from now on (boxed: a `Start` is 112 bytes,
+    /// and every read's future holds a `Flow`).
+    Tunnel(Box<tunnel::Start>),
     /// MONITOR: the connection streams every command of this proxy from now on.
     Monitor,
     /// Send the round built so far and wait for its replies before this command: it

@@ -192,7 +192,7 @@ pub(in crate::proxy) async fn resume(
             hs.name = s.name().cloned();
             let now = rb.jobs.is_empty();
             match tunnel::open(&n, &hs, req.wire(), now).await {
-                Ok(start) => Ok(Flow::Tunnel(start)),
+                Ok(start) => Ok(Flow::Tunnel(Box::new(start))),
                 Err(e) => {
                     rb.slots
                         .push(Slot::Ready(err_bytes(&format!("ERR saltshaker: {e}"))));
@@ -390,7 +390,7 @@ fn plain(
                 if rb.jobs.is_empty() && s.db() == 0 {
                     let n = s.ctx().backend.node(node).clone();
                     if let Some(start) = tunnel::open_now(&n, s.proto(), s.name(), req.wire()) {
-                        return Ok(Flow::Tunnel(start));
+                        return Ok(Flow::Tunnel(Box::new(start)));
                     }
                 }
                 return Err(Wait::Subscribe(node));

@@ -312,7 +312,7 @@ async fn burst(
             }
             Flow::Monitor => return Box::pin(monitor(s, rb, tx)).await,
             Flow::Tunnel(start) => {
-                return Box::pin(tunnel(s, rb, tx, start, reqs_iter, buf, last)).await
+                return Box::pin(tunnel(s, rb, tx, *start, reqs_iter, buf, last)).await
             }
         }
     }
@@ -331,26 +331,17 @@ async fn burst(
         close = true;
     }
     if !rb.is_empty() || close {
-        if !rb.jobs.is_empty() && !s.order.no_writes_pending() {
-            Box::pin(wait_barrier(s, &rb)).await;
-        }
-        let want_ack = rb.wrote_cached;
-        // Only a round with jobs has commands a later task or combined write could
-        // overtake.
-        let had_jobs = !rb.jobs.is_empty();
-        let written = std::mem::take(&mut rb.written);
-        let keys = std::mem::take(&mut rb.keys);
-        let mut round = sent!(rb, s);
-        s.order.sent(
-            &mut round,
-            had_jobs,
-            want_ack,
-            s.tracks_keys(),
-            written,
-            keys,
-        );
-        round.close_after = close;
-        if !queue(tx, Box::new((round, s.proto()))).await {
+        // Built and queued without a wait almost always; the waits boxed, so that neither
+        // the builder nor the round sits in this future (allocated per read) beside them.
+        let q = if !rb.jobs.is_empty() && !s.order.no_writes_pending() {
+            Box::pin(round_later(s, rb, close, true)).await
+        } else {
+            match round_now(s, rb, close) {
+                Ok(q) => q,
+                Err(f) => Box::pin(full_later(s, f)).await,
+            }
+        };
+        if !queue(tx, q).await {
             return Step::Closed;
         }
     }
@@ -358,6 +349,69 @@ async fn burst(
         return Step::Closed;
     }
     Step::Read
+}
+
+/// What the order keeps of a round once it is sent (`Order::sent`).
+struct Sent {
+    had_jobs: bool,
+    want_ack: bool,
+    written: Vec<bytes::Bytes>,
+    keys: crate::proxy::conn::round::Keys,
+    close: bool,
+}
+
+/// A round whose job met a full queue (`RoundBuilder::send_now`), and what the order keeps.
+type Full = Box<(Box<crate::proxy::conn::round::Full>, Sent)>;
+
+/// The round of a read, sent to its nodes and ready for the writer, unless a node's queue
+/// is full. Only once the session's earlier writes have landed (`Order::wait_barrier`).
+fn round_now(s: &mut Session, mut rb: RoundBuilder, close: bool) -> Result<Queued, Full> {
+    let sent = Sent {
+        want_ack: rb.wrote_cached,
+        // Only a round with jobs has commands a later task or combined write could
+        // overtake.
+        had_jobs: !rb.jobs.is_empty(),
+        written: std::mem::take(&mut rb.written),
+        keys: std::mem::take(&mut rb.keys),
+        close,
+    };
+    match rb.send_now(s.ctx().backend.request_timeout, &s.inflight) {
+        Ok(round) => Ok(ordered(s, round, sent)),
+        Err(full) => Err(Box::new((full, sent))),
+    }
+}
+
+/// `round_now` after its waits: the session's earlier writes, if `barrier`, and room in a
+/// full queue.
+async fn round_later(s: &mut Session, rb: RoundBuilder, close: bool, barrier: bool) -> Queued {
+    if barrier {
+        wait_barrier(s, &rb).await;
+    }
+    match round_now(s, rb, close) {
+        Ok(q) => q,
+        Err(f) => full_later(s, f).await,
+    }
+}
+
+/// `round_now`'s round once its full queue had room.
+async fn full_later(s: &mut Session, f: Full) -> Queued {
+    let (full, sent) = *f;
+    let round = full.finish().await;
+    ordered(s, round, sent)
+}
+
+/// The round noted by the session's order, ready for the writer.
+fn ordered(s: &mut Session, mut round: Round, sent: Sent) -> Queued {
+    s.order.sent(
+        &mut round,
+        sent.had_jobs,
+        sent.want_ack,
+        s.tracks_keys(),
+        sent.written,
+        sent.keys,
+    );
+    round.close_after = sent.close;
+    Box::new((round, s.proto()))
 }
 
 /// CLIENT REPLY: the slots from `from` on are written as nothing.
