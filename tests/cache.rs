@@ -373,11 +373,17 @@ fn a_key_written_as_often_as_it_is_read_is_not_cached_and_hotkeys_says_why() {
     let mut c = p.client();
     assert_eq!(c.cmd(&["SET", "churn", "0"]), Reply::ok());
     assert_eq!(c.cmd(&["SET", "steady", "s"]), Reply::ok());
-    let end = Instant::now() + Duration::from_secs(4);
+    // At least 4 s, and until both were seen (at most 12 s): a round that writes a cached
+    // key sends its later reads to the node (read-your-writes), so while churn is still
+    // cached, in its first windows, steady's reads in the same rounds are not hits. With
+    // 4 s only, 4 runs in 8 of the previous build failed so on a quiet machine.
+    let start = Instant::now();
     let mut n = 0u64;
     let mut churn_seen = None;
     let mut steady_seen = false;
-    while Instant::now() < end {
+    while start.elapsed() < Duration::from_secs(4)
+        || (start.elapsed() < Duration::from_secs(12) && !(churn_seen.is_some() && steady_seen))
+    {
         // 100 reads and 100 writes of `churn`, 100 reads of `steady`, per round.
         let mut cmds: Vec<Vec<String>> = Vec::new();
         for i in 0..100 {
@@ -428,23 +434,33 @@ fn a_key_written_as_often_as_it_is_read_is_not_cached_and_hotkeys_says_why() {
     // load, the test saw 0 hits so.
     assert_eq!(c.cmd(&["GET", "steady"]), Reply::bulk("s"));
     let gets = |r: &Redis| calls(r, "get");
-    let before = gets(&node);
     // Served by the cache: hits, and reads that waited on another's fill (a pipeline
     // landing on an entry just dropped waits on one fill for all its reads).
     let served = |p: &Proxy| {
         p.metric("saltshaker_cache_hits_total") + p.metric("saltshaker_cache_coalesced_total")
     };
-    let hits_before = served(&p);
-    // The same mix as before (a key's writes go on as they did).
+    // The same mix as before (a key's writes go on as they did). Tried up to five times, a
+    // window apart: one CI run saw none of steady's 200 reads served by the cache in one
+    // such pipeline, after /hotkeys had shown its savings (the cause is not pinned down;
+    // a round that writes a cached key sends its later reads to the node, which would do
+    // it while churn is cached again for a window). A cache that never serves steady fails.
     let mut cmds: Vec<Vec<&str>> = Vec::new();
     for _ in 0..200 {
         cmds.push(vec!["SET", "churn", "x"]);
         cmds.push(vec!["GET", "churn"]);
         cmds.push(vec!["GET", "steady"]);
     }
-    c.pipeline(&cmds);
-    let to_node = gets(&node) - before;
-    let hits = served(&p) - hits_before;
+    let (mut to_node, mut hits) = (0, 0.0);
+    for _ in 0..5 {
+        let (before, hits_before) = (gets(&node), served(&p));
+        c.pipeline(&cmds);
+        to_node = gets(&node) - before;
+        hits = served(&p) - hits_before;
+        if hits >= 150.0 {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(1000));
+    }
     assert!(
         to_node >= 200,
         "churn's reads reach the node: {to_node} GETs"
