@@ -203,7 +203,8 @@ impl Combiner {
             tokio::spawn(async move { me.fly(flight, &bk, &conn, pace).await });
         }
         if start_driver {
-            tokio::spawn(self.clone().drive(bk, conn, pace));
+            // Its first look: when the batch just sent (Now) or opened (Turn) is due.
+            tokio::spawn(self.clone().drive(bk, conn, pace, now + pace.backstop()));
         }
         Pending { reply, done }
     }
@@ -238,33 +239,35 @@ impl Combiner {
     /// The key's backstop: what gathered and no increment or landing sent leaves at
     /// `pace.backstop()` after the last batch; a key idle that long leaves `open`, and its
     /// next increment starts a driver again.
-    async fn drive(self: Arc<Self>, bk: BatchKey, conn: ConnHandle, pace: Pace) {
-        let mut wake = Instant::now();
+    async fn drive(self: Arc<Self>, bk: BatchKey, conn: ConnHandle, pace: Pace, first: Instant) {
+        let mut wake = first;
         loop {
             tokio::time::sleep_until(wake).await;
-            let now = Instant::now();
-            let batch = {
-                let mut open = self.open.lock().unwrap_or_else(|p| p.into_inner());
-                let Some(slot) = open.get_mut(&bk) else { return };
-                let due = slot.left + pace.backstop();
-                if slot.flying {
-                    // Its landing sends what gathered, or leaves it to this timer.
-                    wake = now.max(due).max(now + pace.window());
-                    continue;
-                }
-                if now < due {
-                    wake = due;
-                    continue;
-                }
-                if slot.batch.entries.is_empty() {
-                    open.remove(&bk);
-                    return;
-                }
-                slot.take(now)
-            };
-            let flight = self.send(batch, &bk, &conn);
-            self.fly(flight, &bk, &conn, pace).await;
-            wake = Instant::now();
+            // Sends what is due, again after each landing, until there is a time to wait for.
+            loop {
+                let now = Instant::now();
+                let batch = {
+                    let mut open = self.open.lock().unwrap_or_else(|p| p.into_inner());
+                    let Some(slot) = open.get_mut(&bk) else { return };
+                    let due = slot.left + pace.backstop();
+                    if slot.flying {
+                        // Its landing sends what gathered, or leaves it to this timer.
+                        wake = due.max(now + pace.window());
+                        break;
+                    }
+                    if now < due {
+                        wake = due;
+                        break;
+                    }
+                    if slot.batch.entries.is_empty() {
+                        open.remove(&bk);
+                        return;
+                    }
+                    slot.take(now)
+                };
+                let flight = self.send(batch, &bk, &conn);
+                self.fly(flight, &bk, &conn, pace).await;
+            }
         }
     }
 
