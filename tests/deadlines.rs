@@ -124,7 +124,11 @@ fn a_registry_node_frozen_under_the_listener_is_subscribed_to_again() {
     wait_for(
         "the listener's PING deadline firing",
         Duration::from_secs(20),
-        &|| proxy.stderr().contains("salt registry channel silent; subscribing again"),
+        &|| {
+            proxy
+                .stderr()
+                .contains("salt registry channel silent; subscribing again")
+        },
     );
     // No sooner than the PING's own deadline after the freeze.
     assert!(

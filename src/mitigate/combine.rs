@@ -193,8 +193,9 @@ impl Combiner {
                 slot.left = now; // a turn's batch waits its window from its first write
             }
             slot.batch.push(entry, self.timeout);
-            let go = (matches!(pace, Pace::Now(_)) && !slot.flying && now >= slot.left + pace.window())
-                .then(|| slot.take(now));
+            let go =
+                (matches!(pace, Pace::Now(_)) && !slot.flying && now >= slot.left + pace.window())
+                    .then(|| slot.take(now));
             (go, !std::mem::replace(&mut slot.driven, true))
         };
         if let Some(batch) = go {
@@ -248,7 +249,9 @@ impl Combiner {
                 let now = Instant::now();
                 let batch = {
                     let mut open = self.open.lock().unwrap_or_else(|p| p.into_inner());
-                    let Some(slot) = open.get_mut(&bk) else { return };
+                    let Some(slot) = open.get_mut(&bk) else {
+                        return;
+                    };
                     let due = slot.left + pace.backstop();
                     if slot.flying {
                         // Its landing sends what gathered, or leaves it to this timer.
@@ -298,7 +301,10 @@ impl Combiner {
                     self.metrics.fallbacks.inc();
                 }
                 self.metrics.backend_writes.inc_by(n as u64);
-                (batch.entries.iter().map(|e| e.wire.clone()).collect(), n as u32)
+                (
+                    batch.entries.iter().map(|e| e.wire.clone()).collect(),
+                    n as u32,
+                )
             }
         };
         Flight {
@@ -318,7 +324,18 @@ impl Combiner {
         let d = batch.deadline;
         let call = match call {
             Ok(call) => call,
-            Err(data) => conn.start(data, if combined { 1 } else { batch.entries.len() as u32 }, d).await,
+            Err(data) => {
+                conn.start(
+                    data,
+                    if combined {
+                        1
+                    } else {
+                        batch.entries.len() as u32
+                    },
+                    d,
+                )
+                .await
+            }
         };
         let replies = match call.wait(d).await {
             Ok(r) => r,

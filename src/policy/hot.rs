@@ -242,12 +242,28 @@ impl HotSet {
                 let stay = match declined {
                     Some((per, d)) => Some(per_batch_now(per, d.rate, k.writes_per_sec))
                         .filter(|now| *now < RECOMBINE_PER_COMMAND && d.held < HOLD_COMBINE_DECLINE)
-                        .map(|now| (now, Declined { held: d.held + 1, ..d })),
+                        .map(|now| {
+                            (
+                                now,
+                                Declined {
+                                    held: d.held + 1,
+                                    ..d
+                                },
+                            )
+                        }),
                     None => measured
                         .get(&k.key[..])
                         .and_then(Ledger::per_command)
                         .filter(|per| *per < DECLINE_PER_COMMAND)
-                        .map(|per| (per, Declined { rate: k.writes_per_sec, held: 0 })),
+                        .map(|per| {
+                            (
+                                per,
+                                Declined {
+                                    rate: k.writes_per_sec,
+                                    held: 0,
+                                },
+                            )
+                        }),
                 };
                 match stay {
                     Some((per, d)) => {

@@ -41,7 +41,10 @@ pub(in crate::proxy) fn combine(
         field: field.map(|f| req.arg_bytes(f)),
     };
     let hash = Keys::hash(&bk.key);
-    let pending = s.ctx().combiner.add(bk, conn, delta, req.wire(), Pace::Now(window));
+    let pending = s
+        .ctx()
+        .combiner
+        .add(bk, conn, delta, req.wire(), Pace::Now(window));
     s.order.combined(hash, pending.done);
     rb.combined();
     rb.slots.push(Slot::Later(pending.reply));

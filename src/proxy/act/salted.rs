@@ -297,7 +297,10 @@ fn combine(
         key: e.parts[part].clone(),
         field: field.clone(),
     };
-    let pending = s.ctx().combiner.add(bk, conn, *delta, cmd, Pace::Turn(window));
+    let pending = s
+        .ctx()
+        .combiner
+        .add(bk, conn, *delta, cmd, Pace::Turn(window));
     s.order.combined(Keys::hash(&e.key), pending.done);
     rb.combined();
     let (ctx, proto) = (s.ctx().clone(), s.proto());
