@@ -109,8 +109,6 @@ struct Slot {
     left: Instant,
     /// A batch is at the node: the next leaves once it has answered.
     flying: bool,
-    /// A driver task keeps this slot's backstop.
-    driven: bool,
 }
 
 impl Slot {
@@ -143,6 +141,8 @@ impl Pace {
 struct Flight {
     batch: Batch,
     combined: bool,
+    /// The commands the call carries: 1 combined, else one per increment.
+    count: u32,
     call: Result<Call, SmallVec<[Bytes; 4]>>,
 }
 
@@ -180,6 +180,8 @@ impl Combiner {
         let now = Instant::now();
         let (go, start_driver) = {
             let mut open = self.open.lock().unwrap_or_else(|p| p.into_inner());
+            // A slot lives as long as its driver: a new one starts a driver.
+            let new = !open.contains_key(&bk);
             let slot = open.entry(bk.clone()).or_insert_with(|| Slot {
                 batch: Batch::default(),
                 left: match pace {
@@ -187,7 +189,6 @@ impl Combiner {
                     Pace::Turn(_) => now,
                 },
                 flying: false,
-                driven: false,
             });
             if matches!(pace, Pace::Turn(_)) && slot.batch.entries.is_empty() && !slot.flying {
                 slot.left = now; // a turn's batch waits its window from its first write
@@ -196,7 +197,7 @@ impl Combiner {
             let go =
                 (matches!(pace, Pace::Now(_)) && !slot.flying && now >= slot.left + pace.window())
                     .then(|| slot.take(now));
-            (go, !std::mem::replace(&mut slot.driven, true))
+            (go, new)
         };
         if let Some(batch) = go {
             let flight = self.send(batch, &bk, &conn);
@@ -311,6 +312,7 @@ impl Combiner {
             call: conn.try_start(data, count),
             batch,
             combined,
+            count,
         }
     }
 
@@ -319,23 +321,13 @@ impl Combiner {
         let Flight {
             batch,
             combined,
+            count,
             call,
         } = f;
         let d = batch.deadline;
         let call = match call {
             Ok(call) => call,
-            Err(data) => {
-                conn.start(
-                    data,
-                    if combined {
-                        1
-                    } else {
-                        batch.entries.len() as u32
-                    },
-                    d,
-                )
-                .await
-            }
+            Err(data) => conn.start(data, count, d).await,
         };
         let replies = match call.wait(d).await {
             Ok(r) => r,

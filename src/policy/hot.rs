@@ -99,9 +99,12 @@ pub struct FillShare {
 /// Windows a cache declined on its measured fills stays declined before it is tried again.
 pub const HOLD_MEASURED_DECLINE: u32 = 10;
 
-/// A key's combining declined: its write rate then, and the windows it has been held.
+/// A key's combining declined: the increments per node command its batches carry (measured
+/// when declined, estimated since), its write rate when declined, and the windows it has
+/// been held.
 #[derive(Clone, Copy, Debug, PartialEq)]
 struct Declined {
+    per: f64,
     rate: f64,
     held: u32,
 }
@@ -148,10 +151,8 @@ pub struct HotSet {
     /// What each key's mitigations saved and cost over the last window.
     ledgers: HashMap<Bytes, Ledger>,
     /// Write-hot keys whose rule combines but whose batches would not pay
-    /// (`DECLINE_PER_COMMAND`): the increments per node command they carry.
-    not_combined: HashMap<Bytes, f64>,
-    /// When each key in `not_combined` was declined (`HOLD_COMBINE_DECLINE`).
-    declined_at: HashMap<Bytes, Declined>,
+    /// (`DECLINE_PER_COMMAND`, `HOLD_COMBINE_DECLINE`).
+    not_combined: HashMap<Bytes, Declined>,
     rules: Option<Arc<Rules>>,
     has_pins: bool,
 }
@@ -177,7 +178,6 @@ impl HotSet {
     ) -> HotSet {
         let mut write = HashMap::new();
         let mut not_combined = HashMap::new();
-        let mut declined_at = HashMap::new();
         let mut read = HashMap::new();
         let mut read_hot = std::collections::HashSet::new();
         let mut not_cached = HashMap::new();
@@ -233,42 +233,31 @@ impl HotSet {
                 // Combining pays only where batches carry increments. A key is combined
                 // as soon as it is hot, and its batches measured: declined once they
                 // carry too few (the rate of a key's first hot window is only the
-                // threshold it crossed, too early to judge by), and taken again when
-                // its rate, over a whole window, would fill batches.
-                let declined = prev.and_then(|h| {
-                    let per = h.not_combined.get(&k.key[..])?;
-                    Some((*per, *h.declined_at.get(&k.key[..])?))
-                });
+                // threshold it crossed, too early to judge by), and taken again after
+                // `HOLD_COMBINE_DECLINE` windows, or sooner when its rate has grown
+                // enough that its batches would fill.
+                let declined = prev.and_then(|h| h.not_combined.get(&k.key[..]));
                 let stay = match declined {
-                    Some((per, d)) => Some(per_batch_now(per, d.rate, k.writes_per_sec))
+                    Some(d) => Some(per_batch_now(d.per, d.rate, k.writes_per_sec))
                         .filter(|now| *now < RECOMBINE_PER_COMMAND && d.held < HOLD_COMBINE_DECLINE)
-                        .map(|now| {
-                            (
-                                now,
-                                Declined {
-                                    held: d.held + 1,
-                                    ..d
-                                },
-                            )
+                        .map(|per| Declined {
+                            per,
+                            held: d.held + 1,
+                            ..*d
                         }),
                     None => measured
                         .get(&k.key[..])
                         .and_then(Ledger::per_command)
                         .filter(|per| *per < DECLINE_PER_COMMAND)
-                        .map(|per| {
-                            (
-                                per,
-                                Declined {
-                                    rate: k.writes_per_sec,
-                                    held: 0,
-                                },
-                            )
+                        .map(|per| Declined {
+                            per,
+                            rate: k.writes_per_sec,
+                            held: 0,
                         }),
                 };
                 match stay {
-                    Some((per, d)) => {
-                        not_combined.insert(Bytes::copy_from_slice(&k.key), per);
-                        declined_at.insert(Bytes::copy_from_slice(&k.key), d);
+                    Some(d) => {
+                        not_combined.insert(Bytes::copy_from_slice(&k.key), d);
                     }
                     None => {
                         write.insert(Bytes::copy_from_slice(&k.key), h);
@@ -290,7 +279,6 @@ impl HotSet {
             not_cached,
             ledgers,
             not_combined,
-            declined_at,
             rules: Some(rules),
             has_pins,
         }
@@ -360,15 +348,19 @@ impl HotSet {
     /// Why a write-hot key is not combined, if its batches would not pay: the increments
     /// per node command they carry (measured, or estimated from its rate).
     pub fn not_combined(&self, key: &[u8]) -> Option<f64> {
-        self.not_combined.get(key).copied()
+        self.not_combined.get(key).map(|d| d.per)
     }
 
     /// The keys whose combining is declined here and was not before, and the keys
     /// declined before that this set combines again.
     pub fn combine_changes(&self, prev: &HotSet) -> (Vec<(Bytes, f64)>, Vec<Bytes>) {
-        changes(&self.not_combined, &prev.not_combined, |k| {
+        let (declined, again) = changes(&self.not_combined, &prev.not_combined, |k| {
             self.write.contains_key(k)
-        })
+        });
+        (
+            declined.into_iter().map(|(k, d)| (k, d.per)).collect(),
+            again,
+        )
     }
 
     /// Whether any key may be served from the cache now (read-hot keys, or pins).

@@ -334,7 +334,7 @@ async fn burst(
         // Built and queued without a wait almost always; the waits boxed, so that neither
         // the builder nor the round sits in this future (allocated per read) beside them.
         let q = if !rb.jobs.is_empty() && !s.order.no_writes_pending() {
-            Box::pin(round_later(s, rb, close, true)).await
+            Box::pin(round_later(s, rb, close)).await
         } else {
             match round_now(s, rb, close) {
                 Ok(q) => q,
@@ -381,12 +381,9 @@ fn round_now(s: &mut Session, mut rb: RoundBuilder, close: bool) -> Result<Queue
     }
 }
 
-/// `round_now` after its waits: the session's earlier writes, if `barrier`, and room in a
-/// full queue.
-async fn round_later(s: &mut Session, rb: RoundBuilder, close: bool, barrier: bool) -> Queued {
-    if barrier {
-        wait_barrier(s, &rb).await;
-    }
+/// `round_now` after its waits: the session's earlier writes, and room in a full queue.
+async fn round_later(s: &mut Session, rb: RoundBuilder, close: bool) -> Queued {
+    wait_barrier(s, &rb).await;
     match round_now(s, rb, close) {
         Ok(q) => q,
         Err(f) => full_later(s, f).await,
